@@ -1,0 +1,237 @@
+//! The autograd tape: a Wengert list of recorded ops, per thread.
+//!
+//! An op whose inputs require grad (while grad mode is on) records a node:
+//! the ids of its inputs and outputs, the tensors its backward needs, and a
+//! closure that maps output gradients to input gradients. `backward(loss)`
+//! walks the tape in reverse, accumulates gradients of intermediate tensors
+//! by id and adds leaf gradients into the leaves' slots, then drops the
+//! nodes, freeing everything they held.
+
+mod checkpoint;
+
+pub use checkpoint::checkpoint;
+
+use crate::error::{Error, Result};
+use crate::tensor::{Tensor, TensorId};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+
+/// Maps the gradients of a node's outputs (None where no gradient reached an
+/// output) and which inputs need a gradient to the gradients of its inputs.
+pub type BackwardFn = Box<dyn FnOnce(&[Option<Tensor>], &[bool]) -> Result<Vec<Option<Tensor>>>>;
+
+struct Input {
+    id: TensorId,
+    tracked: bool,
+    /// The handle of a leaf input, whose slot receives its gradient.
+    leaf: Option<Tensor>,
+}
+
+struct Node {
+    name: &'static str,
+    inputs: Vec<Input>,
+    outputs: Vec<TensorId>,
+    saved: Vec<Tensor>,
+    backward: BackwardFn,
+}
+
+thread_local! {
+    /// A stack of tapes: the bottom one is the training step's; activation
+    /// checkpointing pushes one while it recomputes a segment.
+    static TAPES: RefCell<Vec<Vec<Node>>> = RefCell::new(vec![Vec::new()]);
+    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Whether ops record onto the tape.
+pub fn is_grad_enabled() -> bool {
+    GRAD_ENABLED.with(|g| g.get())
+}
+
+/// Restores the previous grad mode when dropped.
+pub struct GradModeGuard(bool);
+
+impl Drop for GradModeGuard {
+    fn drop(&mut self) {
+        GRAD_ENABLED.with(|g| g.set(self.0));
+    }
+}
+
+/// Sets grad mode until the guard drops.
+pub fn set_grad_enabled(on: bool) -> GradModeGuard {
+    GradModeGuard(GRAD_ENABLED.with(|g| g.replace(on)))
+}
+
+/// Runs `f` without recording (as `torch.no_grad()`).
+pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
+    let _g = set_grad_enabled(false);
+    f()
+}
+
+/// Whether an op over `inputs` must record.
+pub fn needs_grad(inputs: &[&Tensor]) -> bool {
+    is_grad_enabled() && inputs.iter().any(|t| t.requires_grad())
+}
+
+/// Records a one-output op. `out` is the untracked result; the returned
+/// tensor is the tracked output when recording, else `out` itself.
+/// `saved` lists what the closure keeps alive (for memory accounting).
+pub fn record(
+    name: &'static str,
+    inputs: &[&Tensor],
+    out: Tensor,
+    saved: Vec<Tensor>,
+    backward: impl FnOnce(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + 'static,
+) -> Tensor {
+    if !needs_grad(inputs) {
+        return out;
+    }
+    let tracked = out.reshaped(out.shape().clone(), true);
+    push_node(
+        name,
+        inputs,
+        vec![tracked.id()],
+        saved,
+        Box::new(move |g: &[Option<Tensor>], needs: &[bool]| match &g[0] {
+            Some(g0) => backward(g0, needs),
+            None => Ok(vec![None; needs.len()]),
+        }),
+    );
+    tracked
+}
+
+/// Records a node with several outputs (their ids, already tracked).
+pub(crate) fn push_node(name: &'static str, inputs: &[&Tensor], outputs: Vec<TensorId>, saved: Vec<Tensor>, backward: BackwardFn) {
+    let inputs = inputs
+        .iter()
+        .map(|t| Input { id: t.id(), tracked: t.requires_grad(), leaf: if t.is_leaf() { Some((*t).clone()) } else { None } })
+        .collect();
+    let node = Node { name, inputs, outputs, saved, backward };
+    TAPES.with(|t| {
+        if let Some(top) = t.borrow_mut().last_mut() {
+            top.push(node)
+        }
+    });
+}
+
+/// Number of nodes on the current tape.
+pub fn tape_len() -> usize {
+    TAPES.with(|t| t.borrow().last().map_or(0, |v| v.len()))
+}
+
+/// Bytes of distinct storage the current tape keeps alive for backward.
+pub fn tape_saved_bytes() -> usize {
+    TAPES.with(|t| {
+        let t = t.borrow();
+        let mut seen: Vec<&Tensor> = Vec::new();
+        let mut bytes = 0;
+        for n in t.last().into_iter().flatten() {
+            for s in &n.saved {
+                if !seen.iter().any(|p| p.same_storage(s)) {
+                    bytes += s.size_in_bytes();
+                    seen.push(s);
+                }
+            }
+        }
+        bytes
+    })
+}
+
+/// Drops every recorded node (a forward whose backward will never run).
+pub fn clear_tape() {
+    let nodes = TAPES.with(|t| t.borrow_mut().last_mut().map(std::mem::take));
+    drop(nodes);
+}
+
+/// The op names on the current tape, oldest first (for debugging and tests).
+pub fn tape_ops() -> Vec<&'static str> {
+    TAPES.with(|t| t.borrow().last().map_or(vec![], |v| v.iter().map(|n| n.name).collect()))
+}
+
+/// Back-propagates from a one-element `loss` (seed gradient 1) and empties the tape.
+pub fn backward(loss: &Tensor) -> Result<()> {
+    if loss.elem_count() != 1 {
+        return Err(Error::Autograd(format!("backward needs a one-element loss, got shape {}; use backward_with for others", loss.shape())));
+    }
+    let seed = loss.ones_like()?;
+    backward_with(&[(loss.clone(), seed)])
+}
+
+/// Back-propagates from several outputs with the given gradients and empties the tape.
+pub fn backward_with(seeds: &[(Tensor, Tensor)]) -> Result<()> {
+    for (t, g) in seeds {
+        if !t.requires_grad() {
+            clear_tape();
+            return Err(Error::Autograd("backward on a tensor that does not require grad (was it computed under no_grad?)".into()));
+        }
+        if t.shape() != g.shape() {
+            clear_tape();
+            return Err(Error::ShapeMismatch { op: "backward", expected: t.shape().to_string(), got: g.shape().to_string() });
+        }
+    }
+    let nodes = TAPES.with(|t| t.borrow_mut().last_mut().map(std::mem::take).unwrap_or_default());
+    let _g = set_grad_enabled(false);
+    let mut grads: HashMap<TensorId, Tensor> = HashMap::new();
+    for (t, g) in seeds {
+        if t.is_leaf() {
+            t.accumulate_grad(g.clone())?;
+        } else {
+            add_into(&mut grads, t.id(), g.clone())?;
+        }
+    }
+    run(nodes, &mut grads)
+}
+
+fn add_into(grads: &mut HashMap<TensorId, Tensor>, id: TensorId, g: Tensor) -> Result<()> {
+    let v = match grads.remove(&id) {
+        Some(prev) => crate::ops::add(&prev, &g)?,
+        None => g,
+    };
+    grads.insert(id, v);
+    Ok(())
+}
+
+fn run(nodes: Vec<Node>, grads: &mut HashMap<TensorId, Tensor>) -> Result<()> {
+    let mut nodes = nodes;
+    while let Some(node) = nodes.pop() {
+        let outs: Vec<Option<Tensor>> = node.outputs.iter().map(|id| grads.remove(id)).collect();
+        if outs.iter().all(|g| g.is_none()) {
+            continue;
+        }
+        let needs: Vec<bool> = node.inputs.iter().map(|i| i.tracked).collect();
+        let Node { name, inputs, backward, saved, .. } = node;
+        let gin = backward(&outs, &needs)?;
+        drop(saved);
+        if gin.len() != inputs.len() {
+            return Err(Error::Autograd(format!("{name}: backward returned {} gradients for {} inputs", gin.len(), inputs.len())));
+        }
+        for (inp, g) in inputs.into_iter().zip(gin) {
+            let Some(g) = g else { continue };
+            if !inp.tracked {
+                continue;
+            }
+            match &inp.leaf {
+                Some(leaf) => {
+                    if g.shape() != leaf.shape() {
+                        return Err(Error::Autograd(format!("{name}: gradient of shape {} for an input of shape {}", g.shape(), leaf.shape())));
+                    }
+                    leaf.accumulate_grad(g)?
+                }
+                None => add_into(grads, inp.id, g)?,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs a sub-tape built by `f` and back-propagates `seeds` through it
+/// (activation checkpointing's recompute).
+pub(crate) fn with_sub_tape<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
+    TAPES.with(|t| t.borrow_mut().push(Vec::new()));
+    let r = {
+        let _g = set_grad_enabled(true);
+        f()
+    };
+    let rest = TAPES.with(|t| t.borrow_mut().pop());
+    drop(rest);
+    r
+}

@@ -1,0 +1,108 @@
+//! Copy kernels for the layouts the model needs: permute, narrow, pad, cat.
+//! They move elements of any dtype. Layouts are described around one dim as
+//! `(outer, n, inner)`.
+
+use super::CpuStorage;
+use crate::any_map;
+use crate::error::{Error, Result};
+
+fn permute_t<T: Copy + Default + Send + Sync>(x: &[T], dims: &[usize], perm: &[usize]) -> Vec<T> {
+    let rank = dims.len();
+    let in_strides = crate::tensor::Shape::from(dims).strides();
+    let out_dims: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
+    let strides: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
+    let mut out = vec![T::default(); x.len()];
+    if rank == 0 {
+        out.copy_from_slice(x);
+        return out;
+    }
+    let row = out_dims[rank - 1];
+    let inner = strides[rank - 1];
+    super::par_rows(&mut out, row, |r, o| {
+        let (mut rem, mut off) = (r, 0);
+        for d in (0..rank - 1).rev() {
+            off += (rem % out_dims[d]) * strides[d];
+            rem /= out_dims[d];
+        }
+        for (j, o) in o.iter_mut().enumerate() {
+            *o = x[off + j * inner];
+        }
+    });
+    out
+}
+
+/// The copy of `x` (of shape `dims`) with its dims reordered: output dim `i`
+/// is input dim `perm[i]`.
+pub fn permute(x: &CpuStorage, dims: &[usize], perm: &[usize]) -> Result<CpuStorage> {
+    Ok(any_map!(x, |x| permute_t(x, dims, perm)))
+}
+
+fn narrow_t<T: Copy>(x: &[T], outer: usize, n: usize, inner: usize, start: usize, len: usize) -> Vec<T> {
+    let mut out = Vec::with_capacity(outer * len * inner);
+    for o in 0..outer {
+        let b = (o * n + start) * inner;
+        out.extend_from_slice(&x[b..b + len * inner]);
+    }
+    out
+}
+
+/// Rows `start..start+len` of the middle dim of `(outer, n, inner)`.
+pub fn narrow(x: &CpuStorage, outer: usize, n: usize, inner: usize, start: usize, len: usize) -> Result<CpuStorage> {
+    if start + len > n {
+        return Err(Error::invalid("narrow", format!("range {start}..{} is outside a dim of size {n}", start + len)));
+    }
+    Ok(any_map!(x, |x| narrow_t(x, outer, n, inner, start, len)))
+}
+
+fn pad_t<T: Copy>(x: &[T], outer: usize, n: usize, inner: usize, left: usize, right: usize, v: T) -> Vec<T> {
+    let m = left + n + right;
+    let mut out = vec![v; outer * m * inner];
+    for o in 0..outer {
+        out[(o * m + left) * inner..(o * m + left + n) * inner].copy_from_slice(&x[o * n * inner..(o + 1) * n * inner]);
+    }
+    out
+}
+
+/// Pads the middle dim of `(outer, n, inner)` with `left` and `right` rows of `value`.
+pub fn pad(x: &CpuStorage, outer: usize, n: usize, inner: usize, left: usize, right: usize, value: f64) -> Result<CpuStorage> {
+    Ok(match x {
+        CpuStorage::F32(x) => CpuStorage::F32(pad_t(x, outer, n, inner, left, right, value as f32)),
+        CpuStorage::F64(x) => CpuStorage::F64(pad_t(x, outer, n, inner, left, right, value)),
+        CpuStorage::F16(x) => CpuStorage::F16(pad_t(x, outer, n, inner, left, right, half::f16::from_f64(value))),
+        CpuStorage::BF16(x) => CpuStorage::BF16(pad_t(x, outer, n, inner, left, right, half::bf16::from_f64(value))),
+        CpuStorage::I64(x) => CpuStorage::I64(pad_t(x, outer, n, inner, left, right, value as i64)),
+        CpuStorage::U8(x) => CpuStorage::U8(pad_t(x, outer, n, inner, left, right, value as u8)),
+    })
+}
+
+/// Concatenates tensors of layouts `(outer, n_i, inner)` along the middle dim.
+pub fn cat(xs: &[&CpuStorage], outer: usize, ns: &[usize], inner: usize) -> Result<CpuStorage> {
+    let first = xs.first().ok_or_else(|| Error::invalid("cat", "expected at least one tensor, got none"))?;
+    let total: usize = ns.iter().sum();
+    macro_rules! go {
+        ($v:ident) => {{
+            let parts: Vec<&Vec<_>> = xs
+                .iter()
+                .map(|s| match s {
+                    CpuStorage::$v(v) => Ok(v),
+                    o => Err(Error::DTypeMismatch { op: "cat", expected: first.dtype(), got: o.dtype() }),
+                })
+                .collect::<Result<_>>()?;
+            let mut out = Vec::with_capacity(outer * total * inner);
+            for o in 0..outer {
+                for (p, &n) in parts.iter().zip(ns) {
+                    out.extend_from_slice(&p[o * n * inner..(o + 1) * n * inner]);
+                }
+            }
+            CpuStorage::$v(out)
+        }};
+    }
+    Ok(match first {
+        CpuStorage::F32(_) => go!(F32),
+        CpuStorage::F64(_) => go!(F64),
+        CpuStorage::F16(_) => go!(F16),
+        CpuStorage::BF16(_) => go!(BF16),
+        CpuStorage::I64(_) => go!(I64),
+        CpuStorage::U8(_) => go!(U8),
+    })
+}

@@ -1,0 +1,63 @@
+//! Label-smoothing loss (Szegedy et al., 2016), as WeNet computes it: KL
+//! divergence from the smoothed target q to p = softmax(x), per row of x
+//! (N, V), rows whose target is the ignore index skipped:
+//!   q_k = ε/(V−1) for k ≠ y, q_y = 1 − ε
+//!   loss = Σ_rows Σ_k q_k (log q_k − log p_k) / denom
+//!   ∂loss/∂x_j = (p_j − q_j)/denom  (Σ_k q_k = 1)
+//! Terms with q_k = 0 contribute 0 (xlogy), so ε = 0 is cross-entropy.
+
+use super::{CpuStorage, Float};
+use crate::error::{Error, Result};
+use crate::float_match;
+use rayon::prelude::*;
+
+/// The summed KL over valid rows, the number of valid rows, and with
+/// `want_grad` the gradient of the sum with respect to x.
+pub fn label_smoothing(x: &CpuStorage, target: &[i64], v: usize, smoothing: f64, ignore: i64, want_grad: bool) -> Result<(f64, usize, Option<CpuStorage>)> {
+    if v < 2 {
+        return Err(Error::invalid("label_smoothing_loss", format!("expected a vocabulary of at least 2, got {v}")));
+    }
+    if let Some(&bad) = target.iter().find(|&&t| t != ignore && (t < 0 || t as usize >= v)) {
+        return Err(Error::IndexOutOfRange { op: "label_smoothing_loss (target)", index: bad, size: v });
+    }
+    Ok(float_match!("label_smoothing_loss", x, |x| {
+        let rows = target.len();
+        let valid = target.iter().filter(|&&t| t != ignore).count();
+        if want_grad {
+            let mut grad = super::zeros_as(x, rows * v);
+            let kl: Vec<f64> = grad.par_chunks_mut(v).enumerate().map(|(r, g)| row_kl(&x[r * v..(r + 1) * v], target[r], ignore, smoothing, Some(g))).collect();
+            (kl.iter().sum(), valid, Some(Float::store(grad)))
+        } else {
+            let kl: Vec<f64> = (0..rows).into_par_iter().map(|r| row_kl(&x[r * v..(r + 1) * v], target[r], ignore, smoothing, None)).collect();
+            (kl.iter().sum(), valid, None)
+        }
+    }))
+}
+
+/// KL(q‖softmax(x)) of one row (0 for an ignored row), and its gradient.
+fn row_kl<T: Float>(xr: &[T], tgt: i64, ignore: i64, smoothing: f64, g: Option<&mut [T]>) -> f64 {
+    let v = xr.len();
+    if tgt == ignore {
+        if let Some(g) = g {
+            g.iter_mut().for_each(|x| *x = T::zero());
+        }
+        return 0.0;
+    }
+    let off = smoothing / (v as f64 - 1.0);
+    let on = 1.0 - smoothing;
+    let q = |k: usize| if k as i64 == tgt { on } else { off };
+    let qlogq = |q: f64| if q > 0.0 { q * q.ln() } else { 0.0 };
+    let m = xr.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b.f64()));
+    let s: f64 = xr.iter().map(|&b| (b.f64() - m).exp()).sum();
+    let lse = m + s.ln();
+    let mut kl = 0.0;
+    for (k, &xv) in xr.iter().enumerate() {
+        kl += qlogq(q(k)) - q(k) * (xv.f64() - lse);
+    }
+    if let Some(g) = g {
+        for (k, gv) in g.iter_mut().enumerate() {
+            *gv = T::of((xr[k].f64() - lse).exp() - q(k));
+        }
+    }
+    kl
+}

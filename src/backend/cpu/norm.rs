@@ -1,0 +1,197 @@
+//! Normalisation kernels.
+//!
+//! layer_norm over the last dim, layout (rows, n):
+//!   y = (x − μ)·r·w + b,  r = 1/√(σ² + eps),  σ² biased
+//!   backward: x̂ = (x − μ)·r, ĝ = g·w,
+//!   gx = r·(ĝ − mean(ĝ) − x̂·mean(ĝ·x̂)),  gw = Σ g·x̂,  gb = Σ g
+//!
+//! batch_norm over the channel dim of (B, C, T): the same algebra with the
+//! statistics per channel over B·T; in eval mode the statistics are the
+//! running ones and constant, so gx = g·w·r.
+
+use super::{CpuStorage, Float};
+use crate::error::Result;
+use crate::float_match;
+use rayon::prelude::*;
+
+fn ln_fwd<T: Float>(x: &[T], w: Option<&[T]>, b: Option<&[T]>, n: usize, eps: f64) -> (Vec<T>, Vec<T>, Vec<T>) {
+    let rows = x.len() / n.max(1);
+    let mut y = vec![T::zero(); x.len()];
+    let mut mean = vec![T::zero(); rows];
+    let mut rstd = vec![T::zero(); rows];
+    y.par_chunks_mut(n.max(1)).zip(mean.par_iter_mut()).zip(rstd.par_iter_mut()).enumerate().with_min_len(64).for_each(
+        |(r, ((yr, m), rs))| {
+            let xr = &x[r * n..(r + 1) * n];
+            let nn = T::of(n as f64);
+            let mu = xr.iter().fold(T::zero(), |a, &v| a + v) / nn;
+            let var = xr.iter().fold(T::zero(), |a, &v| a + (v - mu) * (v - mu)) / nn;
+            let inv = T::one() / (var + T::of(eps)).sqrt();
+            for i in 0..n {
+                let mut v = (xr[i] - mu) * inv;
+                if let Some(w) = w {
+                    v = v * w[i];
+                }
+                if let Some(b) = b {
+                    v = v + b[i];
+                }
+                yr[i] = v;
+            }
+            *m = mu;
+            *rs = inv;
+        },
+    );
+    (y, mean, rstd)
+}
+
+/// Layer norm forward: `(y, mean, rstd)`, the last two per row.
+pub fn layer_norm(x: &CpuStorage, w: Option<&CpuStorage>, b: Option<&CpuStorage>, n: usize, eps: f64) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+    let wb = (w.unwrap_or(x), b.unwrap_or(x));
+    Ok(float_match!("layer_norm", (x, wb.0, wb.1), |x, wv, bv| {
+        let (y, m, r) = ln_fwd(x, w.map(|_| &wv[..]), b.map(|_| &bv[..]), n, eps);
+        (Float::store(y), Float::store(m), Float::store(r))
+    }))
+}
+
+fn ln_bwd<T: Float>(x: &[T], w: Option<&[T]>, mean: &[T], rstd: &[T], g: &[T], n: usize) -> (Vec<T>, Vec<T>, Vec<T>) {
+    let mut gx = vec![T::zero(); x.len()];
+    gx.par_chunks_mut(n.max(1)).enumerate().with_min_len(64).for_each(|(r, gr)| {
+        let (xr, go) = (&x[r * n..(r + 1) * n], &g[r * n..(r + 1) * n]);
+        let (mu, inv) = (mean[r], rstd[r]);
+        let nn = T::of(n as f64);
+        let (mut s1, mut s2) = (T::zero(), T::zero());
+        for i in 0..n {
+            let gh = go[i] * w.map_or(T::one(), |w| w[i]);
+            s1 = s1 + gh;
+            s2 = s2 + gh * (xr[i] - mu) * inv;
+        }
+        let (m1, m2) = (s1 / nn, s2 / nn);
+        for i in 0..n {
+            let gh = go[i] * w.map_or(T::one(), |w| w[i]);
+            let xh = (xr[i] - mu) * inv;
+            gr[i] = inv * (gh - m1 - xh * m2);
+        }
+    });
+    let rows = x.len() / n.max(1);
+    let (gw, gb) = (0..n)
+        .into_par_iter()
+        .with_min_len(32)
+        .map(|i| {
+            let (mut sw, mut sb) = (T::zero(), T::zero());
+            for r in 0..rows {
+                let xh = (x[r * n + i] - mean[r]) * rstd[r];
+                sw = sw + g[r * n + i] * xh;
+                sb = sb + g[r * n + i];
+            }
+            (sw, sb)
+        })
+        .unzip();
+    (gx, gw, gb)
+}
+
+/// Layer norm backward: `(gx, gw, gb)` (gw, gb over all rows).
+pub fn layer_norm_backward(
+    x: &CpuStorage,
+    w: Option<&CpuStorage>,
+    mean: &CpuStorage,
+    rstd: &CpuStorage,
+    g: &CpuStorage,
+    n: usize,
+) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+    let wv = w.unwrap_or(x);
+    Ok(float_match!("layer_norm_backward", (x, wv, g), |x, wv, g| {
+        let (m, r) = (super::slice_as(mean, x)?, super::slice_as(rstd, x)?);
+        let (gx, gw, gb) = ln_bwd(x, w.map(|_| &wv[..]), m, r, g, n);
+        (Float::store(gx), Float::store(gw), Float::store(gb))
+    }))
+}
+
+fn bn_stats<T: Float>(x: &[T], b: usize, c: usize, t: usize) -> (Vec<T>, Vec<T>) {
+    (0..c)
+        .into_par_iter()
+        .map(|ch| {
+            let cnt = T::of((b * t) as f64);
+            let mut s = T::zero();
+            for bi in 0..b {
+                for &v in &x[(bi * c + ch) * t..(bi * c + ch + 1) * t] {
+                    s = s + v;
+                }
+            }
+            let mu = s / cnt;
+            let mut q = T::zero();
+            for bi in 0..b {
+                for &v in &x[(bi * c + ch) * t..(bi * c + ch + 1) * t] {
+                    q = q + (v - mu) * (v - mu);
+                }
+            }
+            (mu, q / cnt)
+        })
+        .unzip()
+}
+
+/// Per-channel mean and biased variance of a (B, C, T) tensor.
+pub fn batch_norm_stats(x: &CpuStorage, b: usize, c: usize, t: usize) -> Result<(CpuStorage, CpuStorage)> {
+    Ok(float_match!("batch_norm", x, |x| {
+        let (m, v) = bn_stats(x, b, c, t);
+        (Float::store(m), Float::store(v))
+    }))
+}
+
+fn bn_apply<T: Float>(x: &[T], m: &[T], r: &[T], w: &[T], bias: &[T], c: usize, t: usize) -> Vec<T> {
+    let mut y = vec![T::zero(); x.len()];
+    super::par_rows(&mut y, t.max(1), |row, yr| {
+        let ch = row % c;
+        for (i, yv) in yr.iter_mut().enumerate() {
+            *yv = (x[row * t + i] - m[ch]) * r[ch] * w[ch] + bias[ch];
+        }
+    });
+    y
+}
+
+/// `y = (x − mean[c])·rstd[c]·w[c] + b[c]` over (B, C, T).
+pub fn batch_norm_apply(x: &CpuStorage, mean: &CpuStorage, rstd: &CpuStorage, w: &CpuStorage, bias: &CpuStorage, c: usize, t: usize) -> Result<CpuStorage> {
+    Ok(float_match!("batch_norm", (x, w, bias), |x, w, bias| {
+        Float::store(bn_apply(x, super::slice_as(mean, x)?, super::slice_as(rstd, x)?, w, bias, c, t))
+    }))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bn_bwd<T: Float>(x: &[T], w: &[T], m: &[T], r: &[T], g: &[T], b: usize, c: usize, t: usize, train: bool) -> (Vec<T>, Vec<T>, Vec<T>) {
+    let sums: Vec<(T, T)> = (0..c)
+        .into_par_iter()
+        .map(|ch| {
+            let (mut sg, mut sgx) = (T::zero(), T::zero());
+            for bi in 0..b {
+                for i in 0..t {
+                    let k = (bi * c + ch) * t + i;
+                    sg = sg + g[k];
+                    sgx = sgx + g[k] * (x[k] - m[ch]) * r[ch];
+                }
+            }
+            (sg, sgx)
+        })
+        .collect();
+    let n = T::of((b * t) as f64);
+    let mut gx = vec![T::zero(); x.len()];
+    super::par_rows(&mut gx, t.max(1), |row, gr| {
+        let ch = row % c;
+        let (sg, sgx) = sums[ch];
+        for (i, gv) in gr.iter_mut().enumerate() {
+            let k = row * t + i;
+            let xh = (x[k] - m[ch]) * r[ch];
+            *gv = if train { w[ch] * r[ch] * (g[k] - sg / n - xh * sgx / n) } else { w[ch] * r[ch] * g[k] };
+        }
+    });
+    let gw = sums.iter().map(|s| s.1).collect();
+    let gb = sums.iter().map(|s| s.0).collect();
+    (gx, gw, gb)
+}
+
+/// Batch norm backward over (B, C, T): `(gx, gw, gb)`. With `train` the
+/// statistics were the batch's (their gradient flows); else they were constants.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_backward(x: &CpuStorage, w: &CpuStorage, mean: &CpuStorage, rstd: &CpuStorage, g: &CpuStorage, b: usize, c: usize, t: usize, train: bool) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+    Ok(float_match!("batch_norm_backward", (x, w, g), |x, w, g| {
+        let (gx, gw, gb) = bn_bwd(x, w, super::slice_as(mean, x)?, super::slice_as(rstd, x)?, g, b, c, t, train);
+        (Float::store(gx), Float::store(gw), Float::store(gb))
+    }))
+}

@@ -1,0 +1,69 @@
+//! The crate's typed errors. Every message says what was expected and what was found.
+
+use crate::tensor::{DType, Device, Shape};
+
+/// Every error asrforge returns.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Two shapes that had to agree do not.
+    #[error("{op}: shape mismatch, expected {expected}, got {got}")]
+    ShapeMismatch { op: &'static str, expected: String, got: String },
+
+    /// Two shapes that cannot be broadcast together.
+    #[error("{op}: cannot broadcast shapes {lhs:?} and {rhs:?}")]
+    Broadcast { op: &'static str, lhs: Shape, rhs: Shape },
+
+    /// A tensor of the wrong dtype.
+    #[error("{op}: expected dtype {expected:?}, got {got:?}")]
+    DTypeMismatch { op: &'static str, expected: DType, got: DType },
+
+    /// An op that has no implementation for this dtype.
+    #[error("{op}: dtype {dtype:?} is not supported (supported: {supported})")]
+    UnsupportedDType { op: &'static str, dtype: DType, supported: &'static str },
+
+    /// Tensors on different devices.
+    #[error("{op}: tensors on different devices, {lhs:?} and {rhs:?}")]
+    DeviceMismatch { op: &'static str, lhs: Device, rhs: Device },
+
+    /// A dimension index outside the tensor's rank.
+    #[error("{op}: dim {dim} is out of range for a tensor of rank {rank}")]
+    DimOutOfRange { op: &'static str, dim: isize, rank: usize },
+
+    /// An index outside the valid range.
+    #[error("{op}: index {index} is out of range, expected 0 <= index < {size}")]
+    IndexOutOfRange { op: &'static str, index: i64, size: usize },
+
+    /// A CTC target that no alignment of the input can produce.
+    #[error("ctc_loss: sequence {seq}: target of length {target_len} (needing {needed} frames with repeats) is longer than its input of {input_len} frames")]
+    CtcTargetTooLong { seq: usize, target_len: usize, needed: usize, input_len: usize },
+
+    /// Any other bad argument, with the op and the reason.
+    #[error("{op}: {msg}")]
+    InvalidArgument { op: &'static str, msg: String },
+
+    /// The CUDA backend cannot be used.
+    #[error("CUDA backend unavailable: {0}")]
+    CudaUnavailable(String),
+
+    /// Autograd misuse (backward on a non-scalar, on a tensor that needs no grad, ...).
+    #[error("autograd: {0}")]
+    Autograd(String),
+
+    /// An I/O error, with the path.
+    #[error("{path}: {source}")]
+    Io { path: String, #[source] source: std::io::Error },
+
+    /// A free-form error with context.
+    #[error("{0}")]
+    Msg(String),
+}
+
+/// The crate's result type.
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// Shorthand for [`Error::InvalidArgument`].
+    pub fn invalid(op: &'static str, msg: impl Into<String>) -> Self {
+        Error::InvalidArgument { op, msg: msg.into() }
+    }
+}

@@ -1,0 +1,12 @@
+//! asrforge: an end-to-end speech recognition trainer that owns its tensors,
+//! its autograd tape and its kernels. The CPU backend is the reference every
+//! CUDA kernel is checked against. See DESIGN.md in the project's shared docs.
+
+pub mod autograd;
+pub mod backend;
+pub mod error;
+pub mod ops;
+pub mod tensor;
+
+pub use error::{Error, Result};
+pub use tensor::{DType, Device, Shape, Tensor};

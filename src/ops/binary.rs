@@ -1,0 +1,88 @@
+//! Broadcasting add, sub, mul, div and the scalar affine shortcuts.
+//! Backward: the output gradient (times the other operand for mul/div),
+//! summed back to each operand's shape over its broadcast dims.
+
+use super::{cpu, out, same_kind};
+use crate::autograd::record;
+use crate::backend::cpu::elementwise::{self as k, Bcast, Binary};
+use crate::backend::cpu::reduce;
+use crate::error::Result;
+use crate::tensor::{Shape, Tensor};
+
+fn binary(op: Binary, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    same_kind(op.name(), a, b)?;
+    let shape = Shape::broadcast(op.name(), a.shape(), b.shape())?;
+    let bc = Bcast { sa: a.shape().broadcast_strides(&shape), sb: b.shape().broadcast_strides(&shape), out_dims: shape.dims().to_vec() };
+    let y = out(k::binary(op, cpu(&a.storage()), cpu(&b.storage()), &bc)?, shape);
+    let (sa, sb) = (a.shape().clone(), b.shape().clone());
+    let saved = match op {
+        Binary::Mul | Binary::Div => vec![a.detach(), b.detach()],
+        _ => vec![],
+    };
+    let (ad, bd) = (a.detach(), b.detach());
+    Ok(record(op.name(), &[a, b], y, saved, move |g, needs| {
+        let (ga, gb) = match op {
+            Binary::Add => (needs[0].then(|| g.clone()), needs[1].then(|| g.clone())),
+            Binary::Sub => (needs[0].then(|| g.clone()), if needs[1] { Some(super::neg(g)?) } else { None }),
+            Binary::Mul => (
+                if needs[0] { Some(mul(g, &bd)?) } else { None },
+                if needs[1] { Some(mul(g, &ad)?) } else { None },
+            ),
+            Binary::Div => (
+                if needs[0] { Some(div(g, &bd)?) } else { None },
+                if needs[1] { Some(super::neg(&div(&mul(g, &ad)?, &mul(&bd, &bd)?)?)?) } else { None },
+            ),
+        };
+        Ok(vec![ga.map(|g| sum_to_shape(&g, &sa)).transpose()?, gb.map(|g| sum_to_shape(&g, &sb)).transpose()?])
+    }))
+}
+
+/// `a + b`, broadcasting.
+pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary(Binary::Add, a, b)
+}
+/// `a − b`, broadcasting.
+pub fn sub(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary(Binary::Sub, a, b)
+}
+/// `a · b` elementwise, broadcasting.
+pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary(Binary::Mul, a, b)
+}
+/// `a / b` elementwise, broadcasting.
+pub fn div(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary(Binary::Div, a, b)
+}
+/// `x + c`.
+pub fn add_scalar(x: &Tensor, c: f64) -> Result<Tensor> {
+    super::affine(x, 1.0, c)
+}
+/// `x · c`.
+pub fn mul_scalar(x: &Tensor, c: f64) -> Result<Tensor> {
+    super::affine(x, c, 0.0)
+}
+
+/// Sums `g` over the dims along which a tensor of `shape` was broadcast to
+/// `g`'s shape (the backward of broadcasting).
+pub fn sum_to_shape(g: &Tensor, shape: &Shape) -> Result<Tensor> {
+    if g.shape() == shape {
+        return Ok(g.clone());
+    }
+    let lead = g.rank() - shape.rank();
+    let mut cur = cpu(&g.storage()).clone();
+    let mut dims = g.dims().to_vec();
+    if lead > 0 {
+        let outer: usize = dims[..lead].iter().product();
+        let inner: usize = dims[lead..].iter().product();
+        cur = reduce::sum_dim(&cur, 1, outer, inner)?;
+        dims.drain(..lead);
+    }
+    for d in 0..dims.len() {
+        if shape.dims()[d] == 1 && dims[d] != 1 {
+            let (o, n, i) = Shape::from(dims.clone()).split_at_dim(d);
+            cur = reduce::sum_dim(&cur, o, n, i)?;
+            dims[d] = 1;
+        }
+    }
+    Ok(out(cur, shape.clone()))
+}

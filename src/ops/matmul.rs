@@ -1,0 +1,118 @@
+//! Matrix products with transposes as flags, batched, and `linear`.
+//!
+//! C = op(A)·op(B), op(A): (…, M, K), op(B): (…, K, N). Either operand may
+//! be 2-D and shared by every batch; otherwise the batch dims must agree.
+//! Backward: dop(A) = dC·op(B)ᵀ, dop(B) = op(A)ᵀ·dC, each written as one
+//! more product with flags (no transposed copies), summed over the batch for
+//! a shared operand.
+
+use super::{cpu, out, same_kind};
+use crate::autograd::record;
+use crate::backend::cpu::matmul::{self as k, MatmulDims};
+use crate::error::{Error, Result};
+use crate::tensor::{Shape, Tensor};
+
+struct Plan {
+    d: MatmulDims,
+    out: Vec<usize>,
+}
+
+fn plan(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<Plan> {
+    if a.rank() < 2 || b.rank() < 2 {
+        return Err(Error::ShapeMismatch { op: "matmul", expected: "operands of rank >= 2".into(), got: format!("{} and {}", a.shape(), b.shape()) });
+    }
+    let (ad, bd) = (a.dims(), b.dims());
+    let (ra, ca) = (ad[ad.len() - 2], ad[ad.len() - 1]);
+    let (rb, cb) = (bd[bd.len() - 2], bd[bd.len() - 1]);
+    let (m, ka) = if ta { (ca, ra) } else { (ra, ca) };
+    let (kb, n) = if tb { (cb, rb) } else { (rb, cb) };
+    if ka != kb {
+        return Err(Error::ShapeMismatch {
+            op: "matmul",
+            expected: format!("inner dims to agree (op(a) is {m}x{ka})"),
+            got: format!("op(b) is {kb}x{n} (a {}, b {}, trans {ta}/{tb})", a.shape(), b.shape()),
+        });
+    }
+    let (ba, bb) = (&ad[..ad.len() - 2], &bd[..bd.len() - 2]);
+    let batch_dims = if bb.is_empty() {
+        ba.to_vec()
+    } else if ba.is_empty() || ba == bb {
+        bb.to_vec()
+    } else {
+        return Err(Error::ShapeMismatch { op: "matmul", expected: format!("batch dims {ba:?}"), got: format!("{bb:?}") });
+    };
+    let batch: usize = batch_dims.iter().product();
+    let mut out = batch_dims;
+    out.extend([m, n]);
+    let a_stride = if ba.is_empty() { 0 } else { m * ka };
+    let b_stride = if bb.is_empty() { 0 } else { ka * n };
+    let mut d = MatmulDims { batch, m, n, k: ka, trans_a: ta, trans_b: tb, a_stride, b_stride };
+    // A shared B under a plain A: fold the batch into the rows (one GEMM).
+    if b_stride == 0 && !ta && batch > 1 {
+        d = MatmulDims { batch: 1, m: batch * m, a_stride: 0, ..d };
+    }
+    Ok(Plan { d, out })
+}
+
+/// `op(a)·op(b)` where `op` transposes the last two dims when its flag is set.
+pub fn matmul_t(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<Tensor> {
+    same_kind("matmul", a, b)?;
+    let p = plan(a, b, trans_a, trans_b)?;
+    let y = out(k::matmul(&p.d, cpu(&a.storage()), cpu(&b.storage()))?, p.out);
+    let (ad, bd) = (a.detach(), b.detach());
+    Ok(record("matmul", &[a, b], y, vec![ad.clone(), bd.clone()], move |g, needs| {
+        let ga = if needs[0] {
+            let ga = if !trans_a { matmul_t(g, &bd, false, !trans_b)? } else { matmul_t(&bd, g, trans_b, true)? };
+            Some(reduce_batch(ga, ad.shape())?)
+        } else {
+            None
+        };
+        let gb = if needs[1] {
+            let gb = if bd.rank() == 2 && ad.rank() > 2 && !trans_a && !trans_b {
+                // Shared weight: (batch·M, K)ᵀ · (batch·M, N) sums over the batch in one GEMM.
+                let kk = ad.dims()[ad.rank() - 1];
+                let rows = ad.elem_count() / kk.max(1);
+                let a2 = ad.reshaped(Shape::from([rows, kk]), false);
+                let g2 = g.reshaped(Shape::from([rows, g.dims()[g.rank() - 1]]), false);
+                matmul_t(&a2, &g2, true, false)?
+            } else if !trans_b {
+                matmul_t(&ad, g, !trans_a, false)?
+            } else {
+                matmul_t(g, &ad, true, trans_a)?
+            };
+            Some(reduce_batch(gb, bd.shape())?)
+        } else {
+            None
+        };
+        Ok(vec![ga, gb])
+    }))
+}
+
+/// Sums a batched gradient over its batch dims when the operand was shared.
+fn reduce_batch(g: Tensor, shape: &Shape) -> Result<Tensor> {
+    if g.shape() == shape {
+        return Ok(g);
+    }
+    let lead = g.rank() - shape.rank();
+    let dims: Vec<isize> = (0..lead as isize).collect();
+    super::sum(&g, &dims, false)
+}
+
+/// `a·b` (no transposes).
+pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    matmul_t(a, b, false, false)
+}
+
+/// `x·wᵀ + bias` with `w` of shape (out, in), as `torch.nn.functional.linear`.
+pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let y = matmul_t(x, w, false, true)?;
+    match bias {
+        Some(b) => {
+            if b.dims() != [w.dims()[0]] {
+                return Err(Error::ShapeMismatch { op: "linear", expected: format!("bias of shape [{}]", w.dims()[0]), got: format!("{}", b.shape()) });
+            }
+            super::add(&y, b)
+        }
+        None => Ok(y),
+    }
+}

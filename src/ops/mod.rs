@@ -1,0 +1,77 @@
+//! The differentiable ops. Each function checks its arguments (typed errors,
+//! never a panic), dispatches on the device to the backend's kernel, and
+//! records its backward on the tape when an input requires grad. Backward
+//! passes run under `no_grad` and are written with the same ops or with a
+//! dedicated backward kernel of the same family.
+
+mod binary;
+mod conv;
+mod ctc;
+mod dropout;
+mod index;
+mod label_smoothing;
+mod layout;
+mod matmul;
+mod norm;
+mod reduce;
+mod softmax;
+mod unary;
+
+pub use binary::{add, add_scalar, div, mul, mul_scalar, sub, sum_to_shape};
+pub use conv::{conv1d_depthwise, conv1d_pointwise, conv2d};
+pub use ctc::{ctc_loss, Reduction};
+pub use dropout::dropout;
+pub use index::{embedding, gather, index_select, masked_fill, where_cond};
+pub use label_smoothing::label_smoothing_loss;
+pub use layout::{cat, flatten, narrow, pad, permute, reshape, squeeze, stack, transpose, unsqueeze};
+pub use matmul::{linear, matmul, matmul_t};
+pub use norm::{batch_norm, layer_norm, BatchNormState};
+pub use reduce::{max, mean, mean_all, sum, sum_all};
+pub use softmax::{log_softmax, softmax};
+pub use unary::{abs, affine, exp, gelu, glu, log, neg, pow, relu, rsqrt, sigmoid, silu, sqrt, tanh};
+
+use crate::backend::cpu::CpuStorage;
+use crate::backend::Storage;
+use crate::error::{Error, Result};
+use crate::tensor::{Shape, Tensor};
+
+/// The CPU storage behind a storage guard. (GPU storage cannot exist until
+/// the CUDA backend lands; its arm is then the CUDA dispatch.)
+pub(crate) fn cpu(s: &Storage) -> &CpuStorage {
+    match s {
+        Storage::Cpu(c) => c,
+        Storage::Cuda(c) => match *c {},
+    }
+}
+
+/// A fresh, untracked tensor over a kernel's CPU output.
+pub(crate) fn out(s: CpuStorage, shape: impl Into<Shape>) -> Tensor {
+    Tensor::from_storage(Storage::Cpu(s), shape.into())
+}
+
+/// Checks that two tensors share a device and a dtype.
+pub(crate) fn same_kind(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.device() != b.device() {
+        return Err(Error::DeviceMismatch { op, lhs: a.device(), rhs: b.device() });
+    }
+    if a.dtype() != b.dtype() {
+        return Err(Error::DTypeMismatch { op, expected: a.dtype(), got: b.dtype() });
+    }
+    Ok(())
+}
+
+/// Checks an exact shape.
+pub(crate) fn expect_shape(op: &'static str, what: &str, t: &Tensor, dims: &[usize]) -> Result<()> {
+    if t.dims() != dims {
+        return Err(Error::ShapeMismatch { op, expected: format!("{what} of shape {dims:?}"), got: format!("{}", t.shape()) });
+    }
+    Ok(())
+}
+
+/// Checks a rank.
+pub(crate) fn expect_rank(op: &'static str, what: &str, t: &Tensor, ranks: &[usize]) -> Result<()> {
+    if !ranks.contains(&t.rank()) {
+        return Err(Error::ShapeMismatch { op, expected: format!("{what} of rank {ranks:?}"), got: format!("shape {}", t.shape()) });
+    }
+    Ok(())
+}

@@ -1,0 +1,345 @@
+//! `Tensor`: a cheap handle (`Arc`) to contiguous row-major storage with a
+//! shape, a dtype and a device. There are no strided views: permutes and
+//! slices are explicit copies.
+
+mod device;
+mod dtype;
+pub mod rng;
+mod shape;
+
+pub use device::Device;
+pub use dtype::DType;
+pub use rng::Rng;
+pub use shape::Shape;
+
+use crate::backend::cpu::{CpuStorage, WithDType};
+use crate::backend::Storage;
+use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+
+/// A tensor's unique id (the tape refers to tensors by id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId(u64);
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+static LIVE_BYTES: AtomicU64 = AtomicU64::new(0);
+
+impl TensorId {
+    fn fresh() -> Self {
+        TensorId(NEXT_ID.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// Bytes held by all live tensor storages of this process.
+pub fn live_bytes() -> u64 {
+    LIVE_BYTES.load(Ordering::Relaxed)
+}
+
+/// Storage shared by the handles that view it whole (reshape, detach).
+struct Cell {
+    storage: RwLock<Storage>,
+    bytes: u64,
+}
+
+impl Drop for Cell {
+    fn drop(&mut self) {
+        LIVE_BYTES.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+pub(crate) struct Inner {
+    id: TensorId,
+    cell: Arc<Cell>,
+    shape: Shape,
+    dtype: DType,
+    device: Device,
+    /// Whether gradients flow through this tensor (a leaf that requires grad,
+    /// or the output of a recorded op).
+    tracked: bool,
+    /// A leaf's gradient slot (`Some` for leaves that require grad).
+    grad: Option<Mutex<Option<Tensor>>>,
+}
+
+/// A tensor: an `Arc` handle, so `clone` is cheap and shares the storage.
+#[derive(Clone)]
+pub struct Tensor(Arc<Inner>);
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({:?}, {:?}, {:?}", self.0.shape, self.0.dtype, self.0.device)?;
+        if self.0.tracked {
+            write!(f, ", requires_grad")?;
+        }
+        if self.elem_count() <= 16 {
+            if let Ok(v) = self.to_f64_vec() {
+                write!(f, ", {v:?}")?;
+            }
+        }
+        write!(f, ")")
+    }
+}
+
+impl Tensor {
+    fn build(storage: Storage, shape: Shape, tracked: bool, leaf: bool) -> Tensor {
+        let bytes = storage.size_in_bytes() as u64;
+        LIVE_BYTES.fetch_add(bytes, Ordering::Relaxed);
+        Tensor::view(Arc::new(Cell { storage: RwLock::new(storage), bytes }), shape, tracked, leaf)
+    }
+
+    fn view(cell: Arc<Cell>, shape: Shape, tracked: bool, leaf: bool) -> Tensor {
+        let (dtype, device) = {
+            let s = cell.storage.read().unwrap_or_else(|e| e.into_inner());
+            let device = match &*s {
+                Storage::Cpu(_) => Device::Cpu,
+                Storage::Cuda(c) => match *c {},
+            };
+            (s.dtype(), device)
+        };
+        Tensor(Arc::new(Inner {
+            id: TensorId::fresh(),
+            cell,
+            shape,
+            dtype,
+            device,
+            tracked,
+            grad: if leaf { Some(Mutex::new(None)) } else { None },
+        }))
+    }
+
+    /// A tensor over CPU storage; the element count must match the shape.
+    pub fn from_cpu(storage: CpuStorage, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        if storage.len() != shape.elem_count() {
+            return Err(Error::ShapeMismatch {
+                op: "from_storage",
+                expected: format!("{} elements for shape {shape}", shape.elem_count()),
+                got: format!("{} elements", storage.len()),
+            });
+        }
+        Ok(Tensor::build(Storage::Cpu(storage), shape, false, false))
+    }
+
+    /// Output of a kernel on `device` (internal: the element count is the kernel's contract).
+    pub(crate) fn from_storage(storage: Storage, shape: Shape) -> Tensor {
+        Tensor::build(storage, shape, false, false)
+    }
+
+    /// A tensor from a vector of any supported element type, on `device`.
+    pub fn from_vec<T: WithDType>(data: Vec<T>, shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
+        Tensor::from_cpu(T::into_storage(data), shape)?.to_device(device)
+    }
+
+    /// A 0-dim tensor.
+    pub fn scalar(v: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::full((), v, dtype, device)
+    }
+
+    /// A tensor filled with `v`.
+    pub fn full(shape: impl Into<Shape>, v: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+        let shape = shape.into();
+        Tensor::from_cpu(CpuStorage::full(dtype, shape.elem_count(), v), shape)?.to_device(device)
+    }
+
+    /// Zeros.
+    pub fn zeros(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::full(shape, 0.0, dtype, device)
+    }
+
+    /// Ones.
+    pub fn ones(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::full(shape, 1.0, dtype, device)
+    }
+
+    /// Zeros with this tensor's shape, dtype and device.
+    pub fn zeros_like(&self) -> Result<Tensor> {
+        Tensor::zeros(self.shape(), self.dtype(), &self.device())
+    }
+
+    /// Ones with this tensor's shape, dtype and device.
+    pub fn ones_like(&self) -> Result<Tensor> {
+        Tensor::ones(self.shape(), self.dtype(), &self.device())
+    }
+
+    /// `start, start+step, ...` below `end` (1-D).
+    pub fn arange(start: f64, end: f64, step: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+        if step == 0.0 || !step.is_finite() || ((end - start) / step) < 0.0 {
+            return Err(Error::invalid("arange", format!("cannot step from {start} to {end} by {step}")));
+        }
+        let n = ((end - start) / step).ceil().max(0.0) as usize;
+        let v: Vec<f64> = (0..n).map(|i| start + step * i as f64).collect();
+        Tensor::from_cpu(CpuStorage::F64(v).to_dtype(dtype), [n])?.to_device(device)
+    }
+
+    /// Standard normal samples scaled by `std` and shifted by `mean`.
+    pub fn randn(shape: impl Into<Shape>, mean: f64, std: f64, dtype: DType, rng: &mut Rng, device: &Device) -> Result<Tensor> {
+        let shape = shape.into();
+        let v: Vec<f64> = rng.normal(shape.elem_count()).into_iter().map(|x| mean + std * x).collect();
+        Tensor::from_cpu(CpuStorage::F64(v).to_dtype(dtype), shape)?.to_device(device)
+    }
+
+    /// Uniform samples in `(lo, hi)`.
+    pub fn rand(shape: impl Into<Shape>, lo: f64, hi: f64, dtype: DType, rng: &mut Rng, device: &Device) -> Result<Tensor> {
+        let shape = shape.into();
+        let v: Vec<f64> = rng.uniform(shape.elem_count()).into_iter().map(|u| lo + (hi - lo) * u).collect();
+        Tensor::from_cpu(CpuStorage::F64(v).to_dtype(dtype), shape)?.to_device(device)
+    }
+
+    /// The unique id.
+    pub fn id(&self) -> TensorId {
+        self.0.id
+    }
+    /// The shape.
+    pub fn shape(&self) -> &Shape {
+        &self.0.shape
+    }
+    /// The dimensions.
+    pub fn dims(&self) -> &[usize] {
+        self.0.shape.dims()
+    }
+    /// The number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.0.shape.rank()
+    }
+    /// The size of dim `d` (negative counts from the end).
+    pub fn dim(&self, d: isize) -> Result<usize> {
+        Ok(self.dims()[self.0.shape.dim("dim", d)?])
+    }
+    /// The number of elements.
+    pub fn elem_count(&self) -> usize {
+        self.0.shape.elem_count()
+    }
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.0.device
+    }
+    /// Bytes of storage.
+    pub fn size_in_bytes(&self) -> usize {
+        self.0.cell.bytes as usize
+    }
+    /// Read access to the storage.
+    pub fn storage(&self) -> RwLockReadGuard<'_, Storage> {
+        // A poisoned lock only means a panic elsewhere while writing; the
+        // storage itself is still a valid buffer.
+        self.0.cell.storage.read().unwrap_or_else(|e| e.into_inner())
+    }
+    /// A copy of the CPU storage (copies from the device when needed).
+    pub fn to_cpu_storage(&self) -> Result<CpuStorage> {
+        match &*self.storage() {
+            Storage::Cpu(s) => Ok(s.clone()),
+            Storage::Cuda(s) => match *s {},
+        }
+    }
+    /// The elements as a vector of `T`; the dtype must be `T`'s.
+    pub fn to_vec<T: WithDType>(&self) -> Result<Vec<T>> {
+        let s = self.to_cpu_storage()?;
+        T::slice(&s).map(|v| v.to_vec()).ok_or(Error::DTypeMismatch { op: "to_vec", expected: T::DTYPE, got: self.dtype() })
+    }
+    /// The elements widened to f64, whatever the dtype.
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        Ok(self.to_cpu_storage()?.to_f64_vec())
+    }
+    /// The single element of a one-element tensor, as f64.
+    pub fn to_scalar(&self) -> Result<f64> {
+        if self.elem_count() != 1 {
+            return Err(Error::ShapeMismatch { op: "to_scalar", expected: "one element".into(), got: format!("shape {}", self.shape()) });
+        }
+        Ok(self.to_f64_vec()?[0])
+    }
+    /// A copy on `device` (the same handle if already there).
+    pub fn to_device(self, device: &Device) -> Result<Tensor> {
+        match device {
+            Device::Cpu if self.device() == Device::Cpu => Ok(self),
+            Device::Cpu => Err(Error::CudaUnavailable("no GPU storage can exist in this build".into())),
+            Device::Cuda(n) => {
+                crate::backend::cuda::check_available(*n)?;
+                Err(Error::CudaUnavailable(format!("cuda:{n} has no storage backend yet")))
+            }
+        }
+    }
+
+    // ---- autograd state ----
+
+    /// Whether gradients flow through this tensor.
+    pub fn requires_grad(&self) -> bool {
+        self.0.tracked
+    }
+    /// Whether this is a leaf with a gradient slot (a parameter or an input that requires grad).
+    pub fn is_leaf(&self) -> bool {
+        self.0.grad.is_some()
+    }
+    /// A leaf that requires grad, sharing this storage, with an empty gradient slot.
+    pub fn requires_grad_(&self) -> Tensor {
+        Tensor::view(self.0.cell.clone(), self.shape().clone(), true, true)
+    }
+    /// The same storage cut off from the tape (no gradient flows back).
+    pub fn detach(&self) -> Tensor {
+        Tensor::view(self.0.cell.clone(), self.shape().clone(), false, false)
+    }
+    /// The same storage under another shape with the same element count
+    /// (internal: `ops::reshape` checks and records it).
+    pub(crate) fn reshaped(&self, shape: Shape, tracked: bool) -> Tensor {
+        Tensor::view(self.0.cell.clone(), shape, tracked, false)
+    }
+    /// The accumulated gradient of a leaf, if any.
+    pub fn grad(&self) -> Option<Tensor> {
+        self.0.grad.as_ref().and_then(|g| g.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+    /// Clears a leaf's gradient (sets it to None, as `zero_grad(set_to_none=True)`).
+    pub fn zero_grad(&self) {
+        if let Some(g) = &self.0.grad {
+            *g.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+    }
+    /// Replaces a leaf's gradient (used by engines and clipping).
+    pub fn set_grad(&self, grad: Option<Tensor>) -> Result<()> {
+        match &self.0.grad {
+            Some(g) => {
+                if let Some(t) = &grad {
+                    if t.shape() != self.shape() {
+                        return Err(Error::ShapeMismatch { op: "set_grad", expected: self.shape().to_string(), got: t.shape().to_string() });
+                    }
+                }
+                *g.lock().unwrap_or_else(|e| e.into_inner()) = grad;
+                Ok(())
+            }
+            None => Err(Error::Autograd("set_grad on a tensor that is not a leaf requiring grad".into())),
+        }
+    }
+    /// Adds `g` into a leaf's gradient slot.
+    pub(crate) fn accumulate_grad(&self, g: Tensor) -> Result<()> {
+        if let Some(slot) = &self.0.grad {
+            let mut s = slot.lock().unwrap_or_else(|e| e.into_inner());
+            *s = Some(match s.take() {
+                None => g,
+                Some(prev) => crate::autograd::no_grad(|| crate::ops::add(&prev, &g))?,
+            });
+        }
+        Ok(())
+    }
+    /// Replaces the data of this tensor in place (optimizer updates; never
+    /// while the tape holds it for backward). The shape and dtype must match.
+    pub fn assign(&self, src: &Tensor) -> Result<()> {
+        if src.shape() != self.shape() || src.dtype() != self.dtype() {
+            return Err(Error::ShapeMismatch {
+                op: "assign",
+                expected: format!("{} {:?}", self.shape(), self.dtype()),
+                got: format!("{} {:?}", src.shape(), src.dtype()),
+            });
+        }
+        let new = match &*src.storage() {
+            Storage::Cpu(s) => Storage::Cpu(s.clone()),
+            Storage::Cuda(s) => match *s {},
+        };
+        *self.0.cell.storage.write().unwrap_or_else(|e| e.into_inner()) = new;
+        Ok(())
+    }
+    /// Whether two handles share one storage.
+    pub fn same_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0.cell, &other.0.cell)
+    }
+}

@@ -1,0 +1,119 @@
+//! Counter-based random numbers (Philox4x32-10, Salmon et al., SC'11).
+//!
+//! Element `i` of a draw made at offset `o` is a pure function of
+//! `(seed, o + i/4, i%4)`, so a GPU kernel reproduces the CPU's numbers and a
+//! recomputation (activation checkpointing) reproduces the same dropout mask
+//! by restoring `(seed, offset)`.
+
+use std::cell::RefCell;
+
+const M0: u32 = 0xD251_1F53;
+const M1: u32 = 0xCD9E_8D57;
+const W0: u32 = 0x9E37_79B9;
+const W1: u32 = 0xBB67_AE85;
+
+/// One Philox4x32-10 block: four 32-bit words for counter `ctr` and `key`.
+pub fn philox4x32(ctr: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+    let (mut c, mut k) = (ctr, key);
+    for _ in 0..10 {
+        let p0 = (M0 as u64) * (c[0] as u64);
+        let p1 = (M1 as u64) * (c[2] as u64);
+        c = [
+            ((p1 >> 32) as u32) ^ c[1] ^ k[0],
+            p1 as u32,
+            ((p0 >> 32) as u32) ^ c[3] ^ k[1],
+            p0 as u32,
+        ];
+        k = [k[0].wrapping_add(W0), k[1].wrapping_add(W1)];
+    }
+    c
+}
+
+/// A seeded generator: a seed and a running offset (in 4-word blocks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rng {
+    pub seed: u64,
+    pub offset: u64,
+}
+
+impl Rng {
+    /// A generator at offset 0.
+    pub fn new(seed: u64) -> Self {
+        Rng { seed, offset: 0 }
+    }
+
+    fn key(&self) -> [u32; 2] {
+        [self.seed as u32, (self.seed >> 32) as u32]
+    }
+
+    /// The 32-bit word for element `i` of the draw starting at block `offset`.
+    fn word(key: [u32; 2], offset: u64, i: usize) -> u32 {
+        let b = offset + (i / 4) as u64;
+        philox4x32([b as u32, (b >> 32) as u32, 0, 0], key)[i % 4]
+    }
+
+    /// Reserves `n` words and returns the block offset they start at.
+    fn advance(&mut self, n: usize) -> u64 {
+        let o = self.offset;
+        self.offset += n.div_ceil(4) as u64;
+        o
+    }
+
+    /// `n` uniform numbers in the open interval (0, 1).
+    pub fn uniform(&mut self, n: usize) -> Vec<f64> {
+        let key = self.key();
+        let o = self.advance(n);
+        (0..n).map(|i| to_unit(Self::word(key, o, i))).collect()
+    }
+
+    /// `n` standard normal numbers (Box-Muller on pairs of uniforms).
+    pub fn normal(&mut self, n: usize) -> Vec<f64> {
+        let key = self.key();
+        let o = self.advance(2 * n);
+        (0..n)
+            .map(|i| {
+                let u1 = to_unit(Self::word(key, o, 2 * i));
+                let u2 = to_unit(Self::word(key, o, 2 * i + 1));
+                (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+            })
+            .collect()
+    }
+
+    /// `n` Bernoulli draws: true with probability `p`.
+    pub fn bernoulli(&mut self, n: usize, p: f64) -> Vec<bool> {
+        self.uniform(n).into_iter().map(|u| u < p).collect()
+    }
+
+    /// A uniform integer in `0..n` (n > 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        ((self.uniform(1)[0] * n as f64) as usize).min(n.saturating_sub(1))
+    }
+}
+
+fn to_unit(w: u32) -> f64 {
+    (w as f64 + 0.5) / 4_294_967_296.0
+}
+
+thread_local! {
+    static DEFAULT: RefCell<Rng> = const { RefCell::new(Rng { seed: 0, offset: 0 }) };
+}
+
+/// Seeds this thread's default generator (used by dropout), as `torch.manual_seed`.
+pub fn manual_seed(seed: u64) {
+    DEFAULT.with(|r| *r.borrow_mut() = Rng::new(seed));
+}
+
+/// The default generator's state, to save in a checkpoint or before a recompute.
+pub fn get_state() -> Rng {
+    DEFAULT.with(|r| *r.borrow())
+}
+
+/// Restores the default generator's state.
+pub fn set_state(s: Rng) {
+    DEFAULT.with(|r| *r.borrow_mut() = s);
+}
+
+/// Runs `f` with this thread's default generator.
+pub fn with_default<R>(f: impl FnOnce(&mut Rng) -> R) -> R {
+    DEFAULT.with(|r| f(&mut r.borrow_mut()))
+}
