@@ -1,0 +1,166 @@
+//! Shared test helpers: random inputs, the finite-difference gradient check
+//! and the backend-generic runner. A test names an op and its inputs; the
+//! helpers run it on every available device and compare with the CPU.
+#![allow(dead_code)]
+
+use asrforge::autograd;
+use asrforge::tensor::Rng;
+use asrforge::{DType, Device, Result, Tensor};
+
+/// A seed that changes from run to run (fresh inputs), printed on failure.
+pub fn fresh_seed() -> u64 {
+    if let Ok(s) = std::env::var("ASRFORGE_TEST_SEED") {
+        if let Ok(v) = s.parse() {
+            return v;
+        }
+    }
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    (t as u64) ^ ((t >> 64) as u64)
+}
+
+/// How to draw an input.
+#[derive(Clone, Copy, Debug)]
+pub enum Kind {
+    /// Standard normal.
+    Normal,
+    /// Uniform in (0.5, 2): for log, sqrt, division.
+    Positive,
+    /// |x| in (0.2, 1.2) with random sign: away from the kinks of relu/abs.
+    AwayFromZero,
+    /// A permutation of distinct, well-separated values (for max).
+    Distinct,
+}
+
+/// An f64 input of `shape` drawn as `kind`.
+pub fn input(rng: &mut Rng, shape: &[usize], kind: Kind) -> Vec<f64> {
+    let n: usize = shape.iter().product();
+    match kind {
+        Kind::Normal => rng.normal(n),
+        Kind::Positive => rng.uniform(n).into_iter().map(|u| 0.5 + 1.5 * u).collect(),
+        Kind::AwayFromZero => rng.uniform(2 * n).chunks(2).map(|c| (0.2 + c[0]) * if c[1] < 0.5 { -1.0 } else { 1.0 }).collect(),
+        Kind::Distinct => {
+            let mut v: Vec<f64> = (0..n).map(|i| i as f64 * 0.1).collect();
+            for i in (1..n).rev() {
+                let j = rng.below(i + 1);
+                v.swap(i, j);
+            }
+            v
+        }
+    }
+}
+
+/// A tensor from f64 values converted to `dtype`.
+pub fn tensor(v: &[f64], shape: &[usize], dtype: DType, dev: &Device) -> Tensor {
+    let t = Tensor::from_vec(v.to_vec(), shape.to_vec(), &Device::Cpu).expect("test tensor");
+    let t = match dtype {
+        DType::F64 => t,
+        _ => {
+            let s = t.to_cpu_storage().expect("cpu").to_dtype(dtype);
+            Tensor::from_cpu(s, shape.to_vec()).expect("cast")
+        }
+    };
+    t.to_device(dev).expect("to device")
+}
+
+/// The op under test: maps input tensors to one output.
+pub type OpFn = dyn Fn(&[Tensor]) -> Result<Tensor>;
+
+/// `Σ f(x)·r` for a fixed random `r`: a scalar whose gradient reaches every output element.
+fn weighted(f: &OpFn, xs: &[Tensor], r: &[f64]) -> Result<Tensor> {
+    let y = f(xs)?;
+    let rt = tensor(&r[..y.elem_count()], y.dims(), y.dtype(), &y.device());
+    asrforge::ops::sum_all(&asrforge::ops::mul(&y, &rt)?)
+}
+
+/// Output and input gradients of `f` on `dev` in `dtype` (grads only for `grad_mask` inputs).
+pub fn run_with_grads(f: &OpFn, vals: &[(Vec<f64>, Vec<usize>)], grad_mask: &[bool], r: &[f64], dtype: DType, dev: &Device) -> (Vec<f64>, Vec<Option<Vec<f64>>>) {
+    let xs: Vec<Tensor> = vals
+        .iter()
+        .zip(grad_mask)
+        .map(|((v, s), &g)| {
+            let t = tensor(v, s, dtype, dev);
+            if g { t.requires_grad_() } else { t }
+        })
+        .collect();
+    let out = autograd::no_grad(|| f(&xs)).expect("forward").to_f64_vec().expect("read output");
+    let loss = weighted(f, &xs, r).expect("loss");
+    autograd::backward(&loss).expect("backward");
+    let grads = xs.iter().zip(grad_mask).map(|(x, &g)| if g { Some(x.grad().expect("a gradient reached the input").to_f64_vec().unwrap()) } else { None }).collect();
+    assert_eq!(autograd::tape_len(), 0, "backward must empty the tape");
+    (out, grads)
+}
+
+/// Finite-difference gradient check in f64 on the CPU, then the same op on
+/// every other available device compared with the CPU's output and gradients.
+/// `vals`: inputs; `grad_mask`: which inputs are differentiated.
+pub fn check_grad(name: &str, f: &OpFn, vals: Vec<(Vec<f64>, Vec<usize>)>, grad_mask: &[bool], seed: u64) {
+    let mut rng = Rng::new(seed ^ 0x5eed);
+    let y0 = f(&vals.iter().map(|(v, s)| tensor(v, s, DType::F64, &Device::Cpu)).collect::<Vec<_>>()).expect("forward");
+    let r = rng.normal(y0.elem_count().max(1));
+    let (out, grads) = run_with_grads(f, &vals, grad_mask, &r, DType::F64, &Device::Cpu);
+    let h = 1e-6;
+    for (i, g) in grads.iter().enumerate() {
+        let Some(g) = g else { continue };
+        let mut num = vec![0.0; g.len()];
+        for j in 0..g.len() {
+            let eval = |d: f64| {
+                let xs: Vec<Tensor> = vals
+                    .iter()
+                    .enumerate()
+                    .map(|(k, (v, s))| {
+                        let mut v = v.clone();
+                        if k == i {
+                            v[j] += d;
+                        }
+                        tensor(&v, s, DType::F64, &Device::Cpu)
+                    })
+                    .collect();
+                autograd::no_grad(|| weighted(f, &xs, &r)).expect("loss").to_scalar().unwrap()
+            };
+            num[j] = (eval(h) - eval(-h)) / (2.0 * h);
+        }
+        let diff: f64 = g.iter().zip(&num).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
+        let norm: f64 = g.iter().map(|a| a * a).sum::<f64>().sqrt() + num.iter().map(|a| a * a).sum::<f64>().sqrt();
+        let rel = if norm > 0.0 { diff / norm } else { diff };
+        assert!(rel < 1e-6, "{name}: input {i}: gradient relative error {rel:e} (seed {seed})\nanalytic {g:?}\nnumeric  {num:?}");
+        for (j, (a, b)) in g.iter().zip(&num).enumerate() {
+            assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{name}: input {i} element {j}: analytic {a} vs numeric {b} (seed {seed})");
+        }
+        assert!(g.iter().all(|v| v.is_finite()), "{name}: non-finite gradient (seed {seed})");
+    }
+    for dev in Device::available().into_iter().filter(|d| *d != Device::Cpu) {
+        compare_device(name, f, &vals, grad_mask, &r, &out, &grads, &dev, seed);
+    }
+    if Device::available().len() == 1 {
+        eprintln!("{name}: no GPU available, checked on the CPU only");
+    }
+}
+
+/// The op on `dev` in f32 against the CPU's f64 results.
+#[allow(clippy::too_many_arguments)]
+fn compare_device(name: &str, f: &OpFn, vals: &[(Vec<f64>, Vec<usize>)], mask: &[bool], r: &[f64], out: &[f64], grads: &[Option<Vec<f64>>], dev: &Device, seed: u64) {
+    let (o, g) = run_with_grads(f, vals, mask, r, DType::F32, dev);
+    assert_close(&format!("{name} on {dev:?} output"), &o, out, 1e-5, seed);
+    for (a, b) in g.iter().zip(grads) {
+        if let (Some(a), Some(b)) = (a, b) {
+            assert_close(&format!("{name} on {dev:?} gradient"), a, b, 1e-5, seed);
+        }
+    }
+}
+
+/// Relative closeness (norm-wise); NaN never passes.
+pub fn assert_close(what: &str, a: &[f64], b: &[f64], tol: f64, seed: u64) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    assert!(a.iter().all(|v| !v.is_nan()), "{what}: NaN in result (seed {seed})");
+    let diff: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum::<f64>().sqrt();
+    let norm: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt().max(1e-30);
+    assert!(diff / norm < tol, "{what}: relative error {:e} > {tol:e} (seed {seed})", diff / norm);
+}
+
+/// Asserts two vectors agree elementwise to `tol` (absolute).
+pub fn assert_vec(what: &str, got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: got {got:?}, want {want:?}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tol, "{what}: element {i}: got {g}, want {w}\n got {got:?}\nwant {want:?}");
+    }
+}

@@ -1,0 +1,158 @@
+//! Finite-difference gradient checks in f64 for every op: one line per case.
+//! Each case draws fresh random inputs (the seed is printed on failure; set
+//! ASRFORGE_TEST_SEED to replay) and runs on every available backend.
+
+mod common;
+
+use asrforge::ops::{self, BatchNormState, Reduction};
+use asrforge::tensor::{rng, Rng};
+use asrforge::{DType, Device, Tensor};
+use common::{check_grad, fresh_seed, input, Kind::*};
+
+macro_rules! grad {
+    ($name:ident, [$(($shape:expr, $kind:expr, $g:expr)),* $(,)?], |$x:ident| $body:expr) => {
+        #[test]
+        fn $name() {
+            let seed = fresh_seed();
+            let mut rng = Rng::new(seed);
+            let vals = vec![$((input(&mut rng, &$shape, $kind), $shape.to_vec())),*];
+            let mask = [$($g),*];
+            check_grad(stringify!($name), &|$x: &[Tensor]| $body, vals, &mask, seed);
+        }
+    };
+}
+
+fn i64t(v: &[i64], shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v.to_vec(), shape.to_vec(), &Device::Cpu).unwrap()
+}
+fn u8t(v: &[u8], shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v.to_vec(), shape.to_vec(), &Device::Cpu).unwrap()
+}
+fn f64t(v: &[f64], shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v.to_vec(), shape.to_vec(), &Device::Cpu).unwrap()
+}
+
+// Broadcasting binary ops.
+grad!(add_broadcast, [([3, 4, 5], Normal, true), ([4, 1], Normal, true)], |x| ops::add(&x[0], &x[1]));
+grad!(add_same_odd, [([7, 3], Normal, true), ([7, 3], Normal, true)], |x| ops::add(&x[0], &x[1]));
+grad!(sub_broadcast, [([2, 3, 4], Normal, true), ([3, 1], Normal, true)], |x| ops::sub(&x[0], &x[1]));
+grad!(mul_broadcast, [([5, 1, 3], Normal, true), ([4, 3], Normal, true)], |x| ops::mul(&x[0], &x[1]));
+grad!(div_broadcast, [([3, 4], Normal, true), ([4], Positive, true)], |x| ops::div(&x[0], &x[1]));
+grad!(div_scalar_tensor, [([3, 5], Positive, true), ([], Positive, true)], |x| ops::div(&x[1], &x[0]));
+// Scalar and unary maps.
+grad!(add_scalar, [([4, 3], Normal, true)], |x| ops::add_scalar(&x[0], 0.7));
+grad!(mul_scalar, [([4, 3], Normal, true)], |x| ops::mul_scalar(&x[0], -1.3));
+grad!(affine, [([5], Normal, true)], |x| ops::affine(&x[0], 2.5, -1.0));
+grad!(neg, [([3, 3], Normal, true)], |x| ops::neg(&x[0]));
+grad!(pow, [([3, 4], Positive, true)], |x| ops::pow(&x[0], 2.5));
+grad!(exp, [([3, 5], Normal, true)], |x| ops::exp(&x[0]));
+grad!(log, [([3, 5], Positive, true)], |x| ops::log(&x[0]));
+grad!(sqrt, [([3, 5], Positive, true)], |x| ops::sqrt(&x[0]));
+grad!(rsqrt, [([3, 5], Positive, true)], |x| ops::rsqrt(&x[0]));
+grad!(abs, [([4, 5], AwayFromZero, true)], |x| ops::abs(&x[0]));
+grad!(relu, [([4, 5], AwayFromZero, true)], |x| ops::relu(&x[0]));
+grad!(silu, [([4, 5], Normal, true)], |x| ops::silu(&x[0]));
+grad!(gelu, [([4, 5], Normal, true)], |x| ops::gelu(&x[0]));
+grad!(sigmoid, [([4, 5], Normal, true)], |x| ops::sigmoid(&x[0]));
+grad!(tanh, [([4, 5], Normal, true)], |x| ops::tanh(&x[0]));
+grad!(glu_last, [([3, 6], Normal, true)], |x| ops::glu(&x[0], -1));
+grad!(glu_channels, [([2, 4, 5], Normal, true)], |x| ops::glu(&x[0], 1));
+// Reductions.
+grad!(sum_dim, [([3, 4, 5], Normal, true)], |x| ops::sum(&x[0], &[1], false));
+grad!(sum_dims_keepdim, [([3, 4, 5], Normal, true)], |x| ops::sum(&x[0], &[0, 2], true));
+grad!(mean_last, [([3, 7], Normal, true)], |x| ops::mean(&x[0], &[-1], false));
+grad!(sum_all, [([3, 7], Normal, true)], |x| ops::sum_all(&x[0]));
+grad!(mean_all, [([2, 3, 7], Normal, true)], |x| ops::mean_all(&x[0]));
+grad!(max_dim, [([3, 5, 4], Distinct, true)], |x| ops::max(&x[0], 1, false));
+grad!(max_last_keepdim, [([3, 5], Distinct, true)], |x| ops::max(&x[0], -1, true));
+// Softmax family.
+grad!(softmax, [([4, 7], Normal, true)], |x| ops::softmax(&x[0]));
+grad!(log_softmax, [([3, 2, 9], Normal, true)], |x| ops::log_softmax(&x[0]));
+// Products.
+grad!(matmul, [([5, 4], Normal, true), ([4, 3], Normal, true)], |x| ops::matmul(&x[0], &x[1]));
+grad!(matmul_ta, [([4, 5], Normal, true), ([4, 3], Normal, true)], |x| ops::matmul_t(&x[0], &x[1], true, false));
+grad!(matmul_tb, [([5, 4], Normal, true), ([3, 4], Normal, true)], |x| ops::matmul_t(&x[0], &x[1], false, true));
+grad!(matmul_ta_tb, [([4, 5], Normal, true), ([3, 4], Normal, true)], |x| ops::matmul_t(&x[0], &x[1], true, true));
+grad!(bmm, [([2, 5, 4], Normal, true), ([2, 4, 3], Normal, true)], |x| ops::matmul(&x[0], &x[1]));
+grad!(bmm_4d_tb, [([2, 3, 5, 4], Normal, true), ([2, 3, 6, 4], Normal, true)], |x| ops::matmul_t(&x[0], &x[1], false, true));
+grad!(bmm_ta, [([2, 4, 5], Normal, true), ([2, 4, 3], Normal, true)], |x| ops::matmul_t(&x[0], &x[1], true, false));
+grad!(matmul_shared_right, [([2, 5, 4], Normal, true), ([4, 3], Normal, true)], |x| ops::matmul(&x[0], &x[1]));
+grad!(matmul_shared_right_ta, [([2, 4, 5], Normal, true), ([3, 4], Normal, true)], |x| ops::matmul_t(&x[0], &x[1], true, true));
+grad!(matmul_shared_left, [([4, 5], Normal, true), ([2, 5, 3], Normal, true)], |x| ops::matmul(&x[0], &x[1]));
+grad!(linear, [([2, 3, 4], Normal, true), ([5, 4], Normal, true), ([5], Normal, true)], |x| ops::linear(&x[0], &x[1], Some(&x[2])));
+// Layout.
+grad!(reshape, [([2, 3, 4], Normal, true)], |x| ops::reshape(&x[0], [6, 4]));
+grad!(permute, [([2, 3, 4], Normal, true)], |x| ops::permute(&x[0], &[2, 0, 1]));
+grad!(transpose, [([2, 3, 5], Normal, true)], |x| ops::transpose(&x[0], 1, 2));
+grad!(unsqueeze_squeeze_flatten, [([2, 3, 5], Normal, true)], |x| ops::flatten(&ops::squeeze(&ops::unsqueeze(&x[0], 1)?, 1)?, 0, 1));
+grad!(narrow, [([3, 7, 2], Normal, true)], |x| ops::narrow(&x[0], 1, 2, 4));
+grad!(pad, [([3, 4], Normal, true)], |x| ops::pad(&x[0], 1, 2, 1, 0.5));
+grad!(cat, [([2, 3, 4], Normal, true), ([2, 1, 4], Normal, true), ([2, 5, 4], Normal, true)], |x| ops::cat(&[&x[0], &x[1], &x[2]], 1));
+grad!(stack, [([3, 4], Normal, true), ([3, 4], Normal, true)], |x| ops::stack(&[&x[0], &x[1]], 1));
+// Indexing.
+grad!(index_select, [([3, 5, 2], Normal, true)], |x| ops::index_select(&x[0], 1, &i64t(&[4, 0, 4, 2], &[4])));
+grad!(gather, [([3, 5], Normal, true)], |x| ops::gather(&x[0], 1, &i64t(&[0, 4, 4, 1, 2, 2, 3, 0, 1], &[3, 3])));
+grad!(embedding, [([6, 4], Normal, true)], |x| ops::embedding(&x[0], &i64t(&[1, 5, 1, 0, 3, 1], &[2, 3])));
+grad!(masked_fill, [([2, 3, 4], Normal, true)], |x| ops::masked_fill(&x[0], &u8t(&[1, 0, 0, 1, 0, 1, 1, 0], &[2, 1, 4]), -3.0));
+grad!(where_cond, [([2, 4], Normal, true), ([2, 4], Normal, true)], |x| ops::where_cond(&u8t(&[1, 0, 1, 1], &[1, 4]), &x[0], &x[1]));
+// Normalisation.
+grad!(layer_norm_affine, [([3, 7], Normal, true), ([7], Normal, true), ([7], Normal, true)], |x| ops::layer_norm(&x[0], Some(&x[1]), Some(&x[2]), 1e-5));
+grad!(layer_norm_plain, [([2, 3, 6], Normal, true)], |x| ops::layer_norm(&x[0], None, None, 1e-5));
+grad!(batch_norm_train, [([4, 3, 5], Normal, true), ([3], Normal, true), ([3], Normal, true)], |x| {
+    let (rm, rv) = (f64t(&[0.0; 3], &[3]), f64t(&[1.0; 3], &[3]));
+    ops::batch_norm(&x[0], &x[1], &x[2], &BatchNormState { running_mean: &rm, running_var: &rv, momentum: 0.1, eps: 1e-5, training: true })
+});
+grad!(batch_norm_train_2d, [([6, 3], Normal, true), ([3], Normal, true), ([3], Normal, true)], |x| {
+    let (rm, rv) = (f64t(&[0.0; 3], &[3]), f64t(&[1.0; 3], &[3]));
+    ops::batch_norm(&x[0], &x[1], &x[2], &BatchNormState { running_mean: &rm, running_var: &rv, momentum: 0.1, eps: 1e-5, training: true })
+});
+grad!(batch_norm_eval, [([2, 3, 5], Normal, true), ([3], Normal, true), ([3], Normal, true)], |x| {
+    let (rm, rv) = (f64t(&[0.3, -0.2, 0.1], &[3]), f64t(&[1.5, 0.7, 2.0], &[3]));
+    ops::batch_norm(&x[0], &x[1], &x[2], &BatchNormState { running_mean: &rm, running_var: &rv, momentum: 0.1, eps: 1e-5, training: false })
+});
+grad!(dropout, [([4, 6], Normal, true)], |x| {
+    rng::manual_seed(7);
+    ops::dropout(&x[0], 0.3, true)
+});
+// Convolutions.
+grad!(conv1d_depthwise, [([2, 3, 9], Normal, true), ([3, 1, 3], Normal, true), ([3], Normal, true)], |x| ops::conv1d_depthwise(&x[0], &x[1], Some(&x[2]), 1));
+grad!(conv1d_depthwise_k5_nobias, [([1, 4, 7], Normal, true), ([4, 1, 5], Normal, true)], |x| ops::conv1d_depthwise(&x[0], &x[1], None, 2));
+grad!(conv2d_stride2, [([2, 1, 9, 8], Normal, true), ([3, 1, 3, 3], Normal, true), ([3], Normal, true)], |x| ops::conv2d(&x[0], &x[1], Some(&x[2]), 2, 0));
+grad!(conv2d_pad1, [([1, 2, 6, 5], Normal, true), ([3, 2, 3, 3], Normal, true)], |x| ops::conv2d(&x[0], &x[1], None, 1, 1));
+grad!(conv1d_pointwise, [([2, 3, 5], Normal, true), ([4, 3, 1], Normal, true), ([4], Normal, true)], |x| ops::conv1d_pointwise(&x[0], &x[1], Some(&x[2])));
+// Losses.
+grad!(ctc_loss_raw_log_probs, [([2, 6, 4], Normal, true)], |x| {
+    ops::ctc_loss(&x[0], &i64t(&[1, 2, 2, 3, 0, 0], &[2, 3]), &[6, 5], &[3, 1], 0, Reduction::None, false)
+});
+grad!(ctc_loss_after_log_softmax_sum, [([3, 7, 5], Normal, true)], |x| {
+    let lp = ops::log_softmax(&x[0])?;
+    ops::ctc_loss(&lp, &i64t(&[1, 1, 2, 4, 3, 0, 2, 0, 0], &[3, 3]), &[7, 6, 3], &[3, 2, 1], 0, Reduction::Sum, false)
+});
+grad!(ctc_loss_mean, [([2, 5, 3], Normal, true)], |x| {
+    let lp = ops::log_softmax(&x[0])?;
+    ops::ctc_loss(&lp, &i64t(&[1, 2, 2, 0], &[2, 2]), &[5, 4], &[2, 1], 0, Reduction::Mean, true)
+});
+grad!(label_smoothing_by_tokens, [([2, 4, 6], Normal, true)], |x| {
+    ops::label_smoothing_loss(&x[0], &i64t(&[1, 5, 0, -1, 2, 2, -1, -1], &[2, 4]), 0.1, -1, true)
+});
+grad!(label_smoothing_by_batch, [([3, 2, 5], Normal, true)], |x| {
+    ops::label_smoothing_loss(&x[0], &i64t(&[4, -1, 0, 3, 1, 1], &[3, 2]), 0.2, -1, false)
+});
+grad!(label_smoothing_none, [([2, 2, 4], Normal, true)], |x| ops::label_smoothing_loss(&x[0], &i64t(&[3, 0, -1, 2], &[2, 2]), 0.0, -1, true));
+// Activation checkpointing as an op: the segment's gradient equals the plain one's.
+grad!(checkpoint_segment, [([3, 4], Normal, true), ([4, 4], Normal, true)], |x| {
+    let w = x[1].clone();
+    let outs = asrforge::autograd::checkpoint(move |xs: &[Tensor]| Ok(vec![ops::tanh(&ops::matmul(&xs[0], &w)?)?]), &x[..1])?;
+    Ok(outs[0].clone())
+});
+
+#[test]
+fn f32_inputs_are_accepted_by_every_float_op() {
+    // The table above runs in f64; a forward in f32 must agree with it.
+    let mut rng = Rng::new(fresh_seed());
+    let a = Tensor::randn([3, 5], 0.0, 1.0, DType::F64, &mut rng, &Device::Cpu).unwrap();
+    let a32 = Tensor::from_cpu(a.to_cpu_storage().unwrap().to_dtype(DType::F32), [3, 5]).unwrap();
+    let y64 = ops::log_softmax(&ops::gelu(&a).unwrap()).unwrap().to_f64_vec().unwrap();
+    let y32 = ops::log_softmax(&ops::gelu(&a32).unwrap()).unwrap().to_f64_vec().unwrap();
+    common::assert_vec("f32 vs f64", &y32, &y64, 1e-5);
+}
