@@ -161,6 +161,6 @@ pub fn assert_close(what: &str, a: &[f64], b: &[f64], tol: f64, seed: u64) {
 pub fn assert_vec(what: &str, got: &[f64], want: &[f64], tol: f64) {
     assert_eq!(got.len(), want.len(), "{what}: got {got:?}, want {want:?}");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= tol, "{what}: element {i}: got {g}, want {w}\n got {got:?}\nwant {want:?}");
+        assert!(g == w || (g - w).abs() <= tol, "{what}: element {i}: got {g}, want {w}\n got {got:?}\nwant {want:?}");
     }
 }
