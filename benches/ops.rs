@@ -1,1 +1,100 @@
-fn main(){}
+//! CPU op benchmarks. `cargo bench --bench ops`; GFLOP/s for the products
+//! is criterion's throughput in "elements" (= floating-point operations).
+//!
+//! The matmul group also times `matrixmultiply` on the same shapes: the
+//! comparison that chose `gemm` for the CPU backend.
+
+use asrforge::ops::{self, Reduction};
+use asrforge::tensor::Rng;
+use asrforge::{autograd, DType, Device, Tensor};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use std::hint::black_box;
+
+fn randn(shape: &[usize], rng: &mut Rng) -> Tensor {
+    Tensor::randn(shape.to_vec(), 0.0, 1.0, DType::F32, rng, &Device::Cpu).unwrap()
+}
+
+fn matmul(c: &mut Criterion) {
+    let mut g = c.benchmark_group("matmul");
+    g.sample_size(10);
+    let mut rng = Rng::new(1);
+    for n in [512usize, 1024] {
+        g.throughput(Throughput::Elements((2 * n * n * n) as u64));
+        let (a, b) = (randn(&[n, n], &mut rng), randn(&[n, n], &mut rng));
+        g.bench_with_input(BenchmarkId::new("gemm", n), &n, |bch, _| bch.iter(|| black_box(ops::matmul(&a, &b).unwrap())));
+        let (av, bv) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+        let mut cv = vec![0f32; n * n];
+        g.bench_with_input(BenchmarkId::new("matrixmultiply", n), &n, |bch, _| {
+            bch.iter(|| {
+                // SAFETY: av, bv, cv hold n·n elements each, row-major with
+                // row stride n and column stride 1, exactly what is passed.
+                unsafe {
+                    matrixmultiply::sgemm(n, n, n, 1.0, av.as_ptr(), n as isize, 1, bv.as_ptr(), n as isize, 1, 0.0, cv.as_mut_ptr(), n as isize, 1);
+                }
+                black_box(cv[0])
+            })
+        });
+    }
+    g.finish();
+}
+
+fn kernels(c: &mut Criterion) {
+    let mut rng = Rng::new(2);
+    let mut g = c.benchmark_group("kernels");
+    g.sample_size(20);
+    let x = randn(&[256, 4000], &mut rng);
+    g.throughput(Throughput::Elements(x.elem_count() as u64));
+    g.bench_function("softmax 256x4000", |b| b.iter(|| black_box(ops::softmax(&x).unwrap())));
+    let h = randn(&[16 * 200, 256], &mut rng);
+    let (w, bias) = (randn(&[256], &mut rng), randn(&[256], &mut rng));
+    g.throughput(Throughput::Elements(h.elem_count() as u64));
+    g.bench_function("layer_norm 3200x256", |b| b.iter(|| black_box(ops::layer_norm(&h, Some(&w), Some(&bias), 1e-5).unwrap())));
+    let xc = randn(&[8, 256, 200], &mut rng);
+    let wc = randn(&[256, 1, 15], &mut rng);
+    g.throughput(Throughput::Elements(xc.elem_count() as u64));
+    g.bench_function("conv1d_depthwise 8x256x200 k15", |b| b.iter(|| black_box(ops::conv1d_depthwise(&xc, &wc, None, 7).unwrap())));
+    g.finish();
+
+    let mut g = c.benchmark_group("ctc_loss");
+    g.sample_size(10);
+    let (bs, t, v, u) = (8, 200, 4000, 30);
+    let lp = ops::log_softmax(&randn(&[bs, t, v], &mut rng)).unwrap();
+    let tg: Vec<i64> = (0..bs * u).map(|i| 1 + (i as i64 * 7919) % (v as i64 - 1)).collect();
+    let tg = Tensor::from_vec(tg, [bs, u], &Device::Cpu).unwrap();
+    let (il, tl) = (vec![t; bs], vec![u; bs]);
+    g.bench_function("forward B8 T200 V4000 U30", |b| b.iter(|| black_box(ops::ctc_loss(&lp, &tg, &il, &tl, 0, Reduction::Sum, true).unwrap())));
+    let lpg = lp.requires_grad_();
+    g.bench_function("forward+backward B8 T200 V4000 U30", |b| {
+        b.iter(|| {
+            let l = ops::ctc_loss(&lpg, &tg, &il, &tl, 0, Reduction::Sum, true).unwrap();
+            autograd::backward(&l).unwrap();
+            lpg.zero_grad();
+        })
+    });
+    g.finish();
+}
+
+fn mlp(c: &mut Criterion) {
+    let mut rng = Rng::new(3);
+    let x = randn(&[64, 256], &mut rng);
+    let w1 = randn(&[1024, 256], &mut rng).requires_grad_();
+    let b1 = randn(&[1024], &mut rng).requires_grad_();
+    let w2 = randn(&[10, 1024], &mut rng).requires_grad_();
+    let mut g = c.benchmark_group("mlp");
+    g.sample_size(20);
+    g.bench_function("forward+backward 64x256-1024-10", |b| {
+        b.iter(|| {
+            let h = ops::relu(&ops::linear(&x, &w1, Some(&b1)).unwrap()).unwrap();
+            let y = ops::log_softmax(&ops::linear(&h, &w2, None).unwrap()).unwrap();
+            let l = ops::mean_all(&y).unwrap();
+            autograd::backward(&l).unwrap();
+            for p in [&w1, &b1, &w2] {
+                p.zero_grad();
+            }
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, matmul, kernels, mlp);
+criterion_main!(benches);
