@@ -6,6 +6,7 @@ pub mod autograd;
 pub mod backend;
 pub mod error;
 pub mod ops;
+pub mod optim;
 pub mod tensor;
 
 pub use error::{Error, Result};

@@ -13,6 +13,7 @@ pub mod layout;
 pub mod loss;
 pub mod matmul;
 pub mod norm;
+pub mod optim;
 pub mod reduce;
 pub mod softmax;
 

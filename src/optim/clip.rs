@@ -1,0 +1,35 @@
+//! Global gradient-norm clipping (`torch.nn.utils.clip_grad_norm_`): the L2
+//! norm over every gradient, accumulated in f64 in parameter order (the same
+//! on every run); gradients scaled by max_norm/(norm + 1e-6) when above it.
+
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+/// The global L2 norm of the parameters' gradients (0 when none has one).
+pub fn grad_norm(params: &[(String, Tensor)]) -> Result<f64> {
+    let mut sq = 0.0f64;
+    for (_, p) in params {
+        if let Some(g) = p.grad() {
+            sq += g.to_f64_vec()?.iter().map(|x| x * x).sum::<f64>();
+        }
+    }
+    Ok(sq.sqrt())
+}
+
+/// Clips the gradients to a global norm of `max_norm` and returns the norm
+/// before clipping. A non-finite norm is returned unclipped: the caller skips the step.
+pub fn clip_grad_norm(params: &[(String, Tensor)], max_norm: f64) -> Result<f64> {
+    let norm = grad_norm(params)?;
+    if norm.is_finite() && norm > max_norm {
+        let c = max_norm / (norm + 1e-6);
+        crate::autograd::no_grad(|| -> Result<()> {
+            for (_, p) in params {
+                if let Some(g) = p.grad() {
+                    p.set_grad(Some(crate::ops::mul_scalar(&g, c)?))?;
+                }
+            }
+            Ok(())
+        })?;
+    }
+    Ok(norm)
+}
