@@ -1,0 +1,101 @@
+//! The conformer convolution module, over x (B, T, C) as (B, C, T):
+//! zero the padded frames → pointwise_conv1 (C → 2C) → GLU over channels →
+//! depthwise_conv (kernel k, padding (k−1)/2, or k−1 on the left when
+//! causal) → norm (batch or layer norm) → activation → pointwise_conv2 →
+//! zero the padded frames. Zeroing before the depthwise conv makes a valid
+//! frame see exactly what it would see without the batch's padding.
+
+use super::config::{Activation, ConvNorm};
+use super::ffn::activate;
+use crate::error::Result;
+use crate::nn::{BatchNorm1d, Conv1d, LayerNorm, Module};
+use crate::ops;
+use crate::tensor::{DType, Rng, Tensor};
+
+/// The norm after the depthwise conv.
+#[derive(Clone, Debug)]
+pub enum ConvModuleNorm {
+    /// Over channels with running statistics.
+    Batch(BatchNorm1d),
+    /// Over channels per frame.
+    Layer(LayerNorm),
+}
+
+/// WeNet's ConvolutionModule.
+#[derive(Clone, Debug)]
+pub struct ConvolutionModule {
+    /// C → 2C, kernel 1.
+    pub pointwise_conv1: Conv1d,
+    /// Per-channel kernel.
+    pub depthwise_conv: Conv1d,
+    /// The norm.
+    pub norm: ConvModuleNorm,
+    /// C → C, kernel 1.
+    pub pointwise_conv2: Conv1d,
+    /// The activation.
+    pub act: Activation,
+    /// Left padding for a causal conv (0 when symmetric).
+    pub lorder: usize,
+}
+
+impl ConvolutionModule {
+    /// A module over `c` channels.
+    pub fn new(c: usize, kernel: usize, act: Activation, norm: ConvNorm, causal: bool, eps: f64, dtype: DType, rng: &mut Rng) -> Result<Self> {
+        let (padding, lorder) = if causal { (0, kernel.saturating_sub(1)) } else { ((kernel.saturating_sub(1)) / 2, 0) };
+        let pointwise_conv1 = Conv1d::pointwise(c, 2 * c, true, dtype, rng)?;
+        let depthwise_conv = Conv1d::depthwise(c, kernel, padding, true, dtype, rng)?;
+        let norm = match norm {
+            ConvNorm::BatchNorm => ConvModuleNorm::Batch(BatchNorm1d::new(c, eps, dtype)?),
+            ConvNorm::LayerNorm => ConvModuleNorm::Layer(LayerNorm::new(c, eps, dtype)?),
+        };
+        let pointwise_conv2 = Conv1d::pointwise(c, c, true, dtype, rng)?;
+        Ok(ConvolutionModule { pointwise_conv1, depthwise_conv, norm, pointwise_conv2, act, lorder })
+    }
+
+    /// x (B, T, C); `pad` u8 (B, 1, T) with 1 at padded frames.
+    pub fn forward(&self, x: &Tensor, pad: Option<&Tensor>) -> Result<Tensor> {
+        let mut h = ops::transpose(x, 1, 2)?;
+        if let Some(m) = pad {
+            h = ops::masked_fill(&h, m, 0.0)?;
+        }
+        if self.lorder > 0 {
+            h = ops::pad(&h, 2, self.lorder, 0, 0.0)?;
+        }
+        let h = ops::glu(&self.pointwise_conv1.forward(&h)?, 1)?;
+        let h = self.depthwise_conv.forward(&h)?;
+        let h = match &self.norm {
+            ConvModuleNorm::Batch(bn) => bn.forward(&h)?,
+            ConvModuleNorm::Layer(ln) => ops::transpose(&ln.forward(&ops::transpose(&h, 1, 2)?)?, 1, 2)?,
+        };
+        let mut h = self.pointwise_conv2.forward(&activate(self.act, &h)?)?;
+        if let Some(m) = pad {
+            h = ops::masked_fill(&h, m, 0.0)?;
+        }
+        ops::transpose(&h, 1, 2)
+    }
+}
+
+impl Module for ConvolutionModule {
+    fn describe(&self) -> String {
+        format!("ConvolutionModule(activation={:?})", self.act)
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        let norm: &dyn Module = match &self.norm {
+            ConvModuleNorm::Batch(b) => b,
+            ConvModuleNorm::Layer(l) => l,
+        };
+        vec![
+            ("pointwise_conv1".into(), &self.pointwise_conv1 as &dyn Module),
+            ("depthwise_conv".into(), &self.depthwise_conv),
+            ("norm".into(), norm),
+            ("pointwise_conv2".into(), &self.pointwise_conv2),
+        ]
+    }
+    fn children_mut(&mut self) -> Vec<&mut dyn Module> {
+        let norm: &mut dyn Module = match &mut self.norm {
+            ConvModuleNorm::Batch(b) => b,
+            ConvModuleNorm::Layer(l) => l,
+        };
+        vec![norm]
+    }
+}
