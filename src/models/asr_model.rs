@@ -152,6 +152,14 @@ impl AsrModel {
         })
     }
 
+    /// Whether the decoder recomputes its layers in backward.
+    pub fn decoder_gradient_checkpointing(&self) -> bool {
+        match &self.decoder {
+            Decoder::Transformer(d) => d.gradient_checkpointing,
+            Decoder::Bi { left_decoder, .. } => left_decoder.gradient_checkpointing,
+        }
+    }
+
     /// Encoder output (B, T', D) and its lengths.
     pub fn encode(&self, feats: &Tensor, feats_lengths: &[usize]) -> Result<(Tensor, Vec<usize>)> {
         self.encoder.forward(feats, feats_lengths)
