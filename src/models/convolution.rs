@@ -2,8 +2,15 @@
 //! zero the padded frames → pointwise_conv1 (C → 2C) → GLU over channels →
 //! depthwise_conv (kernel k, padding (k−1)/2, or k−1 on the left when
 //! causal) → norm (batch or layer norm) → activation → pointwise_conv2 →
-//! zero the padded frames. Zeroing before the depthwise conv makes a valid
-//! frame see exactly what it would see without the batch's padding.
+//! zero the padded frames.
+//!
+//! The padded frames are zeroed once more right before the depthwise conv.
+//! WeNet does not do this: there, pointwise_conv1's bias makes padded frames
+//! GLU(bias) ≠ 0, and the depthwise kernel carries that into the last
+//! (k−1)/2 valid frames, so a sequence's output depends on how much padding
+//! its batch has. Zeroing here makes a valid frame see exactly what it sees
+//! when the sequence runs alone (the same parameters, the same result as
+//! WeNet for an unpadded sequence).
 
 use super::config::{Activation, ConvNorm};
 use super::ffn::activate;
@@ -61,7 +68,10 @@ impl ConvolutionModule {
         if self.lorder > 0 {
             h = ops::pad(&h, 2, self.lorder, 0, 0.0)?;
         }
-        let h = ops::glu(&self.pointwise_conv1.forward(&h)?, 1)?;
+        let mut h = ops::glu(&self.pointwise_conv1.forward(&h)?, 1)?;
+        if let Some(m) = pad {
+            h = ops::masked_fill(&h, &self.left_padded(m)?, 0.0)?;
+        }
         let h = self.depthwise_conv.forward(&h)?;
         let h = match &self.norm {
             ConvModuleNorm::Batch(bn) => bn.forward(&h)?,
@@ -72,6 +82,23 @@ impl ConvolutionModule {
             h = ops::masked_fill(&h, m, 0.0)?;
         }
         ops::transpose(&h, 1, 2)
+    }
+}
+
+impl ConvolutionModule {
+    /// The frame mask widened by the causal left padding (those frames are already zero).
+    fn left_padded(&self, m: &Tensor) -> Result<Tensor> {
+        if self.lorder == 0 {
+            return Ok(m.clone());
+        }
+        let (b, t) = (m.dims()[0], m.dims()[2]);
+        let v = m.to_vec::<u8>()?;
+        let mut w = Vec::with_capacity(b * (t + self.lorder));
+        for row in v.chunks(t.max(1)) {
+            w.extend(std::iter::repeat_n(0u8, self.lorder));
+            w.extend_from_slice(row);
+        }
+        Tensor::from_vec(w, [b, 1, t + self.lorder], &m.device())
     }
 }
 
