@@ -105,7 +105,7 @@ impl TransformerDecoder {
     /// Logits (B, L, V) for input tokens `ys_in` (B, L) i64 with lengths, over
     /// `memory` (B, T, D) with lengths.
     pub fn forward(&self, memory: &Tensor, mem_lens: &[usize], ys_in: &Tensor, ys_lens: &[usize]) -> Result<Tensor> {
-        if ys_in.rank() != 2 || ys_in.dims()[0] != memory.dims()[0] || ys_lens.len() != ys_in.dims()[0] || mem_lens.len() != memory.dims()[0] {
+        if memory.rank() != 3 || ys_in.rank() != 2 || ys_in.dims()[0] != memory.dims()[0] || ys_lens.len() != ys_in.dims()[0] || mem_lens.len() != memory.dims()[0] {
             return Err(Error::ShapeMismatch {
                 op: "TransformerDecoder",
                 expected: format!("tokens (B, L) and lengths for the {} sequences of memory {}", memory.dims()[0], memory.shape()),

@@ -67,6 +67,9 @@ impl PositionalEncoding {
 
     /// Encodes x (B, T, D): returns the layer output and the positional rows (1, T, D).
     pub fn forward(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        if x.rank() != 3 {
+            return Err(Error::ShapeMismatch { op: "PositionalEncoding", expected: "an input (B, T, D)".into(), got: format!("{}", x.shape()) });
+        }
         let t = x.dims()[1];
         let pos = self.rows(t, x)?;
         let scale = (self.d as f64).sqrt();

@@ -84,6 +84,9 @@ impl MultiHeadedAttention {
 
     /// (B, T, D) → (B, T, H, d_k) without moving data.
     fn split(&self, x: &Tensor) -> Result<Tensor> {
+        if x.rank() != 3 {
+            return Err(Error::ShapeMismatch { op: "MultiHeadedAttention", expected: "an input (B, T, D)".into(), got: format!("{}", x.shape()) });
+        }
         let (b, t) = (x.dims()[0], x.dims()[1]);
         ops::reshape(x, [b, t, self.heads, self.d_k()])
     }
