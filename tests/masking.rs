@@ -44,8 +44,8 @@ fn check_encoder(yaml: &str) {
     // ((23-1)//2 - 1)//2 = 5 and ((15-1)//2 - 1)//2 = 3.
     assert_eq!(ol, vec![5, 3]);
     assert!(out2.dims()[1] > out.dims()[1]);
-    for b in 0..2 {
-        close(&rows(&out, b, ol[b]), &rows(&out2, b, ol[b]), "encoder with appended padding");
+    for (b, &n) in ol.iter().enumerate() {
+        close(&rows(&out, b, n), &rows(&out2, b, n), "encoder with appended padding");
     }
     // The short sequence alone, cut to its length, gives the same valid frames.
     let alone = ops::narrow(&ops::narrow(&feats, 0, 1, 1).unwrap(), 1, 0, 15).unwrap();

@@ -31,16 +31,27 @@ pub struct LossDict {
 /// Encoder, decoder and CTC head with the loss settings.
 #[derive(Clone, Debug)]
 pub struct AsrModel {
+    /// The encoder.
     pub encoder: Encoder,
+    /// The decoder.
     pub decoder: Decoder,
+    /// The CTC head.
     pub ctc: Ctc,
+    /// Vocabulary size.
     pub vocab_size: usize,
+    /// Start-of-sentence id.
     pub sos: usize,
+    /// End-of-sentence id.
     pub eos: usize,
+    /// Target padding id (−1).
     pub ignore_id: i64,
+    /// Weight of the CTC loss (the attention loss gets 1 − ctc_weight).
     pub ctc_weight: f64,
+    /// Weight of the right-to-left decoder loss.
     pub reverse_weight: f64,
+    /// Label smoothing of the attention loss.
     pub lsm_weight: f64,
+    /// Divide the attention loss by the token count instead of the batch size.
     pub length_normalized_loss: bool,
 }
 

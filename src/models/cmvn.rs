@@ -25,7 +25,7 @@ impl GlobalCmvn {
         if mean.len() != istd.len() {
             return Err(Error::ShapeMismatch { op: "GlobalCmvn", expected: format!("istd of {} values like the mean", mean.len()), got: format!("{} values", istd.len()) });
         }
-        let t = |v: &[f64]| -> Result<Tensor> { Ok(crate::ops::to_dtype(&Tensor::from_vec(v.to_vec(), [v.len()], &Device::Cpu)?, dtype)?) };
+        let t = |v: &[f64]| -> Result<Tensor> { crate::ops::to_dtype(&Tensor::from_vec(v.to_vec(), [v.len()], &Device::Cpu)?, dtype) };
         Ok(GlobalCmvn { mean: t(mean)?, istd: t(istd)? })
     }
 

@@ -106,75 +106,123 @@ pub enum DecoderType {
 /// `encoder_conf`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EncoderConfig {
+    /// Model dim (attention dim).
     pub output_size: usize,
+    /// Attention heads.
     pub attention_heads: usize,
+    /// Hidden units of the feed-forward blocks.
     pub linear_units: usize,
+    /// Number of blocks.
     pub num_blocks: usize,
+    /// Dropout on residual branches and inside the FFN.
     pub dropout_rate: f64,
+    /// Dropout after the positional encoding.
     pub positional_dropout_rate: f64,
+    /// Dropout on attention weights.
     pub attention_dropout_rate: f64,
+    /// The input (subsampling) layer.
     pub input_layer: InputLayer,
+    /// The positional encoding.
     pub pos_enc_layer_type: PosEncType,
+    /// Pre-norm (true) or post-norm blocks.
     pub normalize_before: bool,
+    /// Whether `after_norm` is applied (with pre-norm).
     pub final_norm: bool,
+    /// Conformer: a second, half-weighted FFN before attention.
     pub macaron_style: bool,
+    /// Conformer: the convolution module.
     pub use_cnn_module: bool,
+    /// Depthwise kernel of the convolution module.
     pub cnn_module_kernel: usize,
+    /// Norm inside the convolution module.
     pub cnn_module_norm: ConvNorm,
+    /// Causal (left-padded) depthwise convolution.
     pub causal: bool,
+    /// FFN and convolution-module activation.
     pub activation_type: Activation,
+    /// Plain or relative-position self-attention.
     pub selfattention_layer_type: SelfAttnType,
+    /// Recompute each block in backward instead of keeping its activations.
     pub gradient_checkpointing: bool,
+    /// LayerNorm epsilon.
     pub norm_eps: f64,
+    /// Epsilon of the convolution-module norm.
     pub conv_norm_eps: f64,
 }
 
 /// `decoder_conf`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecoderConfig {
+    /// Attention heads.
     pub attention_heads: usize,
+    /// Hidden units of the feed-forward blocks.
     pub linear_units: usize,
+    /// Number of blocks.
     pub num_blocks: usize,
     /// Blocks of the right-to-left decoder (bitransformer only).
     pub r_num_blocks: usize,
+    /// Dropout on residual branches and inside the FFN.
     pub dropout_rate: f64,
+    /// Dropout after the positional encoding.
     pub positional_dropout_rate: f64,
+    /// Dropout on self-attention weights.
     pub self_attention_dropout_rate: f64,
+    /// Dropout on cross-attention weights.
     pub src_attention_dropout_rate: f64,
+    /// Pre-norm (true) or post-norm blocks.
     pub normalize_before: bool,
+    /// FFN and convolution-module activation.
     pub activation_type: Activation,
+    /// Recompute each block in backward instead of keeping its activations.
     pub gradient_checkpointing: bool,
+    /// LayerNorm epsilon.
     pub norm_eps: f64,
 }
 
 /// `model_conf`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelOptions {
+    /// Weight of the CTC loss (the attention loss gets 1 − ctc_weight).
     pub ctc_weight: f64,
+    /// Label smoothing of the attention loss.
     pub lsm_weight: f64,
+    /// Divide the attention loss by the token count instead of the batch size.
     pub length_normalized_loss: bool,
+    /// Weight of the right-to-left decoder loss.
     pub reverse_weight: f64,
+    /// Target padding id (−1).
     pub ignore_id: i64,
 }
 
 /// `cmvn: global_cmvn` with its `cmvn_conf`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CmvnConfig {
+    /// Path of the statistics.
     pub cmvn_file: String,
+    /// Whether the statistics are WeNet JSON.
     pub is_json_cmvn: bool,
 }
 
 /// Everything needed to build an [`super::AsrModel`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
+    /// Feature dim (fbank bins).
     pub input_dim: usize,
+    /// Vocabulary size.
     pub output_dim: usize,
+    /// The encoder.
     pub encoder: EncoderType,
+    /// Encoder options.
     pub encoder_conf: EncoderConfig,
+    /// The decoder.
     pub decoder: DecoderType,
+    /// Decoder options.
     pub decoder_conf: DecoderConfig,
+    /// Loss options.
     pub model_conf: ModelOptions,
+    /// Global CMVN, if configured.
     pub cmvn: Option<CmvnConfig>,
+    /// The CTC blank id.
     pub ctc_blank_id: usize,
     /// Start-of-sentence id (`tokenizer_conf.special_tokens.<sos>`, else vocab − 1).
     pub sos: usize,

@@ -47,6 +47,8 @@ pub struct ConvolutionModule {
 
 impl ConvolutionModule {
     /// A module over `c` channels.
+    // The arguments are WeNet's ConvolutionModule options, one for one.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(c: usize, kernel: usize, act: Activation, norm: ConvNorm, causal: bool, eps: f64, dtype: DType, rng: &mut Rng) -> Result<Self> {
         let (padding, lorder) = if causal { (0, kernel.saturating_sub(1)) } else { ((kernel.saturating_sub(1)) / 2, 0) };
         let pointwise_conv1 = Conv1d::pointwise(c, 2 * c, true, dtype, rng)?;

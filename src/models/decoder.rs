@@ -17,13 +17,21 @@ use crate::tensor::{DType, Rng, Tensor};
 /// One decoder block.
 #[derive(Clone, Debug)]
 pub struct DecoderLayer {
+    /// Self-attention.
     pub self_attn: MultiHeadedAttention,
+    /// Cross-attention to the encoder output.
     pub src_attn: MultiHeadedAttention,
+    /// The feed-forward block.
     pub feed_forward: FeedForward,
+    /// Before self-attention.
     pub norm1: LayerNorm,
+    /// Before cross-attention.
     pub norm2: LayerNorm,
+    /// Before the FFN.
     pub norm3: LayerNorm,
+    /// Residual-branch dropout.
     pub dropout: Dropout,
+    /// Pre-norm (true) or post-norm blocks.
     pub normalize_before: bool,
 }
 
@@ -69,13 +77,21 @@ impl Module for DecoderLayer {
 /// A left-to-right transformer decoder.
 #[derive(Clone, Debug)]
 pub struct TransformerDecoder {
+    /// The input layer.
     pub embed: Embedding,
+    /// The positional encoding.
     pub pos_enc: PositionalEncoding,
+    /// Final LayerNorm.
     pub after_norm: LayerNorm,
+    /// Projection to the vocabulary.
     pub output_layer: Linear,
+    /// The blocks.
     pub decoders: Vec<DecoderLayer>,
+    /// Pre-norm (true) or post-norm blocks.
     pub normalize_before: bool,
+    /// Recompute each block in backward instead of keeping its activations.
     pub gradient_checkpointing: bool,
+    /// Training or eval mode.
     pub training: bool,
 }
 
@@ -160,7 +176,12 @@ pub enum Decoder {
     /// Left to right only.
     Transformer(TransformerDecoder),
     /// Left to right plus right to left.
-    Bi { left_decoder: TransformerDecoder, right_decoder: TransformerDecoder },
+    Bi {
+        /// Left to right.
+        left_decoder: TransformerDecoder,
+        /// Right to left, on reversed targets.
+        right_decoder: TransformerDecoder,
+    },
 }
 
 impl Decoder {

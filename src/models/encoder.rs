@@ -17,14 +17,23 @@ use crate::tensor::{DType, Device, Rng, Tensor};
 /// An encoder and its settings.
 #[derive(Clone, Debug)]
 pub struct Encoder {
+    /// Feature normalisation, if configured.
     pub global_cmvn: Option<GlobalCmvn>,
+    /// The input layer.
     pub embed: Subsampling,
+    /// Final LayerNorm.
     pub after_norm: LayerNorm,
+    /// The blocks.
     pub encoders: Vec<EncoderLayer>,
+    /// Which encoder.
     pub kind: EncoderType,
+    /// Pre-norm (true) or post-norm blocks.
     pub normalize_before: bool,
+    /// Whether `after_norm` is applied (with pre-norm).
     pub final_norm: bool,
+    /// Recompute each block in backward instead of keeping its activations.
     pub gradient_checkpointing: bool,
+    /// Training or eval mode.
     pub training: bool,
 }
 

@@ -53,18 +53,27 @@ impl SelfAttention {
 /// A conformer or transformer encoder block.
 #[derive(Clone, Debug)]
 pub struct EncoderLayer {
+    /// Self-attention.
     pub self_attn: SelfAttention,
+    /// The feed-forward block.
     pub feed_forward: FeedForward,
+    /// The macaron feed-forward block (conformer).
     pub feed_forward_macaron: Option<FeedForward>,
+    /// The convolution module (conformer).
     pub conv_module: Option<ConvolutionModule>,
     /// Before the FFN (`norm2` in a transformer block).
     pub norm_ff: LayerNorm,
     /// Before the attention (`norm1` in a transformer block).
     pub norm_mha: LayerNorm,
+    /// Before the macaron FFN.
     pub norm_ff_macaron: Option<LayerNorm>,
+    /// Before the convolution module.
     pub norm_conv: Option<LayerNorm>,
+    /// After the block (conformer with a conv module).
     pub norm_final: Option<LayerNorm>,
+    /// Residual-branch dropout.
     pub dropout: Dropout,
+    /// Pre-norm (true) or post-norm blocks.
     pub normalize_before: bool,
     /// Whether the keys follow TransformerEncoderLayer's names.
     pub transformer_names: bool,

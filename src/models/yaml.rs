@@ -187,7 +187,7 @@ impl<'a> Section<'a> {
         let Some(m) = self.map else { return };
         for k in m.keys() {
             let name = k.as_str().map(str::to_string).unwrap_or_else(|| describe(k));
-            if !self.used.iter().any(|u| *u == name) && !silent.contains(&name.as_str()) {
+            if !self.used.contains(&name) && !silent.contains(&name.as_str()) {
                 warnings.push(format!("unknown config key `{}` is ignored", self.key(&name)));
             }
         }

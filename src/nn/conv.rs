@@ -14,7 +14,12 @@ pub enum Conv1dKind {
     /// Kernel 1 across channels: a product per frame.
     Pointwise,
     /// One kernel per channel (groups = channels), zero padding on both sides.
-    Depthwise { kernel: usize, padding: usize },
+    Depthwise {
+        /// Kernel size.
+        kernel: usize,
+        /// Zero padding on each side.
+        padding: usize,
+    },
 }
 
 /// A 1-D convolution over (B, C, T).
