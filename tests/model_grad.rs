@@ -127,3 +127,20 @@ fn decoder_logits_for_hypotheses() {
     assert_eq!(l.dims(), &[2, 3, 7]);
     assert_eq!(r.unwrap().dims(), &[2, 3, 7]);
 }
+
+#[test]
+fn transformer_encoder_model_gradients_match_finite_differences() {
+    let yaml = TINY_F64_YAML
+        .replace("encoder: conformer", "encoder: transformer")
+        .replace("pos_enc_layer_type: rel_pos", "pos_enc_layer_type: abs_pos")
+        .replace("selfattention_layer_type: rel_selfattn", "selfattention_layer_type: selfattn")
+        .replace("decoder: bitransformer", "decoder: transformer")
+        .replace("  length_normalized_loss: false", "  length_normalized_loss: true");
+    let m = tiny(&yaml, 10);
+    assert!(!m.decoder.is_bidirectional());
+    let mut rng = Rng::new(11);
+    let (feats, fl, target, tl) = batch(&mut rng);
+    let f = || Ok(m.forward(&feats, &fl, &target, &tl)?.loss);
+    let (err, _) = grad_check(&m.named_parameters(), &f, 3, 1e-6);
+    assert!(err < 1e-6);
+}
