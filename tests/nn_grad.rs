@@ -241,3 +241,21 @@ fn encoder_and_decoder_layer_gradients() {
     let (err, _) = grad_check(&wrt, &|| weighted_sum(&dl.forward(&y, &tgt, &x, &mask)?, &w), 6, TOL);
     assert!(err < TOL);
 }
+
+#[test]
+fn to_dtype_passes_the_gradient_back_in_the_input_dtype() {
+    let mut rng = Rng::new(23);
+    let x = input(&[2, 3], &mut rng);
+    let w = weights_like(&[2, 3], 24);
+    // f64 → f32 → f64 is the identity up to f32 rounding; its gradient is w rounded through f32.
+    let y = asrforge::ops::to_dtype(&asrforge::ops::to_dtype(&x, DType::F32).unwrap(), F64).unwrap();
+    let yv = y.to_f64_vec().unwrap();
+    assert!(x.to_f64_vec().unwrap().iter().zip(&yv).all(|(a, b)| (a - b).abs() <= 1e-7 * a.abs().max(1.0)));
+    asrforge::autograd::backward(&weighted_sum(&y, &w).unwrap()).unwrap();
+    let g = x.grad().unwrap();
+    assert_eq!(g.dtype(), F64);
+    let want: Vec<f64> = w.to_f64_vec().unwrap().iter().map(|&v| v as f32 as f64).collect();
+    assert_eq!(g.to_f64_vec().unwrap(), want);
+    // Same dtype: the same handle, nothing recorded.
+    assert!(asrforge::ops::to_dtype(&x, F64).unwrap().same_storage(&x));
+}
