@@ -53,6 +53,14 @@ pub enum Error {
     #[error("{path}: {source}")]
     Io { path: String, #[source] source: std::io::Error },
 
+    /// A configuration value that is missing, has the wrong type or is not supported.
+    #[error("config key `{key}`: {msg}")]
+    Config { key: String, msg: String },
+
+    /// A checkpoint that cannot be read, or whose tensors do not match the model.
+    #[error("checkpoint {path}: {msg}")]
+    Checkpoint { path: String, msg: String },
+
     /// A free-form error with context.
     #[error("{0}")]
     Msg(String),
@@ -62,6 +70,16 @@ pub enum Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    /// Shorthand for [`Error::Config`].
+    pub fn config(key: impl Into<String>, msg: impl Into<String>) -> Self {
+        Error::Config { key: key.into(), msg: msg.into() }
+    }
+
+    /// Shorthand for [`Error::Checkpoint`].
+    pub fn checkpoint(path: impl Into<String>, msg: impl Into<String>) -> Self {
+        Error::Checkpoint { path: path.into(), msg: msg.into() }
+    }
+
     /// Shorthand for [`Error::InvalidArgument`].
     pub fn invalid(op: &'static str, msg: impl Into<String>) -> Self {
         Error::InvalidArgument { op, msg: msg.into() }

@@ -5,6 +5,8 @@
 pub mod autograd;
 pub mod backend;
 pub mod error;
+pub mod models;
+pub mod nn;
 pub mod ops;
 pub mod optim;
 pub mod tensor;

@@ -7,7 +7,7 @@ mod common;
 use asrforge::ops::{self, BatchNormState, Reduction};
 use asrforge::tensor::{rng, Rng};
 use asrforge::{DType, Device, Tensor};
-use common::{check_grad, fresh_seed, input, Kind::*};
+use common::{check_grad, draw, fresh_seed, Kind::*};
 
 macro_rules! grad {
     ($name:ident, [$(($shape:expr, $kind:expr, $g:expr)),* $(,)?], |$x:ident| $body:expr) => {
@@ -15,7 +15,7 @@ macro_rules! grad {
         fn $name() {
             let seed = fresh_seed();
             let mut rng = Rng::new(seed);
-            let vals = vec![$((input(&mut rng, &$shape, $kind), $shape.to_vec())),*];
+            let vals = vec![$((draw(&mut rng, &$shape, $kind), $shape.to_vec())),*];
             let mask = [$($g),*];
             check_grad(stringify!($name), &|$x: &[Tensor]| $body, vals, &mask, seed);
         }

@@ -5,6 +5,7 @@
 //! dedicated backward kernel of the same family.
 
 mod binary;
+mod cast;
 mod conv;
 mod ctc;
 mod dropout;
@@ -18,6 +19,7 @@ mod softmax;
 mod unary;
 
 pub use binary::{add, add_scalar, div, mul, mul_scalar, sub, sum_to_shape};
+pub use cast::to_dtype;
 pub use conv::{conv1d_depthwise, conv1d_pointwise, conv2d};
 pub use ctc::{ctc_loss, Reduction};
 pub use dropout::dropout;

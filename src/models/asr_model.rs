@@ -1,0 +1,253 @@
+//! The hybrid CTC/attention model: encoder → CTC head and attention
+//! decoder. `loss = ctc_weight·loss_ctc + (1 − ctc_weight)·loss_att`; with
+//! ctc_weight 0 or 1 the unused branch is not run. The decoder is fed
+//! `<sos> y` and trained to emit `y <eos>` (WeNet's `add_sos_eos`), with
+//! label smoothing; a bidirectional decoder adds the reversed targets with
+//! `reverse_weight`.
+
+use super::cmvn::GlobalCmvn;
+use super::config::ModelConfig;
+use super::ctc::Ctc;
+use super::decoder::Decoder;
+use super::encoder::Encoder;
+use crate::error::{Error, Result};
+use crate::nn::Module;
+use crate::ops;
+use crate::tensor::{DType, Device, Rng, Tensor};
+
+/// The losses of one forward pass (WeNet's loss dict).
+#[derive(Clone, Debug)]
+pub struct LossDict {
+    /// The weighted total (0-dim).
+    pub loss: Tensor,
+    /// The attention decoder's loss, when run.
+    pub loss_att: Option<Tensor>,
+    /// The CTC loss, when run.
+    pub loss_ctc: Option<Tensor>,
+    /// Token accuracy of the left-to-right decoder on non-ignored targets.
+    pub th_accuracy: Option<f64>,
+}
+
+/// Encoder, decoder and CTC head with the loss settings.
+#[derive(Clone, Debug)]
+pub struct AsrModel {
+    /// The encoder.
+    pub encoder: Encoder,
+    /// The decoder.
+    pub decoder: Decoder,
+    /// The CTC head.
+    pub ctc: Ctc,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Start-of-sentence id.
+    pub sos: usize,
+    /// End-of-sentence id.
+    pub eos: usize,
+    /// Target padding id (−1).
+    pub ignore_id: i64,
+    /// Weight of the CTC loss (the attention loss gets 1 − ctc_weight).
+    pub ctc_weight: f64,
+    /// Weight of the right-to-left decoder loss.
+    pub reverse_weight: f64,
+    /// Label smoothing of the attention loss.
+    pub lsm_weight: f64,
+    /// Divide the attention loss by the token count instead of the batch size.
+    pub length_normalized_loss: bool,
+}
+
+/// Padded decoder inputs and outputs built from token sequences.
+pub struct SosEos {
+    /// `<sos> y`, padded with `<eos>` (B, L+1).
+    pub ys_in: Tensor,
+    /// `y <eos>`, padded with the ignore id (B, L+1).
+    pub ys_out: Tensor,
+    /// Lengths of `ys_in` (len + 1).
+    pub lens: Vec<usize>,
+}
+
+/// WeNet's `add_sos_eos` over plain token sequences.
+pub fn add_sos_eos(seqs: &[Vec<i64>], sos: i64, eos: i64, ignore_id: i64) -> Result<SosEos> {
+    let l = seqs.iter().map(Vec::len).max().unwrap_or(0) + 1;
+    let (mut yi, mut yo) = (Vec::with_capacity(seqs.len() * l), Vec::with_capacity(seqs.len() * l));
+    for s in seqs {
+        yi.push(sos);
+        yi.extend_from_slice(s);
+        yi.extend(std::iter::repeat_n(eos, l - 1 - s.len()));
+        yo.extend_from_slice(s);
+        yo.push(eos);
+        yo.extend(std::iter::repeat_n(ignore_id, l - 1 - s.len()));
+    }
+    let cpu = Device::Cpu;
+    Ok(SosEos { ys_in: Tensor::from_vec(yi, [seqs.len(), l], &cpu)?, ys_out: Tensor::from_vec(yo, [seqs.len(), l], &cpu)?, lens: seqs.iter().map(|s| s.len() + 1).collect() })
+}
+
+/// The first `lens[b]` tokens of each row of a padded (B, L) i64 target.
+pub fn unpad_targets(target: &Tensor, lens: &[usize]) -> Result<Vec<Vec<i64>>> {
+    if target.rank() != 2 || target.dims()[0] != lens.len() || target.dtype() != DType::I64 {
+        return Err(Error::ShapeMismatch { op: "AsrModel", expected: format!("an i64 target (B, L) for {} lengths", lens.len()), got: format!("{} {:?}", target.shape(), target.dtype()) });
+    }
+    let l = target.dims()[1];
+    let v = target.to_vec::<i64>()?;
+    lens.iter()
+        .enumerate()
+        .map(|(b, &n)| {
+            if n > l {
+                return Err(Error::invalid("AsrModel", format!("target length {n} of sequence {b} exceeds the padded width {l}")));
+            }
+            Ok(v[b * l..b * l + n].to_vec())
+        })
+        .collect()
+}
+
+/// Argmax accuracy of logits (B, L, V) against targets (B, L), skipping `ignore`.
+pub fn th_accuracy(logits: &Tensor, target: &Tensor, ignore: i64) -> Result<f64> {
+    let v = *logits.dims().last().unwrap_or(&1);
+    let (lg, tg) = (logits.to_f64_vec()?, target.to_vec::<i64>()?);
+    let (mut hit, mut n) = (0usize, 0usize);
+    for (row, &t) in lg.chunks(v.max(1)).zip(&tg) {
+        if t == ignore {
+            continue;
+        }
+        let arg = row.iter().enumerate().fold((0, f64::NEG_INFINITY), |m, (i, &x)| if x > m.1 { (i, x) } else { m }).0;
+        hit += usize::from(arg as i64 == t);
+        n += 1;
+    }
+    Ok(if n == 0 { 0.0 } else { hit as f64 / n as f64 })
+}
+
+impl AsrModel {
+    /// Builds the model, reading the CMVN statistics file the config names.
+    pub fn new(cfg: &ModelConfig, dtype: DType, rng: &mut Rng) -> Result<Self> {
+        let cmvn = match &cfg.cmvn {
+            None => None,
+            Some(c) if c.is_json_cmvn => Some(GlobalCmvn::from_json_file(&c.cmvn_file, dtype)?),
+            Some(_) => return Err(Error::config("cmvn_conf.is_json_cmvn", "only JSON CMVN statistics are supported, found false")),
+        };
+        Self::with_cmvn(cfg, cmvn, dtype, rng)
+    }
+
+    /// Builds the model with identity CMVN buffers of the right shape (for
+    /// shape-only tools, or when a checkpoint will provide the statistics).
+    pub fn without_cmvn_stats(cfg: &ModelConfig, dtype: DType, rng: &mut Rng) -> Result<Self> {
+        let cmvn = match &cfg.cmvn {
+            None => None,
+            Some(_) => Some(GlobalCmvn::identity(cfg.input_dim, dtype)?),
+        };
+        Self::with_cmvn(cfg, cmvn, dtype, rng)
+    }
+
+    /// Builds the model with the given CMVN layer.
+    pub fn with_cmvn(cfg: &ModelConfig, cmvn: Option<GlobalCmvn>, dtype: DType, rng: &mut Rng) -> Result<Self> {
+        if let Some(c) = &cmvn {
+            if c.mean.elem_count() != cfg.input_dim {
+                return Err(Error::config("cmvn_conf.cmvn_file", format!("statistics for {} features, but input_dim is {}", c.mean.elem_count(), cfg.input_dim)));
+            }
+        }
+        let encoder = Encoder::new(cfg.encoder, &cfg.encoder_conf, cfg.input_dim, cmvn, dtype, rng)?;
+        let d = encoder.output_size();
+        let decoder = Decoder::new(cfg.decoder, cfg.output_dim, d, &cfg.decoder_conf, dtype, rng)?;
+        let ctc = Ctc::new(cfg.output_dim, d, cfg.ctc_blank_id, dtype, rng)?;
+        let m = &cfg.model_conf;
+        Ok(AsrModel {
+            encoder,
+            decoder,
+            ctc,
+            vocab_size: cfg.output_dim,
+            sos: cfg.sos,
+            eos: cfg.eos,
+            ignore_id: m.ignore_id,
+            ctc_weight: m.ctc_weight,
+            reverse_weight: m.reverse_weight,
+            lsm_weight: m.lsm_weight,
+            length_normalized_loss: m.length_normalized_loss,
+        })
+    }
+
+    /// Whether the decoder recomputes its layers in backward.
+    pub fn decoder_gradient_checkpointing(&self) -> bool {
+        match &self.decoder {
+            Decoder::Transformer(d) => d.gradient_checkpointing,
+            Decoder::Bi { left_decoder, .. } => left_decoder.gradient_checkpointing,
+        }
+    }
+
+    /// Encoder output (B, T', D) and its lengths.
+    pub fn encode(&self, feats: &Tensor, feats_lengths: &[usize]) -> Result<(Tensor, Vec<usize>)> {
+        self.encoder.forward(feats, feats_lengths)
+    }
+
+    /// CTC log-probabilities (B, T', V) of an encoder output.
+    pub fn ctc_log_probs(&self, enc_out: &Tensor) -> Result<Tensor> {
+        self.ctc.log_probs(enc_out)
+    }
+
+    /// Decoder logits for hypotheses (one per row of `enc_out`): `<sos> hyp`
+    /// through the left-to-right decoder, and the reversed hypotheses through
+    /// the right-to-left one when it exists (attention rescoring).
+    pub fn decoder_logits(&self, enc_out: &Tensor, enc_lens: &[usize], hyps: &[Vec<i64>]) -> Result<(Tensor, Option<Tensor>)> {
+        let (sos, eos) = (self.sos as i64, self.eos as i64);
+        let fwd = add_sos_eos(hyps, sos, eos, self.ignore_id)?;
+        let rev = if self.decoder.is_bidirectional() {
+            let r: Vec<Vec<i64>> = hyps.iter().map(|h| h.iter().rev().copied().collect()).collect();
+            Some(add_sos_eos(&r, sos, eos, self.ignore_id)?)
+        } else {
+            None
+        };
+        self.decoder.forward(enc_out, enc_lens, &fwd.ys_in, &fwd.lens, rev.as_ref().map(|r| &r.ys_in))
+    }
+
+    /// Features → losses. `feats` (B, T, F), `target` (B, L) i64 padded with −1.
+    pub fn forward(&self, feats: &Tensor, feats_lengths: &[usize], target: &Tensor, target_lengths: &[usize]) -> Result<LossDict> {
+        if feats_lengths.len() != target_lengths.len() {
+            return Err(Error::ShapeMismatch { op: "AsrModel", expected: format!("{} target lengths", feats_lengths.len()), got: format!("{}", target_lengths.len()) });
+        }
+        let (enc, enc_lens) = self.encode(feats, feats_lengths)?;
+        let loss_ctc = if self.ctc_weight != 0.0 { Some(self.ctc.loss(&enc, &enc_lens, target, target_lengths)?) } else { None };
+        let (loss_att, acc) = if self.ctc_weight != 1.0 {
+            let (l, a) = self.att_loss(&enc, &enc_lens, target, target_lengths)?;
+            (Some(l), Some(a))
+        } else {
+            (None, None)
+        };
+        let loss = match (&loss_ctc, &loss_att) {
+            (Some(c), Some(a)) => ops::add(&ops::mul_scalar(c, self.ctc_weight)?, &ops::mul_scalar(a, 1.0 - self.ctc_weight)?)?,
+            (Some(c), None) => c.clone(),
+            (None, Some(a)) => a.clone(),
+            (None, None) => return Err(Error::invalid("AsrModel", "neither the CTC nor the attention branch ran")),
+        };
+        Ok(LossDict { loss, loss_att, loss_ctc, th_accuracy: acc })
+    }
+
+    fn att_loss(&self, enc: &Tensor, enc_lens: &[usize], target: &Tensor, target_lengths: &[usize]) -> Result<(Tensor, f64)> {
+        let seqs = unpad_targets(target, target_lengths)?;
+        let (sos, eos) = (self.sos as i64, self.eos as i64);
+        let fwd = add_sos_eos(&seqs, sos, eos, self.ignore_id)?;
+        let rev = if self.reverse_weight > 0.0 && self.decoder.is_bidirectional() {
+            let r: Vec<Vec<i64>> = seqs.iter().map(|s| s.iter().rev().copied().collect()).collect();
+            Some(add_sos_eos(&r, sos, eos, self.ignore_id)?)
+        } else {
+            None
+        };
+        let (out, r_out) = self.decoder.forward(enc, enc_lens, &fwd.ys_in, &fwd.lens, rev.as_ref().map(|r| &r.ys_in))?;
+        let crit = |x: &Tensor, y: &Tensor| ops::label_smoothing_loss(x, y, self.lsm_weight, self.ignore_id, self.length_normalized_loss);
+        let mut loss = crit(&out, &fwd.ys_out)?;
+        if let (Some(r_out), Some(rev)) = (r_out, &rev) {
+            let r_loss = crit(&r_out, &rev.ys_out)?;
+            loss = ops::add(&ops::mul_scalar(&loss, 1.0 - self.reverse_weight)?, &ops::mul_scalar(&r_loss, self.reverse_weight)?)?;
+        }
+        let acc = th_accuracy(&out, &fwd.ys_out, self.ignore_id)?;
+        Ok((loss, acc))
+    }
+}
+
+impl Module for AsrModel {
+    fn describe(&self) -> String {
+        "ASRModel".into()
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        vec![("encoder".into(), &self.encoder as &dyn Module), ("decoder".into(), &self.decoder), ("ctc".into(), &self.ctc)]
+    }
+    fn children_mut(&mut self) -> Vec<&mut dyn Module> {
+        vec![&mut self.encoder, &mut self.decoder]
+    }
+}

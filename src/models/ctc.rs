@@ -1,0 +1,46 @@
+//! The CTC head: `ctc_lo` (Linear d → vocab) → log_softmax → CTC loss,
+//! summed over the batch and divided by the batch size, with infinite
+//! losses (impossible alignments) zeroed, as WeNet's CTC module.
+
+use crate::error::Result;
+use crate::nn::{Linear, Module};
+use crate::ops::{self, Reduction};
+use crate::tensor::{DType, Rng, Tensor};
+
+/// The CTC projection and loss.
+#[derive(Clone, Debug)]
+pub struct Ctc {
+    /// The projection to the vocabulary.
+    pub ctc_lo: Linear,
+    /// The blank id.
+    pub blank: usize,
+}
+
+impl Ctc {
+    /// A head from dim `d` to `vocab` symbols.
+    pub fn new(vocab: usize, d: usize, blank: usize, dtype: DType, rng: &mut Rng) -> Result<Self> {
+        Ok(Ctc { ctc_lo: Linear::new(d, vocab, true, dtype, rng)?, blank })
+    }
+
+    /// Log-probabilities (B, T, V) of the encoder output.
+    pub fn log_probs(&self, enc_out: &Tensor) -> Result<Tensor> {
+        ops::log_softmax(&self.ctc_lo.forward(enc_out)?)
+    }
+
+    /// The loss (a 0-dim tensor): Σ_b CTC_b / B.
+    pub fn loss(&self, enc_out: &Tensor, enc_lens: &[usize], target: &Tensor, target_lens: &[usize]) -> Result<Tensor> {
+        let lp = self.log_probs(enc_out)?;
+        let b = enc_out.dims()[0].max(1);
+        let sum = ops::ctc_loss(&lp, target, enc_lens, target_lens, self.blank, Reduction::Sum, true)?;
+        ops::mul_scalar(&sum, 1.0 / b as f64)
+    }
+}
+
+impl Module for Ctc {
+    fn describe(&self) -> String {
+        format!("CTC(blank={})", self.blank)
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        vec![("ctc_lo".into(), &self.ctc_lo)]
+    }
+}

@@ -1,0 +1,161 @@
+//! The Conformer and Transformer encoders: optional global CMVN → input
+//! layer (subsampling + positional encoding) → blocks → `after_norm`.
+//! With `gradient_checkpointing` each block runs under the tape's
+//! checkpoint: its activations are recomputed in backward instead of kept.
+
+use super::cmvn::GlobalCmvn;
+use super::config::{EncoderConfig, EncoderType, SelfAttnType};
+use super::convolution::ConvolutionModule;
+use super::encoder_layer::{EncoderLayer, SelfAttention};
+use super::ffn::FeedForward;
+use super::subsampling::Subsampling;
+use crate::autograd;
+use crate::error::{Error, Result};
+use crate::nn::{AttentionMask, Dropout, LayerNorm, Module, MultiHeadedAttention, RelPositionMultiHeadedAttention};
+use crate::tensor::{DType, Device, Rng, Tensor};
+
+/// An encoder and its settings.
+#[derive(Clone, Debug)]
+pub struct Encoder {
+    /// Feature normalisation, if configured.
+    pub global_cmvn: Option<GlobalCmvn>,
+    /// The input layer.
+    pub embed: Subsampling,
+    /// Final LayerNorm.
+    pub after_norm: LayerNorm,
+    /// The blocks.
+    pub encoders: Vec<EncoderLayer>,
+    /// Which encoder.
+    pub kind: EncoderType,
+    /// Pre-norm (true) or post-norm blocks.
+    pub normalize_before: bool,
+    /// Whether `after_norm` is applied (with pre-norm).
+    pub final_norm: bool,
+    /// Recompute each block in backward instead of keeping its activations.
+    pub gradient_checkpointing: bool,
+    /// Training or eval mode.
+    pub training: bool,
+}
+
+/// u8 (B, 1, T): 1 at frames at or beyond each length.
+pub fn frame_pad_mask(lens: &[usize], t: usize) -> Result<Tensor> {
+    let m: Vec<u8> = lens.iter().flat_map(|&l| (0..t).map(move |j| u8::from(j >= l))).collect();
+    Tensor::from_vec(m, [lens.len(), 1, t], &Device::Cpu)
+}
+
+impl Encoder {
+    /// Builds an encoder of `kind` over `input_dim` features.
+    pub fn new(kind: EncoderType, c: &EncoderConfig, input_dim: usize, cmvn: Option<GlobalCmvn>, dtype: DType, rng: &mut Rng) -> Result<Self> {
+        let d = c.output_size;
+        let embed = Subsampling::new(c.input_layer, input_dim, d, c.dropout_rate, (c.pos_enc_layer_type, c.positional_dropout_rate), dtype, rng)?;
+        let after_norm = LayerNorm::new(d, c.norm_eps, dtype)?;
+        let conformer = kind == EncoderType::Conformer;
+        let mut encoders = Vec::with_capacity(c.num_blocks);
+        for _ in 0..c.num_blocks {
+            let self_attn = match c.selfattention_layer_type {
+                SelfAttnType::Plain => SelfAttention::Plain(MultiHeadedAttention::new(c.attention_heads, d, c.attention_dropout_rate, dtype, rng)?),
+                SelfAttnType::Rel => SelfAttention::Rel(RelPositionMultiHeadedAttention::new(c.attention_heads, d, c.attention_dropout_rate, dtype, rng)?),
+            };
+            let feed_forward = FeedForward::new(d, c.linear_units, c.dropout_rate, c.activation_type, dtype, rng)?;
+            let macaron = conformer && c.macaron_style;
+            let feed_forward_macaron = if macaron { Some(FeedForward::new(d, c.linear_units, c.dropout_rate, c.activation_type, dtype, rng)?) } else { None };
+            let conv = conformer && c.use_cnn_module;
+            let conv_module = if conv {
+                Some(ConvolutionModule::new(d, c.cnn_module_kernel, c.activation_type, c.cnn_module_norm, c.causal, c.conv_norm_eps, dtype, rng)?)
+            } else {
+                None
+            };
+            let ln = || LayerNorm::new(d, c.norm_eps, dtype);
+            encoders.push(EncoderLayer {
+                self_attn,
+                feed_forward,
+                feed_forward_macaron,
+                conv_module,
+                norm_ff: ln()?,
+                norm_mha: ln()?,
+                norm_ff_macaron: if macaron { Some(ln()?) } else { None },
+                norm_conv: if conv { Some(ln()?) } else { None },
+                norm_final: if conv { Some(ln()?) } else { None },
+                dropout: Dropout::new(c.dropout_rate),
+                normalize_before: c.normalize_before,
+                transformer_names: !conformer,
+            });
+        }
+        Ok(Encoder {
+            global_cmvn: cmvn,
+            embed,
+            after_norm,
+            encoders,
+            kind,
+            normalize_before: c.normalize_before,
+            final_norm: c.final_norm,
+            gradient_checkpointing: c.gradient_checkpointing,
+            training: true,
+        })
+    }
+
+    /// The model dim.
+    pub fn output_size(&self) -> usize {
+        self.after_norm.weight.dims()[0]
+    }
+
+    /// feats (B, T, F) with lengths → (encoder output (B, T', D), output lengths).
+    pub fn forward(&self, feats: &Tensor, lens: &[usize]) -> Result<(Tensor, Vec<usize>)> {
+        if feats.rank() != 3 || feats.dims()[0] != lens.len() {
+            return Err(Error::ShapeMismatch { op: "Encoder", expected: format!("feats (B, T, F) for {} lengths", lens.len()), got: format!("{}", feats.shape()) });
+        }
+        if let Some(&l) = lens.iter().find(|&&l| l > feats.dims()[1]) {
+            return Err(Error::invalid("Encoder", format!("a length of {l} exceeds the {} frames of the batch", feats.dims()[1])));
+        }
+        let x = match &self.global_cmvn {
+            Some(c) => c.forward(feats)?,
+            None => feats.clone(),
+        };
+        let (mut x, pos, out_lens) = self.embed.forward(&x, lens)?;
+        let t = x.dims()[1];
+        let mask = AttentionMask::key_padding(&out_lens, t)?;
+        let pad = frame_pad_mask(&out_lens, t)?;
+        for layer in &self.encoders {
+            x = if self.gradient_checkpointing && self.training && autograd::is_grad_enabled() {
+                let (l, m, p) = (layer.clone(), mask.clone(), pad.clone());
+                let outs = autograd::checkpoint(move |xs: &[Tensor]| Ok(vec![l.forward(&xs[0], Some(&m), &xs[1], Some(&p))?]), &[x, pos.clone()])?;
+                outs.into_iter().next().ok_or_else(|| Error::Autograd("checkpoint returned no output".into()))?
+            } else {
+                layer.forward(&x, Some(&mask), &pos, Some(&pad))?
+            };
+        }
+        if self.normalize_before && self.final_norm {
+            x = self.after_norm.forward(&x)?;
+        }
+        Ok((x, out_lens))
+    }
+}
+
+impl Module for Encoder {
+    fn describe(&self) -> String {
+        match self.kind {
+            EncoderType::Conformer => "ConformerEncoder".into(),
+            EncoderType::Transformer => "TransformerEncoder".into(),
+        }
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        let mut v: Vec<(String, &dyn Module)> = Vec::new();
+        if let Some(c) = &self.global_cmvn {
+            v.push(("global_cmvn".into(), c));
+        }
+        v.push(("embed".into(), &self.embed));
+        v.push(("after_norm".into(), &self.after_norm));
+        for (i, l) in self.encoders.iter().enumerate() {
+            v.push((format!("encoders.{i}"), l));
+        }
+        v
+    }
+    fn children_mut(&mut self) -> Vec<&mut dyn Module> {
+        let mut v: Vec<&mut dyn Module> = vec![&mut self.embed];
+        v.extend(self.encoders.iter_mut().map(|l| l as &mut dyn Module));
+        v
+    }
+    fn set_own_training(&mut self, training: bool) {
+        self.training = training;
+    }
+}

@@ -1,0 +1,153 @@
+//! One encoder block. Conformer (pre-norm, macaron):
+//!   x += ½·ff_macaron(norm_ff_macaron(x))
+//!   x += mha(norm_mha(x))
+//!   x += conv(norm_conv(x))
+//!   x += ½·ff(norm_ff(x))
+//!   x  = norm_final(x)
+//! each branch followed by dropout. Without macaron the FFN scale is 1;
+//! without the conv module there is no norm_conv / norm_final. A transformer
+//! block is the same with neither, its norms named norm1 (attention) and
+//! norm2 (FFN) as WeNet names them. `normalize_before: false` moves each
+//! norm after its residual add (post-norm).
+
+use super::convolution::ConvolutionModule;
+use super::ffn::FeedForward;
+use crate::error::Result;
+use crate::nn::{AttentionMask, Dropout, LayerNorm, Module, MultiHeadedAttention, RelPositionMultiHeadedAttention};
+use crate::ops;
+use crate::tensor::Tensor;
+
+/// The self-attention of an encoder block.
+#[derive(Clone, Debug)]
+pub enum SelfAttention {
+    /// Plain scaled dot product.
+    Plain(MultiHeadedAttention),
+    /// With relative positions.
+    Rel(RelPositionMultiHeadedAttention),
+}
+
+impl SelfAttention {
+    /// Self-attention of x with the positional rows `pos` (ignored by the plain kind).
+    pub fn forward(&self, x: &Tensor, mask: Option<&AttentionMask>, pos: &Tensor) -> Result<Tensor> {
+        match self {
+            SelfAttention::Plain(a) => a.forward(x, x, x, mask),
+            SelfAttention::Rel(a) => a.forward(x, x, x, mask, pos),
+        }
+    }
+
+    fn module(&self) -> &dyn Module {
+        match self {
+            SelfAttention::Plain(a) => a,
+            SelfAttention::Rel(a) => a,
+        }
+    }
+
+    fn module_mut(&mut self) -> &mut dyn Module {
+        match self {
+            SelfAttention::Plain(a) => a,
+            SelfAttention::Rel(a) => a,
+        }
+    }
+}
+
+/// A conformer or transformer encoder block.
+#[derive(Clone, Debug)]
+pub struct EncoderLayer {
+    /// Self-attention.
+    pub self_attn: SelfAttention,
+    /// The feed-forward block.
+    pub feed_forward: FeedForward,
+    /// The macaron feed-forward block (conformer).
+    pub feed_forward_macaron: Option<FeedForward>,
+    /// The convolution module (conformer).
+    pub conv_module: Option<ConvolutionModule>,
+    /// Before the FFN (`norm2` in a transformer block).
+    pub norm_ff: LayerNorm,
+    /// Before the attention (`norm1` in a transformer block).
+    pub norm_mha: LayerNorm,
+    /// Before the macaron FFN.
+    pub norm_ff_macaron: Option<LayerNorm>,
+    /// Before the convolution module.
+    pub norm_conv: Option<LayerNorm>,
+    /// After the block (conformer with a conv module).
+    pub norm_final: Option<LayerNorm>,
+    /// Residual-branch dropout.
+    pub dropout: Dropout,
+    /// Pre-norm (true) or post-norm blocks.
+    pub normalize_before: bool,
+    /// Whether the keys follow TransformerEncoderLayer's names.
+    pub transformer_names: bool,
+}
+
+impl EncoderLayer {
+    fn branch(&self, x: &Tensor, norm: &LayerNorm, scale: f64, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+        let h = if self.normalize_before { norm.forward(x)? } else { x.clone() };
+        let mut y = self.dropout.forward(&f(&h)?)?;
+        if scale != 1.0 {
+            y = ops::mul_scalar(&y, scale)?;
+        }
+        let x = ops::add(x, &y)?;
+        if self.normalize_before {
+            Ok(x)
+        } else {
+            norm.forward(&x)
+        }
+    }
+
+    /// x (B, T, D) with the key mask, the positional rows and the frame padding mask (B, 1, T).
+    pub fn forward(&self, x: &Tensor, mask: Option<&AttentionMask>, pos: &Tensor, pad: Option<&Tensor>) -> Result<Tensor> {
+        let ff_scale = if self.feed_forward_macaron.is_some() { 0.5 } else { 1.0 };
+        let mut x = x.clone();
+        if let (Some(ff), Some(n)) = (&self.feed_forward_macaron, &self.norm_ff_macaron) {
+            x = self.branch(&x, n, ff_scale, |h| ff.forward(h))?;
+        }
+        x = self.branch(&x, &self.norm_mha, 1.0, |h| self.self_attn.forward(h, mask, pos))?;
+        if let (Some(conv), Some(n)) = (&self.conv_module, &self.norm_conv) {
+            x = self.branch(&x, n, 1.0, |h| conv.forward(h, pad))?;
+        }
+        x = self.branch(&x, &self.norm_ff, ff_scale, |h| self.feed_forward.forward(h))?;
+        match &self.norm_final {
+            Some(n) => n.forward(&x),
+            None => Ok(x),
+        }
+    }
+}
+
+impl Module for EncoderLayer {
+    fn describe(&self) -> String {
+        if self.transformer_names { "TransformerEncoderLayer".into() } else { "ConformerEncoderLayer".into() }
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        let mut v: Vec<(String, &dyn Module)> = vec![("self_attn".into(), self.self_attn.module()), ("feed_forward".into(), &self.feed_forward)];
+        if self.transformer_names {
+            v.push(("norm1".into(), &self.norm_mha));
+            v.push(("norm2".into(), &self.norm_ff));
+        } else {
+            if let Some(m) = &self.feed_forward_macaron {
+                v.push(("feed_forward_macaron".into(), m));
+            }
+            if let Some(c) = &self.conv_module {
+                v.push(("conv_module".into(), c));
+            }
+            v.push(("norm_ff".into(), &self.norm_ff));
+            v.push(("norm_mha".into(), &self.norm_mha));
+            for (n, m) in [("norm_ff_macaron", &self.norm_ff_macaron), ("norm_conv", &self.norm_conv), ("norm_final", &self.norm_final)] {
+                if let Some(m) = m {
+                    v.push((n.into(), m));
+                }
+            }
+        }
+        v.push(("dropout".into(), &self.dropout));
+        v
+    }
+    fn children_mut(&mut self) -> Vec<&mut dyn Module> {
+        let mut v: Vec<&mut dyn Module> = vec![self.self_attn.module_mut(), &mut self.feed_forward, &mut self.dropout];
+        if let Some(m) = &mut self.feed_forward_macaron {
+            v.push(m);
+        }
+        if let Some(c) = &mut self.conv_module {
+            v.push(c);
+        }
+        v
+    }
+}

@@ -1,0 +1,29 @@
+//! The model zoo: WeNet's front end (global CMVN, convolutional
+//! subsampling, positional encodings), Conformer and Transformer encoders,
+//! the attention decoders, the CTC head and the hybrid CTC/attention
+//! `AsrModel`, built from a WeNet-style `train.yaml` and saved as
+//! safetensors with WeNet's `state_dict` keys.
+
+pub mod asr_model;
+pub mod checkpoint;
+pub mod cli;
+pub mod cmvn;
+pub mod config;
+pub mod convolution;
+pub mod ctc;
+pub mod decoder;
+pub mod encoder;
+pub mod encoder_layer;
+pub mod ffn;
+pub mod pos_enc;
+pub mod subsampling;
+pub mod summary;
+mod yaml;
+
+pub use cmvn::GlobalCmvn;
+pub use encoder::Encoder;
+pub use asr_model::{AsrModel, LossDict};
+pub use config::ModelConfig;
+pub use ctc::Ctc;
+pub use decoder::{Decoder, TransformerDecoder};
+pub use checkpoint::{load_checkpoint, load_prefixes, save_checkpoint, LoadReport};

@@ -1,0 +1,104 @@
+//! Sinusoidal positional encodings. `pe[p, 2i] = sin(p·10000^(−2i/d))`,
+//! `pe[p, 2i+1] = cos(…)`, a persistent buffer [1, max_len, d] (WeNet's
+//! `pos_enc.pe`). Absolute: `x·√d + pe[:T]`. Relative (WeNet's
+//! RelPositionalEncoding): `x·√d`, and the rows `pe[0..T]` are handed to
+//! relative attention. Both outputs get dropout. `no_pos` leaves x as is.
+
+use super::config::PosEncType;
+use crate::error::{Error, Result};
+use crate::nn::{Dropout, Module, TensorKind};
+use crate::ops;
+use crate::tensor::{DType, Device, Tensor};
+
+/// WeNet's default table length.
+pub const MAX_LEN: usize = 5000;
+
+/// A positional encoding layer.
+#[derive(Clone, Debug)]
+pub struct PositionalEncoding {
+    /// The table [1, max_len, d] (absent for `no_pos`).
+    pub pe: Option<Tensor>,
+    /// Which encoding.
+    pub kind: PosEncType,
+    /// Model dim.
+    pub d: usize,
+    /// Dropout on the outputs.
+    pub dropout: Dropout,
+}
+
+/// The sinusoid table [1, max_len, d].
+pub fn sinusoid_table(max_len: usize, d: usize, dtype: DType) -> Result<Tensor> {
+    let mut v = vec![0.0f64; max_len * d];
+    for p in 0..max_len {
+        for i in (0..d).step_by(2) {
+            let a = p as f64 * (-(i as f64) * (10000f64).ln() / d as f64).exp();
+            v[p * d + i] = a.sin();
+            if i + 1 < d {
+                v[p * d + i + 1] = a.cos();
+            }
+        }
+    }
+    ops::to_dtype(&Tensor::from_vec(v, [1, max_len, d], &Device::Cpu)?, dtype)
+}
+
+impl PositionalEncoding {
+    /// A layer of `kind` over `d` features.
+    pub fn new(kind: PosEncType, d: usize, dropout: f64, dtype: DType) -> Result<Self> {
+        let pe = match kind {
+            PosEncType::None => None,
+            _ => Some(sinusoid_table(MAX_LEN, d, dtype)?),
+        };
+        Ok(PositionalEncoding { pe, kind, d, dropout: Dropout::new(dropout) })
+    }
+
+    /// Rows 0..t of the table, (1, t, d).
+    pub fn rows(&self, t: usize, like: &Tensor) -> Result<Tensor> {
+        match &self.pe {
+            None => Tensor::zeros([1, t, self.d], like.dtype(), &like.device()),
+            Some(pe) => {
+                let max = pe.dims()[1];
+                if t > max {
+                    return Err(Error::invalid("PositionalEncoding", format!("{t} frames exceed the positional table of {max}")));
+                }
+                ops::narrow(pe, 1, 0, t)
+            }
+        }
+    }
+
+    /// Encodes x (B, T, D): returns the layer output and the positional rows (1, T, D).
+    pub fn forward(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        if x.rank() != 3 {
+            return Err(Error::ShapeMismatch { op: "PositionalEncoding", expected: "an input (B, T, D)".into(), got: format!("{}", x.shape()) });
+        }
+        let t = x.dims()[1];
+        let pos = self.rows(t, x)?;
+        let scale = (self.d as f64).sqrt();
+        let y = match self.kind {
+            PosEncType::Abs => ops::add(&ops::mul_scalar(x, scale)?, &pos)?,
+            PosEncType::Rel => ops::mul_scalar(x, scale)?,
+            PosEncType::None => x.clone(),
+        };
+        let pos = if self.kind == PosEncType::Rel { self.dropout.forward(&pos)? } else { pos };
+        Ok((self.dropout.forward(&y)?, pos))
+    }
+}
+
+impl Module for PositionalEncoding {
+    fn describe(&self) -> String {
+        let name = match self.kind {
+            PosEncType::Abs => "PositionalEncoding",
+            PosEncType::Rel => "RelPositionalEncoding",
+            PosEncType::None => "NoPositionalEncoding",
+        };
+        format!("{name}(d={}, dropout={})", self.d, self.dropout.p)
+    }
+    fn own_tensors(&self) -> Vec<(&'static str, Tensor, TensorKind)> {
+        self.pe.iter().map(|t| ("pe", t.clone(), TensorKind::Constant)).collect()
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        vec![("dropout".into(), &self.dropout)]
+    }
+    fn children_mut(&mut self) -> Vec<&mut dyn Module> {
+        vec![&mut self.dropout]
+    }
+}

@@ -1,0 +1,229 @@
+//! Scaled dot-product multi-head attention, and its relative-position
+//! variant (Transformer-XL style, as WeNet implements it).
+//!
+//! Layout: x (B, T, D) → heads (B, H, T, d_k) with D = H·d_k.
+//! scores = q·kᵀ/√d_k (B, H, T1, T2); masked keys get a large negative
+//! score, the softmax runs in f32 (or f64), masked weights are then set to
+//! exactly 0 (a fully masked row yields zeros, never NaN), dropout, and the
+//! weighted values are merged back to (B, T1, D) for `linear_out`.
+
+use super::dropout::Dropout;
+use super::init::{uniform_param, xavier_uniform_bound};
+use super::linear::Linear;
+use super::module::{Module, TensorKind};
+use crate::error::{Error, Result};
+use crate::ops;
+use crate::tensor::{DType, Device, Rng, Tensor};
+
+/// Stands in for −∞ before the softmax: exp underflows to exactly 0, and a
+/// row with every key masked stays finite (it is zeroed afterwards).
+const MASK_SCORE: f64 = -1.0e30;
+
+/// Which keys a query must not attend to: u8 (B, 1, T1 or 1, T2), 1 = masked.
+#[derive(Clone, Debug)]
+pub struct AttentionMask(pub Tensor);
+
+impl AttentionMask {
+    /// Masks keys at or beyond each sequence's length: (B, 1, 1, T).
+    pub fn key_padding(lens: &[usize], t: usize) -> Result<Self> {
+        let mut m = Vec::with_capacity(lens.len() * t);
+        for &l in lens {
+            m.extend((0..t).map(|j| u8::from(j >= l)));
+        }
+        Ok(AttentionMask(Tensor::from_vec(m, [lens.len(), 1, 1, t], &Device::Cpu)?))
+    }
+
+    /// Masks future keys and keys beyond each sequence's length: (B, 1, T, T).
+    pub fn causal_padding(lens: &[usize], t: usize) -> Result<Self> {
+        let mut m = Vec::with_capacity(lens.len() * t * t);
+        for &l in lens {
+            for i in 0..t {
+                m.extend((0..t).map(|j| u8::from(j > i || j >= l)));
+            }
+        }
+        Ok(AttentionMask(Tensor::from_vec(m, [lens.len(), 1, t, t], &Device::Cpu)?))
+    }
+}
+
+/// Multi-head attention with `linear_q/k/v/out` (all with bias).
+#[derive(Clone, Debug)]
+pub struct MultiHeadedAttention {
+    /// Query projection.
+    pub linear_q: Linear,
+    /// Key projection.
+    pub linear_k: Linear,
+    /// Value projection.
+    pub linear_v: Linear,
+    /// Output projection.
+    pub linear_out: Linear,
+    /// Dropout on the attention weights.
+    pub dropout: Dropout,
+    /// Number of heads.
+    pub heads: usize,
+}
+
+impl MultiHeadedAttention {
+    /// `heads` heads over `d` features (d must divide evenly).
+    pub fn new(heads: usize, d: usize, dropout: f64, dtype: DType, rng: &mut Rng) -> Result<Self> {
+        if heads == 0 || d % heads != 0 {
+            return Err(Error::invalid("MultiHeadedAttention", format!("attention dim {d} must be a multiple of the head count {heads}")));
+        }
+        Ok(MultiHeadedAttention {
+            linear_q: Linear::new(d, d, true, dtype, rng)?,
+            linear_k: Linear::new(d, d, true, dtype, rng)?,
+            linear_v: Linear::new(d, d, true, dtype, rng)?,
+            linear_out: Linear::new(d, d, true, dtype, rng)?,
+            dropout: Dropout::new(dropout),
+            heads,
+        })
+    }
+
+    fn d_k(&self) -> usize {
+        self.linear_q.out_features() / self.heads
+    }
+
+    /// (B, T, D) → (B, T, H, d_k) without moving data.
+    fn split(&self, x: &Tensor) -> Result<Tensor> {
+        if x.rank() != 3 {
+            return Err(Error::ShapeMismatch { op: "MultiHeadedAttention", expected: "an input (B, T, D)".into(), got: format!("{}", x.shape()) });
+        }
+        let (b, t) = (x.dims()[0], x.dims()[1]);
+        ops::reshape(x, [b, t, self.heads, self.d_k()])
+    }
+
+    /// (B, T, H, d_k) → (B, H, T, d_k).
+    fn heads_first(x: &Tensor) -> Result<Tensor> {
+        ops::permute(x, &[0, 2, 1, 3])
+    }
+
+    /// softmax(scores) with the mask, dropout, times v, merged heads, `linear_out`.
+    fn attend(&self, scores: &Tensor, v: &Tensor, mask: Option<&AttentionMask>) -> Result<Tensor> {
+        let dtype = scores.dtype();
+        // Softmax accumulates in f32 even when activations are half precision.
+        let wide = if matches!(dtype, DType::F16 | DType::BF16) { DType::F32 } else { dtype };
+        let s = ops::to_dtype(scores, wide)?;
+        let attn = match mask {
+            Some(m) => {
+                let s = ops::masked_fill(&s, &m.0, MASK_SCORE)?;
+                ops::masked_fill(&ops::softmax(&s)?, &m.0, 0.0)?
+            }
+            None => ops::softmax(&s)?,
+        };
+        let attn = ops::to_dtype(&attn, dtype)?;
+        let p = self.dropout.forward(&attn)?;
+        let x = ops::matmul(&p, v)?; // (B, H, T1, d_k)
+        let x = ops::permute(&x, &[0, 2, 1, 3])?;
+        let (b, t1) = (x.dims()[0], x.dims()[1]);
+        let x = ops::reshape(&x, [b, t1, self.heads * self.d_k()])?;
+        self.linear_out.forward(&x)
+    }
+
+    /// Attention of `query` (B, T1, D) over `key`/`value` (B, T2, D).
+    pub fn forward(&self, query: &Tensor, key: &Tensor, value: &Tensor, mask: Option<&AttentionMask>) -> Result<Tensor> {
+        let q = Self::heads_first(&self.split(&self.linear_q.forward(query)?)?)?;
+        let k = Self::heads_first(&self.split(&self.linear_k.forward(key)?)?)?;
+        let v = Self::heads_first(&self.split(&self.linear_v.forward(value)?)?)?;
+        let scores = ops::mul_scalar(&ops::matmul_t(&q, &k, false, true)?, 1.0 / (self.d_k() as f64).sqrt())?;
+        self.attend(&scores, &v, mask)
+    }
+
+    fn children_list(&self) -> Vec<(String, &dyn Module)> {
+        vec![
+            ("linear_q".into(), &self.linear_q as &dyn Module),
+            ("linear_k".into(), &self.linear_k),
+            ("linear_v".into(), &self.linear_v),
+            ("linear_out".into(), &self.linear_out),
+            ("dropout".into(), &self.dropout),
+        ]
+    }
+}
+
+impl Module for MultiHeadedAttention {
+    fn describe(&self) -> String {
+        format!("MultiHeadedAttention(heads={}, d_k={})", self.heads, self.d_k())
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        self.children_list()
+    }
+    fn children_mut(&mut self) -> Vec<&mut dyn Module> {
+        vec![&mut self.linear_q, &mut self.linear_k, &mut self.linear_v, &mut self.linear_out, &mut self.dropout]
+    }
+}
+
+/// Attention with relative positions: `linear_pos` (no bias) projects the
+/// positional table, and the learned biases `pos_bias_u`, `pos_bias_v`
+/// [H, d_k] give scores ((q+u)·kᵀ + (q+v)·pᵀ)/√d_k. As in WeNet, the
+/// position term is not shifted (no rel_shift).
+#[derive(Clone, Debug)]
+pub struct RelPositionMultiHeadedAttention {
+    /// The plain attention projections.
+    pub base: MultiHeadedAttention,
+    /// Projection of the positional table [D, D], no bias.
+    pub linear_pos: Linear,
+    /// Content bias [H, d_k].
+    pub pos_bias_u: Tensor,
+    /// Position bias [H, d_k].
+    pub pos_bias_v: Tensor,
+}
+
+impl RelPositionMultiHeadedAttention {
+    /// `heads` heads over `d` features; the biases are xavier-uniform.
+    pub fn new(heads: usize, d: usize, dropout: f64, dtype: DType, rng: &mut Rng) -> Result<Self> {
+        let base = MultiHeadedAttention::new(heads, d, dropout, dtype, rng)?;
+        let linear_pos = Linear::new(d, d, false, dtype, rng)?;
+        let dk = d / heads;
+        let bound = xavier_uniform_bound(dk, heads);
+        let pos_bias_u = uniform_param(&[heads, dk], bound, dtype, rng)?;
+        let pos_bias_v = uniform_param(&[heads, dk], bound, dtype, rng)?;
+        Ok(RelPositionMultiHeadedAttention { base, linear_pos, pos_bias_u, pos_bias_v })
+    }
+
+    /// Self-attention of x (B, T, D) with the positional table `pos_emb` (1, T, D).
+    pub fn forward(&self, query: &Tensor, key: &Tensor, value: &Tensor, mask: Option<&AttentionMask>, pos_emb: &Tensor) -> Result<Tensor> {
+        let a = &self.base;
+        let q = a.split(&a.linear_q.forward(query)?)?; // (B, T1, H, d_k)
+        let k = MultiHeadedAttention::heads_first(&a.split(&a.linear_k.forward(key)?)?)?;
+        let v = MultiHeadedAttention::heads_first(&a.split(&a.linear_v.forward(value)?)?)?;
+        let b = q.dims()[0];
+        let p = self.linear_pos.forward(pos_emb)?;
+        let p = MultiHeadedAttention::heads_first(&a.split(&p)?)?; // (1, H, T2, d_k)
+        // The matmul batches over equal batch dims only, so the one table is
+        // repeated per sequence; its gradient is summed back by `cat`.
+        let p = if p.dims()[0] == b {
+            p
+        } else if p.dims()[0] == 1 {
+            let reps: Vec<&Tensor> = std::iter::repeat_n(&p, b).collect();
+            ops::cat(&reps, 0)?
+        } else {
+            return Err(Error::ShapeMismatch {
+                op: "RelPositionMultiHeadedAttention",
+                expected: format!("a positional table for 1 or {b} sequences"),
+                got: format!("{}", pos_emb.shape()),
+            });
+        };
+        let q_u = MultiHeadedAttention::heads_first(&ops::add(&q, &self.pos_bias_u)?)?;
+        let q_v = MultiHeadedAttention::heads_first(&ops::add(&q, &self.pos_bias_v)?)?;
+        let ac = ops::matmul_t(&q_u, &k, false, true)?;
+        let bd = ops::matmul_t(&q_v, &p, false, true)?;
+        let scores = ops::mul_scalar(&ops::add(&ac, &bd)?, 1.0 / (a.d_k() as f64).sqrt())?;
+        a.attend(&scores, &v, mask)
+    }
+}
+
+impl Module for RelPositionMultiHeadedAttention {
+    fn describe(&self) -> String {
+        format!("RelPositionMultiHeadedAttention(heads={}, d_k={})", self.base.heads, self.base.d_k())
+    }
+    fn own_tensors(&self) -> Vec<(&'static str, Tensor, TensorKind)> {
+        vec![("pos_bias_u", self.pos_bias_u.clone(), TensorKind::Param), ("pos_bias_v", self.pos_bias_v.clone(), TensorKind::Param)]
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        let mut v = self.base.children_list();
+        v.push(("linear_pos".into(), &self.linear_pos));
+        v
+    }
+    fn children_mut(&mut self) -> Vec<&mut dyn Module> {
+        let a = &mut self.base;
+        vec![&mut a.linear_q, &mut a.linear_k, &mut a.linear_v, &mut a.linear_out, &mut a.dropout, &mut self.linear_pos]
+    }
+}
