@@ -53,6 +53,14 @@ pub enum Error {
     #[error("{path}: {source}")]
     Io { path: String, #[source] source: std::io::Error },
 
+    /// A data file (list, audio, symbol table, CMVN, feature dump) that cannot be used, with the path.
+    #[error("{path}: {msg}")]
+    Data { path: String, msg: String },
+
+    /// A configuration value that is missing or out of range, with where it came from.
+    #[error("config {path}: {msg}")]
+    Config { path: String, msg: String },
+
     /// A free-form error with context.
     #[error("{0}")]
     Msg(String),

@@ -1,1 +1,64 @@
-fn main() {}
+//! The `asrforge` command line: one subcommand per task, each with its own
+//! argument struct and run function in the module that owns the task.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use asrforge::data::cli::{run_compute_cmvn, run_compute_feats, ComputeCmvnArgs, ComputeFeatsArgs};
+
+/// asrforge: end-to-end speech recognition training.
+#[derive(Parser, Debug)]
+#[command(name = "asrforge", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Every subcommand; add a variant (and its run function) for a new one.
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Global CMVN statistics in WeNet's JSON format.
+    ComputeCmvn(ComputeCmvnArgs),
+    /// Dump every utterance's fbank features to a safetensors file.
+    ComputeFeats(ComputeFeatsArgs),
+}
+
+fn run(command: &Command) -> asrforge::Result<()> {
+    match command {
+        Command::ComputeCmvn(args) => run_compute_cmvn(args),
+        Command::ComputeFeats(args) => run_compute_feats(args),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                    let _ = e.print();
+                    return ExitCode::SUCCESS;
+                }
+                ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                    let _ = e.print();
+                    return ExitCode::from(1);
+                }
+                _ => {}
+            }
+            // One line, no usage block: the first line of clap's message.
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            eprintln!("error: {} (see --help)", first.trim_start_matches("error: "));
+            return ExitCode::from(1);
+        }
+    };
+    match run(&cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
