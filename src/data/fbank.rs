@@ -52,6 +52,36 @@ impl std::fmt::Debug for Fbank {
     }
 }
 
+/// `n` standard normal numbers from a SplitMix64 stream (Marsaglia's polar
+/// method in f32: no trigonometry, both outputs of each accepted pair used).
+fn gaussian(seed: u64, n: usize) -> Vec<f32> {
+    let mut state = seed;
+    let mut next = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    // Two 24-bit uniforms in [-1, 1) from one 64-bit draw.
+    let scale = 1.0 / (1u32 << 23) as f32;
+    let mut out = Vec::with_capacity(n + 1);
+    while out.len() < n {
+        let z = next();
+        let u = (z >> 40) as f32 * scale - 1.0;
+        let v = ((z >> 16) & 0xFF_FFFF) as f32 * scale - 1.0;
+        let s = u * u + v * v;
+        if s >= 1.0 || s == 0.0 {
+            continue;
+        }
+        let m = (-2.0 * s.ln() / s).sqrt();
+        out.push(u * m);
+        out.push(v * m);
+    }
+    out.truncate(n);
+    out
+}
+
 fn mel(f: f64) -> f64 {
     1127.0 * (1.0 + f / 700.0).ln()
 }
@@ -136,8 +166,15 @@ impl Fbank {
         let dim = self.dim();
         let mut out = vec![0.0f32; frames * dim];
         let dither = self.conf.dither as f32;
-        // One draw per utterance keeps the noise a pure function of the rng state.
-        let noise = if dither != 0.0 { rng.normal(frames * self.win) } else { Vec::new() };
+        // One seed per utterance keeps the noise a pure function of the rng
+        // state; a SplitMix64 stream then makes it cheaply (Philox per sample
+        // cost more than the whole filterbank).
+        let noise = if dither != 0.0 {
+            let seed = (rng.uniform(1)[0] * 18_446_744_073_709_551_616.0) as u64;
+            gaussian(seed, frames * self.win)
+        } else {
+            Vec::new()
+        };
         let mut buf = vec![0.0f32; self.padded];
         let mut spec = vec![Complex::new(0.0f32, 0.0); self.padded / 2 + 1];
         let mut scratch = self.fft.make_scratch_vec();
@@ -149,7 +186,7 @@ impl Fbank {
             for (j, (d, &s)) in x.iter_mut().zip(frame).enumerate() {
                 *d = s * 32768.0;
                 if dither != 0.0 {
-                    *d += dither * noise[t * self.win + j] as f32;
+                    *d += dither * noise[t * self.win + j];
                 }
             }
             let mean = x.iter().map(|&v| v as f64).sum::<f64>() / self.win as f64;
