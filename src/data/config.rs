@@ -50,7 +50,9 @@ pub struct ResampleConf {
 
 impl Default for ResampleConf {
     fn default() -> Self {
-        ResampleConf { resample_rate: 16000 }
+        ResampleConf {
+            resample_rate: 16000,
+        }
     }
 }
 
@@ -101,7 +103,12 @@ pub struct SpecAugConf {
 
 impl Default for SpecAugConf {
     fn default() -> Self {
-        SpecAugConf { num_t_mask: 2, num_f_mask: 2, max_t: 50, max_f: 10 }
+        SpecAugConf {
+            num_t_mask: 2,
+            num_f_mask: 2,
+            max_t: 50,
+            max_f: 10,
+        }
     }
 }
 
@@ -117,7 +124,10 @@ pub struct SpecSubConf {
 
 impl Default for SpecSubConf {
     fn default() -> Self {
-        SpecSubConf { max_t: 20, num_t_sub: 3 }
+        SpecSubConf {
+            max_t: 20,
+            num_t_sub: 3,
+        }
     }
 }
 
@@ -145,7 +155,9 @@ pub struct ShuffleConf {
 
 impl Default for ShuffleConf {
     fn default() -> Self {
-        ShuffleConf { shuffle_size: 10000 }
+        ShuffleConf {
+            shuffle_size: 10000,
+        }
     }
 }
 
@@ -177,7 +189,11 @@ pub struct BatchConf {
 
 impl Default for BatchConf {
     fn default() -> Self {
-        BatchConf { batch_type: "static".into(), batch_size: 16, max_frames_in_batch: 12000 }
+        BatchConf {
+            batch_type: "static".into(),
+            batch_size: 16,
+            max_frames_in_batch: 12000,
+        }
     }
 }
 
@@ -266,9 +282,17 @@ impl DatasetConf {
 
     /// Checks values that would make the pipeline meaningless; `path` names the config.
     pub fn validate(&self, path: &str) -> Result<()> {
-        let bad = |msg: String| Err(Error::Config { path: path.to_string(), msg });
+        let bad = |msg: String| {
+            Err(Error::Config {
+                path: path.to_string(),
+                msg,
+            })
+        };
         if self.feats_type != "fbank" {
-            return bad(format!("dataset_conf.feats_type: expected `fbank`, found `{}`", self.feats_type));
+            return bad(format!(
+                "dataset_conf.feats_type: expected `fbank`, found `{}`",
+                self.feats_type
+            ));
         }
         if self.fbank_conf.num_mel_bins == 0 {
             return bad("dataset_conf.fbank_conf.num_mel_bins: expected > 0, found 0".into());
@@ -330,16 +354,20 @@ pub struct DataConfig {
 impl DataConfig {
     /// Parses YAML text; `path` is used in error messages.
     pub fn from_yaml_str(text: &str, path: &str) -> Result<DataConfig> {
-        let cfg: DataConfig = serde_yaml_ng::from_str(text)
-            .map_err(|e| Error::Config { path: path.to_string(), msg: format!("invalid YAML: {e}") })?;
+        let cfg: DataConfig = serde_yaml_ng::from_str(text).map_err(|e| Error::Config {
+            path: path.to_string(),
+            msg: format!("invalid YAML: {e}"),
+        })?;
         cfg.dataset_conf.validate(path)?;
         Ok(cfg)
     }
 
     /// Reads and parses a train.yaml.
     pub fn from_yaml_file(path: &Path) -> Result<DataConfig> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| Error::Io { path: path.display().to_string(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
         DataConfig::from_yaml_str(&text, &path.display().to_string())
     }
 }
