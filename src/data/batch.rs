@@ -66,6 +66,13 @@ pub fn pad(mut samples: Vec<Sample>) -> Result<Batch> {
             got: format!("{} for {}", s.dim, s.key),
         });
     }
+    if let Some(s) = samples.iter().find(|s| s.feats.len() < s.frames * s.dim) {
+        return Err(Error::ShapeMismatch {
+            op: "pad",
+            expected: format!("{} x {} features for {}", s.frames, s.dim, s.key),
+            got: format!("{} values", s.feats.len()),
+        });
+    }
     let b = samples.len();
     let t = samples[0].frames;
     let l = samples.iter().map(|s| s.label.len()).max().unwrap_or(0);

@@ -12,6 +12,15 @@ fn randint(rng: &mut Rng, lo: usize, hi: usize) -> usize {
     lo + rng.below(hi - lo + 1)
 }
 
+/// `frames`, or fewer if `feats` holds fewer whole rows of `bins` (a caller's mistake must not index past the buffer).
+fn held_frames(len: usize, frames: usize, bins: usize) -> usize {
+    if bins == 0 {
+        0
+    } else {
+        frames.min(len / bins)
+    }
+}
+
 /// A zeroed span: `[start, end)` along time or frequency.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Mask {
@@ -31,6 +40,7 @@ pub fn spec_aug(
     conf: &SpecAugConf,
     rng: &mut Rng,
 ) -> Vec<Mask> {
+    let frames = held_frames(feats.len(), frames, bins);
     let mut masks = Vec::with_capacity(conf.num_f_mask + conf.num_t_mask);
     if frames == 0 || bins == 0 {
         return masks;
@@ -66,6 +76,7 @@ pub fn spec_aug(
 
 /// Replaces `num_t_sub` random spans with the frames `pos` earlier (read from the original features).
 pub fn spec_sub(feats: &mut [f32], frames: usize, bins: usize, conf: &SpecSubConf, rng: &mut Rng) {
+    let frames = held_frames(feats.len(), frames, bins);
     if frames == 0 || bins == 0 {
         return;
     }
@@ -88,6 +99,7 @@ pub fn spec_trim(
     conf: &SpecTrimConf,
     rng: &mut Rng,
 ) -> usize {
+    let frames = held_frames(feats.len(), frames, bins);
     let len = randint(rng, 1, conf.max_t.max(1));
     if (len as f64) < frames as f64 / 2.0 {
         let keep = frames - len;
