@@ -61,6 +61,14 @@ pub enum Error {
     #[error("checkpoint {path}: {msg}")]
     Checkpoint { path: String, msg: String },
 
+    /// A data file (list, audio, symbol table, CMVN, feature dump) that cannot be used, with the path.
+    #[error("{path}: {msg}")]
+    Data { path: String, msg: String },
+
+    /// A configuration file or section that cannot be used, with where it came from.
+    #[error("config {path}: {msg}")]
+    ConfigFile { path: String, msg: String },
+
     /// A free-form error with context.
     #[error("{0}")]
     Msg(String),

@@ -1,32 +1,70 @@
-//! The `asrforge` command line.
+//! The `asrforge` command line: one subcommand per task, each with its own
+//! argument struct and run function in the module that owns the task.
+
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// asrforge: an end-to-end speech recognition trainer.
+use asrforge::data::cli::{run_compute_cmvn, run_compute_feats, ComputeCmvnArgs, ComputeFeatsArgs};
+
+/// asrforge: end-to-end speech recognition training.
 #[derive(Parser, Debug)]
-#[command(name = "asrforge", version)]
+#[command(name = "asrforge", version, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
-/// The subcommands.
+/// Every subcommand; add a variant (and its run function) for a new one.
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Global CMVN statistics in WeNet's JSON format.
+    ComputeCmvn(ComputeCmvnArgs),
+    /// Dump every utterance's fbank features to a safetensors file.
+    ComputeFeats(ComputeFeatsArgs),
     /// Print the model a config describes: its tree and parameter count, or its state-dict keys.
     ModelInfo(asrforge::models::cli::ModelInfoArgs),
 }
 
-fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
-    let r = match &cli.command {
-        Command::ModelInfo(a) => asrforge::models::cli::run_model_info(a).map(|s| print!("{s}")),
+fn run(command: &Command) -> asrforge::Result<()> {
+    match command {
+        Command::ComputeCmvn(args) => run_compute_cmvn(args),
+        Command::ComputeFeats(args) => run_compute_feats(args),
+        Command::ModelInfo(args) => asrforge::models::cli::run_model_info(args).map(|s| print!("{s}")),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+                    let _ = e.print();
+                    return ExitCode::SUCCESS;
+                }
+                ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                    let _ = e.print();
+                    return ExitCode::from(1);
+                }
+                _ => {}
+            }
+            // One line, no usage block: the first line of clap's message.
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            eprintln!(
+                "error: {} (see --help)",
+                first.trim_start_matches("error: ")
+            );
+            return ExitCode::from(1);
+        }
     };
-    match r {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+    match run(&cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
-            std::process::ExitCode::FAILURE
+            ExitCode::from(1)
         }
     }
 }

@@ -1,0 +1,272 @@
+//! Transcripts to token ids with a WeNet symbol table (`units.txt` /
+//! `lang_char.txt`: one `token id` per line, `<blank> 0`, `<unk> 1`, …,
+//! `<sos/eos> N`).
+//!
+//! Modes, following WeNet's CharTokenizer: `char` (one token per character,
+//! space → `▁`), `word` (`split_with_space`: one token per space-separated
+//! word) and `wordpiece` (greedy longest match of the table's pieces inside
+//! `▁`-prefixed words, for tables whose units are multi-character pieces).
+//! Out-of-vocabulary tokens map to `<unk>`. Non-language symbols such as
+//! `<noise>` are kept whole. Sentencepiece `.model` files are not read: no
+//! maintained pure-Rust crate parses and applies them.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use crate::data::config::TokenizerConf;
+use crate::error::{Error, Result};
+
+/// The word-boundary mark of WeNet and sentencepiece.
+pub const SPACE: &str = "\u{2581}";
+
+/// A `token id` table.
+#[derive(Clone, Debug, Default)]
+pub struct SymbolTable {
+    ids: HashMap<String, i64>,
+    longest: usize,
+}
+
+impl SymbolTable {
+    /// Parses `token id` lines; `path` names the source in errors.
+    pub fn parse(text: &str, path: &str) -> Result<SymbolTable> {
+        let mut ids = HashMap::new();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            let mut parts = line.split_whitespace();
+            let (Some(tok), Some(id), None) = (parts.next(), parts.next(), parts.next()) else {
+                return Err(Error::Data {
+                    path: path.into(),
+                    msg: format!("line {}: expected `token id`, found `{line}`", n + 1),
+                });
+            };
+            let id: i64 = id.parse().map_err(|_| Error::Data {
+                path: path.into(),
+                msg: format!("line {}: expected an integer id, found `{id}`", n + 1),
+            })?;
+            ids.insert(tok.to_string(), id);
+        }
+        if ids.is_empty() {
+            return Err(Error::Data {
+                path: path.into(),
+                msg: "expected `token id` lines, found none".into(),
+            });
+        }
+        let longest = ids.keys().map(|k| k.chars().count()).max().unwrap_or(1);
+        Ok(SymbolTable { ids, longest })
+    }
+
+    /// Reads a symbol table file.
+    pub fn read(path: &Path) -> Result<SymbolTable> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        SymbolTable::parse(&text, &path.display().to_string())
+    }
+
+    /// The id of `token`, if present.
+    pub fn get(&self, token: &str) -> Option<i64> {
+        self.ids.get(token).copied()
+    }
+
+    /// Number of entries (the model's vocabulary size).
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+/// How a transcript is split before lookup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenizeMode {
+    /// One token per character; spaces become `▁`.
+    Char,
+    /// One token per space-separated word.
+    Word,
+    /// Greedy longest match of table entries within `▁`-prefixed words.
+    WordPiece,
+}
+
+/// Symbol table + split mode + non-language symbols.
+#[derive(Clone, Debug)]
+pub struct Tokenizer {
+    table: SymbolTable,
+    mode: TokenizeMode,
+    non_lang: Vec<String>,
+    unk: Option<i64>,
+}
+
+impl Tokenizer {
+    /// A tokenizer over `table`; `non_lang` symbols are matched whole before splitting.
+    pub fn new(table: SymbolTable, mode: TokenizeMode, non_lang: Vec<String>) -> Tokenizer {
+        let unk = table.get("<unk>");
+        Tokenizer {
+            table,
+            mode,
+            non_lang,
+            unk,
+        }
+    }
+
+    /// Builds the tokenizer a train.yaml describes; `symbol_table` overrides
+    /// `tokenizer_conf.symbol_table_path` (WeNet's `--symbol_table`).
+    pub fn from_conf(
+        kind: Option<&str>,
+        conf: &TokenizerConf,
+        symbol_table: Option<&Path>,
+    ) -> Result<Tokenizer> {
+        let bad = |msg: String| Error::ConfigFile {
+            path: "tokenizer_conf".into(),
+            msg,
+        };
+        if kind == Some("bpe") || conf.bpe_path.is_some() {
+            return Err(bad(
+                "sentencepiece models (`tokenizer: bpe` / `bpe_path`) are not read by asrforge; \
+                 use `tokenizer: char` with `mode: wordpiece` over the model's units.txt"
+                    .into(),
+            ));
+        }
+        let path = match (symbol_table, conf.symbol_table_path.as_deref()) {
+            (Some(p), _) => p.to_path_buf(),
+            (None, Some(p)) => Path::new(p).to_path_buf(),
+            (None, None) => {
+                return Err(bad(
+                    "expected `symbol_table_path` (or --symbol_table), found none".into(),
+                ))
+            }
+        };
+        let table = SymbolTable::read(&path)?;
+        let mode = match (conf.mode.as_deref(), conf.split_with_space) {
+            (Some("word"), _) | (None, true) => TokenizeMode::Word,
+            (Some("wordpiece"), _) => TokenizeMode::WordPiece,
+            (Some("char"), _) | (None, false) => TokenizeMode::Char,
+            (Some(other), _) => {
+                return Err(bad(format!(
+                    "mode: expected `char`, `word` or `wordpiece`, found `{other}`"
+                )))
+            }
+        };
+        let non_lang = match &conf.non_lang_syms_path {
+            Some(p) => read_non_lang_syms(Path::new(p))?,
+            None => Vec::new(),
+        };
+        Ok(Tokenizer::new(table, mode, non_lang))
+    }
+
+    /// The symbol table.
+    pub fn table(&self) -> &SymbolTable {
+        &self.table
+    }
+
+    /// Splits `text` into tokens (before id lookup).
+    pub fn tokens(&self, text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for (part, is_sym) in split_non_lang(text.trim(), &self.non_lang) {
+            if is_sym {
+                out.push(part.to_string());
+                continue;
+            }
+            match self.mode {
+                TokenizeMode::Char => out.extend(part.chars().map(|c| {
+                    if c == ' ' {
+                        SPACE.to_string()
+                    } else {
+                        c.to_string()
+                    }
+                })),
+                TokenizeMode::Word => out.extend(
+                    part.split(' ')
+                        .filter(|w| !w.is_empty())
+                        .map(str::to_string),
+                ),
+                TokenizeMode::WordPiece => {
+                    for word in part.split_whitespace() {
+                        self.pieces(&format!("{SPACE}{word}"), &mut out);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Greedy longest-match pieces of one `▁word`; an unmatched character is its own token.
+    fn pieces(&self, word: &str, out: &mut Vec<String>) {
+        let chars: Vec<(usize, char)> = word.char_indices().collect();
+        let mut i = 0;
+        while i < chars.len() {
+            let mut taken = 1;
+            for n in (1..=self.table.longest.min(chars.len() - i)).rev() {
+                let end = chars.get(i + n).map_or(word.len(), |c| c.0);
+                if self.table.get(&word[chars[i].0..end]).is_some() {
+                    taken = n;
+                    break;
+                }
+            }
+            let end = chars.get(i + taken).map_or(word.len(), |c| c.0);
+            out.push(word[chars[i].0..end].to_string());
+            i += taken;
+        }
+    }
+
+    /// Token ids for `text`; unknown tokens become `<unk>`, or are dropped when the table has none (as WeNet).
+    pub fn encode(&self, text: &str) -> Vec<i64> {
+        self.tokens(text)
+            .iter()
+            .filter_map(|t| self.table.get(t).or(self.unk))
+            .collect()
+    }
+}
+
+/// Splits `text` around whole occurrences of the `syms`; yields `(part, is_symbol)`.
+fn split_non_lang<'a>(text: &'a str, syms: &[String]) -> Vec<(&'a str, bool)> {
+    if syms.is_empty() {
+        return vec![(text, false)];
+    }
+    let mut out = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let hit = syms
+            .iter()
+            .filter_map(|s| rest.find(s.as_str()).map(|i| (i, s.len())))
+            .min();
+        match hit {
+            Some((i, len)) if len > 0 => {
+                let before = rest[..i].trim();
+                if !before.is_empty() {
+                    out.push((before, false));
+                }
+                out.push((&rest[i..i + len], true));
+                rest = &rest[i + len..];
+            }
+            _ => {
+                let part = rest.trim();
+                if !part.is_empty() {
+                    out.push((part, false));
+                }
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Reads a non-language symbol file (one symbol per line).
+pub fn read_non_lang_syms(path: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Ok(text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect())
+}
