@@ -53,6 +53,14 @@ pub enum Error {
     #[error("{path}: {source}")]
     Io { path: String, #[source] source: std::io::Error },
 
+    /// A text file line that does not have the expected form.
+    #[error("{path}:{line}: {msg}")]
+    Parse { path: String, line: usize, msg: String },
+
+    /// A binary record that fails its checks (length, checksum, encoding).
+    #[error("{path}: corrupt record at byte offset {offset}: {msg}")]
+    CorruptRecord { path: String, offset: u64, msg: String },
+
     /// A free-form error with context.
     #[error("{0}")]
     Msg(String),

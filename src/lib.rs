@@ -4,6 +4,7 @@
 
 pub mod autograd;
 pub mod backend;
+pub mod decode;
 pub mod error;
 pub mod ops;
 pub mod tensor;
