@@ -8,6 +8,7 @@ pub mod decode;
 pub mod error;
 pub mod ops;
 pub mod tensor;
+pub mod train;
 
 pub use error::{Error, Result};
 pub use tensor::{DType, Device, Shape, Tensor};
