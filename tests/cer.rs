@@ -122,3 +122,23 @@ fn bad_inputs_are_typed_errors() {
     assert_eq!(rep.overall_line(), "Overall -> 0.00 % N=0 C=0 S=0 D=0 I=0");
     assert_eq!(rep.skipped_hyp_keys.len(), 1);
 }
+
+#[test]
+fn counts_agree_with_compute_wer_output() {
+    // Expected counts are what WeNet's tools/compute-wer.py --char=1 printed for
+    // these pairs (random strings where several equal-cost alignments exist, so
+    // the split into S, D and I depends on the tie-breaking).
+    let cases: [(&str, &str, [u64; 5]); 8] = [
+        ("甲丁乙丁甲戊乙丁", "戊乙丙乙乙丁丙", [8, 3, 3, 2, 1]),
+        ("乙戊戊乙丁甲丁丙", "乙戊丁丁丙丁丙甲", [8, 5, 2, 1, 1]),
+        ("甲丙乙丙甲戊乙", "丙甲乙乙丙", [7, 3, 1, 3, 1]),
+        ("甲甲甲丙戊", "丁丁丙丁甲", [5, 1, 3, 1, 1]),
+        ("乙戊乙丙丙", "戊丙乙丁", [5, 2, 1, 2, 1]),
+        ("丙乙甲戊丙戊丙丁", "丙戊丙甲甲丁丁丙", [8, 3, 4, 1, 1]),
+        ("丙丁乙丁戊甲丙", "甲戊丁甲丙甲丁甲", [7, 3, 2, 2, 3]),
+        ("戊乙乙乙丁丙丙", "乙甲乙丙甲甲", [7, 3, 2, 2, 1]),
+    ];
+    for (r, h, [n, cc, s, d, i]) in cases {
+        assert_eq!(counts(r, h), c(n, cc, s, d, i), "{r} vs {h}");
+    }
+}
