@@ -8,6 +8,13 @@
 //! candidates are tried in the order deletion, insertion, diagonal (match or
 //! substitution), and a later candidate replaces an earlier one only when it
 //! is strictly cheaper. The trace-back then runs from the end.
+//!
+//! Text is compared as given. Unlike compute-wer.py's defaults there is no
+//! upper-casing and no removal of `<tags>` or punctuation, and char mode
+//! splits every non-space character (compute-wer.py keeps runs of ASCII
+//! letters together). A reference key with no hypothesis counts as all
+//! deletions, where compute-wer.py leaves it out: a decoder that drops
+//! utterances must not look better for it.
 
 use std::collections::HashMap;
 use std::fmt;
