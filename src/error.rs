@@ -69,6 +69,14 @@ pub enum Error {
     #[error("config {path}: {msg}")]
     ConfigFile { path: String, msg: String },
 
+    /// A text file line that does not have the expected form.
+    #[error("{path}:{line}: {msg}")]
+    Parse { path: String, line: usize, msg: String },
+
+    /// A binary record that fails its checks (length, checksum, encoding).
+    #[error("{path}: corrupt record at byte offset {offset}: {msg}")]
+    CorruptRecord { path: String, offset: u64, msg: String },
+
     /// A free-form error with context.
     #[error("{0}")]
     Msg(String),

@@ -5,12 +5,14 @@
 pub mod autograd;
 pub mod backend;
 pub mod data;
+pub mod decode;
 pub mod error;
 pub mod models;
 pub mod nn;
 pub mod ops;
 pub mod optim;
 pub mod tensor;
+pub mod train;
 
 pub use error::{Error, Result};
 pub use tensor::{DType, Device, Shape, Tensor};

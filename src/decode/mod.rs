@@ -1,0 +1,4 @@
+//! Turning model outputs into text and scoring text: CTC search and CER/WER.
+
+pub mod cer;
+pub mod ctc;
