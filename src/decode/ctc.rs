@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 
+use crate::backend::cpu::ctc::log_add;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -111,18 +112,6 @@ pub fn ctc_greedy_search(log_probs: &[f32], vocab: usize, blank: usize) -> Resul
 pub fn ctc_greedy_search_tensor(log_probs: &Tensor, blank: usize) -> Result<GreedyResult> {
     let (data, vocab) = tensor_rows("ctc_greedy_search", log_probs)?;
     ctc_greedy_search(&data, vocab, blank)
-}
-
-/// log(e^a + e^b) without overflow; −∞ is the identity.
-fn log_add(a: f64, b: f64) -> f64 {
-    if a == f64::NEG_INFINITY {
-        return b;
-    }
-    if b == f64::NEG_INFINITY {
-        return a;
-    }
-    let m = a.max(b);
-    m + ((a - m).exp() + (b - m).exp()).ln()
 }
 
 /// A prefix's probabilities: alignments ending in blank, and ending in its last token.

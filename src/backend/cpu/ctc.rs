@@ -15,8 +15,9 @@ use crate::error::{Error, Result};
 use crate::float_match;
 use rayon::prelude::*;
 
+/// log(e^a + e^b) without overflow; −∞ is the identity (log-space addition).
 #[inline]
-fn lse(a: f64, b: f64) -> f64 {
+pub fn log_add(a: f64, b: f64) -> f64 {
     if a == f64::NEG_INFINITY {
         return b;
     }
@@ -83,16 +84,16 @@ fn one<T: Float>(lp: &[T], v: usize, tlen: usize, lab: &[i64], blank: usize, gra
         for s in 0..sl {
             let mut a = alpha[(t - 1) * sl + s];
             if s >= 1 {
-                a = lse(a, alpha[(t - 1) * sl + s - 1]);
+                a = log_add(a, alpha[(t - 1) * sl + s - 1]);
             }
             if s >= 2 && ext(s) != blank && ext(s) != ext(s - 2) {
-                a = lse(a, alpha[(t - 1) * sl + s - 2]);
+                a = log_add(a, alpha[(t - 1) * sl + s - 2]);
             }
             alpha[t * sl + s] = if a == ninf { ninf } else { a + at(t, ext(s)) };
         }
     }
     let last = (tlen - 1) * sl;
-    let logp = if sl > 1 { lse(alpha[last + sl - 1], alpha[last + sl - 2]) } else { alpha[last] };
+    let logp = if sl > 1 { log_add(alpha[last + sl - 1], alpha[last + sl - 2]) } else { alpha[last] };
     let nll = -logp;
     let Some(g) = grad else { return nll };
     for x in g.iter_mut() {
@@ -110,10 +111,10 @@ fn one<T: Float>(lp: &[T], v: usize, tlen: usize, lab: &[i64], blank: usize, gra
         for s in 0..sl {
             let mut b = beta[(t + 1) * sl + s];
             if s + 1 < sl {
-                b = lse(b, beta[(t + 1) * sl + s + 1]);
+                b = log_add(b, beta[(t + 1) * sl + s + 1]);
             }
             if s + 2 < sl && ext(s) != blank && ext(s) != ext(s + 2) {
-                b = lse(b, beta[(t + 1) * sl + s + 2]);
+                b = log_add(b, beta[(t + 1) * sl + s + 2]);
             }
             beta[t * sl + s] = if b == ninf { ninf } else { b + at(t, ext(s)) };
         }
@@ -123,7 +124,7 @@ fn one<T: Float>(lp: &[T], v: usize, tlen: usize, lab: &[i64], blank: usize, gra
         acc.iter_mut().for_each(|a| *a = ninf);
         for s in 0..sl {
             let k = ext(s);
-            acc[k] = lse(acc[k], alpha[t * sl + s] + beta[t * sl + s]);
+            acc[k] = log_add(acc[k], alpha[t * sl + s] + beta[t * sl + s]);
         }
         for k in 0..v {
             if acc[k] != ninf {
