@@ -49,6 +49,7 @@ dataset_conf:
         min_length: 0
         token_max_length: 200
         token_min_length: 1
+        max_output_input_ratio: 1.0
     resample_conf:
         resample_rate: 8000
     speed_perturb: false
