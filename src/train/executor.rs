@@ -101,6 +101,7 @@ fn mean(xs: impl Iterator<Item = Option<f64>>) -> Option<f64> {
 
 impl Executor {
     /// An executor continuing from `position`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(model: AsrModel, engine: Box<dyn Engine>, optim: Optim, scaler: Option<GradScaler>, writer: Option<SummaryWriter>, cfg: TrainConfig, model_dir: PathBuf, position: Position) -> Self {
         Executor { model, engine, optim, scaler, writer, cfg, model_dir, position, skipped_steps: 0, history: Vec::new(), pending: Vec::new() }
     }
