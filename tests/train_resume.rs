@@ -80,3 +80,18 @@ fn warmup_schedule_is_restored_on_resume() {
     assert!((b.history[0].lr - want).abs() < 1e-15, "lr {} vs {want}", b.history[0].lr);
     assert_eq!(b.history[0].lr.to_bits(), a.history[3].lr.to_bits());
 }
+
+#[test]
+fn checkpoint_without_state_continues_after_its_epoch() {
+    let dir = train_common::tmpdir("train-resume-nostate");
+    let full = train_common::setup(&dir, 4, &train_common::tiny_yaml(0.0, 2, 2, ""));
+    let a = run_train(&full).expect("run");
+    std::fs::remove_file(full.model_dir.join("epoch_0.state.safetensors")).unwrap();
+    let mut r = train_common::args(&dir, "r");
+    r.checkpoint = Some(full.model_dir.join("epoch_0.safetensors"));
+    let b = run_train(&r).expect("resume");
+    assert_eq!(b.history.len(), a.history.len() / 2, "only epoch 1 is trained");
+    assert_eq!(b.history[0].step, a.history[a.history.len() / 2].step);
+    // The schedule continues from the step in the infos.
+    assert_eq!(b.history[0].lr.to_bits(), a.history[a.history.len() / 2].lr.to_bits());
+}

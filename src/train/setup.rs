@@ -47,9 +47,20 @@ pub struct Resume {
 }
 
 impl Resume {
-    /// Where training continues.
+    /// Where training continues: the state's position, else (a checkpoint
+    /// without its state) the epoch after an `epoch_N` or the start of the
+    /// epoch a `step_N` was taken in.
     pub fn position(&self) -> Position {
-        self.state.as_ref().map(|s| s.position).unwrap_or_default()
+        if let Some(s) = &self.state {
+            return s.position;
+        }
+        let epoch = self.infos.get("epoch").and_then(Value::as_u64);
+        let step = self.infos.get("step").and_then(Value::as_u64).unwrap_or(0);
+        let finished = self.infos.get("tag").and_then(Value::as_str).is_some_and(|t| t.starts_with("epoch_"));
+        match epoch {
+            Some(e) => Position { epoch: if finished { e + 1 } else { e }, batches: 0, step },
+            None => Position::default(),
+        }
     }
 }
 
