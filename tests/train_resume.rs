@@ -95,3 +95,34 @@ fn checkpoint_without_state_continues_after_its_epoch() {
     // The schedule continues from the step in the infos.
     assert_eq!(b.history[0].lr.to_bits(), a.history[a.history.len() / 2].lr.to_bits());
 }
+
+#[test]
+fn enc_init_loads_only_the_named_prefixes() {
+    use asrforge::nn::Module;
+    let dir = train_common::tmpdir("train-enc-init");
+    let full = train_common::setup(&dir, 4, &train_common::tiny_yaml(0.0, 2, 1, ""));
+    let a = run_train(&full).expect("run");
+    let mut r = train_common::args(&dir, "init");
+    r.enc_init = Some(full.model_dir.join("epoch_0.safetensors"));
+    r.seed = 99;
+    r.override_config = vec!["max_epoch 0".into()];
+    let b = run_train(&r).expect("init only");
+    assert!(b.history.is_empty());
+    let (pa, pb) = (a.model.named_parameters(), b.model.named_parameters());
+    let same = |n: &str| pa.iter().zip(&pb).filter(|((k, _), _)| k.starts_with(n)).all(|((_, x), (_, y))| x.to_vec::<f32>().unwrap() == y.to_vec::<f32>().unwrap());
+    assert!(same("encoder."), "encoder taken from the checkpoint");
+    assert!(!same("decoder."), "decoder freshly initialised");
+    assert!(r.model_dir.join("init.safetensors").exists());
+}
+
+#[test]
+fn job_layout_from_torchrun_variables() {
+    use asrforge::train::dist::dist_info_from;
+    let env = |pairs: &'static [(&'static str, &'static str)]| move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+    let single = dist_info_from(&env(&[])).unwrap();
+    assert_eq!((single.world_size, single.rank, single.local_rank), (1, 0, 0));
+    let d = dist_info_from(&env(&[("WORLD_SIZE", "4"), ("RANK", "3"), ("LOCAL_RANK", "1"), ("MASTER_ADDR", "10.0.0.2"), ("MASTER_PORT", "29501")])).unwrap();
+    assert_eq!((d.world_size, d.rank, d.local_rank, d.master_addr.as_str(), d.master_port), (4, 3, 1, "10.0.0.2", 29501));
+    let e = dist_info_from(&env(&[("WORLD_SIZE", "2"), ("RANK", "2")])).unwrap_err().to_string();
+    assert_eq!(e, "config key `RANK`: expected 0 <= RANK < WORLD_SIZE, found RANK 2 of WORLD_SIZE 2");
+}
