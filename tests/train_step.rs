@@ -171,3 +171,24 @@ fn interrupted_write_leaves_the_previous_checkpoint_loadable() {
     let err = asrforge::train::checkpoint::load_state(&sp).unwrap_err().to_string();
     assert!(err.contains("cut.state.safetensors") && err.contains("not a valid safetensors file"), "{err}");
 }
+
+#[test]
+fn optimizer_and_scheduler_from_the_config() {
+    let yaml = train_common::tiny_yaml(0.0, 2, 1, "");
+    let yaml = yaml.replace("optim: adam\noptim_conf:\n    lr: 0.005\nscheduler: warmuplr\nscheduler_conf:\n    warmup_steps: 10\n", "optim: adamw\noptim_conf:\n    lr: 0.001\n    weight_decay: 0.05\nscheduler: NoamHoldAnnealing\nscheduler_conf:\n    max_steps: 100\n    warmup_ratio: 0.1\n    hold_ratio: 0.2\n    decay_rate: 0.5\n    min_lr: 0.00001\n");
+    let root: serde_yaml_ng::Value = serde_yaml_ng::from_str(&format!("input_dim: 20\noutput_dim: 9\n{yaml}")).unwrap();
+    let cfg = parse_train_config(&root).unwrap();
+    let mut o = init_optimizer_and_scheduler(&cfg, &[], &Resume::default()).unwrap();
+    assert!(o.adam.config.decoupled);
+    assert_eq!(o.adam.config.weight_decay, 0.05);
+    assert_eq!(o.scheduler.lr(), 0.001 / 11.0, "warmup step 0 of 10");
+    o.scheduler.set_steps(20);
+    assert_eq!(o.scheduler.lr(), 0.001, "held until step 30");
+    o.scheduler.set_steps(34);
+    assert!((o.scheduler.lr() - 0.001 * 10f64.sqrt() / 2.0).abs() < 1e-15);
+    let bad = root.clone();
+    let mut bad = bad;
+    bad["scheduler"] = "cosine".into();
+    let e = init_optimizer_and_scheduler(&parse_train_config(&bad).unwrap(), &[], &Resume::default()).err().unwrap().to_string();
+    assert_eq!(e, "config key `scheduler`: expected warmuplr or NoamHoldAnnealing, found \"cosine\"");
+}
