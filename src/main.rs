@@ -24,6 +24,8 @@ enum Command {
     ComputeFeats(ComputeFeatsArgs),
     /// Print the model a config describes: its tree and parameter count, or its state-dict keys.
     ModelInfo(asrforge::models::cli::ModelInfoArgs),
+    /// Train a model from a WeNet train.yaml (WeNet's train.py).
+    Train(asrforge::train::TrainArgs),
 }
 
 fn run(command: &Command) -> asrforge::Result<()> {
@@ -31,6 +33,7 @@ fn run(command: &Command) -> asrforge::Result<()> {
         Command::ComputeCmvn(args) => run_compute_cmvn(args),
         Command::ComputeFeats(args) => run_compute_feats(args),
         Command::ModelInfo(args) => asrforge::models::cli::run_model_info(args).map(|s| print!("{s}")),
+        Command::Train(args) => asrforge::train::run_train(args).map(|_| ()),
     }
 }
 

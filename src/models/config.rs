@@ -5,7 +5,7 @@
 //! skipped silently, unknown keys produce warnings, and a wrong type is an
 //! error naming the key. Defaults are WeNet's.
 
-pub use super::yaml::{apply_override, load_yaml};
+pub use super::yaml::{apply_override, describe, load_yaml};
 use super::yaml::Section;
 use crate::error::{Error, Result};
 use serde_yaml_ng::Value;

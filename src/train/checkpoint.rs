@@ -1,0 +1,139 @@
+//! Training checkpoints: `model_dir/{tag}.safetensors` + `{tag}.yaml`
+//! (epoch, step, lr, cv_loss and the config) from the models' checkpoint
+//! writer, and `{tag}.state.safetensors` with everything an exact resume
+//! needs: Adam's moments as tensors, and the scaler, scheduler step, RNG
+//! state and data position as metadata. Every file is written atomically.
+
+use crate::error::{Error, Result};
+use crate::models::checkpoint::{save_checkpoint, write_atomic};
+use crate::models::AsrModel;
+use crate::tensor::rng::Rng;
+use crate::tensor::{Device, Tensor};
+use safetensors::{Dtype, SafeTensors};
+use serde_yaml_ng::{Mapping, Value};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Where training stands: the next batch to train is batch `batches` of epoch `epoch`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Position {
+    /// The epoch in progress (or the next one).
+    pub epoch: u64,
+    /// Batches of that epoch already consumed.
+    pub batches: usize,
+    /// Optimizer steps taken (including skipped ones).
+    pub step: u64,
+}
+
+/// The resumable state beside a checkpoint.
+#[derive(Clone, Debug)]
+pub struct TrainState {
+    /// The data position to continue from.
+    pub position: Position,
+    /// Adam's moments by name and its step count.
+    pub adam_state: Vec<(String, Tensor)>,
+    /// Adam's step count.
+    pub adam_step: u64,
+    /// The scheduler's step count.
+    pub scheduler_steps: u64,
+    /// The loss scaler's scale and growth tracker.
+    pub scaler: Option<(f64, u64)>,
+    /// The default generator (dropout) at that point.
+    pub rng: Rng,
+}
+
+/// The checkpoint path of `tag` in `dir`.
+pub fn checkpoint_path(dir: &Path, tag: &str) -> PathBuf {
+    dir.join(format!("{tag}.safetensors"))
+}
+
+/// The state file beside a checkpoint (`x.safetensors` → `x.state.safetensors`).
+pub fn state_path(ckpt: &Path) -> PathBuf {
+    ckpt.with_extension("state.safetensors")
+}
+
+/// Saves the model, its infos YAML (the given mapping plus `config`) and, when given, the resume state.
+pub fn save_model(model: &AsrModel, dir: &Path, tag: &str, infos: Mapping, config: &Value, state: Option<&TrainState>) -> Result<PathBuf> {
+    let path = checkpoint_path(dir, tag);
+    if let Some(s) = state {
+        save_state(&state_path(&path), s)?;
+    }
+    let mut infos = infos;
+    infos.insert("tag".into(), Value::String(tag.into()));
+    infos.insert("config".into(), config.clone());
+    save_checkpoint(model, &path, &Value::Mapping(infos))?;
+    Ok(path)
+}
+
+fn meta(s: &TrainState) -> HashMap<String, String> {
+    let p = s.position;
+    let mut m = HashMap::new();
+    for (k, v) in [
+        ("epoch", p.epoch.to_string()),
+        ("batches", p.batches.to_string()),
+        ("step", p.step.to_string()),
+        ("adam_step", s.adam_step.to_string()),
+        ("scheduler_steps", s.scheduler_steps.to_string()),
+        ("rng_seed", s.rng.seed.to_string()),
+        ("rng_offset", s.rng.offset.to_string()),
+    ] {
+        m.insert(k.to_string(), v);
+    }
+    if let Some((scale, growth)) = s.scaler {
+        // The scale is stored by its bits so it comes back exactly.
+        m.insert("scaler_scale_bits".into(), scale.to_bits().to_string());
+        m.insert("scaler_growth_tracker".into(), growth.to_string());
+    }
+    m
+}
+
+/// Writes the resume state to `path` atomically.
+pub fn save_state(path: &Path, s: &TrainState) -> Result<()> {
+    let p = path.display().to_string();
+    let blobs: Vec<(String, Vec<usize>, Vec<u8>)> = s
+        .adam_state
+        .iter()
+        .map(|(n, t)| Ok((n.clone(), t.dims().to_vec(), t.to_vec::<f32>()?.iter().flat_map(|x| x.to_le_bytes()).collect())))
+        .collect::<Result<_>>()?;
+    let views = blobs
+        .iter()
+        .map(|(n, shape, b)| safetensors::tensor::TensorView::new(Dtype::F32, shape.clone(), b).map(|v| (n.clone(), v)))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::checkpoint(&p, format!("cannot describe a tensor: {e}")))?;
+    let bytes = safetensors::serialize(views, Some(meta(s))).map_err(|e| Error::checkpoint(&p, format!("cannot serialize: {e}")))?;
+    write_atomic(path, &bytes)
+}
+
+fn get<T: std::str::FromStr>(m: &HashMap<String, String>, key: &str, p: &str) -> Result<T> {
+    let v = m.get(key).ok_or_else(|| Error::checkpoint(p, format!("state metadata: missing key {key}")))?;
+    v.parse().map_err(|_| Error::checkpoint(p, format!("state metadata {key}: expected an integer, found {v:?}")))
+}
+
+/// Reads a state file written by [`save_state`].
+pub fn load_state(path: &Path) -> Result<TrainState> {
+    let p = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|source| Error::Io { path: p.clone(), source })?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| Error::checkpoint(&p, format!("not a valid safetensors file (corrupt header?): {e}")))?;
+    let (_, md) = SafeTensors::read_metadata(&bytes).map_err(|e| Error::checkpoint(&p, format!("unreadable metadata: {e}")))?;
+    let m = md.metadata().clone().ok_or_else(|| Error::checkpoint(&p, "no state metadata"))?;
+    let mut adam_state = Vec::new();
+    for (name, view) in st.tensors() {
+        if view.dtype() != Dtype::F32 {
+            return Err(Error::checkpoint(&p, format!("key {name}: expected dtype F32, found {:?}", view.dtype())));
+        }
+        let v: Vec<f32> = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        adam_state.push((name, Tensor::from_vec(v, view.shape().to_vec(), &Device::Cpu)?));
+    }
+    let scaler = match m.get("scaler_scale_bits") {
+        None => None,
+        Some(_) => Some((f64::from_bits(get(&m, "scaler_scale_bits", &p)?), get(&m, "scaler_growth_tracker", &p)?)),
+    };
+    Ok(TrainState {
+        position: Position { epoch: get(&m, "epoch", &p)?, batches: get(&m, "batches", &p)?, step: get(&m, "step", &p)? },
+        adam_state,
+        adam_step: get(&m, "adam_step", &p)?,
+        scheduler_steps: get(&m, "scheduler_steps", &p)?,
+        scaler,
+        rng: Rng { seed: get(&m, "rng_seed", &p)?, offset: get(&m, "rng_offset", &p)? },
+    })
+}

@@ -1,0 +1,343 @@
+//! The executor: train and cv epochs. Per batch: forward, loss/accum_grad
+//! (times the loss scale with AMP), backward; every `accum_grad` batches:
+//! reduce, unscale, clip the global norm, step unless the norm is inf/NaN
+//! (skipped and counted), zero the gradients, step the schedule. Logs every
+//! `log_interval` batches and writes TensorBoard scalars per step.
+
+use super::checkpoint::{save_model, Position, TrainState};
+use super::engine::Engine;
+use super::setup::Optim;
+use super::TrainConfig;
+use crate::autograd;
+use crate::data::loader::DataLoader;
+use crate::data::Batch;
+use crate::error::{Error, Result};
+use crate::models::AsrModel;
+use crate::nn::Module;
+use crate::optim::{clip_grad_norm, GradScaler};
+use crate::tensor::rng;
+use crate::train::tensorboard::SummaryWriter;
+use serde_yaml_ng::{Mapping, Value};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// The losses of one batch (as plain numbers).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BatchLoss {
+    /// The weighted total.
+    pub loss: f64,
+    /// CTC loss, when run.
+    pub loss_ctc: Option<f64>,
+    /// Attention loss, when run.
+    pub loss_att: Option<f64>,
+    /// Decoder token accuracy, when run.
+    pub acc: Option<f64>,
+    /// Utterances in the batch.
+    pub utts: usize,
+    /// Feature frames in the batch.
+    pub frames: usize,
+}
+
+/// What one optimizer step did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepReport {
+    /// The step number (1-based, counting skipped ones).
+    pub step: u64,
+    /// Mean loss of the batches of this step.
+    pub loss: f64,
+    /// The global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// The learning rate used.
+    pub lr: f64,
+    /// Whether the update was skipped (inf/NaN gradient).
+    pub skipped: bool,
+}
+
+/// Cross-validation results, weighted by utterances.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CvResult {
+    /// Mean total loss.
+    pub loss: f64,
+    /// Mean CTC loss.
+    pub loss_ctc: Option<f64>,
+    /// Mean attention loss.
+    pub loss_att: Option<f64>,
+    /// Mean accuracy.
+    pub acc: Option<f64>,
+    /// Utterances seen.
+    pub utts: usize,
+}
+
+/// Runs epochs over a model with its engine, optimizer and scaler.
+pub struct Executor {
+    /// The model.
+    pub model: AsrModel,
+    /// The engine (gradient reduction).
+    pub engine: Box<dyn Engine>,
+    /// Optimizer and schedule.
+    pub optim: Optim,
+    /// The `--use_amp` loss scaler.
+    pub scaler: Option<GradScaler>,
+    /// TensorBoard (rank 0).
+    pub writer: Option<SummaryWriter>,
+    /// Training settings.
+    pub cfg: TrainConfig,
+    /// Where checkpoints go.
+    pub model_dir: PathBuf,
+    /// Where training stands.
+    pub position: Position,
+    /// Steps skipped for a non-finite gradient norm.
+    pub skipped_steps: u64,
+    /// Every step's report, in order.
+    pub history: Vec<StepReport>,
+    pending: Vec<BatchLoss>,
+}
+
+fn mean(xs: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    let v: Vec<f64> = xs.flatten().collect();
+    if v.is_empty() { None } else { Some(v.iter().sum::<f64>() / v.len() as f64) }
+}
+
+impl Executor {
+    /// An executor continuing from `position`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(model: AsrModel, engine: Box<dyn Engine>, optim: Optim, scaler: Option<GradScaler>, writer: Option<SummaryWriter>, cfg: TrainConfig, model_dir: PathBuf, position: Position) -> Self {
+        Executor { model, engine, optim, scaler, writer, cfg, model_dir, position, skipped_steps: 0, history: Vec::new(), pending: Vec::new() }
+    }
+
+    /// Forward and backward of one batch; gradients accumulate. Clears the tape on error.
+    pub fn train_batch(&mut self, batch: &Batch) -> Result<BatchLoss> {
+        let r = self.forward_backward(batch);
+        if r.is_err() {
+            autograd::clear_tape();
+        }
+        r
+    }
+
+    fn forward_backward(&mut self, b: &Batch) -> Result<BatchLoss> {
+        let out = self.model.forward(&b.feats, &b.feats_lengths, &b.target, &b.target_lengths)?;
+        let mut loss = crate::ops::mul_scalar(&out.loss, 1.0 / self.cfg.accum_grad as f64)?;
+        if let Some(s) = &self.scaler {
+            loss = s.scale_loss(&loss)?;
+        }
+        autograd::backward(&loss)?;
+        let value = |t: &Option<crate::tensor::Tensor>| t.as_ref().map(|t| t.to_scalar()).transpose();
+        let bl = BatchLoss { loss: out.loss.to_scalar()?, loss_ctc: value(&out.loss_ctc)?, loss_att: value(&out.loss_att)?, acc: out.th_accuracy, utts: b.len(), frames: b.feats_lengths.iter().sum() };
+        self.pending.push(bl);
+        Ok(bl)
+    }
+
+    /// Whether enough batches have accumulated for a step.
+    pub fn step_due(&self) -> bool {
+        self.pending.len() >= self.cfg.accum_grad
+    }
+
+    /// Reduce, unscale, clip, step (unless inf/NaN), zero the gradients, step the schedule.
+    pub fn optimizer_step(&mut self) -> Result<StepReport> {
+        self.engine.reduce_gradients()?;
+        let params = self.engine.parameters().to_vec();
+        let found_inf = match self.scaler.as_mut() {
+            Some(s) => s.unscale(&params)?,
+            None => false,
+        };
+        let grad_norm = clip_grad_norm(&params, self.cfg.grad_clip)?;
+        let lr = self.optim.scheduler.lr();
+        let skipped = found_inf || !grad_norm.is_finite();
+        if skipped {
+            self.skipped_steps += 1;
+        } else {
+            self.optim.adam.step(lr)?;
+        }
+        if let Some(s) = self.scaler.as_mut() {
+            s.update();
+        }
+        self.optim.adam.zero_grad();
+        self.optim.scheduler.step();
+        self.position.step += 1;
+        let loss = self.pending.iter().map(|b| b.loss).sum::<f64>() / self.pending.len().max(1) as f64;
+        let rep = StepReport { step: self.position.step, loss, grad_norm, lr, skipped };
+        self.write_step(&rep)?;
+        self.pending.clear();
+        self.history.push(rep);
+        Ok(rep)
+    }
+
+    fn write_step(&mut self, r: &StepReport) -> Result<()> {
+        let Some(w) = self.writer.as_mut() else { return Ok(()) };
+        let s = r.step as i64;
+        w.add_scalar("train/loss", r.loss as f32, s)?;
+        if let Some(v) = mean(self.pending.iter().map(|b| b.loss_ctc)) {
+            w.add_scalar("train/loss_ctc", v as f32, s)?;
+        }
+        if let Some(v) = mean(self.pending.iter().map(|b| b.loss_att)) {
+            w.add_scalar("train/loss_att", v as f32, s)?;
+        }
+        w.add_scalar("train/grad_norm", r.grad_norm as f32, s)?;
+        w.add_scalar("train/lr", r.lr as f32, s)?;
+        w.add_scalar("train/loss_scale", self.scaler.as_ref().map_or(1.0, |x| x.scale) as f32, s)?;
+        Ok(())
+    }
+
+    /// The resume state at the current position.
+    pub fn train_state(&self) -> TrainState {
+        TrainState {
+            position: self.position,
+            adam_state: self.optim.adam.state(),
+            adam_step: self.optim.adam.step,
+            scheduler_steps: self.optim.scheduler.steps(),
+            scaler: self.scaler.as_ref().map(|s| (s.scale, s.growth_tracker)),
+            rng: rng::get_state(),
+        }
+    }
+
+    /// Saves `model_dir/{tag}` with infos and the resume state.
+    pub fn save(&self, tag: &str, epoch: u64, cv_loss: Option<f64>) -> Result<PathBuf> {
+        let mut infos = Mapping::new();
+        infos.insert("epoch".into(), Value::from(epoch));
+        infos.insert("step".into(), Value::from(self.position.step));
+        infos.insert("lr".into(), Value::from(self.optim.scheduler.lr()));
+        if let Some(c) = cv_loss {
+            infos.insert("cv_loss".into(), Value::from(c));
+        }
+        save_model(&self.model, &self.model_dir, tag, infos, &self.cfg.root, Some(&self.train_state()))
+    }
+
+    /// Trains the epoch at `self.position` from its current batch to its end.
+    pub fn train_epoch(&mut self, loader: &DataLoader) -> Result<()> {
+        let epoch = self.position.epoch;
+        self.model.train(true);
+        self.optim.adam.zero_grad();
+        self.pending.clear();
+        let bar = progress_bar(epoch);
+        let (start, mut frames, mut ok, mut failed) = (Instant::now(), 0usize, 0usize, 0usize);
+        let mut last_err = None;
+        let mut it = loader.resume(epoch, self.position.batches);
+        let mut window = (Instant::now(), 0usize, 0u64);
+        while let Some(batch) = it.next() {
+            self.position.batches = it.position();
+            match self.train_batch(&batch) {
+                Ok(bl) => {
+                    ok += 1;
+                    frames += bl.frames;
+                    window.1 += bl.frames;
+                }
+                Err(e) => {
+                    eprintln!("warning: epoch {epoch} batch {}: skipped, {e}", it.position());
+                    self.optim.adam.zero_grad();
+                    self.pending.clear();
+                    failed += 1;
+                    last_err = Some(e);
+                    continue;
+                }
+            }
+            if self.step_due() {
+                let rep = self.optimizer_step()?;
+                window.2 += 1;
+                if let Some(n) = self.cfg.save_interval {
+                    if rep.step % n == 0 {
+                        self.save(&format!("step_{}", rep.step), epoch, None)?;
+                    }
+                }
+            }
+            if let Some(b) = &bar {
+                b.inc(1);
+            }
+            if it.position() % self.cfg.log_interval == 0 {
+                let secs = window.0.elapsed().as_secs_f64().max(1e-9);
+                let line = self.log_line(epoch, it.position(), window.2 as f64 / secs, window.1 as f64 / secs);
+                match &bar {
+                    Some(b) => b.println(line),
+                    None => eprintln!("{line}"),
+                }
+                window = (Instant::now(), 0, 0);
+            }
+        }
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        if ok == 0 && failed > 0 {
+            return Err(last_err.unwrap_or_else(|| Error::Msg("every batch failed".into())));
+        }
+        let secs = start.elapsed().as_secs_f64().max(1e-9);
+        eprintln!("epoch {epoch}: trained {ok} batches ({failed} failed, {} steps skipped so far) in {secs:.1} s, {:.0} frames/s", self.skipped_steps, frames as f64 / secs);
+        Ok(())
+    }
+
+    fn log_line(&self, epoch: u64, batch: usize, steps_s: f64, frames_s: f64) -> String {
+        let last = self.history.last();
+        let b = self.pending.last().copied().or_else(|| last.map(|r| BatchLoss { loss: r.loss, ..Default::default() })).unwrap_or_default();
+        let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.6}"));
+        format!(
+            "train epoch {epoch} batch {batch} step {}: loss {:.6} loss_ctc {} loss_att {} acc {} lr {:.3e} grad_norm {:.3}, {steps_s:.2} steps/s, {frames_s:.0} frames/s",
+            self.position.step,
+            b.loss,
+            f(b.loss_ctc),
+            f(b.loss_att),
+            f(b.acc),
+            last.map_or(self.optim.scheduler.lr(), |r| r.lr),
+            last.map_or(0.0, |r| r.grad_norm)
+        )
+    }
+
+    /// Cross-validation over `loader`, without gradients; losses weighted by utterances.
+    pub fn cv(&mut self, loader: &DataLoader) -> Result<CvResult> {
+        self.model.train(false);
+        let mut sums = (0.0, 0.0, 0.0, 0.0);
+        let mut has = (false, false, false);
+        let mut utts = 0usize;
+        for b in loader.epoch(self.position.epoch) {
+            let out = autograd::no_grad(|| self.model.forward(&b.feats, &b.feats_lengths, &b.target, &b.target_lengths))?;
+            let n = b.len() as f64;
+            sums.0 += out.loss.to_scalar()? * n;
+            if let Some(c) = &out.loss_ctc {
+                sums.1 += c.to_scalar()? * n;
+                has.0 = true;
+            }
+            if let Some(a) = &out.loss_att {
+                sums.2 += a.to_scalar()? * n;
+                has.1 = true;
+            }
+            if let Some(a) = out.th_accuracy {
+                sums.3 += a * n;
+                has.2 = true;
+            }
+            utts += b.len();
+        }
+        self.model.train(true);
+        if utts == 0 {
+            return Err(Error::Msg("cv: the cv data produced no batch".into()));
+        }
+        let n = utts as f64;
+        let r = CvResult { loss: sums.0 / n, loss_ctc: has.0.then_some(sums.1 / n), loss_att: has.1.then_some(sums.2 / n), acc: has.2.then_some(sums.3 / n), utts };
+        if let Some(w) = self.writer.as_mut() {
+            let e = self.position.epoch as i64;
+            w.add_scalar("cv/loss", r.loss as f32, e)?;
+            for (tag, v) in [("cv/loss_ctc", r.loss_ctc), ("cv/loss_att", r.loss_att), ("cv/acc", r.acc)] {
+                if let Some(v) = v {
+                    w.add_scalar(tag, v as f32, e)?;
+                }
+            }
+            w.flush()?;
+        }
+        Ok(r)
+    }
+
+    /// After the cv of an epoch: save `epoch_N` positioned at the next epoch's start.
+    pub fn finish_epoch(&mut self, cv: &CvResult) -> Result<PathBuf> {
+        let done = self.position.epoch;
+        self.position = Position { epoch: done + 1, batches: 0, step: self.position.step };
+        let path = self.save(&format!("epoch_{done}"), done, Some(cv.loss))?;
+        eprintln!("epoch {done}: cv loss {:.6} over {} utterances, saved {}", cv.loss, cv.utts, path.display());
+        Ok(path)
+    }
+}
+
+fn progress_bar(epoch: u64) -> Option<indicatif::ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let b = indicatif::ProgressBar::new_spinner();
+    b.set_message(format!("epoch {epoch}"));
+    Some(b)
+}

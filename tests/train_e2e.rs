@@ -1,0 +1,40 @@
+//! End to end on the CPU: a tiny model overfits a handful of synthetic
+//! utterances, with checkpoints, the resolved config and TensorBoard scalars.
+
+mod train_common;
+
+use asrforge::train::run_train;
+use asrforge::train::tensorboard::read_scalars;
+
+#[test]
+fn tiny_model_overfits_four_utterances() {
+    let dir = train_common::tmpdir("train-e2e");
+    let mut args = train_common::setup(&dir, 4, &train_common::tiny_yaml(0.0, 4, 60, ""));
+    args.override_config = vec!["max_epoch 120".into(), "optim_conf.lr 0.01".into()];
+    let t0 = std::time::Instant::now();
+    let exec = run_train(&args).expect("training runs");
+    let secs = t0.elapsed().as_secs_f64();
+    let h = &exec.history;
+    assert_eq!(h.len(), 120, "one step per epoch of one batch");
+    let (first, last) = (h[0].loss, h[h.len() - 1].loss);
+    eprintln!("loss {first} -> {last} in {secs:.1} s");
+    assert!(last * 10.0 < first, "loss fell only from {first} to {last}");
+    assert_eq!(exec.skipped_steps, 0);
+    for f in ["init.safetensors", "init.yaml", "epoch_0.safetensors", "epoch_119.yaml", "epoch_119.state.safetensors", "train.yaml"] {
+        assert!(args.model_dir.join(f).exists(), "{f} written");
+    }
+    let saved: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(args.model_dir.join("train.yaml")).unwrap()).unwrap();
+    assert_eq!(saved["input_dim"].as_u64(), Some(20));
+    assert_eq!(saved["output_dim"].as_u64(), Some(9));
+    let infos: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(args.model_dir.join("epoch_119.yaml")).unwrap()).unwrap();
+    assert_eq!(infos["epoch"].as_u64(), Some(119));
+    assert_eq!(infos["step"].as_u64(), Some(120));
+    assert!(infos["cv_loss"].as_f64().unwrap() < first / 5.0);
+    let scalars = read_scalars(train_common::event_file(&args.tensorboard_dir)).unwrap();
+    for tag in ["train/loss", "train/loss_ctc", "train/loss_att", "train/grad_norm", "train/lr", "train/loss_scale"] {
+        assert_eq!(scalars.iter().filter(|(t, _, _)| t == tag).count(), 120, "{tag} per step");
+    }
+    assert_eq!(scalars.iter().filter(|(t, _, _)| t == "cv/loss").count(), 120);
+    let loss1 = scalars.iter().find(|(t, s, _)| t == "train/loss" && *s == 1).unwrap().2;
+    assert_eq!(loss1, first as f32);
+}
