@@ -24,6 +24,8 @@ enum Command {
     ComputeFeats(ComputeFeatsArgs),
     /// Print the model a config describes: its tree and parameter count, or its state-dict keys.
     ModelInfo(asrforge::models::cli::ModelInfoArgs),
+    /// Character / word error rate of a hypothesis text against a reference text.
+    ComputeCer(asrforge::decode::cli::ComputeCerArgs),
 }
 
 fn run(command: &Command) -> asrforge::Result<()> {
@@ -31,6 +33,7 @@ fn run(command: &Command) -> asrforge::Result<()> {
         Command::ComputeCmvn(args) => run_compute_cmvn(args),
         Command::ComputeFeats(args) => run_compute_feats(args),
         Command::ModelInfo(args) => asrforge::models::cli::run_model_info(args).map(|s| print!("{s}")),
+        Command::ComputeCer(args) => asrforge::decode::cli::run_compute_cer(args).map(|s| print!("{s}")),
     }
 }
 
