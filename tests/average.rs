@@ -78,12 +78,13 @@ fn average_of_three_is_the_elementwise_mean() {
 fn val_best_picks_lowest_cv_loss_and_latest_picks_last_epochs() {
     let d = dir("select");
     let m = tiny(1);
-    // epochs 0..6 with these losses; init and a file without infos are never candidates.
+    // epochs 0..6 with these losses; init, final and averages are never candidates.
     let losses = [9.0, 5.0, 7.0, 3.0, 8.0, 4.0, 6.0];
     for (e, l) in losses.iter().enumerate() {
         save(&m, &d, &format!("epoch_{e}"), &format!("epoch: {e}\nstep: {}\ncv_loss: {l}\ntag: epoch_{e}\n", 100 * e));
     }
     save(&m, &d, "init", "epoch: 0\ncv_loss: 0.1\n");
+    save(&m, &d, "final", "epoch: 6\ncv_loss: 6.0\n");
     std::fs::copy(d.join("epoch_0.safetensors"), d.join("avg_old.safetensors")).unwrap();
     let cands = list_candidates(&d, None).unwrap();
     assert_eq!(cands.len(), 7);

@@ -2,9 +2,9 @@
 //! WeNet's `average_model.py`. With `--val_best` the `num` checkpoints with
 //! the lowest validation loss in their infos YAML (`cv_loss`, or
 //! `loss_dict.loss`) are taken, else the `num` latest by epoch (then step);
-//! either way only epochs in `min_epoch..=max_epoch` count, and `init` is
-//! never a candidate. A candidate is an `x.safetensors` whose `x.yaml`
-//! gives its epoch (or whose name is a number, `N` or `epoch_N`).
+//! either way only epochs in `min_epoch..=max_epoch` count, and `init`,
+//! `final` (a copy of the last epoch) and `avg*` are never candidates. A
+//! candidate is an `x.safetensors` whose `x.yaml` gives its epoch (or whose name is a number, `N` or `epoch_N`).
 //!
 //! Float tensors are averaged in f64 and stored in their own dtype. Integer
 //! buffers (BatchNorm's `num_batches_tracked`) get the floor of the mean:
@@ -79,7 +79,7 @@ pub fn list_candidates(dir: &Path, exclude: Option<&Path>) -> Result<Vec<Candida
             continue;
         }
         let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("").to_string();
-        if stem == "init" || exclude.is_some_and(|x| x.file_name() == path.file_name()) {
+        if stem == "init" || stem == "final" || stem.starts_with("avg") || exclude.is_some_and(|x| x.file_name() == path.file_name()) {
             continue;
         }
         let infos = read_infos(&path)?;
