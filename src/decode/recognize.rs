@@ -138,15 +138,18 @@ pub fn load_model(root: &serde_yaml_ng::Value, checkpoint: &Path) -> Result<AsrM
     Ok(model)
 }
 
+/// One mode's results for a batch: `(key, token ids)` per utterance.
+pub type ModeResults = Vec<(String, Vec<usize>)>;
+
 /// Decodes one batch in every mode: for each mode, `(key, token ids)` per utterance.
-pub fn decode_batch(model: &AsrModel, batch: &Batch, modes: &[String], beam_size: usize, penalty: f64, ctc_weight: f64, reverse_weight: f64) -> Result<Vec<Vec<(String, Vec<usize>)>>> {
+pub fn decode_batch(model: &AsrModel, batch: &Batch, modes: &[String], beam_size: usize, penalty: f64, ctc_weight: f64, reverse_weight: f64) -> Result<Vec<ModeResults>> {
     autograd::no_grad(|| {
         let (enc, enc_lens) = model.encode(&batch.feats, &batch.feats_lengths)?;
         let lp = model.ctc_log_probs(&enc)?;
         let (t, v) = (lp.dims()[1], lp.dims()[2]);
         let flat: Vec<f32> = lp.to_f64_vec()?.into_iter().map(|x| x as f32).collect();
         let blank = model.ctc.blank;
-        let mut out: Vec<Vec<(String, Vec<usize>)>> = vec![Vec::with_capacity(batch.len()); modes.len()];
+        let mut out: Vec<ModeResults> = vec![Vec::with_capacity(batch.len()); modes.len()];
         for (b, key) in batch.keys.iter().enumerate() {
             let n = enc_lens[b].max(1).min(t);
             let rows = &flat[b * t * v..(b * t + n) * v];

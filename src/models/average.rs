@@ -4,7 +4,8 @@
 //! `loss_dict.loss`) are taken, else the `num` latest by epoch (then step);
 //! either way only epochs in `min_epoch..=max_epoch` count, and `init`,
 //! `final` (a copy of the last epoch) and `avg*` are never candidates. A
-//! candidate is an `x.safetensors` whose `x.yaml` gives its epoch (or whose name is a number, `N` or `epoch_N`).
+//! candidate is an `x.safetensors` whose `x.yaml` gives its epoch (or
+//! whose name is a number, `N` or `epoch_N`).
 //!
 //! Float tensors are averaged in f64 and stored in their own dtype. Integer
 //! buffers (BatchNorm's `num_batches_tracked`) get the floor of the mean:
