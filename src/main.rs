@@ -26,6 +26,12 @@ enum Command {
     ModelInfo(asrforge::models::cli::ModelInfoArgs),
     /// Train a model from a WeNet train.yaml (WeNet's train.py).
     Train(asrforge::train::TrainArgs),
+    /// Character / word error rate of a hypothesis text against a reference text.
+    ComputeCer(asrforge::decode::cli::ComputeCerArgs),
+    /// Average several checkpoints' parameters (the N latest or the N with the best cv_loss).
+    Average(asrforge::models::average::AverageArgs),
+    /// Decode a test list with a checkpoint in one or more modes.
+    Recognize(asrforge::decode::recognize::RecognizeArgs),
 }
 
 fn run(command: &Command) -> asrforge::Result<()> {
@@ -34,6 +40,9 @@ fn run(command: &Command) -> asrforge::Result<()> {
         Command::ComputeFeats(args) => run_compute_feats(args),
         Command::ModelInfo(args) => asrforge::models::cli::run_model_info(args).map(|s| print!("{s}")),
         Command::Train(args) => asrforge::train::run_train(args).map(|_| ()),
+        Command::ComputeCer(args) => asrforge::decode::cli::run_compute_cer(args).map(|s| print!("{s}")),
+        Command::Average(args) => asrforge::models::average::run_average(args).map(|s| print!("{s}")),
+        Command::Recognize(args) => asrforge::decode::recognize::run_recognize(args).map(|s| eprint!("{s}")),
     }
 }
 

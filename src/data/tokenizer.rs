@@ -81,6 +81,11 @@ impl SymbolTable {
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
     }
+
+    /// Every `(token, id)` entry, in no particular order (e.g. to map ids back to tokens).
+    pub fn entries(&self) -> impl Iterator<Item = (&str, i64)> + '_ {
+        self.ids.iter().map(|(t, &i)| (t.as_str(), i))
+    }
 }
 
 /// How a transcript is split before lookup.

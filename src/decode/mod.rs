@@ -1,4 +1,8 @@
-//! Turning model outputs into text and scoring text: CTC search and CER/WER.
+//! Turning model outputs into text and scoring text: CTC search, attention
+//! beam search and rescoring, the `recognize` and `compute-cer` commands, CER/WER.
 
+pub mod attention;
 pub mod cer;
+pub mod cli;
 pub mod ctc;
+pub mod recognize;

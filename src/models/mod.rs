@@ -5,6 +5,7 @@
 //! safetensors with WeNet's `state_dict` keys.
 
 pub mod asr_model;
+pub mod average;
 pub mod checkpoint;
 pub mod cli;
 pub mod cmvn;

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Spoken-digits recipe in the layout of WeNet's run.sh:
+#   0 data  1 cmvn  2 train  3 average  4 recognize  5 score
+# Run from examples/digits. Any variable below can be set on the command
+# line as `--name value`, e.g. `./run.sh --stage 2 --stop_stage 5`.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+stage=0
+stop_stage=5
+data=data
+dir=exp/conformer
+train_config=conf/train.yaml
+num_workers=2
+average_num=5
+beam_size=10
+ctc_weight=0.3
+reverse_weight=0.0
+decode_modes="ctc_greedy_search ctc_prefix_beam_search attention attention_rescoring"
+
+# WeNet's tools/parse_options.sh, reduced to `--name value` for the variables above.
+while [ $# -gt 0 ]; do
+  name="${1#--}"
+  if [ "$name" = "$1" ] || [ $# -lt 2 ] || ! declare -p "$name" >/dev/null 2>&1; then
+    echo "error: unknown option '$1' (expected --name value for one of the recipe's variables)" >&2
+    exit 1
+  fi
+  printf -v "$name" '%s' "$2"
+  shift 2
+done
+
+root="$(cd ../.. && pwd)"
+echo "building asrforge (cargo build --release)" >&2
+cargo build --release --manifest-path "$root/Cargo.toml" --bin asrforge
+bin="$root/target/release/asrforge"
+export ASRFORGE="$bin"
+
+cmvn="$data/train/global_cmvn"
+decode_checkpoint="$dir/avg_${average_num}.safetensors"
+
+if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
+  echo "stage 0: data" >&2
+  local/make_data.sh --data "$data"
+fi
+
+if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
+  echo "stage 1: cmvn" >&2
+  # make_data.sh already writes the statistics; recompute only when they are stale.
+  if [ ! -s "$cmvn" ] || [ "$data/train/data.list" -nt "$cmvn" ]; then
+    "$bin" compute-cmvn --num_workers "$num_workers" --train_config "$train_config" \
+      --data_list "$data/train/data.list" --out_cmvn "$cmvn"
+  else
+    echo "$cmvn is up to date" >&2
+  fi
+fi
+
+if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
+  echo "stage 2: train" >&2
+  mkdir -p "$dir"
+  "$bin" train \
+    --config "$train_config" \
+    --data_type raw \
+    --train_data "$data/train/data.list" \
+    --cv_data "$data/dev/data.list" \
+    --model_dir "$dir" \
+    --symbol_table "$data/dict/units.txt" \
+    --num_workers "$num_workers" \
+    --override_config "cmvn_conf.cmvn_file $cmvn" \
+    --override_config "tokenizer_conf.symbol_table_path $data/dict/units.txt"
+fi
+
+if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
+  echo "stage 3: average the $average_num best checkpoints by cv_loss" >&2
+  "$bin" average --dst_model "$decode_checkpoint" --src_path "$dir" \
+    --num "$average_num" --val_best
+fi
+
+if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
+  echo "stage 4: recognize ($decode_modes)" >&2
+  # The trainer keeps the config it trained with beside the checkpoints, as WeNet does.
+  config="$dir/train.yaml"
+  [ -f "$config" ] || config="$train_config"
+  # shellcheck disable=SC2086
+  "$bin" recognize \
+    --config "$config" \
+    --data_type raw \
+    --test_data "$data/test/data.list" \
+    --checkpoint "$decode_checkpoint" \
+    --beam_size "$beam_size" \
+    --batch_size 16 \
+    --ctc_weight "$ctc_weight" \
+    --reverse_weight "$reverse_weight" \
+    --decoding_chunk_size -1 \
+    --symbol_table "$data/dict/units.txt" \
+    --num_workers "$num_workers" \
+    --override_config "cmvn_conf.cmvn_file $cmvn" \
+    --result_dir "$dir/test" \
+    --modes $decode_modes
+fi
+
+if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
+  echo "stage 5: score" >&2
+  for mode in $decode_modes; do
+    "$bin" compute-cer --char=1 --ref "$data/test/text" --hyp "$dir/test/$mode/text" \
+      > "$dir/test/$mode/wer"
+    echo "$mode: test CER $(tail -n 1 "$dir/test/$mode/wer")"
+  done
+fi

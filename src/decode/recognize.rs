@@ -1,0 +1,235 @@
+//! `asrforge recognize`: decodes a test list with a trained checkpoint, as
+//! WeNet's `recognize.py`, writing `{result_dir}/{mode}/text` (`key text`
+//! lines, tokens mapped back through the symbol table, `▁` → space) for
+//! each of the modes `ctc_greedy_search`, `ctc_prefix_beam_search`,
+//! `attention` and `attention_rescoring`.
+//!
+//! The test data get the config's features without perturbation,
+//! augmentation, shuffling, sorting or dither, no length filter, and static
+//! batches of `--batch_size`. The model runs in eval mode under no_grad.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+
+use crate::autograd;
+use crate::data::config::DataConfig;
+use crate::data::list::{DataList, ListFormat};
+use crate::data::loader::{DataLoader, LoaderConf};
+use crate::data::process::Processor;
+use crate::data::tokenizer::{SymbolTable, SPACE};
+use crate::data::Batch;
+use crate::decode::attention::{attention_beam_search, attention_rescoring};
+use crate::decode::ctc::{ctc_greedy_search, ctc_prefix_beam_search, Hypothesis};
+use crate::error::{Error, Result};
+use crate::models::config::{apply_override, load_yaml};
+use crate::models::{load_checkpoint, AsrModel, ModelConfig};
+use crate::nn::Module;
+use crate::ops;
+use crate::tensor::{DType, Rng};
+
+/// The decoding modes, by WeNet's names.
+pub const MODES: &[&str] = &["ctc_greedy_search", "ctc_prefix_beam_search", "attention", "attention_rescoring"];
+
+/// Arguments of `recognize` (WeNet's recognize.py flags).
+#[derive(Args, Debug, Clone)]
+pub struct RecognizeArgs {
+    /// The train.yaml of the model.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Overrides a config key, e.g. "decoder_conf.num_blocks 2" (repeatable).
+    #[arg(long = "override_config", value_name = "KEY VALUE")]
+    pub override_config: Vec<String>,
+    /// The test data list.
+    #[arg(long = "test_data", alias = "test-data")]
+    pub test_data: PathBuf,
+    /// `raw` or `shard`.
+    #[arg(long = "data_type", alias = "data-type", default_value = "raw")]
+    pub data_type: String,
+    /// The checkpoint (safetensors) to decode with.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// Beam size of prefix beam search, attention beam search and the rescoring n-best.
+    #[arg(long = "beam_size", alias = "beam-size", default_value_t = 10)]
+    pub beam_size: usize,
+    /// Utterances per batch.
+    #[arg(long = "batch_size", alias = "batch-size", default_value_t = 16)]
+    pub batch_size: usize,
+    /// Length penalty of attention beam search (added per token).
+    #[arg(long = "penalty", alias = "length_penalty", default_value_t = 0.0)]
+    pub penalty: f64,
+    /// Directory of the results; each mode writes `{result_dir}/{mode}/text`.
+    #[arg(long = "result_dir", alias = "result-dir")]
+    pub result_dir: PathBuf,
+    /// Decoding modes, space separated.
+    #[arg(long = "modes", alias = "mode", num_args = 1.., required = true)]
+    pub modes: Vec<String>,
+    /// Weight of the CTC score in attention rescoring.
+    #[arg(long = "ctc_weight", alias = "ctc-weight", default_value_t = 0.0)]
+    pub ctc_weight: f64,
+    /// Weight of the right-to-left decoder in attention rescoring.
+    #[arg(long = "reverse_weight", alias = "reverse-weight", default_value_t = 0.0)]
+    pub reverse_weight: f64,
+    /// Chunk size of streaming decoding; only -1 (full context) is supported.
+    #[arg(long = "decoding_chunk_size", alias = "decoding-chunk-size", default_value_t = -1, allow_hyphen_values = true)]
+    pub decoding_chunk_size: i64,
+    /// The symbol table (units.txt); defaults to the config's tokenizer_conf.symbol_table_path.
+    #[arg(long = "symbol_table", alias = "dict")]
+    pub symbol_table: Option<PathBuf>,
+    /// Only `cpu`.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Feature threads.
+    #[arg(long = "num_workers", alias = "num-workers", default_value_t = 1)]
+    pub num_workers: usize,
+}
+
+/// Maps token ids back to text: tokens joined (with spaces in word mode), `▁` → space, trimmed.
+pub struct Detokenizer {
+    tokens: HashMap<usize, String>,
+    join: &'static str,
+}
+
+impl Detokenizer {
+    /// From a symbol table; `words` joins tokens with spaces.
+    pub fn new(table: &SymbolTable, words: bool) -> Detokenizer {
+        let tokens = table.entries().filter(|(_, i)| *i >= 0).map(|(t, i)| (i as usize, t.to_string())).collect();
+        Detokenizer { tokens, join: if words { " " } else { "" } }
+    }
+
+    /// The text of `ids`; an id missing from the table is an error naming it.
+    pub fn text(&self, ids: &[usize]) -> Result<String> {
+        let parts = ids
+            .iter()
+            .map(|i| self.tokens.get(i).map(String::as_str).ok_or_else(|| Error::invalid("recognize", format!("token id {i} is not in the symbol table ({} entries)", self.tokens.len()))))
+            .collect::<Result<Vec<&str>>>()?;
+        Ok(parts.join(self.join).replace(SPACE, " ").split_whitespace().collect::<Vec<_>>().join(" "))
+    }
+}
+
+/// Checks the flags that have a fixed set of values.
+fn check_args(args: &RecognizeArgs) -> Result<()> {
+    if args.device != "cpu" {
+        return Err(Error::invalid("recognize", format!("--device: expected cpu, found `{}`", args.device)));
+    }
+    if args.decoding_chunk_size != -1 {
+        return Err(Error::invalid("recognize", format!("--decoding_chunk_size: expected -1 (full context; streaming is not supported), found {}", args.decoding_chunk_size)));
+    }
+    if let Some(m) = args.modes.iter().find(|m| !MODES.contains(&m.as_str())) {
+        return Err(Error::invalid("recognize", format!("--modes: expected some of {}, found `{m}`", MODES.join(", "))));
+    }
+    if args.beam_size == 0 || args.batch_size == 0 {
+        return Err(Error::invalid("recognize", format!("expected --beam_size and --batch_size >= 1, found {} and {}", args.beam_size, args.batch_size)));
+    }
+    Ok(())
+}
+
+/// The model of `config`, loaded from `checkpoint` (every key required), in eval mode.
+pub fn load_model(root: &serde_yaml_ng::Value, checkpoint: &Path) -> Result<AsrModel> {
+    let (cfg, warnings) = ModelConfig::from_yaml(root)?;
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
+    // The checkpoint holds the CMVN statistics, so their file need not exist here.
+    let mut model = AsrModel::without_cmvn_stats(&cfg, DType::F32, &mut Rng::new(0))?;
+    load_checkpoint(&model, checkpoint, true)?;
+    model.train(false);
+    Ok(model)
+}
+
+/// One mode's results for a batch: `(key, token ids)` per utterance.
+pub type ModeResults = Vec<(String, Vec<usize>)>;
+
+/// Decodes one batch in every mode: for each mode, `(key, token ids)` per utterance.
+pub fn decode_batch(model: &AsrModel, batch: &Batch, modes: &[String], beam_size: usize, penalty: f64, ctc_weight: f64, reverse_weight: f64) -> Result<Vec<ModeResults>> {
+    autograd::no_grad(|| {
+        let (enc, enc_lens) = model.encode(&batch.feats, &batch.feats_lengths)?;
+        let lp = model.ctc_log_probs(&enc)?;
+        let (t, v) = (lp.dims()[1], lp.dims()[2]);
+        let flat: Vec<f32> = lp.to_f64_vec()?.into_iter().map(|x| x as f32).collect();
+        let blank = model.ctc.blank;
+        let mut out: Vec<ModeResults> = vec![Vec::with_capacity(batch.len()); modes.len()];
+        for (b, key) in batch.keys.iter().enumerate() {
+            let n = enc_lens[b].max(1).min(t);
+            let rows = &flat[b * t * v..(b * t + n) * v];
+            let enc_b = ops::narrow(&ops::narrow(&enc, 0, b, 1)?, 1, 0, n)?;
+            let mut nbest: Option<Vec<Hypothesis>> = None;
+            for (m, mode) in modes.iter().enumerate() {
+                let tokens = match mode.as_str() {
+                    "ctc_greedy_search" => ctc_greedy_search(rows, v, blank)?.tokens,
+                    "attention" => attention_beam_search(model, &enc_b, n, beam_size, penalty)?.tokens,
+                    "ctc_prefix_beam_search" | "attention_rescoring" => {
+                        if nbest.is_none() {
+                            nbest = Some(ctc_prefix_beam_search(rows, v, blank, beam_size)?);
+                        }
+                        let hyps = nbest.as_deref().unwrap_or(&[]);
+                        if mode == "attention_rescoring" {
+                            attention_rescoring(model, &enc_b, n, hyps, ctc_weight, reverse_weight)?.tokens
+                        } else {
+                            hyps.first().map(|h| h.tokens.clone()).unwrap_or_default()
+                        }
+                    }
+                    other => return Err(Error::invalid("recognize", format!("unknown mode `{other}`"))),
+                };
+                out[m].push((key.clone(), tokens));
+            }
+        }
+        Ok(out)
+    })
+}
+
+/// Runs `recognize`, returning a summary to print.
+pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
+    check_args(args)?;
+    let mut root = load_yaml(&args.config)?;
+    for o in &args.override_config {
+        apply_override(&mut root, o)?;
+    }
+    let text = serde_yaml_ng::to_string(&root).map_err(|e| Error::ConfigFile { path: args.config.display().to_string(), msg: format!("cannot re-serialize: {e}") })?;
+    let data_cfg = DataConfig::from_yaml_str(&text, &args.config.display().to_string())?;
+    let model = load_model(&root, &args.checkpoint)?;
+
+    let table_path = match (&args.symbol_table, &data_cfg.tokenizer_conf.symbol_table_path) {
+        (Some(p), _) => p.clone(),
+        (None, Some(p)) => PathBuf::from(p),
+        (None, None) => return Err(Error::config("tokenizer_conf.symbol_table_path", "missing, and no --symbol_table given")),
+    };
+    let table = SymbolTable::read(&table_path)?;
+    let words = data_cfg.tokenizer_conf.mode.as_deref() == Some("word") || (data_cfg.tokenizer_conf.mode.is_none() && data_cfg.tokenizer_conf.split_with_space);
+    let detok = Detokenizer::new(&table, words);
+
+    let mut conf = data_cfg.dataset_conf.for_cv();
+    conf.sort = false;
+    conf.filter_conf.max_length = 102400.0;
+    conf.filter_conf.min_length = 0.0;
+    conf.filter_conf.token_max_length = 102400;
+    conf.filter_conf.token_min_length = 0;
+    conf.batch_conf.batch_type = "static".into();
+    conf.batch_conf.batch_size = args.batch_size;
+    let processor = Processor::new(&conf, None)?;
+    let list = DataList::read(&args.test_data, ListFormat::parse(&args.data_type)?)?;
+    let loader = DataLoader::new(list, processor, LoaderConf { num_workers: args.num_workers, partition: false, ..LoaderConf::default() })?;
+
+    let mut lines: Vec<String> = vec![String::new(); args.modes.len()];
+    let mut utts = 0usize;
+    for batch in loader.epoch(0) {
+        utts += batch.len();
+        let results = decode_batch(&model, &batch, &args.modes, args.beam_size, args.penalty, args.ctc_weight, args.reverse_weight)?;
+        for (m, res) in results.iter().enumerate() {
+            for (key, ids) in res {
+                let line = format!("{key} {}\n", detok.text(ids)?);
+                lines[m].push_str(&line);
+            }
+        }
+    }
+    let mut summary = String::new();
+    for (mode, text) in args.modes.iter().zip(&lines) {
+        let dir = args.result_dir.join(mode);
+        std::fs::create_dir_all(&dir).map_err(|source| Error::Io { path: dir.display().to_string(), source })?;
+        let path = dir.join("text");
+        std::fs::write(&path, text).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
+        summary.push_str(&format!("{mode}: {utts} utterances -> {}\n", path.display()));
+    }
+    Ok(summary)
+}

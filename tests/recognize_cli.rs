@@ -1,0 +1,101 @@
+//! `asrforge recognize` end to end on a tiny random model: every mode
+//! writes one `key text` line per utterance, each key once, in the symbol
+//! table's alphabet; bad flags are typed errors.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use asrforge::models::{save_checkpoint, AsrModel, ModelConfig};
+use asrforge::tensor::{DType, Rng};
+
+const CONFIG: &str = "input_dim: 40
+output_dim: 6
+encoder: conformer
+encoder_conf: {output_size: 32, attention_heads: 2, linear_units: 64, num_blocks: 1, input_layer: conv2d, cnn_module_kernel: 3, pos_enc_layer_type: rel_pos, selfattention_layer_type: rel_selfattn}
+decoder: bitransformer
+decoder_conf: {attention_heads: 2, linear_units: 64, num_blocks: 1, r_num_blocks: 1}
+model_conf: {ctc_weight: 0.3, lsm_weight: 0.1, reverse_weight: 0.3}
+cmvn: global_cmvn
+cmvn_conf: {cmvn_file: does_not_exist/global_cmvn, is_json_cmvn: true}
+dataset_conf:
+  fbank_conf: {num_mel_bins: 40, frame_shift: 10, frame_length: 25, dither: 0.1}
+  batch_conf: {batch_type: static, batch_size: 8}
+tokenizer: char
+tokenizer_conf: {symbol_table_path: UNITS, split_with_space: false}
+";
+
+fn setup(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("asrforge_recognize_{tag}_{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let units = d.join("units.txt");
+    std::fs::write(&units, "<blank> 0\n<unk> 1\nA 2\nB 3\n\u{2581} 4\n<sos/eos> 5\n").unwrap();
+    std::fs::write(d.join("train.yaml"), CONFIG.replace("UNITS", units.to_str().unwrap())).unwrap();
+    let spec = hound::WavSpec { channels: 1, sample_rate: 16000, bits_per_sample: 16, sample_format: hound::SampleFormat::Int };
+    let mut rng = Rng::new(11);
+    let mut list = String::new();
+    for (i, secs) in [0.45, 0.8, 0.3].iter().enumerate() {
+        let wav = d.join(format!("u{i}.wav"));
+        let mut w = hound::WavWriter::create(&wav, spec).unwrap();
+        for x in rng.normal((16000.0 * secs) as usize) {
+            w.write_sample((x * 3000.0) as i16).unwrap();
+        }
+        w.finalize().unwrap();
+        list.push_str(&format!("{{\"key\": \"u{i}\", \"wav\": \"{}\", \"txt\": \"AB A\"}}\n", wav.display()));
+    }
+    std::fs::write(d.join("data.list"), list).unwrap();
+    let root: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(d.join("train.yaml")).unwrap()).unwrap();
+    let (cfg, _) = ModelConfig::from_yaml(&root).unwrap();
+    let model = AsrModel::without_cmvn_stats(&cfg, DType::F32, &mut Rng::new(5)).unwrap();
+    save_checkpoint(&model, &d.join("final.safetensors"), &serde_yaml_ng::Value::Null).unwrap();
+    d
+}
+
+fn recognize(d: &Path, extra: &[&str]) -> std::process::Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_asrforge"));
+    c.arg("recognize").arg("--config").arg(d.join("train.yaml")).arg("--test_data").arg(d.join("data.list")).arg("--checkpoint").arg(d.join("final.safetensors")).arg("--result_dir").arg(d.join("result"));
+    c.args(extra).output().unwrap()
+}
+
+#[test]
+fn every_mode_writes_one_line_per_utterance() {
+    let d = setup("modes");
+    let out = recognize(&d, &["--beam_size", "3", "--batch_size", "2", "--ctc_weight", "0.5", "--reverse_weight", "0.3", "--decoding_chunk_size", "-1", "--modes", "ctc_greedy_search", "ctc_prefix_beam_search", "attention", "attention_rescoring"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for mode in ["ctc_greedy_search", "ctc_prefix_beam_search", "attention", "attention_rescoring"] {
+        let text = std::fs::read_to_string(d.join("result").join(mode).join("text")).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{mode}: {text}");
+        // Within a batch utterances come longest first, as WeNet's padding orders them.
+        let mut keys: Vec<&str> = lines.iter().map(|l| l.split(' ').next().unwrap()).collect();
+        keys.sort();
+        assert_eq!(keys, ["u0", "u1", "u2"], "{mode}");
+        for line in &lines {
+            let rest = line.split_once(' ').map_or("", |(_, r)| r);
+            // Only table tokens come back; ▁ is a space, specials never appear in text.
+            assert!(rest.chars().all(|c| "AB <unk>".contains(c)), "{mode}: {line:?}");
+            assert!(!rest.contains('\u{2581}') && !rest.contains("sos"), "{mode}: {line:?}");
+        }
+    }
+}
+
+#[test]
+fn greedy_and_prefix_beam_agree_with_beam_one() {
+    let d = setup("beam1");
+    let out = recognize(&d, &["--beam_size", "1", "--modes", "ctc_greedy_search", "ctc_prefix_beam_search"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let read = |m: &str| std::fs::read_to_string(d.join("result").join(m).join("text")).unwrap();
+    assert_eq!(read("ctc_greedy_search"), read("ctc_prefix_beam_search"));
+}
+
+#[test]
+fn unsupported_flags_are_typed_errors() {
+    let d = setup("bad");
+    let out = recognize(&d, &["--decoding_chunk_size", "16", "--modes", "attention"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected -1"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = recognize(&d, &["--modes", "joint_decoding"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("found `joint_decoding`"));
+    let out = recognize(&d, &["--device", "cuda", "--modes", "attention"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--device: expected cpu, found `cuda`"));
+}
