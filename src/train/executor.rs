@@ -92,6 +92,8 @@ pub struct Executor {
     /// Every step's report, in order.
     pub history: Vec<StepReport>,
     pending: Vec<BatchLoss>,
+    /// The latest batch's losses, for the log line.
+    last_batch: Option<BatchLoss>,
 }
 
 fn mean(xs: impl Iterator<Item = Option<f64>>) -> Option<f64> {
@@ -103,7 +105,7 @@ impl Executor {
     /// An executor continuing from `position`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(model: AsrModel, engine: Box<dyn Engine>, optim: Optim, scaler: Option<GradScaler>, writer: Option<SummaryWriter>, cfg: TrainConfig, model_dir: PathBuf, position: Position) -> Self {
-        Executor { model, engine, optim, scaler, writer, cfg, model_dir, position, skipped_steps: 0, history: Vec::new(), pending: Vec::new() }
+        Executor { model, engine, optim, scaler, writer, cfg, model_dir, position, skipped_steps: 0, history: Vec::new(), pending: Vec::new(), last_batch: None }
     }
 
     /// Forward and backward of one batch; gradients accumulate. Clears the tape on error.
@@ -125,6 +127,7 @@ impl Executor {
         let value = |t: &Option<crate::tensor::Tensor>| t.as_ref().map(|t| t.to_scalar()).transpose();
         let bl = BatchLoss { loss: out.loss.to_scalar()?, loss_ctc: value(&out.loss_ctc)?, loss_att: value(&out.loss_att)?, acc: out.th_accuracy, utts: b.len(), frames: b.feats_lengths.iter().sum() };
         self.pending.push(bl);
+        self.last_batch = Some(bl);
         Ok(bl)
     }
 
@@ -266,7 +269,7 @@ impl Executor {
 
     fn log_line(&self, epoch: u64, batch: usize, steps_s: f64, frames_s: f64) -> String {
         let last = self.history.last();
-        let b = self.pending.last().copied().or_else(|| last.map(|r| BatchLoss { loss: r.loss, ..Default::default() })).unwrap_or_default();
+        let b = self.last_batch.unwrap_or_default();
         let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.6}"));
         format!(
             "train epoch {epoch} batch {batch} step {}: loss {:.6} loss_ctc {} loss_att {} acc {} lr {:.3e} grad_norm {:.3}, {steps_s:.2} steps/s, {frames_s:.0} frames/s",
