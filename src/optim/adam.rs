@@ -59,16 +59,22 @@ impl Adam {
         };
         for (i, (name, p)) in self.params.iter().enumerate() {
             let Some(g) = p.grad() else { continue };
-            let (mut ps, mut ms, mut vs) = (p.to_cpu_storage()?, self.m[i].to_cpu_storage()?, self.v[i].to_cpu_storage()?);
-            let gs = match &*g.storage() {
-                Storage::Cpu(s) => s.clone(),
+            // In place: the parameter and its moments are updated under their
+            // storages' write locks, with no copy of any buffer.
+            let gs = g.storage();
+            let gs = match &*gs {
+                Storage::Cpu(s) => s,
                 Storage::Cuda(c) => match *c {},
             };
-            k::adam(&mut ps, &gs, &mut ms, &mut vs, &h).map_err(|e| Error::Msg(format!("adam step on {name}: {e}")))?;
-            let shape = p.shape().clone();
-            p.assign(&Tensor::from_cpu(ps, shape.clone())?)?;
-            self.m[i].assign(&Tensor::from_cpu(ms, shape.clone())?)?;
-            self.v[i].assign(&Tensor::from_cpu(vs, shape)?)?;
+            p.with_storage_mut(|ps| {
+                self.m[i].with_storage_mut(|ms| {
+                    self.v[i].with_storage_mut(|vs| match (ps, ms, vs) {
+                        (Storage::Cpu(ps), Storage::Cpu(ms), Storage::Cpu(vs)) => k::adam(ps, gs, ms, vs, &h),
+                        (Storage::Cuda(c), _, _) | (_, Storage::Cuda(c), _) | (_, _, Storage::Cuda(c)) => match *c {},
+                    })
+                })
+            })
+            .map_err(|e| Error::Msg(format!("adam step on {name}: {e}")))?;
         }
         Ok(())
     }

@@ -338,6 +338,11 @@ impl Tensor {
         *self.0.cell.storage.write().unwrap_or_else(|e| e.into_inner()) = new;
         Ok(())
     }
+    /// Runs `f` on this tensor's storage with write access (in-place
+    /// optimizer updates, without copying the buffer out and back).
+    pub(crate) fn with_storage_mut<R>(&self, f: impl FnOnce(&mut Storage) -> R) -> R {
+        f(&mut self.0.cell.storage.write().unwrap_or_else(|e| e.into_inner()))
+    }
     /// Whether two handles share one storage.
     pub fn same_storage(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.0.cell, &other.0.cell)
