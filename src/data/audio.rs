@@ -98,17 +98,13 @@ pub fn decode_wav<R: Read + Seek>(
                     spec.bits_per_sample
                 ));
             }
-            for (i, s) in wav.samples::<f32>().take(wanted).enumerate() {
-                let s = s.map_err(|e| {
-                    format!(
-                        "truncated or corrupt data at sample {}: {e}",
-                        first + i / channels
-                    )
-                })?;
-                if i % channels == 0 {
-                    samples.push(if s.is_finite() { s } else { 0.0 });
+            first_channel(wav.samples::<f32>(), wanted, channels, first, &mut samples, |s| {
+                if s.is_finite() {
+                    s
+                } else {
+                    0.0
                 }
-            }
+            })?;
         }
         hound::SampleFormat::Int => {
             let bits = spec.bits_per_sample;
@@ -118,17 +114,9 @@ pub fn decode_wav<R: Read + Seek>(
                 ));
             }
             let scale = 1.0 / (1u64 << (bits - 1)) as f64;
-            for (i, s) in wav.samples::<i32>().take(wanted).enumerate() {
-                let s = s.map_err(|e| {
-                    format!(
-                        "truncated or corrupt data at sample {}: {e}",
-                        first + i / channels
-                    )
-                })?;
-                if i % channels == 0 {
-                    samples.push((s as f64 * scale) as f32);
-                }
-            }
+            first_channel(wav.samples::<i32>(), wanted, channels, first, &mut samples, |s| {
+                (s as f64 * scale) as f32
+            })?;
         }
     }
     // hound stops early, without an error, when the data chunk is shorter than its header says.
@@ -143,4 +131,23 @@ pub fn decode_wav<R: Read + Seek>(
         samples,
         sample_rate: spec.sample_rate,
     })
+}
+
+/// Appends the first channel of `wanted` interleaved samples, converted by
+/// `conv`; a read error names the frame (counted from `first`) it hit.
+fn first_channel<S>(
+    iter: impl Iterator<Item = hound::Result<S>>,
+    wanted: usize,
+    channels: usize,
+    first: usize,
+    samples: &mut Vec<f32>,
+    conv: impl Fn(S) -> f32,
+) -> std::result::Result<(), String> {
+    for (i, s) in iter.take(wanted).enumerate() {
+        let s = s.map_err(|e| format!("truncated or corrupt data at sample {}: {e}", first + i / channels))?;
+        if i % channels == 0 {
+            samples.push(conv(s));
+        }
+    }
+    Ok(())
 }
