@@ -77,6 +77,12 @@ pub enum Error {
     #[error("{path}: corrupt record at byte offset {offset}: {msg}")]
     CorruptRecord { path: String, offset: u64, msg: String },
 
+    /// A rendezvous or collective that failed: a peer that did not answer
+    /// within the timeout (named by rank), a refused connection, ranks that
+    /// disagree on a call.
+    #[error("distributed {op} on rank {rank}: {msg}")]
+    Dist { op: &'static str, rank: usize, msg: String },
+
     /// A free-form error with context.
     #[error("{0}")]
     Msg(String),
@@ -94,6 +100,11 @@ impl Error {
     /// Shorthand for [`Error::Checkpoint`].
     pub fn checkpoint(path: impl Into<String>, msg: impl Into<String>) -> Self {
         Error::Checkpoint { path: path.into(), msg: msg.into() }
+    }
+
+    /// Shorthand for [`Error::Dist`].
+    pub fn dist(op: &'static str, rank: usize, msg: impl Into<String>) -> Self {
+        Error::Dist { op, rank, msg: msg.into() }
     }
 
     /// Shorthand for [`Error::InvalidArgument`].

@@ -6,6 +6,8 @@ pub mod autograd;
 pub mod backend;
 pub mod data;
 pub mod decode;
+pub mod dist;
+pub mod engine;
 pub mod error;
 pub mod models;
 pub mod nn;

@@ -1,0 +1,57 @@
+//! The `Communicator` trait: the collectives the engines and the join group
+//! use, on tensors, with a timeout per call. Two implementations: the TCP
+//! ring for CPU tensors (`dist::tcp`, the role gloo plays for PyTorch) and
+//! NCCL for GPU tensors (the NCCL issue).
+//!
+//! Contracts every implementation keeps:
+//! - Every rank calls the same collectives in the same order with tensors of
+//!   the same shape and dtype; a mismatch that can be detected is an error.
+//! - Results are bitwise identical on every rank (a fixed reduction order).
+//! - A call that does not complete within the timeout returns
+//!   `Error::Dist` naming the ranks that did not answer; it never hangs.
+//! - Collectives write in place (`all_reduce`, `broadcast`) or into a
+//!   caller-allocated output (`all_gather`, `reduce_scatter`).
+
+use crate::error::Result;
+use crate::tensor::Tensor;
+use std::time::Duration;
+
+/// How `all_reduce` / `reduce_scatter` combine the ranks' values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// Elementwise sum.
+    Sum,
+    /// Elementwise sum divided by the world size.
+    Avg,
+    /// Elementwise maximum.
+    Max,
+    /// Elementwise minimum.
+    Min,
+}
+
+/// A group of `world_size` processes that run collectives together.
+pub trait Communicator: Send {
+    /// This process's rank in the group.
+    fn rank(&self) -> usize;
+    /// Number of processes in the group.
+    fn world_size(&self) -> usize;
+    /// The per-call timeout.
+    fn timeout(&self) -> Duration;
+    /// Sets the per-call timeout.
+    fn set_timeout(&mut self, timeout: Duration);
+
+    /// Replaces `t` on every rank with the reduction of every rank's `t`.
+    fn all_reduce(&mut self, t: &Tensor, op: ReduceOp) -> Result<()>;
+    /// Replaces `t` on every rank with rank `root`'s `t`.
+    fn broadcast(&mut self, t: &Tensor, root: usize) -> Result<()>;
+    /// Writes every rank's `input` into `output`, rank r's at elements
+    /// `[r * n, (r + 1) * n)` where `n = input.elem_count()`;
+    /// `output.elem_count()` must be `world_size * n`.
+    fn all_gather(&mut self, input: &Tensor, output: &Tensor) -> Result<()>;
+    /// Reduces every rank's `input` and writes chunk r of the result
+    /// (elements `[r * n, (r + 1) * n)`, `n = output.elem_count()`) into rank
+    /// r's `output`; `input.elem_count()` must be `world_size * n`.
+    fn reduce_scatter(&mut self, input: &Tensor, output: &Tensor, op: ReduceOp) -> Result<()>;
+    /// Returns once every rank has entered the barrier.
+    fn barrier(&mut self) -> Result<()>;
+}

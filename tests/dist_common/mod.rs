@@ -1,0 +1,116 @@
+//! Multi-process tests on loopback: a test re-executes its own test binary
+//! once per rank, filtered to itself, with the rank in the environment. The
+//! test function starts with `if let Some(w) = worker() { ...; return; }`
+//! (the worker's body) and otherwise is the parent that spawns and checks.
+//!
+//! The parent picks a free port for the rendezvous store and passes the
+//! torchrun variables (`RANK`, `LOCAL_RANK`, `WORLD_SIZE`,
+//! `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`) and a job token.
+#![allow(dead_code)]
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The environment a worker of a multi-process test sees.
+#[derive(Clone, Debug)]
+pub struct Worker {
+    pub rank: usize,
+    pub world_size: usize,
+    pub master_addr: String,
+    pub master_port: u16,
+    pub token: String,
+}
+
+const MARK: &str = "ASRFORGE_TEST_WORKER";
+
+/// `Some` inside a worker process spawned by [`spawn`].
+pub fn worker() -> Option<Worker> {
+    std::env::var(MARK).ok()?;
+    let get = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("worker without {k}"));
+    Some(Worker {
+        rank: get("RANK").parse().expect("RANK"),
+        world_size: get("WORLD_SIZE").parse().expect("WORLD_SIZE"),
+        master_addr: get("MASTER_ADDR"),
+        master_port: get("MASTER_PORT").parse().expect("MASTER_PORT"),
+        token: get("ASRFORGE_RDZV_TOKEN"),
+    })
+}
+
+/// A port that was free a moment ago (bind to 0, read it, release it).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local_addr").port()
+}
+
+/// What one worker did.
+#[derive(Debug)]
+pub struct WorkerResult {
+    pub rank: usize,
+    pub output: Output,
+    pub elapsed: Duration,
+}
+
+impl WorkerResult {
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.output.stdout).into_owned()
+    }
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+    /// Panics with both streams unless the worker exited 0.
+    pub fn assert_ok(&self) {
+        assert!(self.output.status.success(), "rank {} failed ({:?})\nstdout:\n{}\nstderr:\n{}", self.rank, self.output.status, self.stdout(), self.stderr());
+    }
+    /// The lines of stdout that start with `prefix`, with the prefix removed.
+    pub fn lines_with(&self, prefix: &str) -> Vec<String> {
+        self.stdout().lines().filter_map(|l| l.strip_prefix(prefix).map(str::to_string)).collect()
+    }
+}
+
+/// Runs the test `test_name` (its full path, e.g. `"all_reduce_matches"`)
+/// in `world_size` worker processes and waits for all of them. `extra`
+/// adds environment variables for every rank; `per_rank` for one rank.
+pub fn spawn(test_name: &str, world_size: usize, extra: &[(&str, String)], per_rank: &dyn Fn(usize) -> Vec<(String, String)>) -> Vec<WorkerResult> {
+    let exe = std::env::current_exe().expect("current_exe");
+    let port = free_port();
+    let token = format!("test-token-{}-{port}", std::process::id());
+    let start = Instant::now();
+    let children: Vec<_> = (0..world_size)
+        .map(|rank| {
+            let mut c = Command::new(&exe);
+            c.args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+                .env(MARK, "1")
+                .env("RANK", rank.to_string())
+                .env("LOCAL_RANK", rank.to_string())
+                .env("WORLD_SIZE", world_size.to_string())
+                .env("LOCAL_WORLD_SIZE", world_size.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env("ASRFORGE_RDZV_TOKEN", &token)
+                .env("RUST_BACKTRACE", "1")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            for (k, v) in extra {
+                c.env(k, v);
+            }
+            for (k, v) in per_rank(rank) {
+                c.env(k, v);
+            }
+            (rank, c.spawn().expect("spawn worker"))
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|(rank, child)| {
+            let output = child.wait_with_output().expect("wait worker");
+            WorkerResult { rank, output, elapsed: start.elapsed() }
+        })
+        .collect()
+}
+
+/// [`spawn`] without per-rank variables, asserting every worker succeeded.
+pub fn run_ok(test_name: &str, world_size: usize, extra: &[(&str, String)]) -> Vec<WorkerResult> {
+    let rs = spawn(test_name, world_size, extra, &|_| Vec::new());
+    rs.iter().for_each(WorkerResult::assert_ok);
+    rs
+}
