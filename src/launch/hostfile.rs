@@ -94,15 +94,10 @@ pub fn remote_command(cwd: &str, token: &str, exe: &str, launch_args: &[String],
     words.join(" ")
 }
 
-/// The ssh program and its leading arguments: `ASRFORGE_SSH` split on
-/// white space, or `ssh`.
-pub fn ssh_program(env: Option<String>) -> Vec<String> {
-    let words: Vec<String> = env.as_deref().unwrap_or("").split_whitespace().map(str::to_string).collect();
-    if words.is_empty() {
-        vec!["ssh".to_string()]
-    } else {
-        words
-    }
+/// The ssh program: `ASRFORGE_SSH` when set and not empty (one path,
+/// taken whole; options belong in ~/.ssh/config), else `ssh`.
+pub fn ssh_program(env: Option<String>) -> String {
+    env.filter(|s| !s.is_empty()).unwrap_or_else(|| "ssh".to_string())
 }
 
 #[cfg(test)]
@@ -162,7 +157,8 @@ mod tests {
         let names = |o: Vec<Host>| o.into_iter().map(|h| h.name).collect::<Vec<_>>();
         assert_eq!(names(node_order(&hosts, &["b".into()])), ["b", "a", "c"]);
         assert_eq!(names(node_order(&hosts, &["z".into()])), ["a", "b", "c"]);
-        assert_eq!(ssh_program(None), ["ssh"]);
-        assert_eq!(ssh_program(Some("ssh -p 2222".into())), ["ssh", "-p", "2222"]);
+        assert_eq!(ssh_program(None), "ssh");
+        assert_eq!(ssh_program(Some(String::new())), "ssh");
+        assert_eq!(ssh_program(Some("/opt/my ssh".into())), "/opt/my ssh");
     }
 }

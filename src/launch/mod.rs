@@ -51,6 +51,9 @@ pub struct LaunchArgs {
     /// Workers in the job (set by --hostfile for its nodes; default nnodes * nproc_per_node).
     #[arg(long = "world_size", alias = "world-size", hide = true)]
     pub world_size: Option<usize>,
+    /// Stop the job when standard input closes (set by --hostfile for the launchers it starts over ssh).
+    #[arg(long = "stop_on_stdin_eof", alias = "stop-on-stdin-eof", hide = true)]
+    pub stop_on_stdin_eof: bool,
     /// The worker: an asrforge subcommand (`train --config ...`, run with this binary) or a program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "PROGRAM")]
     pub program: Vec<String>,
@@ -92,7 +95,7 @@ fn local_workers(plan: &NodePlan, program: &(OsString, Vec<OsString>), omp: bool
             if omp {
                 env.push(("OMP_NUM_THREADS".into(), "1".into()));
             }
-            ChildSpec { role: Role::Worker { rank: plan.rank_offset + local_rank, local_rank }, program: program.0.clone(), args: program.1.clone(), env }
+            ChildSpec { role: Role::Worker { rank: plan.rank_offset + local_rank, local_rank }, program: program.0.clone(), args: program.1.clone(), env, stdin_pipe: false }
         })
         .collect()
 }
@@ -162,15 +165,15 @@ fn plan_job(args: &LaunchArgs) -> Result<(NodePlan, Vec<ChildSpec>)> {
             "--rank_offset".into(), offset.to_string(),
             "--world_size".into(), world_size.to_string(),
             "--grace_period".into(), grace.as_secs_f64().to_string(),
+            "--stop_on_stdin_eof".into(),
         ];
         if let Some(id) = &args.rdzv_id {
             launch.extend(["--rdzv_id".to_string(), id.clone()]);
         }
         let line = remote_command(&cwd, &token, &exe, &launch, &args.program);
-        let mut ssh_args: Vec<OsString> = ssh[1..].iter().map(OsString::from).collect();
-        ssh_args.extend([OsString::from(&host.name), OsString::from(line)]);
-        eprintln!("asrforge launch: starting node {index} on {} over {} (ranks {}..{})", host.name, ssh[0], offset, offset + host.slots - 1);
-        remotes.push(ChildSpec { role: Role::Node { index, host: host.name.clone() }, program: OsString::from(&ssh[0]), args: ssh_args, env: Vec::new() });
+        eprintln!("asrforge launch: starting node {index} on {} over {ssh} (ranks {}..{})", host.name, offset, offset + host.slots - 1);
+        let args = vec![OsString::from(&host.name), OsString::from(line)];
+        remotes.push(ChildSpec { role: Role::Node { index, host: host.name.clone() }, program: OsString::from(&ssh), args, env: Vec::new(), stdin_pipe: true });
         offset += host.slots;
     }
     let plan = NodePlan { nnodes: hosts.len(), node_rank: 0, nproc: hosts[0].slots, rank_offset: 0, world_size, master_addr, master_port: args.master_port, run_id, token };
@@ -192,5 +195,5 @@ pub fn run_launch(args: &LaunchArgs, subcommands: &[String]) -> Result<i32> {
     summary(&plan);
     let mut children = local_workers(&plan, &program, omp);
     children.extend(remotes);
-    supervise(&children, grace)
+    supervise(&children, grace, args.stop_on_stdin_eof)
 }

@@ -71,6 +71,9 @@ pub struct ChildSpec {
     pub args: Vec<OsString>,
     /// Variables added to the launcher's environment.
     pub env: Vec<(String, String)>,
+    /// Give it a pipe as standard input that stays open, unwritten, while
+    /// this launcher lives (another node's launcher watches it); else /dev/null.
+    pub stdin_pipe: bool,
 }
 
 /// How a process ended.
@@ -156,16 +159,37 @@ fn watch_signals() -> Result<Arc<AtomicUsize>> {
     Ok(got)
 }
 
-fn spawn(spec: &ChildSpec, done: &mpsc::Sender<()>, readers: &mut usize) -> std::io::Result<Pid> {
+/// What `watch_signals`' cell holds when standard input closed.
+const STDIN_CLOSED: usize = usize::MAX;
+
+/// Starts a thread that reads standard input to its end, then stores
+/// `STDIN_CLOSED` in `cell`: a node's launcher started over ssh learns so that
+/// the connection (or the launcher that opened it) is gone.
+fn watch_stdin(cell: &Arc<AtomicUsize>) -> Result<()> {
+    let cell = Arc::clone(cell);
+    std::thread::Builder::new()
+        .name("stdin watch".into())
+        .spawn(move || {
+            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+            cell.store(STDIN_CLOSED, Ordering::SeqCst);
+        })
+        .map(|_| ())
+        .map_err(|e| Error::Msg(format!("asrforge launch: cannot start the stdin watch thread: {e}")))
+}
+
+/// Spawns one child in its own process group with its output forwarded;
+/// its stdin pipe, if asked for, is pushed onto `stdins` to be kept open.
+fn spawn(spec: &ChildSpec, done: &mpsc::Sender<()>, readers: &mut usize, stdins: &mut Vec<std::process::ChildStdin>) -> std::io::Result<Pid> {
     let mut cmd = Command::new(&spec.program);
     cmd.args(&spec.args)
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .process_group(0)
-        .stdin(Stdio::null())
+        .stdin(if spec.stdin_pipe { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn()?;
     let pid = Pid::from_raw(child.id() as i32);
+    stdins.extend(child.stdin.take());
     // The child is reaped by `reap`, never through `std::process::Child`.
     if let Some(out) = child.stdout.take() {
         forward(out, spec.role.prefix(), Sink::Stdout, done.clone())?;
@@ -181,9 +205,14 @@ fn spawn(spec: &ChildSpec, done: &mpsc::Sender<()>, readers: &mut usize) -> std:
 /// Starts every child and waits for the job to end; returns the launcher's
 /// exit status: 0 when every child exited 0, else the status of the first
 /// child that failed (128 + signal for a killed one), or 128 + the signal
-/// the launcher was stopped by.
-pub fn supervise(specs: &[ChildSpec], grace: Duration) -> Result<i32> {
+/// the launcher was stopped by. With `stop_on_stdin_eof` the end of
+/// standard input stops the job as SIGHUP would.
+pub fn supervise(specs: &[ChildSpec], grace: Duration, stop_on_stdin_eof: bool) -> Result<i32> {
     let signalled = watch_signals()?;
+    if stop_on_stdin_eof {
+        watch_stdin(&signalled)?;
+    }
+    let mut stdins = Vec::new();
     #[cfg(target_os = "linux")]
     let _ = nix::sys::prctl::set_child_subreaper(true);
     let (done_tx, done_rx) = mpsc::channel();
@@ -191,7 +220,7 @@ pub fn supervise(specs: &[ChildSpec], grace: Duration) -> Result<i32> {
     let mut children: Vec<Child> = Vec::with_capacity(specs.len());
     let mut stop: Option<(Stop, Instant)> = None;
     for spec in specs {
-        match spawn(spec, &done_tx, &mut readers) {
+        match spawn(spec, &done_tx, &mut readers, &mut stdins) {
             Ok(pid) => children.push(Child { role: spec.role.clone(), pid, exit: None }),
             Err(e) => {
                 eprintln!("asrforge launch: cannot start {}: {}: {e}", spec.role.label(None), spec.program.to_string_lossy());
@@ -214,7 +243,10 @@ pub fn supervise(specs: &[ChildSpec], grace: Duration) -> Result<i32> {
         match stop.as_ref().map(|s| s.1) {
             None => {
                 let failed = children.iter().find(|c| matches!(c.exit, Some(e) if e != Exit::Code(0)));
-                let status = if sig != 0 {
+                let status = if sig == STDIN_CLOSED {
+                    eprintln!("asrforge launch: standard input closed (the ssh connection or the launcher that started this node is gone); stopping the workers");
+                    Some(128 + Signal::SIGHUP as i32)
+                } else if sig != 0 {
                     let name = Signal::try_from(sig as i32).map(|s| s.as_str()).unwrap_or("a signal");
                     eprintln!("asrforge launch: received {name}; stopping the workers");
                     Some(128 + sig as i32)
@@ -244,7 +276,8 @@ pub fn supervise(specs: &[ChildSpec], grace: Duration) -> Result<i32> {
                     break;
                 }
                 let now = Instant::now();
-                if !killed && (now >= deadline || sig != 0) {
+                // A second signal while stopping: no more waiting.
+                if !killed && (now >= deadline || (sig != 0 && sig != STDIN_CLOSED)) {
                     for c in children.iter().filter(|c| c.exit.is_none()) {
                         eprintln!("asrforge launch: {} still running; sending SIGKILL", c.role.label(Some(c.pid)));
                     }
@@ -273,6 +306,7 @@ pub fn supervise(specs: &[ChildSpec], grace: Duration) -> Result<i32> {
             break;
         }
     }
+    drop(stdins);
     Ok(match stop {
         Some((Stop::Fail(status), _)) => status,
         _ => 0,
