@@ -60,7 +60,7 @@ fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => false,
         // The state follows the parenthesised command name.
-        Ok(stat) => stat.rsplit_once(')').map(|(_, rest)| rest.trim_start().chars().next() != Some('Z')).unwrap_or(false),
+        Ok(stat) => stat.rsplit_once(')').map(|(_, rest)| !rest.trim_start().starts_with('Z')).unwrap_or(false),
     }
 }
 
@@ -214,19 +214,21 @@ fn a_worker_ignoring_sigterm_is_killed_after_the_grace_period() {
 }
 
 #[test]
-fn sigterm_to_the_launcher_stops_every_worker() {
-    let dir = scratch("sigterm");
-    let w = sleeper(&dir, "sleep 1000");
-    let child = launch(&dir, &["--nproc_per_node", "2"]).arg(&w).spawn().expect("spawn launcher");
-    let pids = wait_for_pids(&dir, 2);
-    let ok = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().expect("kill").success();
-    assert!(ok);
-    let (out, _) = wait_within(child, Duration::from_secs(20));
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(128 + 15), "{stderr}");
-    assert!(stderr.contains("asrforge launch: received SIGTERM; stopping the workers"), "{stderr}");
-    assert_none_alive(&pids);
-    let _ = std::fs::remove_dir_all(&dir);
+fn sigterm_or_sigint_to_the_launcher_stops_every_worker() {
+    for (sig, num) in [("TERM", 15), ("INT", 2)] {
+        let dir = scratch(&format!("sig{sig}"));
+        let w = sleeper(&dir, "sleep 1000");
+        let child = launch(&dir, &["--nproc_per_node", "2"]).arg(&w).spawn().expect("spawn launcher");
+        let pids = wait_for_pids(&dir, 2);
+        let ok = Command::new("kill").arg(format!("-{sig}")).arg(child.id().to_string()).status().expect("kill").success();
+        assert!(ok);
+        let (out, _) = wait_within(child, Duration::from_secs(20));
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(128 + num), "{stderr}");
+        assert!(stderr.contains(&format!("asrforge launch: received SIG{sig}; stopping the workers")), "{stderr}");
+        assert_none_alive(&pids);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 #[test]
