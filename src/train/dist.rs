@@ -82,26 +82,6 @@ fn required<T: std::str::FromStr>(get: Get, key: &str, why: &str) -> Result<T> {
     int(get, key)?.ok_or_else(|| Error::config(key, format!("environment variable: expected a non-negative integer ({why}), found it unset")))
 }
 
-/// Reads the job layout from `get` (an environment lookup).
-///
-/// Precedence: torchrun's `RANK`/`WORLD_SIZE` when either is set; else
-/// SLURM when `SLURM_PROCID` and `SLURM_NTASKS` are both set; else Open MPI
-/// when `OMPI_COMM_WORLD_RANK` or `OMPI_COMM_WORLD_SIZE` is set; else one process.
-pub fn dist_info_from(get: Get) -> Result<DistInfo> {
-    let info = if get("RANK").is_some() || get("WORLD_SIZE").is_some() {
-        torchrun(get)?
-    } else if get("SLURM_PROCID").is_some() && get("SLURM_NTASKS").is_some() {
-        slurm(get)?
-    } else if get("OMPI_COMM_WORLD_RANK").is_some() || get("OMPI_COMM_WORLD_SIZE").is_some() {
-        open_mpi(get)?
-    } else {
-        let d = DistInfo::single();
-        DistInfo { master_addr: get("MASTER_ADDR").unwrap_or(d.master_addr), master_port: var(get, "MASTER_PORT", d.master_port)?, ..d }
-    };
-    check(&info)?;
-    Ok(info)
-}
-
 fn torchrun(get: Get) -> Result<DistInfo> {
     let world_size = var(get, "WORLD_SIZE", 1usize)?;
     let rank = var(get, "RANK", 0usize)?;
@@ -254,6 +234,26 @@ pub fn tasks_on_node(spec: &str, node: usize) -> std::result::Result<usize, Stri
         }
     }
     Err(format!("expected counts for node {node} (SLURM_NODEID), found counts for {seen} nodes"))
+}
+
+/// Reads the job layout from `get` (an environment lookup).
+///
+/// Precedence: torchrun's `RANK`/`WORLD_SIZE` when either is set; else
+/// SLURM when `SLURM_PROCID` and `SLURM_NTASKS` are both set; else Open MPI
+/// when `OMPI_COMM_WORLD_RANK` or `OMPI_COMM_WORLD_SIZE` is set; else one process.
+pub fn dist_info_from(get: Get) -> Result<DistInfo> {
+    let info = if get("RANK").is_some() || get("WORLD_SIZE").is_some() {
+        torchrun(get)?
+    } else if get("SLURM_PROCID").is_some() && get("SLURM_NTASKS").is_some() {
+        slurm(get)?
+    } else if get("OMPI_COMM_WORLD_RANK").is_some() || get("OMPI_COMM_WORLD_SIZE").is_some() {
+        open_mpi(get)?
+    } else {
+        let d = DistInfo::single();
+        DistInfo { master_addr: get("MASTER_ADDR").unwrap_or(d.master_addr), master_port: var(get, "MASTER_PORT", d.master_port)?, ..d }
+    };
+    check(&info)?;
+    Ok(info)
 }
 
 /// WeNet's `init_distributed`: the job layout from the environment. The
