@@ -357,3 +357,24 @@ fn a_node_launcher_stops_when_its_stdin_closes() {
     assert_none_alive(&pids);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn omp_threads_default_to_one_per_worker_as_torchrun_does() {
+    let dir = scratch("omp");
+    let run = |nproc: &str, omp: Option<&str>| {
+        let mut c = launch(&dir, &["--nproc_per_node", nproc, "sh", "-c", "echo omp=${OMP_NUM_THREADS:-unset}"]);
+        match omp {
+            Some(v) => c.env("OMP_NUM_THREADS", v),
+            None => c.env_remove("OMP_NUM_THREADS"),
+        };
+        let (out, _) = wait_within(c.spawn().expect("spawn"), Duration::from_secs(20));
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let mut lines: Vec<String> = text(&out.stdout).lines().map(|l| l.split(": ").nth(1).unwrap_or("").to_string()).collect();
+        lines.dedup();
+        (lines, text(&out.stderr).contains("setting OMP_NUM_THREADS=1"))
+    };
+    assert_eq!(run("2", None), (vec!["omp=1".to_string()], true));
+    assert_eq!(run("2", Some("4")), (vec!["omp=4".to_string()], false));
+    assert_eq!(run("1", None), (vec!["omp=unset".to_string()], false));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -188,7 +188,8 @@ pub fn run_launch(args: &LaunchArgs, subcommands: &[String]) -> Result<i32> {
     let grace = grace(args)?;
     let program = worker_program(&args.program, subcommands)?;
     let (plan, remotes) = plan_job(args)?;
-    let omp = std::env::var_os("OMP_NUM_THREADS").is_none();
+    // As torchrun: one OpenMP thread per worker when several share the node.
+    let omp = std::env::var_os("OMP_NUM_THREADS").is_none() && plan.nproc > 1;
     if omp {
         eprintln!("asrforge launch: setting OMP_NUM_THREADS=1 for each worker (as torchrun does) to keep the node from being overloaded; set it yourself to tune it");
     }
