@@ -24,8 +24,8 @@ fn ops_body(w: Worker) {
     store.set(&format!("hello/{r}"), format!("from {r}").as_bytes()).unwrap();
     let keys: Vec<String> = (0..w.world_size).map(|q| format!("hello/{q}")).collect();
     store.wait(&keys.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
-    for q in 0..w.world_size {
-        assert_eq!(store.get(&keys[q]).unwrap(), format!("from {q}").into_bytes(), "value of {}", keys[q]);
+    for (q, k) in keys.iter().enumerate() {
+        assert_eq!(store.get(k).unwrap(), format!("from {q}").into_bytes(), "value of {k}");
     }
     assert!(store.check(&["hello/0", "hello/1"]).unwrap());
     assert!(!store.check(&["hello/0", "never/set"]).unwrap());

@@ -139,6 +139,18 @@ fn merge(got: Result<(), Fail>, sent: Result<(), Fail>) -> Result<(), Fail> {
     }
 }
 
+type Sender<'s> = std::thread::ScopedJoinHandle<'s, Result<(), Fail>>;
+
+/// Starts a sender thread (an error, not a panic, when the OS refuses one).
+fn spawn<'s, 'e>(sc: &'s std::thread::Scope<'s, 'e>, f: impl FnOnce() -> Result<(), Fail> + Send + 's) -> Result<Sender<'s>, Fail> {
+    std::thread::Builder::new().name("tcp-send".into()).spawn_scoped(sc, f).map_err(|e| Fail::Msg(format!("cannot start a sender thread: {e}")))
+}
+
+/// A sender thread's result.
+fn joined(h: Sender<'_>) -> Result<(), Fail> {
+    h.join().unwrap_or_else(|_| Err(Fail::Msg("a sender thread panicked".into())))
+}
+
 impl TcpCommunicator {
     fn call(&self, op: &str, dtype: DType, rop: Option<ReduceOp>, count: usize, deadline: Instant) -> Call {
         Call { op: op_code(op), dtype, rop: elem::rop_code(rop), seq: self.seq, count: count as u64, me: self.rank, deadline }
@@ -161,12 +173,12 @@ impl TcpCommunicator {
         let chunk = self.chunk_bytes;
         let (out, dst) = split_pair(buf, send, recv);
         std::thread::scope(|sc| {
-            let sender = sc.spawn(move || -> Result<(), Fail> {
+            let sender = spawn(sc, move || -> Result<(), Fail> {
                 for p in pieces(out.len(), chunk) {
                     send_frame(to, next, call, &out[p])?;
                 }
                 Ok(())
-            });
+            })?;
             let got = (|| -> Result<(), Fail> {
                 for p in pieces(dst.len(), chunk) {
                     match reduce {
@@ -180,8 +192,7 @@ impl TcpCommunicator {
                 }
                 Ok(())
             })();
-            let sent = sender.join().unwrap_or_else(|_| Err(Fail::Msg("the sender thread panicked".into())));
-            merge(got, sent)
+            merge(got, joined(sender))
         })
     }
 
@@ -230,11 +241,22 @@ impl TcpCommunicator {
             return receive_all(recvs);
         }
         std::thread::scope(|sc| {
-            let senders: Vec<_> = targets().map(|(j, s, d)| sc.spawn(move || send_frame(s, j, call, d))).collect();
-            let mut result = receive_all(recvs);
+            let mut senders = Vec::new();
+            let mut result = Ok(());
+            for (j, s, d) in targets() {
+                match spawn(sc, move || send_frame(s, j, call, d)) {
+                    Ok(h) => senders.push(h),
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
+            if result.is_ok() {
+                result = receive_all(recvs);
+            }
             for h in senders {
-                let sent = h.join().unwrap_or_else(|_| Err(Fail::Msg("a sender thread panicked".into())));
-                result = merge(result, sent);
+                result = merge(result, joined(h));
             }
             result
         })
