@@ -292,8 +292,8 @@ impl TcpCommunicator {
                 let mut recvs: Vec<Option<&mut [u8]>> = theirs.iter_mut().enumerate().map(|(j, a)| (j != self.rank).then(|| a.bytes_mut())).collect();
                 self.exchange(&call, &sends, &mut recvs)?;
             }
-            let mine = buf.to_vec();
-            return self.combine_in_rank_order(dtype, op, &mine, &theirs, buf);
+            let mine = Aligned::copy_of(buf);
+            return self.combine_in_rank_order(dtype, op, mine.bytes(), &theirs, buf);
         }
         let segs = segments(count, w, dtype.size_in_bytes());
         self.ring_reduce_scatter(&call, buf, &segs, op)?;
@@ -346,8 +346,8 @@ impl TcpCommunicator {
                 let mut recvs: Vec<Option<&mut [u8]>> = theirs.iter_mut().enumerate().map(|(j, a)| (j != r).then(|| a.bytes_mut())).collect();
                 self.exchange(&call, &sends, &mut recvs)?;
             }
-            let mine = input[segs[r].clone()].to_vec();
-            return self.combine_in_rank_order(dtype, op, &mine, &theirs, out);
+            let mine = Aligned::copy_of(&input[segs[r].clone()]);
+            return self.combine_in_rank_order(dtype, op, mine.bytes(), &theirs, out);
         }
         self.ring_reduce_scatter(&call, input, &segs, op)?;
         out.copy_from_slice(&input[segs[r].clone()]);

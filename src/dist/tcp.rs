@@ -184,10 +184,11 @@ impl TcpCommunicator {
         Ok(c)
     }
 
-    /// Sets the payload size of one frame (default [`DEFAULT_CHUNK_BYTES`]);
-    /// every rank of the group must use the same value.
+    /// Sets the payload size of one frame (default [`DEFAULT_CHUNK_BYTES`]),
+    /// rounded down to a multiple of 8 bytes (at least 64) so a piece never
+    /// splits an element; every rank of the group must use the same value.
     pub fn set_chunk_bytes(&mut self, bytes: usize) {
-        self.chunk_bytes = bytes.max(64);
+        self.chunk_bytes = bytes.max(64) / 8 * 8;
     }
 
     /// The group's prefix in the store.
