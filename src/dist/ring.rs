@@ -20,7 +20,7 @@
 use super::comm::ReduceOp;
 use super::elem::{self, Aligned};
 use super::tcp::{op_code, op_name, Fail, TcpCommunicator, DIRECT_MAX_BYTES};
-use super::wire::{read_full, write_full, Header, HEADER_LEN, KIND_ABORT, KIND_DATA};
+use super::wire::{read_full, write_full, Header, HEADER_LEN, KIND_ABORT, KIND_CENSUS, KIND_DATA};
 use crate::tensor::DType;
 use std::net::TcpStream;
 use std::ops::Range;
@@ -74,6 +74,9 @@ fn recv_header(s: &TcpStream, peer: usize, call: &Call) -> Result<usize, Fail> {
         let mut m = vec![0u8; h.len.min(1 << 16) as usize];
         read_full(s, &mut m, call.deadline).map_err(io(peer))?;
         return Err(Fail::Abort { msg: String::from_utf8_lossy(&m).into_owned() });
+    }
+    if h.kind == KIND_CENSUS {
+        return Err(Fail::Census { from: peer });
     }
     let mine = call.header(0);
     if h.kind != KIND_DATA || (h.op, h.dtype, h.rop, h.count, h.seq) != (mine.op, mine.dtype, mine.rop, mine.count, mine.seq) {
