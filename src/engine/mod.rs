@@ -6,6 +6,11 @@
 //! and the loss scaler and calls the engine once per micro-batch
 //! (`backward`) and once per optimizer step (`step`).
 
+pub mod single;
+pub mod update;
+
+pub use single::SingleProcess;
+
 use crate::error::Result;
 use crate::optim::GradScaler;
 use crate::tensor::Tensor;
