@@ -6,9 +6,13 @@
 //! and the loss scaler and calls the engine once per micro-batch
 //! (`backward`) and once per optimizer step (`step`).
 
+pub mod buckets;
+pub mod comm_thread;
+pub mod ddp;
 pub mod single;
 pub mod update;
 
+pub use ddp::{Ddp, DdpStats, DEFAULT_BUCKET_BYTES};
 pub use single::SingleProcess;
 
 use crate::error::Result;
