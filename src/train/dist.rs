@@ -1,7 +1,10 @@
 //! Where this process sits in a job: world size, rank and local rank from
-//! torchrun's environment variables; a single process when they are unset.
+//! torchrun's environment variables (a single process when they are unset),
+//! and the rendezvous and communicators a job of several processes opens.
 
+use crate::dist::{rdzv_token_from_env, Communicator, Store, StoreServer, TcpCommunicator};
 use crate::error::{Error, Result};
+use std::time::Duration;
 
 /// This process's place in the job.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,31 +57,52 @@ pub fn dist_info_from(get: &dyn Fn(&str) -> Option<String>) -> Result<DistInfo> 
 }
 
 /// What `init_distributed` opens for a job: its layout and, over several
-/// processes, the engine's communicator (taken by `wrap_model`).
+/// processes, the rendezvous store (hosted by rank 0) and the engine's
+/// communicator (taken by `wrap_model`).
 pub struct Distributed {
     /// This process's place in the job.
     pub info: DistInfo,
     /// The engine's communicator (`--dist_backend`); `None` on one process
     /// and once `wrap_model` has taken it.
-    pub comm: Option<Box<dyn crate::dist::Communicator>>,
+    pub comm: Option<Box<dyn Communicator>>,
+    /// The connection to the rendezvous store (several processes only).
+    pub store: Option<Store>,
+    /// The store itself, on rank 0; it lives as long as the job.
+    pub server: Option<StoreServer>,
 }
 
 impl Distributed {
     /// One process, no networking.
     pub fn single() -> Self {
-        Distributed { info: DistInfo::single(), comm: None }
+        Distributed { info: DistInfo::single(), comm: None, store: None, server: None }
     }
 }
 
-/// WeNet's `init_distributed`: the job layout from the environment. Several
-/// processes are not yet supported and are refused here.
+/// WeNet's `init_distributed`: the job layout from the environment and,
+/// over several processes, the rendezvous (rank 0 hosts the store at
+/// `MASTER_ADDR:MASTER_PORT`; every rank connects with the job token) and
+/// the engine's communicator over `--dist_backend` (gloo: the TCP ring),
+/// every collective bounded by `--timeout` seconds. One process opens nothing.
 pub fn init_distributed(args: &super::TrainArgs) -> Result<Distributed> {
     let info = dist_info_from(&|k| std::env::var(k).ok())?;
-    if info.world_size > 1 {
-        return Err(Error::config("WORLD_SIZE", format!("distributed training (world size {}, backend {}) is not yet supported; run one process", info.world_size, args.dist_backend)));
-    }
     if args.device != "cpu" {
         return Err(Error::config("--device", format!("expected cpu, found {:?} (the trainer runs on the CPU for now)", args.device)));
     }
-    Ok(Distributed { info, comm: None })
+    if info.world_size == 1 {
+        return Ok(Distributed { info, ..Distributed::single() });
+    }
+    match args.dist_backend.as_str() {
+        "gloo" => {}
+        "nccl" => return Err(Error::config("--dist_backend", "nccl needs the CUDA backend; use --dist_backend gloo on the CPU")),
+        other => return Err(Error::config("--dist_backend", format!("expected gloo or nccl, found {other:?}"))),
+    }
+    if args.timeout == 0 {
+        return Err(Error::config("--timeout", "expected a number of seconds >= 1, found 0"));
+    }
+    let timeout = Duration::from_secs(args.timeout);
+    let token = rdzv_token_from_env();
+    let server = if info.rank == 0 { Some(StoreServer::start(&format!("0.0.0.0:{}", info.master_port), &token)?) } else { None };
+    let store = Store::connect(&format!("{}:{}", info.master_addr, info.master_port), &token, info.rank, timeout)?;
+    let comm = TcpCommunicator::new(&store, "engine", info.rank, info.world_size, timeout)?;
+    Ok(Distributed { info, comm: Some(Box::new(comm)), store: Some(store), server })
 }
