@@ -2,7 +2,7 @@
 //! torchrun's environment variables (a single process when they are unset),
 //! and the rendezvous and communicators a job of several processes opens.
 
-use crate::dist::{rdzv_token_from_env, Communicator, Store, StoreServer, TcpCommunicator};
+use crate::dist::{init_process_groups_with, rdzv_token_from_env, Communicator, GroupOptions, JoinGroup, Store, StoreServer};
 use crate::error::{Error, Result};
 use std::time::Duration;
 
@@ -56,15 +56,24 @@ pub fn dist_info_from(get: &dyn Fn(&str) -> Option<String>) -> Result<DistInfo> 
     Ok(info)
 }
 
+/// Timeout of the engine's collectives (gradients, cv sums, barriers):
+/// PyTorch's default process-group timeout. A dead peer is noticed at once
+/// (its connections close); `--timeout` bounds the store, the set-up and the
+/// join group, which every rank enters before each batch.
+pub const ENGINE_TIMEOUT: Duration = Duration::from_secs(1800);
+
 /// What `init_distributed` opens for a job: its layout and, over several
-/// processes, the rendezvous store (hosted by rank 0) and the engine's
-/// communicator (taken by `wrap_model`).
+/// processes, the rendezvous store (hosted by rank 0), the engine's
+/// communicator (taken by `wrap_model`) and the join group (taken by the
+/// executor).
 pub struct Distributed {
     /// This process's place in the job.
     pub info: DistInfo,
     /// The engine's communicator (`--dist_backend`); `None` on one process
     /// and once `wrap_model` has taken it.
     pub comm: Option<Box<dyn Communicator>>,
+    /// The join group (`--timeout`); `None` on one process.
+    pub join: Option<JoinGroup>,
     /// The connection to the rendezvous store (several processes only).
     pub store: Option<Store>,
     /// The store itself, on rank 0; it lives as long as the job.
@@ -74,15 +83,17 @@ pub struct Distributed {
 impl Distributed {
     /// One process, no networking.
     pub fn single() -> Self {
-        Distributed { info: DistInfo::single(), comm: None, store: None, server: None }
+        Distributed { info: DistInfo::single(), comm: None, join: None, store: None, server: None }
     }
 }
 
 /// WeNet's `init_distributed`: the job layout from the environment and,
 /// over several processes, the rendezvous (rank 0 hosts the store at
-/// `MASTER_ADDR:MASTER_PORT`; every rank connects with the job token) and
-/// the engine's communicator over `--dist_backend` (gloo: the TCP ring),
-/// every collective bounded by `--timeout` seconds. One process opens nothing.
+/// `MASTER_ADDR:MASTER_PORT`; every rank connects with the job token), the
+/// engine's communicator over `--dist_backend` (gloo: the TCP ring) and the
+/// join group. `--timeout` seconds bound the rendezvous, the set-up and
+/// every join call; the engine's collectives get [`ENGINE_TIMEOUT`]. One
+/// process opens nothing.
 pub fn init_distributed(args: &super::TrainArgs) -> Result<Distributed> {
     let info = dist_info_from(&|k| std::env::var(k).ok())?;
     if args.device != "cpu" {
@@ -100,9 +111,9 @@ pub fn init_distributed(args: &super::TrainArgs) -> Result<Distributed> {
         return Err(Error::config("--timeout", "expected a number of seconds >= 1, found 0"));
     }
     let timeout = Duration::from_secs(args.timeout);
-    let token = rdzv_token_from_env();
-    let server = if info.rank == 0 { Some(StoreServer::start(&format!("0.0.0.0:{}", info.master_port), &token)?) } else { None };
-    let store = Store::connect(&format!("{}:{}", info.master_addr, info.master_port), &token, info.rank, timeout)?;
-    let comm = TcpCommunicator::new(&store, "engine", info.rank, info.world_size, timeout)?;
-    Ok(Distributed { info, comm: Some(Box::new(comm)), store: Some(store), server })
+    let opts = GroupOptions { rank0_hosts_store: true, timeout, join_timeout: timeout, local_rank: Some(info.local_rank) };
+    let g = init_process_groups_with(info.rank, info.world_size, &info.master_addr, info.master_port, &rdzv_token_from_env(), &opts)?;
+    let mut comm = g.comm;
+    comm.set_timeout(ENGINE_TIMEOUT);
+    Ok(Distributed { info, comm: Some(Box::new(comm)), join: Some(g.join), store: Some(g.store), server: g.server })
 }
