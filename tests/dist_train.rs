@@ -150,3 +150,70 @@ fn a_killed_worker_makes_the_others_fail_naming_it() {
         assert!(!dir.join("exp").join("epoch_0.yaml").exists(), "the epoch did not finish");
     }
 }
+
+/// The pids of `launcher`'s children, by their `RANK`.
+fn workers_of(launcher: u32) -> Vec<(usize, u32)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)).and_then(|p| p.parse::<u32>().ok());
+        if ppid != Some(launcher) {
+            continue;
+        }
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let rank = env.split(|b| *b == 0).find_map(|kv| std::str::from_utf8(kv).ok()?.strip_prefix("RANK=")?.parse().ok());
+        if let Some(r) = rank {
+            out.push((r, pid));
+        }
+    }
+    out.sort();
+    out
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+}
+
+#[test]
+fn asrforge_launch_stops_the_job_when_a_training_worker_is_killed() {
+    const TIMEOUT: u64 = 10;
+    let dir = prepare("dist-launch-kill", &[], 6, 1, "save_interval: 2\n");
+    std::fs::write(dir.join("train.list"), good_lines(&dir, 3 * 40).join("\n") + "\n").unwrap();
+    let a = worker_args(&dir, 0, TIMEOUT);
+    let port = dist_common::free_port().to_string();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_asrforge"));
+    cmd.args(["launch", "--nproc_per_node", "3", "--master_port", &port, "--grace_period", "3", "train", "--dist_backend", "gloo", "--num_workers", "1", "--timeout", &TIMEOUT.to_string()]);
+    for (flag, p) in [("--config", &a.config), ("--model_dir", &a.model_dir), ("--tensorboard_dir", &a.tensorboard_dir), ("--train_data", &dir.join("train.list")), ("--cv_data", &a.cv_data), ("--symbol_table", &dir.join("units.txt"))] {
+        cmd.arg(flag).arg(p);
+    }
+    cmd.env_remove("ASRFORGE_RDZV_TOKEN").stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let launcher = cmd.spawn().unwrap();
+    let marker = a.model_dir.join("step_2.yaml");
+    let t0 = Instant::now();
+    while !marker.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(120), "training never reached step 2");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let workers = workers_of(launcher.id());
+    assert_eq!(workers.iter().map(|(r, _)| *r).collect::<Vec<_>>(), [0, 1, 2], "three workers: {workers:?}");
+    assert!(std::process::Command::new("kill").args(["-KILL", &workers[2].1.to_string()]).status().unwrap().success());
+    let killed = Instant::now();
+    let out = launcher.wait_with_output().unwrap();
+    let secs = killed.elapsed().as_secs_f64();
+    let err = String::from_utf8_lossy(&out.stderr);
+    println!("launcher exited {:?} {secs:.1} s after the kill; {}", out.status, err.lines().filter(|l| l.contains("asrforge launch")).collect::<Vec<_>>().join(" | "));
+    assert!(!out.status.success());
+    assert!(secs < (TIMEOUT + 5) as f64, "the launcher took {secs} s");
+    // The launcher reports the first worker it sees end: rank 2 killed by
+    // SIGKILL, or a survivor that already failed because rank 2 closed its
+    // connections (which of the two comes first is a race); either way the
+    // job's output names rank 2 as the cause.
+    let by_launcher = err.contains("asrforge launch: rank 2 (") && err.contains("killed by signal SIGKILL");
+    let by_survivor = err.contains("rank 2 closed its connection");
+    assert!(by_launcher || by_survivor, "{err}");
+    std::thread::sleep(Duration::from_millis(200));
+    let left: Vec<u32> = workers.iter().map(|(_, p)| *p).filter(|p| alive(*p)).collect();
+    assert!(left.is_empty(), "workers left behind: {left:?}");
+    assert!(!a.model_dir.join("epoch_0.yaml").exists(), "killed mid-epoch");
+}
