@@ -6,6 +6,12 @@
 //! and the loss scaler and calls the engine once per micro-batch
 //! (`backward`) and once per optimizer step (`step`).
 
+pub mod flat;
+pub mod zero;
+pub mod zero_state;
+
+pub use zero::{ZeroEngine, ZeroOptions};
+
 use crate::error::Result;
 use crate::optim::GradScaler;
 use crate::tensor::Tensor;
