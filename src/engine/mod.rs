@@ -6,6 +6,7 @@
 //! and the loss scaler and calls the engine once per micro-batch
 //! (`backward`) and once per optimizer step (`step`).
 
+pub mod deepspeed;
 pub mod flat;
 pub mod zero;
 pub mod zero_state;
