@@ -8,9 +8,12 @@
 
 pub mod deepspeed;
 pub mod flat;
+pub mod single;
+pub mod update;
 pub mod zero;
 pub mod zero_state;
 
+pub use single::SingleProcess;
 pub use zero::{ZeroEngine, ZeroOptions};
 
 use crate::error::Result;

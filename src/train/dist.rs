@@ -53,10 +53,26 @@ pub fn dist_info_from(get: &dyn Fn(&str) -> Option<String>) -> Result<DistInfo> 
     Ok(info)
 }
 
-/// WeNet's `init_distributed`: the job layout from the environment. The
-/// communicators are created by the engine; several processes are not yet
-/// supported and are refused here.
-pub fn init_distributed(args: &super::TrainArgs) -> Result<DistInfo> {
+/// What `init_distributed` opens for a job: its layout and, over several
+/// processes, the engine's communicator (taken by `wrap_model`).
+pub struct Distributed {
+    /// This process's place in the job.
+    pub info: DistInfo,
+    /// The engine's communicator (`--dist_backend`); `None` on one process
+    /// and once `wrap_model` has taken it.
+    pub comm: Option<Box<dyn crate::dist::Communicator>>,
+}
+
+impl Distributed {
+    /// One process, no networking.
+    pub fn single() -> Self {
+        Distributed { info: DistInfo::single(), comm: None }
+    }
+}
+
+/// WeNet's `init_distributed`: the job layout from the environment. Several
+/// processes are not yet supported and are refused here.
+pub fn init_distributed(args: &super::TrainArgs) -> Result<Distributed> {
     let info = dist_info_from(&|k| std::env::var(k).ok())?;
     if info.world_size > 1 {
         return Err(Error::config("WORLD_SIZE", format!("distributed training (world size {}, backend {}) is not yet supported; run one process", info.world_size, args.dist_backend)));
@@ -64,5 +80,5 @@ pub fn init_distributed(args: &super::TrainArgs) -> Result<DistInfo> {
     if args.device != "cpu" {
         return Err(Error::config("--device", format!("expected cpu, found {:?} (the trainer runs on the CPU for now)", args.device)));
     }
-    Ok(info)
+    Ok(Distributed { info, comm: None })
 }
