@@ -4,5 +4,15 @@
 //! the same step. `dist` knows no model.
 
 pub mod comm;
+mod elem;
+mod ring;
+pub mod store;
+mod store_proto;
+pub mod store_server;
+pub mod tcp;
+mod wire;
 
 pub use comm::{Communicator, ReduceOp};
+pub use store::{rdzv_token_from_env, Store};
+pub use store_server::StoreServer;
+pub use tcp::TcpCommunicator;

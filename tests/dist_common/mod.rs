@@ -61,9 +61,18 @@ impl WorkerResult {
     pub fn assert_ok(&self) {
         assert!(self.output.status.success(), "rank {} failed ({:?})\nstdout:\n{}\nstderr:\n{}", self.rank, self.output.status, self.stdout(), self.stderr());
     }
-    /// The lines of stdout that start with `prefix`, with the prefix removed.
+    /// The lines of stdout that start with `prefix`, with the prefix removed
+    /// (the worker's first line follows libtest's `test NAME ... ` on the
+    /// same line; that banner is skipped).
     pub fn lines_with(&self, prefix: &str) -> Vec<String> {
-        self.stdout().lines().filter_map(|l| l.strip_prefix(prefix).map(str::to_string)).collect()
+        self.stdout()
+            .lines()
+            .map(|l| match l.split_once(" ... ") {
+                Some((head, rest)) if head.starts_with("test ") => rest,
+                _ => l,
+            })
+            .filter_map(|l| l.strip_prefix(prefix).map(str::to_string))
+            .collect()
     }
 }
 
