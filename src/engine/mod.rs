@@ -6,6 +6,9 @@
 //! and the loss scaler and calls the engine once per micro-batch
 //! (`backward`) and once per optimizer step (`step`).
 
+pub mod buckets;
+pub mod comm_thread;
+pub mod ddp;
 pub mod deepspeed;
 pub mod flat;
 pub mod single;
@@ -13,6 +16,7 @@ pub mod update;
 pub mod zero;
 pub mod zero_state;
 
+pub use ddp::{Ddp, DdpStats, DEFAULT_BUCKET_BYTES};
 pub use single::SingleProcess;
 pub use zero::{ZeroEngine, ZeroOptions};
 

@@ -3,7 +3,7 @@
 //! settings, with the optimizer state of a resume restored.
 
 use super::{Distributed, Resume, TrainArgs};
-use crate::engine::{Engine, SingleProcess};
+use crate::engine::{Ddp, Engine, SingleProcess, DEFAULT_BUCKET_BYTES};
 use crate::error::{Error, Result};
 use crate::models::AsrModel;
 use crate::nn::Module;
@@ -15,7 +15,10 @@ pub fn wrap_model(model: &AsrModel, args: &TrainArgs, dist: &mut Distributed, ad
     let world = dist.info.world_size;
     let mut engine: Box<dyn Engine> = match args.train_engine.as_str() {
         "torch_ddp" if world == 1 => Box::new(SingleProcess::new(model.named_parameters(), adam)?),
-        "torch_ddp" => return Err(Error::config("--train_engine", format!("torch_ddp over {world} processes is not yet supported"))),
+        "torch_ddp" => {
+            let comm = dist.comm.take().ok_or_else(|| Error::dist("wrap_model", dist.info.rank, format!("torch_ddp over {world} processes needs the communicator init_distributed opens (was it taken already?)")))?;
+            Box::new(Ddp::new(model.named_parameters(), &model.named_buffers(), adam, comm, DEFAULT_BUCKET_BYTES)?)
+        }
         "deepspeed" => return Err(Error::config("--train_engine", "deepspeed (ZeRO) is not yet supported; use torch_ddp")),
         other => return Err(Error::config("--train_engine", format!("expected torch_ddp or deepspeed, found {other:?}"))),
     };
