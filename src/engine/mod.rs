@@ -9,11 +9,16 @@
 pub mod buckets;
 pub mod comm_thread;
 pub mod ddp;
+pub mod deepspeed;
+pub mod flat;
 pub mod single;
 pub mod update;
+pub mod zero;
+pub mod zero_state;
 
 pub use ddp::{Ddp, DdpStats, DEFAULT_BUCKET_BYTES};
 pub use single::SingleProcess;
+pub use zero::{ZeroEngine, ZeroOptions};
 
 use crate::error::Result;
 use crate::optim::GradScaler;
