@@ -18,7 +18,7 @@ pub fn run_train(args: &TrainArgs) -> Result<Executor> {
     let engine = wrap_model(&model, args, &mut dist, optim.adam, &resume)?;
     let scaler = init_scaler(args, &resume);
     if let Some(s) = &resume.state {
-        rng::set_state(s.rng);
+        rng::set_state(s.rng_for(dist.info.rank));
     }
     let mut exec = Executor::new(model, engine, optim, scaler, writer, cfg, args.model_dir.clone(), resume.position()).with_join(dist.join.take());
     if args.checkpoint.is_none() {
