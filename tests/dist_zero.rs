@@ -257,3 +257,59 @@ fn checkpoint_resume_same_world_is_bitwise_and_other_worlds_reshard() {
         std::fs::remove_dir_all(&dir).ok();
     }
 }
+
+#[path = "train_common/mod.rs"]
+mod train_common;
+
+fn ds_json(dir: &Path, stage: u8) -> PathBuf {
+    // The tiny train.yaml has accum_grad 1, grad_clip 5, log_interval 1000.
+    let p = dir.join(format!("ds_stage{stage}.json"));
+    let text = format!(r#"{{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 5, "steps_per_print": 1000, "zero_optimization": {{"stage": {stage}, "reduce_bucket_size": 1000, "allgather_bucket_size": 777}}}}"#);
+    std::fs::write(&p, text).expect("write ds json");
+    p
+}
+
+fn state_files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir).expect("model dir").map(|e| e.expect("entry").file_name().to_string_lossy().into_owned()).filter(|n| n.contains(".state")).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn deepspeed_train_saves_model_only_or_its_shards_and_equals_torch_ddp_on_one_process() {
+    let dir = train_common::tmpdir("zero_model_only");
+    let mut args = train_common::setup(&dir, 4, &train_common::tiny_yaml(0.0, 2, 1, ""));
+    let plain = asrforge::train::run_train(&args).expect("torch_ddp run");
+    let want = flat_values(plain.engine.parameters());
+    for (stage, states) in [(2u8, "model_only"), (1, "model+optimizer")] {
+        args.model_dir = dir.join(format!("ds{stage}"));
+        args.tensorboard_dir = dir.join(format!("ds{stage}/tb"));
+        args.train_engine = "deepspeed".into();
+        args.deepspeed_config = Some(ds_json(&dir, stage));
+        args.deepspeed_save_states = states.into();
+        let exec = asrforge::train::run_train(&args).expect("deepspeed run");
+        let got = flat_values(exec.engine.parameters());
+        let rel = max_rel(&got, &want);
+        assert!(rel < 1e-5, "stage {stage} on one process vs torch_ddp: {rel:e}");
+        assert!(exec.engine.sharded_state());
+        let files = state_files(&args.model_dir);
+        if states == "model_only" {
+            assert!(files.is_empty(), "model_only writes no optimizer or resume state, found {files:?}");
+        } else {
+            for tag in ["init", "epoch_0"] {
+                for f in [format!("{tag}.state.safetensors"), format!("{tag}.state.rank0.safetensors")] {
+                    assert!(files.contains(&f), "model+optimizer writes {f}, found {files:?}");
+                }
+            }
+        }
+        // The model file loads into a fresh model with nothing of the engine.
+        let ckpt = args.model_dir.join("epoch_0.safetensors");
+        let root = asrforge::train::read_config(&args.model_dir.join("train.yaml"), &[]).expect("saved yaml");
+        let cfg = asrforge::train::parse_train_config(&root).expect("cfg");
+        let load = asrforge::train::TrainArgs { checkpoint: Some(ckpt), train_engine: "torch_ddp".into(), ..args.clone() };
+        let (model, resume) = asrforge::train::init_model(&load, &cfg).expect("load the model file");
+        assert_eq!(resume.state.is_some(), states != "model_only");
+        use asrforge::nn::Module;
+        assert_eq!(flat_values(&model.named_parameters()), got, "the saved model is the trained one, in full precision");
+    }
+}
