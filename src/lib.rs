@@ -9,6 +9,7 @@ pub mod decode;
 pub mod dist;
 pub mod engine;
 pub mod error;
+pub mod launch;
 pub mod models;
 pub mod nn;
 pub mod ops;

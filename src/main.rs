@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use asrforge::data::cli::{run_compute_cmvn, run_compute_feats, ComputeCmvnArgs, ComputeFeatsArgs};
 
@@ -32,6 +32,8 @@ enum Command {
     Average(asrforge::models::average::AverageArgs),
     /// Decode a test list with a checkpoint in one or more modes.
     Recognize(asrforge::decode::recognize::RecognizeArgs),
+    /// Start the workers of a job on this node (torchrun's flags), or on every host of a --hostfile.
+    Launch(asrforge::launch::LaunchArgs),
 }
 
 fn run(command: &Command) -> asrforge::Result<()> {
@@ -43,6 +45,8 @@ fn run(command: &Command) -> asrforge::Result<()> {
         Command::ComputeCer(args) => asrforge::decode::cli::run_compute_cer(args).map(|s| print!("{s}")),
         Command::Average(args) => asrforge::models::average::run_average(args).map(|s| print!("{s}")),
         Command::Recognize(args) => asrforge::decode::recognize::run_recognize(args).map(|s| eprint!("{s}")),
+        // Handled in `main`: the launcher exits with its workers' status.
+        Command::Launch(_) => Ok(()),
     }
 }
 
@@ -72,6 +76,17 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let Command::Launch(args) = &cli.command {
+        // The launcher exits with its workers' status.
+        let subcommands: Vec<String> = Cli::command().get_subcommands().map(|c| c.get_name().to_string()).collect();
+        return match asrforge::launch::run_launch(args, &subcommands) {
+            Ok(status) => ExitCode::from(u8::try_from(status).unwrap_or(1)),
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
     match run(&cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -13,7 +13,7 @@
 //!   caller-allocated output (`all_gather`, `reduce_scatter`).
 
 use crate::error::Result;
-use crate::tensor::Tensor;
+use crate::tensor::{Device, Tensor};
 use std::time::Duration;
 
 /// How `all_reduce` / `reduce_scatter` combine the ranks' values.
@@ -54,4 +54,13 @@ pub trait Communicator: Send {
     fn reduce_scatter(&mut self, input: &Tensor, output: &Tensor, op: ReduceOp) -> Result<()>;
     /// Returns once every rank has entered the barrier.
     fn barrier(&mut self) -> Result<()>;
+
+    /// All-reduces a few f64 values in place (loss sums, squared gradient
+    /// norms, utterance counts) without building a tensor by hand.
+    fn all_reduce_f64(&mut self, values: &mut [f64], op: ReduceOp) -> Result<()> {
+        let t = Tensor::from_vec(values.to_vec(), vec![values.len()], &Device::Cpu)?;
+        self.all_reduce(&t, op)?;
+        values.copy_from_slice(&t.to_vec::<f64>()?);
+        Ok(())
+    }
 }

@@ -5,6 +5,8 @@
 
 pub mod comm;
 mod elem;
+pub mod groups;
+pub mod join;
 mod ring;
 pub mod store;
 mod store_proto;
@@ -13,6 +15,8 @@ pub mod tcp;
 mod wire;
 
 pub use comm::{Communicator, ReduceOp};
+pub use groups::{init_process_groups, init_process_groups_with, GroupOptions, ProcessGroups};
+pub use join::JoinGroup;
 pub use store::{rdzv_token_from_env, Store};
 pub use store_server::StoreServer;
 pub use tcp::TcpCommunicator;

@@ -88,6 +88,12 @@ impl StoreServer {
     }
 }
 
+impl std::fmt::Debug for StoreServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StoreServer({})", self.addr())
+    }
+}
+
 impl Drop for StoreServer {
     fn drop(&mut self) {
         if self.accept.is_some() {

@@ -267,6 +267,34 @@ impl TcpCommunicator {
     }
 }
 
+impl Drop for TcpCommunicator {
+    /// After a failure, reads and discards what peers still send until they
+    /// close their side (at most 2 s): closing a socket with unread data
+    /// makes the kernel send a reset, which would destroy the abort frame a
+    /// peer has not read yet and leave it blaming this rank.
+    fn drop(&mut self) {
+        if self.broken.is_none() {
+            return;
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut sink = vec![0u8; 64 << 10];
+        for s in self.peers.iter().flatten() {
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() || s.set_read_timeout(Some(left)).is_err() {
+                    return;
+                }
+                match std::io::Read::read(&mut &*s, &mut sink) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+}
+
 fn connect_until(addr: &SocketAddr, deadline: Instant) -> io::Result<TcpStream> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());

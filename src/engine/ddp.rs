@@ -90,7 +90,8 @@ impl Ddp {
             comm.broadcast(t, 0).map_err(|e| Error::dist("broadcast", rank, format!("initial broadcast of {name} from rank 0: {e}")))?;
         }
         let sizes: Vec<usize> = params.iter().map(|(_, p)| p.elem_count()).collect();
-        let buckets = assign_buckets(&sizes, bucket_bytes);
+        let elem_bytes = params.first().map_or(4, |(_, p)| p.dtype().size_in_bytes());
+        let buckets = assign_buckets(&sizes, elem_bytes, bucket_bytes);
         let mut bucket_of = vec![0; params.len()];
         for (b, bk) in buckets.iter().enumerate() {
             for &i in &bk.params {

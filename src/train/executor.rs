@@ -13,6 +13,7 @@ use super::TrainConfig;
 use crate::autograd;
 use crate::data::loader::DataLoader;
 use crate::data::Batch;
+use crate::dist::JoinGroup;
 use crate::error::{Error, Result};
 use crate::models::AsrModel;
 use crate::nn::Module;
@@ -96,6 +97,9 @@ pub struct Executor {
     /// Whether checkpoints carry the optimizer state and resume state
     /// (false for `--deepspeed.save_states model_only`: the model file only).
     pub save_optimizer_state: bool,
+    /// The join group (several processes): before each batch every rank
+    /// says whether it has one, and all stop when any has run out.
+    pub join: Option<JoinGroup>,
     pending: Vec<BatchLoss>,
     /// The latest batch's losses, for the log line.
     last_batch: Option<BatchLoss>,
@@ -110,7 +114,13 @@ impl Executor {
     /// An executor continuing from `position`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(model: AsrModel, engine: Box<dyn Engine>, optim: Optim, scaler: Option<GradScaler>, writer: Option<SummaryWriter>, cfg: TrainConfig, model_dir: PathBuf, position: Position) -> Self {
-        Executor { model, engine, optim, scaler, writer, cfg, model_dir, position, skipped_steps: 0, history: Vec::new(), save_optimizer_state: true, pending: Vec::new(), last_batch: None }
+        Executor { model, engine, optim, scaler, writer, cfg, model_dir, position, skipped_steps: 0, history: Vec::new(), join: None, save_optimizer_state: true, pending: Vec::new(), last_batch: None }
+    }
+
+    /// The executor with the job's join group (none on one process).
+    pub fn with_join(mut self, join: Option<JoinGroup>) -> Self {
+        self.join = join;
+        self
     }
 
     /// Forward and backward of one batch; gradients accumulate. Clears the tape on error.
@@ -232,7 +242,10 @@ impl Executor {
         save_model(&self.model, &self.model_dir, tag, infos, &self.cfg.root, state.as_ref())
     }
 
-    /// Trains the epoch at `self.position` from its current batch to its end.
+    /// Trains the epoch at `self.position` from its current batch to its
+    /// end — with a join group, to the step where the first rank runs out:
+    /// every rank ends there, and an accumulation left incomplete is dropped
+    /// on every rank alike.
     pub fn train_epoch(&mut self, loader: &DataLoader) -> Result<()> {
         let epoch = self.position.epoch;
         self.model.train(true);
@@ -243,7 +256,14 @@ impl Executor {
         let mut last_err = None;
         let mut it = loader.resume(epoch, self.position.batches);
         let mut window = (Instant::now(), 0usize, 0u64);
-        while let Some(batch) = it.next() {
+        loop {
+            let next = it.next();
+            if let Some(j) = self.join.as_mut() {
+                if !j.all_have_batch(next.is_some())? {
+                    break;
+                }
+            }
+            let Some(batch) = next else { break };
             self.position.batches = it.position();
             match self.train_batch(&batch) {
                 Ok(bl) => {
@@ -288,6 +308,11 @@ impl Executor {
         }
         if let Some(b) = bar {
             b.finish_and_clear();
+        }
+        if !self.pending.is_empty() {
+            // An incomplete accumulation at the epoch's end is dropped (as WeNet does).
+            self.engine.zero_grad();
+            self.pending.clear();
         }
         if ok == 0 && failed > 0 {
             return Err(last_err.unwrap_or_else(|| Error::Msg("every batch failed".into())));

@@ -20,7 +20,7 @@ pub fn run_train(args: &TrainArgs) -> Result<Executor> {
     if let Some(s) = &resume.state {
         rng::set_state(s.rng);
     }
-    let mut exec = Executor::new(model, engine, optim, scaler, writer, cfg, args.model_dir.clone(), resume.position());
+    let mut exec = Executor::new(model, engine, optim, scaler, writer, cfg, args.model_dir.clone(), resume.position()).with_join(dist.join.take());
     exec.save_optimizer_state = deepspeed::saves_optimizer_state(args)?;
     if args.checkpoint.is_none() {
         exec.save("init", 0, None)?;

@@ -1,0 +1,138 @@
+//! Faults in the TCP communicator, with real processes: a worker killed
+//! (SIGKILL) in the middle of large all-reduces, a worker that exits between
+//! collectives, and ranks that call different collectives. The survivors'
+//! next collective fails within the timeout (+ a few seconds), naming the
+//! rank at fault, and every later call fails at once.
+
+mod dist_common;
+
+use asrforge::dist::{Communicator, ReduceOp, Store, StoreServer, TcpCommunicator};
+use asrforge::{Device, Tensor};
+use dist_common::{spawn, worker, Worker};
+use std::os::unix::process::ExitStatusExt;
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+/// How long past the timeout a failure may take to surface.
+const SLACK: Duration = Duration::from_secs(3);
+
+fn group(w: &Worker, prefix: &str) -> (Option<StoreServer>, Store, TcpCommunicator) {
+    let addr = format!("{}:{}", w.master_addr, w.master_port);
+    let server = (w.rank == 0).then(|| StoreServer::start(&addr, &w.token).unwrap());
+    let store = Store::connect(&addr, &w.token, w.rank, TIMEOUT).unwrap();
+    let comm = TcpCommunicator::new(&store, prefix, w.rank, w.world_size, TIMEOUT).unwrap();
+    (server, store, comm)
+}
+
+/// Runs `op` until it fails; prints how long the failing call took after
+/// the last success, its message, and the message of one more call.
+fn until_failure(comm: &mut TcpCommunicator, mut op: impl FnMut(&mut TcpCommunicator) -> asrforge::Result<()>) {
+    for _ in 0..100_000 {
+        let t0 = Instant::now();
+        if let Err(e) = op(comm) {
+            println!("FAILED_AFTER_MS {}", t0.elapsed().as_millis());
+            println!("ERR {e}");
+            let t1 = Instant::now();
+            let again = comm.barrier().unwrap_err();
+            println!("AGAIN_MS {}", t1.elapsed().as_millis());
+            println!("AGAIN {again}");
+            return;
+        }
+    }
+    panic!("the collective never failed");
+}
+
+fn killed_body(w: Worker) {
+    let (_server, _store, mut comm) = group(&w, "kill");
+    let t = Tensor::from_vec(vec![1.0f32; 1 << 20], vec![1 << 20], &Device::Cpu).unwrap();
+    comm.all_reduce(&t, ReduceOp::Sum).unwrap();
+    if w.rank == 2 {
+        // SIGKILL this process while it is inside the next all-reduces.
+        std::thread::spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            let _ = std::process::Command::new("kill").args(["-9", &std::process::id().to_string()]).status();
+        });
+        loop {
+            let _ = comm.all_reduce(&t, ReduceOp::Sum);
+        }
+    }
+    until_failure(&mut comm, |c| c.all_reduce(&t, ReduceOp::Sum));
+}
+
+fn ms(r: &dist_common::WorkerResult, key: &str) -> Duration {
+    Duration::from_millis(r.lines_with(key)[0].parse().unwrap())
+}
+
+#[test]
+fn a_killed_worker_fails_the_others_naming_it() {
+    if let Some(w) = worker() {
+        return killed_body(w);
+    }
+    let rs = spawn("a_killed_worker_fails_the_others_naming_it", 3, &[], &|_| Vec::new());
+    assert_eq!(rs[2].output.status.signal(), Some(9), "rank 2 should have died of SIGKILL: {:?}\n{}", rs[2].output.status, rs[2].stderr());
+    for r in &rs[..2] {
+        r.assert_ok();
+        let err = &r.lines_with("ERR ")[0];
+        assert!(err.starts_with(&format!("distributed all_reduce on rank {}: rank 2 closed its connection (did it exit?)", r.rank)), "rank {}: {err}", r.rank);
+        assert!(ms(r, "FAILED_AFTER_MS ") < TIMEOUT + SLACK, "rank {} took {:?} to fail", r.rank, ms(r, "FAILED_AFTER_MS "));
+        let again = &r.lines_with("AGAIN ")[0];
+        assert!(again.contains("unusable after an earlier failure: rank 2 closed its connection"), "rank {}: {again}", r.rank);
+        assert!(ms(r, "AGAIN_MS ") < Duration::from_millis(100));
+    }
+}
+
+fn exits_body(w: Worker) {
+    let (_server, _store, mut comm) = group(&w, "exit");
+    let t = Tensor::from_vec(vec![w.rank as f64; 7], vec![7], &Device::Cpu).unwrap();
+    for _ in 0..3 {
+        comm.all_reduce(&t, ReduceOp::Max).unwrap();
+    }
+    comm.barrier().unwrap();
+    if w.rank == 3 {
+        std::process::exit(0);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    until_failure(&mut comm, |c| c.all_reduce(&t, ReduceOp::Sum));
+}
+
+#[test]
+fn a_worker_that_exits_fails_the_next_small_collective() {
+    if let Some(w) = worker() {
+        return exits_body(w);
+    }
+    let rs = spawn("a_worker_that_exits_fails_the_next_small_collective", 4, &[], &|_| Vec::new());
+    for r in &rs {
+        r.assert_ok();
+    }
+    for r in &rs[..3] {
+        let err = &r.lines_with("ERR ")[0];
+        assert!(err.contains("rank 3 closed its connection (did it exit?)"), "rank {}: {err}", r.rank);
+        assert!(ms(r, "FAILED_AFTER_MS ") < TIMEOUT + SLACK);
+    }
+}
+
+fn mismatch_body(w: Worker) {
+    let (_server, _store, mut comm) = group(&w, "mismatch");
+    let n = 5 + w.rank;
+    let t = Tensor::from_vec(vec![1.0f32; n], vec![n], &Device::Cpu).unwrap();
+    let err = comm.all_reduce(&t, ReduceOp::Sum).unwrap_err();
+    println!("ERR {err}");
+}
+
+#[test]
+fn ranks_that_call_different_collectives_get_an_error_naming_both() {
+    if let Some(w) = worker() {
+        return mismatch_body(w);
+    }
+    let rs = spawn("ranks_that_call_different_collectives_get_an_error_naming_both", 2, &[], &|_| Vec::new());
+    for r in &rs {
+        r.assert_ok();
+        let err = &r.lines_with("ERR ")[0];
+        let (me, other) = (r.rank, 1 - r.rank);
+        let (mine, theirs) = (5 + me, 5 + other);
+        assert!(
+            err.contains(&format!("ranks disagree: rank {other} called all_reduce (sum) of {theirs} f32 elements as call #1, rank {me} called all_reduce (sum) of {mine} f32 elements as call #1")),
+            "rank {me}: {err}"
+        );
+    }
+}
