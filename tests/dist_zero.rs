@@ -313,3 +313,58 @@ fn deepspeed_train_saves_model_only_or_its_shards_and_equals_torch_ddp_on_one_pr
         assert_eq!(flat_values(&model.named_parameters()), got, "the saved model is the trained one, in full precision");
     }
 }
+
+/// `run_train` in this worker with the engine and save mode of the environment.
+fn train_cli_worker(w: &Worker) {
+    let dir = PathBuf::from(std::env::var("JOB_DIR").expect("JOB_DIR"));
+    let engine = std::env::var("JOB_ENGINE").expect("JOB_ENGINE");
+    let mut args = train_common::args(&dir, &engine);
+    args.train_data = dir.join("train.list");
+    args.cv_data = dir.join("train.list");
+    if engine != "torch_ddp" {
+        args.train_engine = "deepspeed".into();
+        args.deepspeed_config = Some(dir.join(format!("{engine}.json")));
+        args.deepspeed_save_states = std::env::var("JOB_SAVE").expect("JOB_SAVE");
+    }
+    let exec = asrforge::train::run_train(&args).unwrap_or_else(|e| panic!("rank {}: {e}", w.rank));
+    assert_eq!(exec.engine.world_size(), 2);
+    println!("STEPS {}", exec.history.len());
+    println!("PARAMS0 {}", bits(&flat_values(exec.engine.parameters())));
+}
+
+#[test]
+fn deepspeed_stage_1_and_2_in_run_train_over_2_processes_equal_torch_ddp() {
+    if let Some(w) = worker() {
+        train_cli_worker(&w);
+        return;
+    }
+    let dir = train_common::tmpdir("zero_train_2proc");
+    train_common::setup(&dir, 20, &train_common::tiny_yaml(0.0, 1, 1, ""));
+    // Utterances with a one-token transcript (every one fits CTC), 12 of them: 6 steps per rank.
+    let lines: Vec<String> = std::fs::read_to_string(dir.join("data.list")).expect("list").lines().step_by(5).map(str::to_string).cycle().take(12).collect();
+    std::fs::write(dir.join("train.list"), lines.join("\n") + "\n").expect("train list");
+    let name = "deepspeed_stage_1_and_2_in_run_train_over_2_processes_equal_torch_ddp";
+    let job = |engine: &str, save: &str| run_ok(name, 2, &[("JOB_DIR", dir.display().to_string()), ("JOB_ENGINE", engine.to_string()), ("JOB_SAVE", save.to_string())]);
+    let ddp = job("torch_ddp", "");
+    check_identical(&ddp, 1);
+    let want = unbits(&line(&ddp[0], "PARAMS0"));
+    assert_eq!(line(&ddp[0], "STEPS"), "6");
+    for (stage, save) in [(1u8, "model+optimizer"), (2, "model_only")] {
+        let engine = format!("ds_stage{stage}");
+        assert_eq!(ds_json(&dir, stage), dir.join(format!("{engine}.json")));
+        let rs = job(&engine, save);
+        check_identical(&rs, 1);
+        assert_eq!(line(&rs[0], "STEPS"), "6");
+        let rel = max_rel(&unbits(&line(&rs[0], "PARAMS0")), &want);
+        eprintln!("run_train over 2 processes, ZeRO stage {stage} vs torch_ddp: max relative difference {rel:e}");
+        assert!(rel < 1e-5, "stage {stage}: {rel:e}");
+        let files = state_files(&dir.join(&engine));
+        if save == "model_only" {
+            assert!(files.is_empty(), "{files:?}");
+        } else {
+            for f in ["epoch_0.state.safetensors", "epoch_0.state.rank0.safetensors", "epoch_0.state.rank1.safetensors"] {
+                assert!(files.iter().any(|x| x == f), "missing {f} in {files:?}");
+            }
+        }
+    }
+}
