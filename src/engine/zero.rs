@@ -104,6 +104,11 @@ impl ZeroEngine {
         Ok(engine)
     }
 
+    /// The engine of a one-process job (no network: every collective is the identity).
+    pub fn single(params: Vec<(String, Tensor)>, opts: ZeroOptions, adam: AdamConfig) -> Result<ZeroEngine> {
+        ZeroEngine::new(params, Box::new(SoloComm), opts, adam)
+    }
+
     /// The flat layout (shard length, padding, parameter order).
     pub fn layout(&self) -> &FlatLayout {
         &self.layout
@@ -314,3 +319,34 @@ impl Engine for ZeroEngine {
 }
 
 
+
+/// The group of one process: reductions, broadcasts and gathers leave the data as it is.
+struct SoloComm;
+
+impl Communicator for SoloComm {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world_size(&self) -> usize {
+        1
+    }
+    fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::MAX
+    }
+    fn set_timeout(&mut self, _timeout: std::time::Duration) {}
+    fn all_reduce(&mut self, _t: &Tensor, _op: ReduceOp) -> Result<()> {
+        Ok(())
+    }
+    fn broadcast(&mut self, _t: &Tensor, _root: usize) -> Result<()> {
+        Ok(())
+    }
+    fn all_gather(&mut self, input: &Tensor, output: &Tensor) -> Result<()> {
+        output.assign(input)
+    }
+    fn reduce_scatter(&mut self, input: &Tensor, output: &Tensor, _op: ReduceOp) -> Result<()> {
+        output.assign(input)
+    }
+    fn barrier(&mut self) -> Result<()> {
+        Ok(())
+    }
+}

@@ -94,6 +94,7 @@ fn set(root: &mut Value, key: &str, v: Value) {
 pub fn check_modify_and_save_config(root: Value, args: &super::TrainArgs, dist: &super::DistInfo) -> Result<TrainConfig> {
     let mut root = root;
     let pre = parse_train_config(&root)?;
+    super::deepspeed::check_deepspeed_config(args, &pre, dist)?;
     let mel = pre.data.dataset_conf.fbank_conf.num_mel_bins;
     match root.get("input_dim").and_then(Value::as_u64) {
         Some(d) if d as usize != mel => return Err(Error::config("input_dim", format!("expected {mel} (dataset_conf.fbank_conf.num_mel_bins), found {d}"))),

@@ -94,6 +94,9 @@ pub struct Executor {
     pub skipped_steps: u64,
     /// Every step's report, in order.
     pub history: Vec<StepReport>,
+    /// Whether checkpoints carry the optimizer state and resume state
+    /// (false for `--deepspeed.save_states model_only`: the model file only).
+    pub save_optimizer_state: bool,
     /// The join group (several processes): before each batch every rank
     /// says whether it has one, and all stop when any has run out.
     pub join: Option<JoinGroup>,
@@ -111,7 +114,7 @@ impl Executor {
     /// An executor continuing from `position`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(model: AsrModel, engine: Box<dyn Engine>, optim: Optim, scaler: Option<GradScaler>, writer: Option<SummaryWriter>, cfg: TrainConfig, model_dir: PathBuf, position: Position) -> Self {
-        Executor { model, engine, optim, scaler, writer, cfg, model_dir, position, skipped_steps: 0, history: Vec::new(), join: None, pending: Vec::new(), last_batch: None }
+        Executor { model, engine, optim, scaler, writer, cfg, model_dir, position, skipped_steps: 0, history: Vec::new(), join: None, save_optimizer_state: true, pending: Vec::new(), last_batch: None }
     }
 
     /// The executor with the job's join group (none on one process).
@@ -222,7 +225,7 @@ impl Executor {
     /// others, so none races ahead of a checkpoint.
     pub fn save(&mut self, tag: &str, epoch: u64, cv_loss: Option<f64>) -> Result<PathBuf> {
         let rank_rngs = self.gather_rngs()?;
-        if self.engine.sharded_state() {
+        if self.engine.sharded_state() && self.save_optimizer_state {
             let shard = self.engine.optimizer_state()?;
             save_optimizer_shard(&checkpoint_path(&self.model_dir, tag), self.engine.rank(), &shard)?;
         }
@@ -255,7 +258,8 @@ impl Executor {
         if let Some(c) = cv_loss {
             infos.insert("cv_loss".into(), Value::from(c));
         }
-        save_model(&self.model, &self.model_dir, tag, infos, &self.cfg.root, Some(&self.train_state(rank_rngs)?))
+        let state = if self.save_optimizer_state { Some(self.train_state(rank_rngs)?) } else { None };
+        save_model(&self.model, &self.model_dir, tag, infos, &self.cfg.root, state.as_ref())
     }
 
     /// Trains the epoch at `self.position` from its current batch to its

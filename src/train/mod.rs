@@ -3,6 +3,7 @@
 pub mod args;
 pub mod checkpoint;
 pub mod config;
+pub mod deepspeed;
 pub mod dist;
 pub mod executor;
 pub mod run;

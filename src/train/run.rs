@@ -16,11 +16,12 @@ pub fn run_train(args: &TrainArgs) -> Result<Executor> {
     let writer = init_summary_writer(args, &dist.info)?;
     let optim = init_optimizer_and_scheduler(&cfg, &resume)?;
     let engine = wrap_model(&model, args, &mut dist, optim.adam, &resume)?;
-    let scaler = init_scaler(args, &resume);
+    let scaler = if deepspeed::is_deepspeed(args) { deepspeed::deepspeed_scaler(args, &resume)? } else { init_scaler(args, &resume) };
     if let Some(s) = &resume.state {
         rng::set_state(s.rng_for(dist.info.rank));
     }
     let mut exec = Executor::new(model, engine, optim, scaler, writer, cfg, args.model_dir.clone(), resume.position()).with_join(dist.join.take());
+    exec.save_optimizer_state = deepspeed::saves_optimizer_state(args)?;
     if args.checkpoint.is_none() {
         exec.save("init", 0, None)?;
     }

@@ -19,7 +19,7 @@ pub fn wrap_model(model: &AsrModel, args: &TrainArgs, dist: &mut Distributed, ad
             let comm = dist.comm.take().ok_or_else(|| Error::dist("wrap_model", dist.info.rank, format!("torch_ddp over {world} processes needs the communicator init_distributed opens (was it taken already?)")))?;
             Box::new(Ddp::new(model.named_parameters(), &model.named_buffers(), adam, comm, DEFAULT_BUCKET_BYTES)?)
         }
-        "deepspeed" => return Err(Error::config("--train_engine", "deepspeed (ZeRO) is not yet supported; use torch_ddp")),
+        "deepspeed" => super::deepspeed::deepspeed_engine(model, args, dist, adam)?,
         other => return Err(Error::config("--train_engine", format!("expected torch_ddp or deepspeed, found {other:?}"))),
     };
     if let Some(s) = &resume.state {
