@@ -196,13 +196,13 @@ impl Executor {
     pub fn train_state(&self, rank_rngs: Vec<Rng>) -> Result<TrainState> {
         let sharded = self.engine.sharded_state();
         Ok(TrainState {
-            rank_rngs,
             position: self.position,
             optimizer: if sharded { Vec::new() } else { vec![self.engine.optimizer_state()?] },
             optimizer_shards: sharded.then(|| self.engine.world_size()),
             scheduler_steps: self.optim.scheduler.steps(),
             scaler: self.scaler.as_ref().map(|s| (s.scale, s.growth_tracker)),
             rng: rng::get_state(),
+            rank_rngs,
         })
     }
 
