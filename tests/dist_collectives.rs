@@ -177,7 +177,7 @@ fn collectives_body(w: Worker) {
     let (_server, _store, mut comm) = group(&w, "collectives");
     let world = w.world_size;
     let mut c = Checks { w: w.clone(), base, n_check: 0 };
-    for n in [1, 7, 1000, 100_003] {
+    for n in [0, 1, 7, 1000, 100_003] {
         for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min] {
             c.all_reduce(&mut comm, DType::F32, n, op);
         }
@@ -195,7 +195,10 @@ fn collectives_body(w: Worker) {
     c.all_reduce(&mut comm, DType::BF16, 50_001, ReduceOp::Avg);
     // Larger than one 1 MiB piece per ring segment at every world size here.
     c.all_reduce(&mut comm, DType::F32, 1_300_007, ReduceOp::Sum);
-    // Many pieces per step.
+    // Many pieces per step; a requested size that is no multiple of 8 must
+    // not split an f64 element.
+    comm.set_chunk_bytes(4100);
+    c.all_reduce(&mut comm, DType::F64, 100_003, ReduceOp::Sum);
     comm.set_chunk_bytes(4096);
     c.all_reduce(&mut comm, DType::F32, 100_003, ReduceOp::Sum);
     c.all_gather(&mut comm, DType::F32, 30_001);
@@ -207,11 +210,11 @@ fn collectives_body(w: Worker) {
         c.broadcast(&mut comm, DType::F32, n, world - 1);
     }
     c.broadcast(&mut comm, DType::I64, 7, world / 2);
-    for n in [1, 7, 25_001] {
+    for n in [0, 1, 7, 25_001] {
         c.all_gather(&mut comm, DType::F32, n);
     }
     c.all_gather(&mut comm, DType::I64, 5);
-    for n in [1, 7, 40_001] {
+    for n in [0, 1, 7, 40_001] {
         for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max] {
             c.reduce_scatter(&mut comm, DType::F32, n, op);
         }

@@ -136,3 +136,65 @@ fn ranks_that_call_different_collectives_get_an_error_naming_both() {
         );
     }
 }
+
+fn hung_ring_body(w: Worker) {
+    let (_server, _store, mut comm) = group(&w, "hung");
+    comm.set_timeout(Duration::from_secs(2));
+    let n = 1 << 20; // 4 MB: the ring path
+    let t = Tensor::from_vec(vec![1.0f32; n], vec![n], &Device::Cpu).unwrap();
+    comm.all_reduce(&t, ReduceOp::Sum).unwrap();
+    if w.rank == 3 {
+        // Alive, sockets open, but never calls the next collective.
+        std::thread::sleep(Duration::from_secs(7));
+        return;
+    }
+    let t0 = Instant::now();
+    let err = comm.all_reduce(&t, ReduceOp::Sum).unwrap_err();
+    println!("MS {}", t0.elapsed().as_millis());
+    println!("ERR {err}");
+}
+
+#[test]
+fn a_hung_worker_in_a_ring_all_reduce_is_named_by_every_other_rank() {
+    if let Some(w) = worker() {
+        return hung_ring_body(w);
+    }
+    let rs = spawn("a_hung_worker_in_a_ring_all_reduce_is_named_by_every_other_rank", 4, &[], &|_| Vec::new());
+    for r in &rs[..3] {
+        r.assert_ok();
+        let err = &r.lines_with("ERR ")[0];
+        assert!(err.contains("rank 3 did not answer within 2 s"), "rank {}: {err}", r.rank);
+        let ms: u64 = r.lines_with("MS ")[0].parse().unwrap();
+        assert!((2000..5000).contains(&ms), "rank {} failed after {ms} ms with a 2 s timeout", r.rank);
+    }
+}
+
+fn absent_body(w: Worker) {
+    let addr = format!("{}:{}", w.master_addr, w.master_port);
+    let _server = (w.rank == 0).then(|| StoreServer::start(&addr, &w.token).unwrap());
+    let store = Store::connect(&addr, &w.token, w.rank, TIMEOUT).unwrap();
+    if w.rank == 2 {
+        // Reaches the store but never joins the group.
+        std::thread::sleep(Duration::from_secs(4));
+        return;
+    }
+    let t0 = Instant::now();
+    let err = TcpCommunicator::new(&store, "absent", w.rank, 3, Duration::from_secs(2)).unwrap_err();
+    println!("MS {}", t0.elapsed().as_millis());
+    println!("ERR {err}");
+}
+
+#[test]
+fn a_rank_that_never_joins_the_group_is_named_after_the_timeout() {
+    if let Some(w) = worker() {
+        return absent_body(w);
+    }
+    let rs = spawn("a_rank_that_never_joins_the_group_is_named_after_the_timeout", 3, &[], &|_| Vec::new());
+    for r in &rs[..2] {
+        r.assert_ok();
+        let err = &r.lines_with("ERR ")[0];
+        assert_eq!(err, &format!("distributed tcp communicator set-up on rank {}: rank(s) 2 did not connect within 2 s", r.rank));
+        let ms: u64 = r.lines_with("MS ")[0].parse().unwrap();
+        assert!((2000..4000).contains(&ms), "rank {} gave up after {ms} ms", r.rank);
+    }
+}

@@ -24,8 +24,8 @@ fn ops_body(w: Worker) {
     store.set(&format!("hello/{r}"), format!("from {r}").as_bytes()).unwrap();
     let keys: Vec<String> = (0..w.world_size).map(|q| format!("hello/{q}")).collect();
     store.wait(&keys.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
-    for q in 0..w.world_size {
-        assert_eq!(store.get(&keys[q]).unwrap(), format!("from {q}").into_bytes(), "value of {}", keys[q]);
+    for (q, k) in keys.iter().enumerate() {
+        assert_eq!(store.get(k).unwrap(), format!("from {q}").into_bytes(), "value of {k}");
     }
     assert!(store.check(&["hello/0", "hello/1"]).unwrap());
     assert!(!store.check(&["hello/0", "never/set"]).unwrap());
@@ -156,4 +156,35 @@ fn a_stopped_store_is_an_error_not_a_hang() {
     // Nothing listens any more: a new client gives up after its timeout.
     let err = Store::connect(&a, "tok", 1, Duration::from_millis(300)).unwrap_err().to_string();
     assert!(err.contains("no rendezvous store at"), "{err}");
+}
+
+fn token_env_body(w: Worker) {
+    use asrforge::dist::rdzv_token_from_env;
+    // This worker process runs one test on one thread: changing its
+    // environment races with nothing.
+    for k in ["ASRFORGE_RDZV_TOKEN", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"] {
+        std::env::remove_var(k);
+    }
+    std::env::set_var("SLURM_JOB_ID", "4242");
+    assert_eq!(rdzv_token_from_env(), "4242");
+    std::env::set_var("TORCHELASTIC_RUN_ID", "torchrun-id");
+    assert_eq!(rdzv_token_from_env(), "torchrun-id", "torchrun's run id comes before SLURM's job id");
+    std::env::set_var("ASRFORGE_RDZV_TOKEN", "ours");
+    assert_eq!(rdzv_token_from_env(), "ours", "ASRFORGE_RDZV_TOKEN comes first");
+    for k in ["ASRFORGE_RDZV_TOKEN", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"] {
+        std::env::remove_var(k);
+    }
+    let derived = rdzv_token_from_env();
+    assert_eq!(derived, format!("addr-127.0.0.1:{}", w.master_port));
+    assert_eq!(rdzv_token_from_env(), derived, "the derived token is stable");
+}
+
+#[test]
+fn the_job_token_comes_from_the_launcher_torchrun_slurm_or_the_master_address() {
+    if let Some(w) = worker() {
+        return token_env_body(w);
+    }
+    let rs = run_ok("the_job_token_comes_from_the_launcher_torchrun_slurm_or_the_master_address", 1, &[]);
+    let err = rs[0].stderr();
+    assert_eq!(err.matches("the store is effectively unauthenticated").count(), 1, "one warning for two derived tokens:\n{err}");
 }

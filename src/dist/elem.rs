@@ -100,6 +100,13 @@ impl Aligned {
     pub fn new(len: usize) -> Self {
         Aligned(vec![0u64; len.div_ceil(8)], len)
     }
+    /// An aligned copy of `src` (a `Vec<u8>` copy would only be
+    /// byte-aligned, and could not be viewed as wider elements).
+    pub fn copy_of(src: &[u8]) -> Self {
+        let mut a = Aligned::new(src.len());
+        a.bytes_mut().copy_from_slice(src);
+        a
+    }
     /// The first `len` bytes.
     pub fn bytes(&self) -> &[u8] {
         &bytemuck::cast_slice(&self.0)[..self.1]

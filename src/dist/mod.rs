@@ -3,6 +3,7 @@
 //! and the join group that lets uneven data end an epoch on every rank in
 //! the same step. `dist` knows no model.
 
+mod census;
 pub mod comm;
 mod elem;
 pub mod groups;

@@ -20,7 +20,7 @@
 use super::comm::ReduceOp;
 use super::elem::{self, Aligned};
 use super::tcp::{op_code, op_name, Fail, TcpCommunicator, DIRECT_MAX_BYTES};
-use super::wire::{read_full, write_full, Header, HEADER_LEN, KIND_ABORT, KIND_DATA};
+use super::wire::{read_full, write_full, Header, HEADER_LEN, KIND_ABORT, KIND_CENSUS, KIND_DATA};
 use crate::tensor::DType;
 use std::net::TcpStream;
 use std::ops::Range;
@@ -74,6 +74,9 @@ fn recv_header(s: &TcpStream, peer: usize, call: &Call) -> Result<usize, Fail> {
         let mut m = vec![0u8; h.len.min(1 << 16) as usize];
         read_full(s, &mut m, call.deadline).map_err(io(peer))?;
         return Err(Fail::Abort { msg: String::from_utf8_lossy(&m).into_owned() });
+    }
+    if h.kind == KIND_CENSUS {
+        return Err(Fail::Census { from: peer });
     }
     let mine = call.header(0);
     if h.kind != KIND_DATA || (h.op, h.dtype, h.rop, h.count, h.seq) != (mine.op, mine.dtype, mine.rop, mine.count, mine.seq) {
@@ -139,6 +142,18 @@ fn merge(got: Result<(), Fail>, sent: Result<(), Fail>) -> Result<(), Fail> {
     }
 }
 
+type Sender<'s> = std::thread::ScopedJoinHandle<'s, Result<(), Fail>>;
+
+/// Starts a sender thread (an error, not a panic, when the OS refuses one).
+fn spawn<'s, 'e>(sc: &'s std::thread::Scope<'s, 'e>, f: impl FnOnce() -> Result<(), Fail> + Send + 's) -> Result<Sender<'s>, Fail> {
+    std::thread::Builder::new().name("tcp-send".into()).spawn_scoped(sc, f).map_err(|e| Fail::Msg(format!("cannot start a sender thread: {e}")))
+}
+
+/// A sender thread's result.
+fn joined(h: Sender<'_>) -> Result<(), Fail> {
+    h.join().unwrap_or_else(|_| Err(Fail::Msg("a sender thread panicked".into())))
+}
+
 impl TcpCommunicator {
     fn call(&self, op: &str, dtype: DType, rop: Option<ReduceOp>, count: usize, deadline: Instant) -> Call {
         Call { op: op_code(op), dtype, rop: elem::rop_code(rop), seq: self.seq, count: count as u64, me: self.rank, deadline }
@@ -161,12 +176,12 @@ impl TcpCommunicator {
         let chunk = self.chunk_bytes;
         let (out, dst) = split_pair(buf, send, recv);
         std::thread::scope(|sc| {
-            let sender = sc.spawn(move || -> Result<(), Fail> {
+            let sender = spawn(sc, move || -> Result<(), Fail> {
                 for p in pieces(out.len(), chunk) {
                     send_frame(to, next, call, &out[p])?;
                 }
                 Ok(())
-            });
+            })?;
             let got = (|| -> Result<(), Fail> {
                 for p in pieces(dst.len(), chunk) {
                     match reduce {
@@ -180,8 +195,7 @@ impl TcpCommunicator {
                 }
                 Ok(())
             })();
-            let sent = sender.join().unwrap_or_else(|_| Err(Fail::Msg("the sender thread panicked".into())));
-            merge(got, sent)
+            merge(got, joined(sender))
         })
     }
 
@@ -230,11 +244,22 @@ impl TcpCommunicator {
             return receive_all(recvs);
         }
         std::thread::scope(|sc| {
-            let senders: Vec<_> = targets().map(|(j, s, d)| sc.spawn(move || send_frame(s, j, call, d))).collect();
-            let mut result = receive_all(recvs);
+            let mut senders = Vec::new();
+            let mut result = Ok(());
+            for (j, s, d) in targets() {
+                match spawn(sc, move || send_frame(s, j, call, d)) {
+                    Ok(h) => senders.push(h),
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
+            if result.is_ok() {
+                result = receive_all(recvs);
+            }
             for h in senders {
-                let sent = h.join().unwrap_or_else(|_| Err(Fail::Msg("a sender thread panicked".into())));
-                result = merge(result, sent);
+                result = merge(result, joined(h));
             }
             result
         })
@@ -270,8 +295,8 @@ impl TcpCommunicator {
                 let mut recvs: Vec<Option<&mut [u8]>> = theirs.iter_mut().enumerate().map(|(j, a)| (j != self.rank).then(|| a.bytes_mut())).collect();
                 self.exchange(&call, &sends, &mut recvs)?;
             }
-            let mine = buf.to_vec();
-            return self.combine_in_rank_order(dtype, op, &mine, &theirs, buf);
+            let mine = Aligned::copy_of(buf);
+            return self.combine_in_rank_order(dtype, op, mine.bytes(), &theirs, buf);
         }
         let segs = segments(count, w, dtype.size_in_bytes());
         self.ring_reduce_scatter(&call, buf, &segs, op)?;
@@ -324,8 +349,8 @@ impl TcpCommunicator {
                 let mut recvs: Vec<Option<&mut [u8]>> = theirs.iter_mut().enumerate().map(|(j, a)| (j != r).then(|| a.bytes_mut())).collect();
                 self.exchange(&call, &sends, &mut recvs)?;
             }
-            let mine = input[segs[r].clone()].to_vec();
-            return self.combine_in_rank_order(dtype, op, &mine, &theirs, out);
+            let mine = Aligned::copy_of(&input[segs[r].clone()]);
+            return self.combine_in_rank_order(dtype, op, mine.bytes(), &theirs, out);
         }
         self.ring_reduce_scatter(&call, input, &segs, op)?;
         out.copy_from_slice(&input[segs[r].clone()]);

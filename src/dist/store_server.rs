@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 
 /// How long a new connection may take to send its handshake.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a reply may take to write (a client that stops reading cannot
+/// hold the server's shutdown forever).
+const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The map and the condition clients wait on for keys to appear.
 struct Shared {
@@ -21,7 +24,8 @@ struct Shared {
     changed: Condvar,
     stopping: AtomicBool,
     token: String,
-    conns: Mutex<Vec<TcpStream>>,
+    /// Each client connection and the thread serving it.
+    conns: Mutex<Vec<(TcpStream, JoinHandle<()>)>>,
 }
 
 impl Shared {
@@ -67,8 +71,8 @@ impl StoreServer {
         self.addr
     }
 
-    /// Stops accepting, closes every client connection and joins the
-    /// accept thread.
+    /// Stops accepting, ends every client connection (after any reply in
+    /// flight) and joins the accept thread.
     pub fn stop(mut self) {
         self.shutdown();
     }
@@ -82,8 +86,16 @@ impl StoreServer {
         if let Some(h) = self.accept.take() {
             let _ = h.join();
         }
-        for c in self.shared.conns.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
-            let _ = c.shutdown(std::net::Shutdown::Both);
+        // Shut only the read side: a reply already being written still
+        // reaches its client, and each serving thread ends at its next read.
+        // Joining them means a host that exits right after `stop` does not
+        // cut a reply short.
+        let conns: Vec<_> = self.shared.conns.lock().unwrap_or_else(|e| e.into_inner()).drain(..).collect();
+        for (c, _) in &conns {
+            let _ = c.shutdown(std::net::Shutdown::Read);
+        }
+        for (_, h) in conns {
+            let _ = h.join();
         }
     }
 }
@@ -108,11 +120,13 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             return;
         }
         let Ok(stream) = conn else { continue };
-        if let Ok(c) = stream.try_clone() {
-            shared.conns.lock().unwrap_or_else(|e| e.into_inner()).push(c);
-        }
+        let Ok(handle) = stream.try_clone() else { continue };
         let sh = shared.clone();
-        let _ = std::thread::Builder::new().name("rdzv-client".into()).spawn(move || serve(stream, sh));
+        if let Ok(t) = std::thread::Builder::new().name("rdzv-client".into()).spawn(move || serve(stream, sh)) {
+            let mut conns = shared.conns.lock().unwrap_or_else(|e| e.into_inner());
+            conns.retain(|(_, t)| !t.is_finished());
+            conns.push((handle, t));
+        }
     }
 }
 
@@ -121,6 +135,7 @@ fn serve(stream: TcpStream, shared: Arc<Shared>) {
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "an unknown peer".into());
     let _ = stream.set_nodelay(true);
     let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
+    let _ = stream.set_write_timeout(Some(REPLY_TIMEOUT));
     let hello = match proto::recv(&stream) {
         Ok(b) => b,
         Err(_) => return,

@@ -11,7 +11,9 @@
 //! answer before the deadline, or called a different collective) sends an
 //! abort frame with the reason to every peer, closes its connections, and
 //! leaves the communicator unusable; the peers' current or next collective
-//! fails with the same reason, naming the rank at fault.
+//! fails with the same reason, naming the rank at fault. A timeout first
+//! runs a census (`dist::census`) so that the ranks named are the ones that
+//! are really silent, not the live ones stalled behind them in the ring.
 
 use super::comm::{Communicator, ReduceOp};
 use super::elem;
@@ -40,6 +42,8 @@ pub(crate) enum Fail {
     Io { peer: usize, err: io::Error },
     /// `peer` sent an abort frame with this reason.
     Abort { msg: String },
+    /// `from` timed out and started a census of who is alive.
+    Census { from: usize },
     /// Ranks disagree on the call, or another error with its message.
     Msg(String),
 }
@@ -62,7 +66,7 @@ pub struct TcpCommunicator {
     pub(super) seq: u64,
     /// Why the communicator is unusable, after a failed collective.
     broken: Option<String>,
-    prefix: String,
+    pub(super) prefix: String,
 }
 
 impl std::fmt::Debug for TcpCommunicator {
@@ -184,10 +188,11 @@ impl TcpCommunicator {
         Ok(c)
     }
 
-    /// Sets the payload size of one frame (default [`DEFAULT_CHUNK_BYTES`]);
-    /// every rank of the group must use the same value.
+    /// Sets the payload size of one frame (default [`DEFAULT_CHUNK_BYTES`]),
+    /// rounded down to a multiple of 8 bytes (at least 64) so a piece never
+    /// splits an element; every rank of the group must use the same value.
     pub fn set_chunk_bytes(&mut self, bytes: usize) {
-        self.chunk_bytes = bytes.max(64);
+        self.chunk_bytes = bytes.max(64) / 8 * 8;
     }
 
     /// The group's prefix in the store.
@@ -214,11 +219,17 @@ impl TcpCommunicator {
             Err(fail) => fail,
         };
         let (msg, forward, skip) = match fail {
+            Fail::Io { peer, err } if wire::is_timeout(&err) => {
+                let reason = self.census(&[], peer);
+                (reason.clone(), format!("{reason}, as seen by rank {}", self.rank), Some(peer))
+            }
+            Fail::Census { from } => {
+                let reason = self.census(&[from], from);
+                (reason.clone(), format!("{reason}, as seen by rank {}", self.rank), None)
+            }
             Fail::Io { peer, err } => {
                 let reason = self.drain_abort(peer).unwrap_or_else(|| {
-                    if wire::is_timeout(&err) {
-                        format!("rank {peer} did not answer within {}", secs(self.timeout))
-                    } else if wire::is_closed(&err) {
+                    if wire::is_closed(&err) {
                         format!("rank {peer} closed its connection (did it exit?)")
                     } else {
                         format!("connection to rank {peer}: {err}")

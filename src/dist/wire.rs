@@ -6,6 +6,7 @@
 //! in bytes u64. A `Data` frame carries tensor bytes; an `Abort` frame
 //! carries a UTF-8 message saying why the sender gave up, so a peer learns
 //! the cause (and the rank at fault) instead of only seeing a closed socket.
+//! A `Census` frame (no payload) says "I timed out and am alive".
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -17,6 +18,8 @@ pub(crate) const HEADER_LEN: usize = 28;
 pub(crate) const KIND_DATA: u8 = 1;
 /// A frame saying the sender's collective failed, with the reason.
 pub(crate) const KIND_ABORT: u8 = 2;
+/// A frame saying the sender timed out and is alive (see `dist::census`).
+pub(crate) const KIND_CENSUS: u8 = 3;
 
 /// One frame's header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
