@@ -38,10 +38,11 @@ impl NodePlan {
         if self.node_rank >= self.nnodes {
             return Err(Error::config("--node_rank", format!("expected 0 <= node_rank < nnodes ({}), found {}", self.nnodes, self.node_rank)));
         }
-        if self.rank_offset + self.nproc > self.world_size {
+        let end = self.rank_offset.checked_add(self.nproc).ok_or_else(|| Error::config("--rank_offset", format!("expected a job that fits in this machine's integers, found ranks from {}", self.rank_offset)))?;
+        if end > self.world_size {
             return Err(Error::config(
                 "--world_size",
-                format!("expected a world of at least {} to hold the node's ranks {}..{}, found {}", self.rank_offset + self.nproc, self.rank_offset, self.rank_offset + self.nproc - 1, self.world_size),
+                format!("expected a world of at least {end} to hold the node's ranks {}..{}, found {}", self.rank_offset, end - 1, self.world_size),
             ));
         }
         Ok(())

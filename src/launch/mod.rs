@@ -122,12 +122,19 @@ fn plan_job(args: &LaunchArgs) -> Result<(NodePlan, Vec<ChildSpec>)> {
         let nnodes = args.nnodes.unwrap_or(1);
         let node_rank = args.node_rank.unwrap_or(0);
         let nproc = args.nproc_per_node.unwrap_or(1);
+        let times = |a: usize, b: usize, key: &str| a.checked_mul(b).ok_or_else(|| Error::config(key, format!("expected a job that fits in this machine's integers, found {a} * {nproc} ranks")));
         let plan = NodePlan {
             nnodes,
             node_rank,
             nproc,
-            rank_offset: args.rank_offset.unwrap_or(node_rank * nproc),
-            world_size: args.world_size.unwrap_or(nnodes * nproc),
+            rank_offset: match args.rank_offset {
+                Some(r) => r,
+                None => times(node_rank, nproc, "--node_rank")?,
+            },
+            world_size: match args.world_size {
+                Some(w) => w,
+                None => times(nnodes, nproc, "--nnodes")?,
+            },
             master_addr: args.master_addr.clone().unwrap_or_else(|| "127.0.0.1".into()),
             master_port: args.master_port,
             run_id,

@@ -202,6 +202,25 @@ fn spawn(spec: &ChildSpec, done: &mpsc::Sender<()>, readers: &mut usize, stdins:
     Ok(pid)
 }
 
+/// Why the running job must stop, said on stderr, as the launcher's exit
+/// status: standard input closed, a signal to the launcher, or the first
+/// child that failed; `None` while nothing went wrong.
+fn cause(children: &[Child], sig: usize) -> Option<i32> {
+    if sig == STDIN_CLOSED {
+        eprintln!("asrforge launch: standard input closed (the ssh connection or the launcher that started this node is gone); stopping the workers");
+        return Some(128 + Signal::SIGHUP as i32);
+    }
+    if sig != 0 {
+        let name = Signal::try_from(sig as i32).map(|s| s.as_str()).unwrap_or("a signal");
+        eprintln!("asrforge launch: received {name}; stopping the workers");
+        return Some(128 + sig as i32);
+    }
+    let failed = children.iter().find(|c| matches!(c.exit, Some(e) if e != Exit::Code(0)))?;
+    let exit = failed.exit.unwrap_or(Exit::Code(1));
+    eprintln!("asrforge launch: {} {}", failed.role.label(Some(failed.pid)), exit.describe());
+    Some(exit.status())
+}
+
 /// Starts every child and waits for the job to end; returns the launcher's
 /// exit status: 0 when every child exited 0, else the status of the first
 /// child that failed (128 + signal for a killed one), or 128 + the signal
@@ -242,24 +261,10 @@ pub fn supervise(specs: &[ChildSpec], grace: Duration, stop_on_stdin_eof: bool) 
         let sig = signalled.swap(0, Ordering::SeqCst);
         match stop.as_ref().map(|s| s.1) {
             None => {
-                let failed = children.iter().find(|c| matches!(c.exit, Some(e) if e != Exit::Code(0)));
-                let status = if sig == STDIN_CLOSED {
-                    eprintln!("asrforge launch: standard input closed (the ssh connection or the launcher that started this node is gone); stopping the workers");
-                    Some(128 + Signal::SIGHUP as i32)
-                } else if sig != 0 {
-                    let name = Signal::try_from(sig as i32).map(|s| s.as_str()).unwrap_or("a signal");
-                    eprintln!("asrforge launch: received {name}; stopping the workers");
-                    Some(128 + sig as i32)
-                } else if let Some(c) = failed {
-                    let exit = c.exit.unwrap_or(Exit::Code(1));
-                    eprintln!("asrforge launch: {} {}", c.role.label(Some(c.pid)), exit.describe());
-                    Some(exit.status())
-                } else {
-                    None
-                };
+                let status = cause(&children, sig);
                 if let Some(status) = status {
                     let left = children.iter().filter(|c| c.exit.is_none()).count();
-                    eprintln!("asrforge launch: sending SIGTERM to the other {left} processes (SIGKILL after {} s)", grace.as_secs_f64());
+                    eprintln!("asrforge launch: stopping the {left} running processes of the job: SIGTERM now, SIGKILL after {} s", grace.as_secs_f64());
                     signal_groups(&children, Signal::SIGTERM);
                     stop = Some((Stop::Fail(status), Instant::now() + grace));
                 } else if children.iter().all(|c| c.exit.is_some()) {
