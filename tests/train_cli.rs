@@ -104,7 +104,11 @@ fn bad_input_is_one_line_error() {
     assert_one_line_error(code, &err, &["bad.safetensors", "not a valid safetensors file"]);
 
     let (code, err) = run(&with(&["--train_engine", "deepspeed"]), &[]);
-    assert_one_line_error(code, &err, &["deepspeed", "not yet supported"]);
+    assert_one_line_error(code, &err, &["--deepspeed_config", "--train_engine deepspeed needs a DeepSpeed JSON config, found none"]);
+    let ds = dir.join("ds.json");
+    std::fs::write(&ds, r#"{"zero_optimization": {"stage": 3}}"#).unwrap();
+    let (code, err) = run(&with(&["--train_engine", "deepspeed", "--deepspeed_config", &ds.display().to_string()]), &[]);
+    assert_one_line_error(code, &err, &["ds.json", "ZeRO stage 3 is not supported"]);
     let (code, err) = run(&b, &[("WORLD_SIZE", "2"), ("RANK", "0")]);
     assert_one_line_error(code, &err, &["WORLD_SIZE", "not yet supported"]);
     let (code, err) = run(&b, &[("RANK", "x")]);
