@@ -57,8 +57,16 @@ fn param_bits(m: &dyn Module) -> u64 {
 fn train_worker(w: &dist_common::Worker) {
     let dir = PathBuf::from(std::env::var("JOB_DIR").unwrap());
     let timeout: u64 = std::env::var("JOB_TIMEOUT").unwrap().parse().unwrap();
+    let mut args = worker_args(&dir, w.rank, timeout);
+    if let Ok(ck) = std::env::var("JOB_RESUME") {
+        args.checkpoint = Some(dir.join("exp").join(ck));
+        args.model_dir = dir.join("resumed");
+        args.tensorboard_dir = dir.join("resumed").join("tb");
+    }
     let t0 = Instant::now();
-    let e = run_train(&worker_args(&dir, w.rank, timeout)).unwrap_or_else(|e| panic!("rank {}: {e}", w.rank));
+    let e = run_train(&args).unwrap_or_else(|e| panic!("rank {}: {e}", w.rank));
+    let bits: Vec<String> = e.history.iter().map(|r| format!("{}:{:x}:{:x}:{:x}", r.step, r.loss.to_bits(), r.lr.to_bits(), r.grad_norm.to_bits())).collect();
+    println!("BITS {}", bits.join(","));
     println!("SECS {:.3}", t0.elapsed().as_secs_f64());
     println!("STEPS {}", e.history.iter().map(|r| r.step.to_string()).collect::<Vec<_>>().join(","));
     println!("POS {} {} {}", e.position.epoch, e.position.batches, e.position.step);
@@ -116,6 +124,34 @@ fn uneven_ranks_end_each_epoch_together_and_cv_is_reduced() {
     println!("cv loss: reduced over 3 ranks {reduced}, one process over the whole list {}", cv.loss);
     assert_eq!(cv.utts, 10);
     assert!(((reduced - cv.loss) / cv.loss).abs() < 1e-6, "cv loss {reduced} vs {}", cv.loss);
+}
+
+#[test]
+fn ddp_resumes_mid_epoch_bitwise_on_every_rank() {
+    if let Some(w) = dist_common::worker() {
+        train_worker(&w);
+        return;
+    }
+    // Dropout on, uneven ranks (4 and 6 batches: 4 steps an epoch), a checkpoint every 3 steps.
+    let dir = prepare("dist-resume", &[4, 6], 4, 2, "save_interval: 3\n");
+    std::fs::write(dir.join("train.yaml"), train_common::tiny_yaml(0.1, 1, 2, "save_interval: 3\n")).unwrap();
+    let test = "ddp_resumes_mid_epoch_bitwise_on_every_rank";
+    let base = [("JOB_DIR", dir.display().to_string()), ("JOB_TIMEOUT", "60".to_string())];
+    let full = dist_common::run_ok(test, 2, &base);
+    let mut extra = base.to_vec();
+    extra.push(("JOB_RESUME", "step_3.safetensors".to_string()));
+    let resumed = dist_common::run_ok(test, 2, &extra);
+    for (a, b) in full.iter().zip(&resumed) {
+        let (fa, fb) = (a.lines_with("BITS ").pop().unwrap(), b.lines_with("BITS ").pop().unwrap());
+        let fa: Vec<&str> = fa.split(',').collect();
+        let fb: Vec<&str> = fb.split(',').collect();
+        assert_eq!(fa.len(), 8, "rank {}: 2 epochs of 4 steps", a.rank);
+        assert_eq!(fb, fa[3..], "rank {}: steps 4..8 of the resumed run equal the uninterrupted run bitwise (loss, lr, grad norm)", a.rank);
+        assert_eq!(a.lines_with("PARAMS ").pop(), b.lines_with("PARAMS ").pop(), "rank {}: final parameters equal", a.rank);
+    }
+    let st = asrforge::train::checkpoint::load_state(&dir.join("exp").join("step_3.state.safetensors")).unwrap();
+    assert_eq!(st.rank_rngs.len(), 2, "every rank's generator is saved");
+    assert_ne!(st.rank_rngs[0], st.rank_rngs[1], "the ranks drew different amounts of dropout noise");
 }
 
 #[test]

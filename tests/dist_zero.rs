@@ -166,7 +166,7 @@ fn save(dir: &Path, e: &ZeroEngine, w: &Worker) -> PathBuf {
     save_optimizer_shard(&ckpt, w.rank, &e.optimizer_state().expect("state")).expect("save shard");
     if w.rank == 0 {
         std::fs::write(dir.join("params.txt"), bits(&flat_values(e.parameters()))).expect("params");
-        let st = TrainState { position: Position::default(), optimizer: Vec::new(), optimizer_shards: Some(w.world_size), scheduler_steps: 0, scaler: None, rng: Rng::new(0) };
+        let st = TrainState { position: Position::default(), optimizer: Vec::new(), optimizer_shards: Some(w.world_size), scheduler_steps: 0, scaler: None, rng: Rng::new(0), rank_rngs: Vec::new() };
         save_state(&state_path(&ckpt), &st).expect("save state");
     }
     ckpt

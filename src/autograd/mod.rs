@@ -204,7 +204,7 @@ fn backward_impl(seeds: &[(Tensor, Tensor)], hook: Option<LeafHook>) -> Result<(
         }
     }
     match hook {
-        None => run(nodes, &mut grads, &mut Vec::new(), &mut |_| Ok(())),
+        None => run(nodes, &mut grads, &mut [], &mut |_| Ok(())),
         Some(h) => {
             let mut ready = ready_points(&nodes);
             run(nodes, &mut grads, &mut ready, h)
@@ -244,7 +244,7 @@ fn add_into(grads: &mut HashMap<TensorId, Tensor>, id: TensorId, g: Tensor) -> R
 }
 
 /// Walks `nodes` in reverse; after node i, calls `hook` with the leaves of `ready[i]` (when given).
-fn run(nodes: Vec<Node>, grads: &mut HashMap<TensorId, Tensor>, ready: &mut Vec<Vec<Tensor>>, hook: LeafHook) -> Result<()> {
+fn run(nodes: Vec<Node>, grads: &mut HashMap<TensorId, Tensor>, ready: &mut [Vec<Tensor>], hook: LeafHook) -> Result<()> {
     let mut nodes = nodes;
     while let Some(node) = nodes.pop() {
         let i = nodes.len();
@@ -259,32 +259,30 @@ fn run(nodes: Vec<Node>, grads: &mut HashMap<TensorId, Tensor>, ready: &mut Vec<
 }
 
 fn run_node(node: Node, grads: &mut HashMap<TensorId, Tensor>) -> Result<()> {
-    {
-        let outs: Vec<Option<Tensor>> = node.outputs.iter().map(|id| grads.remove(id)).collect();
-        if outs.iter().all(|g| g.is_none()) {
-            return Ok(());
+    let outs: Vec<Option<Tensor>> = node.outputs.iter().map(|id| grads.remove(id)).collect();
+    if outs.iter().all(|g| g.is_none()) {
+        return Ok(());
+    }
+    let needs: Vec<bool> = node.inputs.iter().map(|i| i.tracked).collect();
+    let Node { name, inputs, backward, saved, .. } = node;
+    let gin = backward(&outs, &needs)?;
+    drop(saved);
+    if gin.len() != inputs.len() {
+        return Err(Error::Autograd(format!("{name}: backward returned {} gradients for {} inputs", gin.len(), inputs.len())));
+    }
+    for (inp, g) in inputs.into_iter().zip(gin) {
+        let Some(g) = g else { continue };
+        if !inp.tracked {
+            continue;
         }
-        let needs: Vec<bool> = node.inputs.iter().map(|i| i.tracked).collect();
-        let Node { name, inputs, backward, saved, .. } = node;
-        let gin = backward(&outs, &needs)?;
-        drop(saved);
-        if gin.len() != inputs.len() {
-            return Err(Error::Autograd(format!("{name}: backward returned {} gradients for {} inputs", gin.len(), inputs.len())));
-        }
-        for (inp, g) in inputs.into_iter().zip(gin) {
-            let Some(g) = g else { continue };
-            if !inp.tracked {
-                continue;
-            }
-            match &inp.leaf {
-                Some(leaf) => {
-                    if g.shape() != leaf.shape() {
-                        return Err(Error::Autograd(format!("{name}: gradient of shape {} for an input of shape {}", g.shape(), leaf.shape())));
-                    }
-                    leaf.accumulate_grad(g)?
+        match &inp.leaf {
+            Some(leaf) => {
+                if g.shape() != leaf.shape() {
+                    return Err(Error::Autograd(format!("{name}: gradient of shape {} for an input of shape {}", g.shape(), leaf.shape())));
                 }
-                None => add_into(grads, inp.id, g)?,
+                leaf.accumulate_grad(g)?
             }
+            None => add_into(grads, inp.id, g)?,
         }
     }
     Ok(())

@@ -46,8 +46,18 @@ pub struct TrainState {
     pub scheduler_steps: u64,
     /// The loss scaler's scale and growth tracker.
     pub scaler: Option<(f64, u64)>,
-    /// The default generator (dropout) at that point.
+    /// The default generator (dropout) at that point, on the saving rank 0.
     pub rng: Rng,
+    /// Every rank's default generator, in rank order (several processes;
+    /// empty for one): each rank resumes its own dropout stream.
+    pub rank_rngs: Vec<Rng>,
+}
+
+impl TrainState {
+    /// The generator rank `rank` resumes with: its own when saved, else rank 0's.
+    pub fn rng_for(&self, rank: usize) -> Rng {
+        self.rank_rngs.get(rank).copied().unwrap_or(self.rng)
+    }
 }
 
 /// The checkpoint path of `tag` in `dir`.
@@ -90,6 +100,13 @@ fn meta(s: &TrainState) -> HashMap<String, String> {
         ("rng_offset", s.rng.offset.to_string()),
     ] {
         m.insert(k.to_string(), v);
+    }
+    if !s.rank_rngs.is_empty() {
+        m.insert("rank_rngs".into(), s.rank_rngs.len().to_string());
+    }
+    for (r, g) in s.rank_rngs.iter().enumerate() {
+        m.insert(format!("rng_seed.rank{r}"), g.seed.to_string());
+        m.insert(format!("rng_offset.rank{r}"), g.offset.to_string());
     }
     match s.optimizer_shards {
         Some(n) => {
@@ -179,6 +196,13 @@ pub fn load_state(path: &Path) -> Result<TrainState> {
         scheduler_steps: get(&m, "scheduler_steps", &p)?,
         scaler,
         rng: Rng { seed: get(&m, "rng_seed", &p)?, offset: get(&m, "rng_offset", &p)? },
+        rank_rngs: match m.get("rank_rngs") {
+            None => Vec::new(),
+            Some(_) => {
+                let n: usize = get(&m, "rank_rngs", &p)?;
+                (0..n).map(|r| Ok(Rng { seed: get(&m, &format!("rng_seed.rank{r}"), &p)?, offset: get(&m, &format!("rng_offset.rank{r}"), &p)? })).collect::<Result<_>>()?
+            }
+        },
     })
 }
 

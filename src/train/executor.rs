@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::models::AsrModel;
 use crate::nn::Module;
 use crate::optim::GradScaler;
-use crate::tensor::rng;
+use crate::tensor::rng::{self, Rng};
 use crate::train::tensorboard::SummaryWriter;
 use serde_yaml_ng::{Mapping, Value};
 use std::io::IsTerminal;
@@ -190,8 +190,10 @@ impl Executor {
         Ok(())
     }
 
-    /// The resume state at the current position (for a sharded engine, without its shards).
-    pub fn train_state(&self) -> Result<TrainState> {
+    /// The resume state at the current position (for a sharded engine,
+    /// without its shards); `rank_rngs` is every rank's generator, from
+    /// [`Executor::gather_rngs`].
+    pub fn train_state(&self, rank_rngs: Vec<Rng>) -> Result<TrainState> {
         let sharded = self.engine.sharded_state();
         Ok(TrainState {
             position: self.position,
@@ -200,6 +202,7 @@ impl Executor {
             scheduler_steps: self.optim.scheduler.steps(),
             scaler: self.scaler.as_ref().map(|s| (s.scale, s.growth_tracker)),
             rng: rng::get_state(),
+            rank_rngs,
         })
     }
 
@@ -221,16 +224,33 @@ impl Executor {
     /// every rank writes its optimizer shard. Every rank then waits for the
     /// others, so none races ahead of a checkpoint.
     pub fn save(&mut self, tag: &str, epoch: u64, cv_loss: Option<f64>) -> Result<PathBuf> {
+        let rank_rngs = self.gather_rngs()?;
         if self.engine.sharded_state() && self.save_optimizer_state {
             let shard = self.engine.optimizer_state()?;
             save_optimizer_shard(&checkpoint_path(&self.model_dir, tag), self.engine.rank(), &shard)?;
         }
-        let path = if self.is_main() { self.save_main(tag, epoch, cv_loss)? } else { checkpoint_path(&self.model_dir, tag) };
+        let path = if self.is_main() { self.save_main(tag, epoch, cv_loss, rank_rngs)? } else { checkpoint_path(&self.model_dir, tag) };
         self.barrier()?;
         Ok(path)
     }
 
-    fn save_main(&self, tag: &str, epoch: u64, cv_loss: Option<f64>) -> Result<PathBuf> {
+    /// Every rank's default generator, in rank order (empty on one
+    /// process): each rank puts its seed and offset, as 32-bit halves (exact
+    /// in f64), into its own slot of a sum over ranks.
+    pub fn gather_rngs(&mut self) -> Result<Vec<Rng>> {
+        let world = self.engine.world_size();
+        if world == 1 {
+            return Ok(Vec::new());
+        }
+        let g = rng::get_state();
+        let mut v = vec![0.0; 4 * world];
+        let r = self.engine.rank();
+        v[4 * r..4 * r + 4].copy_from_slice(&[(g.seed >> 32) as f64, (g.seed & 0xffff_ffff) as f64, (g.offset >> 32) as f64, (g.offset & 0xffff_ffff) as f64]);
+        self.engine.all_reduce_sum(&mut v)?;
+        Ok(v.chunks_exact(4).map(|c| Rng { seed: ((c[0] as u64) << 32) | c[1] as u64, offset: ((c[2] as u64) << 32) | c[3] as u64 }).collect())
+    }
+
+    fn save_main(&self, tag: &str, epoch: u64, cv_loss: Option<f64>, rank_rngs: Vec<Rng>) -> Result<PathBuf> {
         let mut infos = Mapping::new();
         infos.insert("epoch".into(), Value::from(epoch));
         infos.insert("step".into(), Value::from(self.position.step));
@@ -238,7 +258,7 @@ impl Executor {
         if let Some(c) = cv_loss {
             infos.insert("cv_loss".into(), Value::from(c));
         }
-        let state = if self.save_optimizer_state { Some(self.train_state()?) } else { None };
+        let state = if self.save_optimizer_state { Some(self.train_state(rank_rngs)?) } else { None };
         save_model(&self.model, &self.model_dir, tag, infos, &self.cfg.root, state.as_ref())
     }
 

@@ -18,7 +18,7 @@ pub fn run_train(args: &TrainArgs) -> Result<Executor> {
     let engine = wrap_model(&model, args, &mut dist, optim.adam, &resume)?;
     let scaler = if deepspeed::is_deepspeed(args) { deepspeed::deepspeed_scaler(args, &resume)? } else { init_scaler(args, &resume) };
     if let Some(s) = &resume.state {
-        rng::set_state(s.rng);
+        rng::set_state(s.rng_for(dist.info.rank));
     }
     let mut exec = Executor::new(model, engine, optim, scaler, writer, cfg, args.model_dir.clone(), resume.position()).with_join(dist.join.take());
     exec.save_optimizer_state = deepspeed::saves_optimizer_state(args)?;
