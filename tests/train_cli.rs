@@ -104,9 +104,19 @@ fn bad_input_is_one_line_error() {
     assert_one_line_error(code, &err, &["bad.safetensors", "not a valid safetensors file"]);
 
     let (code, err) = run(&with(&["--train_engine", "deepspeed"]), &[]);
-    assert_one_line_error(code, &err, &["deepspeed", "not yet supported"]);
+    assert_one_line_error(code, &err, &["--deepspeed_config", "--train_engine deepspeed needs a DeepSpeed JSON config, found none"]);
+    let ds = dir.join("ds.json");
+    std::fs::write(&ds, r#"{"zero_optimization": {"stage": 3}}"#).unwrap();
+    let (code, err) = run(&with(&["--train_engine", "deepspeed", "--deepspeed_config", &ds.display().to_string()]), &[]);
+    assert_one_line_error(code, &err, &["ds.json", "ZeRO stage 3 is not supported"]);
+    // Several processes: nccl (the default backend) needs the GPU; with gloo a
+    // rank whose master never appears gives up after --timeout, naming where it looked.
     let (code, err) = run(&b, &[("WORLD_SIZE", "2"), ("RANK", "0")]);
-    assert_one_line_error(code, &err, &["WORLD_SIZE", "not yet supported"]);
+    assert_one_line_error(code, &err, &["--dist_backend", "nccl needs the CUDA backend; use --dist_backend gloo on the CPU"]);
+    let t0 = std::time::Instant::now();
+    let (code, err) = run(&with(&["--dist_backend", "gloo", "--timeout", "1"]), &[("WORLD_SIZE", "2"), ("RANK", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "1")]);
+    assert_one_line_error(code, &err, &["127.0.0.1:1", "rank 1"]);
+    assert!(t0.elapsed() < std::time::Duration::from_secs(10), "gave up after the 1 s timeout, took {:?}", t0.elapsed());
     let (code, err) = run(&b, &[("RANK", "x")]);
     assert_one_line_error(code, &err, &["RANK", "\"x\""]);
 }

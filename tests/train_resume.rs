@@ -47,8 +47,8 @@ fn check(name: &str, amp: bool) {
         assert_eq!(sa.growth_tracker, 9);
     }
     // The final models are identical too.
-    let pa: Vec<Vec<f32>> = a.optim.adam.params().iter().map(|(_, p)| p.to_vec::<f32>().unwrap()).collect();
-    let pb: Vec<Vec<f32>> = b.optim.adam.params().iter().map(|(_, p)| p.to_vec::<f32>().unwrap()).collect();
+    let pa: Vec<Vec<f32>> = a.engine.parameters().iter().map(|(_, p)| p.to_vec::<f32>().unwrap()).collect();
+    let pb: Vec<Vec<f32>> = b.engine.parameters().iter().map(|(_, p)| p.to_vec::<f32>().unwrap()).collect();
     assert!(pa == pb, "final parameters equal bitwise");
 }
 
@@ -69,7 +69,7 @@ fn warmup_schedule_is_restored_on_resume() {
     let a = run_train(&full).expect("run");
     let state = asrforge::train::checkpoint::load_state(&full.model_dir.join("step_3.state.safetensors")).unwrap();
     assert_eq!(state.scheduler_steps, 3);
-    assert_eq!(state.adam_step, 3);
+    assert_eq!(state.optimizer[0].step, 3);
     assert_eq!(state.position.step, 3);
     assert_eq!((state.position.epoch, state.position.batches), (1, 1));
     let mut r = train_common::args(&dir, "r");

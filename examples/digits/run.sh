@@ -3,6 +3,9 @@
 #   0 data  1 cmvn  2 train  3 average  4 recognize  5 score
 # Run from examples/digits. Any variable below can be set on the command
 # line as `--name value`, e.g. `./run.sh --stage 2 --stop_stage 5`.
+# Several training processes (asrforge launch, the TCP communicator on the
+# CPU): `NPROC=2 ./run.sh`, with DeepSpeed's ZeRO:
+# `NPROC=2 TRAIN_ENGINE=deepspeed DS_CONFIG=../../conf/ds_stage2.json ./run.sh`.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -17,6 +20,10 @@ beam_size=10
 ctc_weight=0.3
 reverse_weight=0.0
 decode_modes="ctc_greedy_search ctc_prefix_beam_search attention attention_rescoring"
+nproc="${NPROC:-1}"                       # training processes on this node
+train_engine="${TRAIN_ENGINE:-torch_ddp}" # torch_ddp or deepspeed
+deepspeed_config="${DS_CONFIG:-}"         # the DeepSpeed JSON of --train_engine deepspeed
+master_port="${MASTER_PORT:-29500}"
 
 # WeNet's tools/parse_options.sh, reduced to `--name value` for the variables above.
 while [ $# -gt 0 ]; do
@@ -57,7 +64,21 @@ fi
 if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
   echo "stage 2: train" >&2
   mkdir -p "$dir"
-  "$bin" train \
+  # One process runs `asrforge train` itself; several run it under
+  # `asrforge launch` (asrforge's torchrun) with the CPU's gloo backend.
+  launcher=("$bin")
+  if [ "$nproc" -gt 1 ]; then
+    launcher=("$bin" launch --nproc_per_node "$nproc" --master_port "$master_port")
+  fi
+  engine_args=(--train_engine "$train_engine")
+  if [ "$train_engine" = deepspeed ]; then
+    if [ -z "$deepspeed_config" ]; then
+      echo "error: TRAIN_ENGINE=deepspeed needs DS_CONFIG (e.g. DS_CONFIG=../../conf/ds_stage2.json)" >&2
+      exit 1
+    fi
+    engine_args+=(--deepspeed_config "$deepspeed_config")
+  fi
+  "${launcher[@]}" train \
     --config "$train_config" \
     --data_type raw \
     --train_data "$data/train/data.list" \
@@ -65,6 +86,8 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
     --model_dir "$dir" \
     --symbol_table "$data/dict/units.txt" \
     --num_workers "$num_workers" \
+    --dist_backend gloo \
+    "${engine_args[@]}" \
     --override_config "cmvn_conf.cmvn_file $cmvn" \
     --override_config "tokenizer_conf.symbol_table_path $data/dict/units.txt"
 fi

@@ -5,7 +5,9 @@
 //! closure that maps output gradients to input gradients. `backward(loss)`
 //! walks the tape in reverse, accumulates gradients of intermediate tensors
 //! by id and adds leaf gradients into the leaves' slots, then drops the
-//! nodes, freeing everything they held.
+//! nodes, freeing everything they held. `backward_with_hooks` also reports
+//! each leaf the moment its gradient is final (what DDP's bucketed
+//! all-reduce needs to overlap communication with the rest of backward).
 
 mod checkpoint;
 
@@ -156,8 +158,31 @@ pub fn backward(loss: &Tensor) -> Result<()> {
     backward_with(&[(loss.clone(), seed)])
 }
 
+/// Called with a leaf once its gradient is final for this backward.
+pub type LeafHook<'a> = &'a mut dyn FnMut(&Tensor) -> Result<()>;
+
+/// [`backward`] that calls `hook` with every leaf on the tape as soon as its
+/// gradient is final: right after the last node (in the reverse walk) that
+/// takes it as an input has run. A leaf that an activation-checkpointed
+/// segment may also use is reported only after the walk passes the
+/// earliest checkpoint node (its recompute adds to gradients of leaves the
+/// outer tape does not list). Leaves that are not on the tape are never
+/// reported; an error from `hook` ends the backward.
+pub fn backward_with_hooks(loss: &Tensor, hook: LeafHook) -> Result<()> {
+    if loss.elem_count() != 1 {
+        clear_tape();
+        return Err(Error::Autograd(format!("backward needs a one-element loss, got shape {}", loss.shape())));
+    }
+    let seed = loss.ones_like()?;
+    backward_impl(&[(loss.clone(), seed)], Some(hook))
+}
+
 /// Back-propagates from several outputs with the given gradients and empties the tape.
 pub fn backward_with(seeds: &[(Tensor, Tensor)]) -> Result<()> {
+    backward_impl(seeds, None)
+}
+
+fn backward_impl(seeds: &[(Tensor, Tensor)], hook: Option<LeafHook>) -> Result<()> {
     for (t, g) in seeds {
         if !t.requires_grad() {
             clear_tape();
@@ -178,7 +203,35 @@ pub fn backward_with(seeds: &[(Tensor, Tensor)]) -> Result<()> {
             add_into(&mut grads, t.id(), g.clone())?;
         }
     }
-    run(nodes, &mut grads)
+    match hook {
+        None => run(nodes, &mut grads, &mut [], &mut |_| Ok(())),
+        Some(h) => {
+            let mut ready = ready_points(&nodes);
+            run(nodes, &mut grads, &mut ready, h)
+        }
+    }
+}
+
+/// For each node index, the leaves whose gradient is final once the reverse
+/// walk has passed it (see [`backward_with_hooks`]).
+fn ready_points(nodes: &[Node]) -> Vec<Vec<Tensor>> {
+    let mut first: HashMap<TensorId, (usize, Tensor)> = HashMap::new();
+    for (i, n) in nodes.iter().enumerate() {
+        for inp in &n.inputs {
+            if let (true, Some(leaf)) = (inp.tracked, &inp.leaf) {
+                first.entry(inp.id).or_insert((i, leaf.clone()));
+            }
+        }
+    }
+    let earliest_checkpoint = nodes.iter().position(|n| n.name == "checkpoint").unwrap_or(usize::MAX);
+    let mut at: Vec<Vec<Tensor>> = (0..nodes.len()).map(|_| Vec::new()).collect();
+    let mut leaves: Vec<(usize, Tensor)> = first.into_values().collect();
+    // A stable order within one node: by tensor id (creation order).
+    leaves.sort_by_key(|(_, t)| t.id());
+    for (i, t) in leaves {
+        at[i.min(earliest_checkpoint)].push(t);
+    }
+    at
 }
 
 fn add_into(grads: &mut HashMap<TensorId, Tensor>, id: TensorId, g: Tensor) -> Result<()> {
@@ -190,34 +243,46 @@ fn add_into(grads: &mut HashMap<TensorId, Tensor>, id: TensorId, g: Tensor) -> R
     Ok(())
 }
 
-fn run(nodes: Vec<Node>, grads: &mut HashMap<TensorId, Tensor>) -> Result<()> {
+/// Walks `nodes` in reverse; after node i, calls `hook` with the leaves of `ready[i]` (when given).
+fn run(nodes: Vec<Node>, grads: &mut HashMap<TensorId, Tensor>, ready: &mut [Vec<Tensor>], hook: LeafHook) -> Result<()> {
     let mut nodes = nodes;
     while let Some(node) = nodes.pop() {
-        let outs: Vec<Option<Tensor>> = node.outputs.iter().map(|id| grads.remove(id)).collect();
-        if outs.iter().all(|g| g.is_none()) {
+        let i = nodes.len();
+        run_node(node, grads)?;
+        if let Some(leaves) = ready.get_mut(i) {
+            for leaf in std::mem::take(leaves) {
+                hook(&leaf)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run_node(node: Node, grads: &mut HashMap<TensorId, Tensor>) -> Result<()> {
+    let outs: Vec<Option<Tensor>> = node.outputs.iter().map(|id| grads.remove(id)).collect();
+    if outs.iter().all(|g| g.is_none()) {
+        return Ok(());
+    }
+    let needs: Vec<bool> = node.inputs.iter().map(|i| i.tracked).collect();
+    let Node { name, inputs, backward, saved, .. } = node;
+    let gin = backward(&outs, &needs)?;
+    drop(saved);
+    if gin.len() != inputs.len() {
+        return Err(Error::Autograd(format!("{name}: backward returned {} gradients for {} inputs", gin.len(), inputs.len())));
+    }
+    for (inp, g) in inputs.into_iter().zip(gin) {
+        let Some(g) = g else { continue };
+        if !inp.tracked {
             continue;
         }
-        let needs: Vec<bool> = node.inputs.iter().map(|i| i.tracked).collect();
-        let Node { name, inputs, backward, saved, .. } = node;
-        let gin = backward(&outs, &needs)?;
-        drop(saved);
-        if gin.len() != inputs.len() {
-            return Err(Error::Autograd(format!("{name}: backward returned {} gradients for {} inputs", gin.len(), inputs.len())));
-        }
-        for (inp, g) in inputs.into_iter().zip(gin) {
-            let Some(g) = g else { continue };
-            if !inp.tracked {
-                continue;
-            }
-            match &inp.leaf {
-                Some(leaf) => {
-                    if g.shape() != leaf.shape() {
-                        return Err(Error::Autograd(format!("{name}: gradient of shape {} for an input of shape {}", g.shape(), leaf.shape())));
-                    }
-                    leaf.accumulate_grad(g)?
+        match &inp.leaf {
+            Some(leaf) => {
+                if g.shape() != leaf.shape() {
+                    return Err(Error::Autograd(format!("{name}: gradient of shape {} for an input of shape {}", g.shape(), leaf.shape())));
                 }
-                None => add_into(grads, inp.id, g)?,
+                leaf.accumulate_grad(g)?
             }
+            None => add_into(grads, inp.id, g)?,
         }
     }
     Ok(())

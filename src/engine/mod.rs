@@ -6,6 +6,20 @@
 //! and the loss scaler and calls the engine once per micro-batch
 //! (`backward`) and once per optimizer step (`step`).
 
+pub mod buckets;
+pub mod comm_thread;
+pub mod ddp;
+pub mod deepspeed;
+pub mod flat;
+pub mod single;
+pub mod update;
+pub mod zero;
+pub mod zero_state;
+
+pub use ddp::{Ddp, DdpStats, DEFAULT_BUCKET_BYTES};
+pub use single::SingleProcess;
+pub use zero::{ZeroEngine, ZeroOptions};
+
 use crate::error::Result;
 use crate::optim::GradScaler;
 use crate::tensor::Tensor;

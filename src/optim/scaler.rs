@@ -3,6 +3,12 @@
 //! step the gradients are unscaled and checked; a step with an inf or NaN
 //! gradient is skipped and the scale backs off; after `growth_interval`
 //! clean steps in a row the scale grows.
+//!
+//! DeepSpeed's dynamic scaler (`fp16.loss_scale 0`) is the same machine with
+//! three more settings: `hysteresis` overflows are absorbed before the scale
+//! halves, `consecutive_hysteresis` restores that allowance after every
+//! clean step (instead of only when the scale grows), and the scale never
+//! falls below `min_scale`. PyTorch's behaviour is `hysteresis 1`, `min_scale 0`.
 
 use crate::backend::cpu::optim::unscale_and_check;
 use crate::backend::Storage;
@@ -16,11 +22,17 @@ pub struct ScalerConfig {
     pub growth_factor: f64,
     pub backoff_factor: f64,
     pub growth_interval: u64,
+    /// Overflows taken before the scale backs off (1: every overflow backs off).
+    pub hysteresis: u64,
+    /// Whether a clean step restores the hysteresis allowance (else only a growth does).
+    pub consecutive_hysteresis: bool,
+    /// The floor of the scale.
+    pub min_scale: f64,
 }
 
 impl Default for ScalerConfig {
     fn default() -> Self {
-        ScalerConfig { init_scale: 65536.0, growth_factor: 2.0, backoff_factor: 0.5, growth_interval: 2000 }
+        ScalerConfig { init_scale: 65536.0, growth_factor: 2.0, backoff_factor: 0.5, growth_interval: 2000, hysteresis: 1, consecutive_hysteresis: false, min_scale: 0.0 }
     }
 }
 
@@ -33,13 +45,15 @@ pub struct GradScaler {
     pub growth_tracker: u64,
     /// Steps skipped for inf/NaN gradients so far.
     pub skipped: u64,
+    /// Overflows still absorbed before the next backoff (DeepSpeed's hysteresis).
+    pub hysteresis_left: u64,
     found_inf: bool,
 }
 
 impl GradScaler {
     /// A scaler at its initial scale.
     pub fn new(config: ScalerConfig) -> Self {
-        GradScaler { scale: config.init_scale, config, growth_tracker: 0, skipped: 0, found_inf: false }
+        GradScaler { scale: config.init_scale, config, growth_tracker: 0, skipped: 0, hysteresis_left: config.hysteresis, found_inf: false }
     }
 
     /// `loss · scale`, to back-propagate.
@@ -69,16 +83,34 @@ impl GradScaler {
         self.found_inf
     }
 
+    /// Records whether the gradients held an inf/NaN, for an engine that
+    /// unscales and checks them itself (the ZeRO engine checks its shard and
+    /// agrees with every rank).
+    pub fn set_found_inf(&mut self, found: bool) {
+        self.found_inf = found;
+    }
+
     /// Updates the scale after a step (taken or skipped).
     pub fn update(&mut self) {
+        let c = self.config;
         if self.found_inf {
-            self.scale *= self.config.backoff_factor;
+            if c.hysteresis <= 1 || self.hysteresis_left <= 1 {
+                self.scale = (self.scale * c.backoff_factor).max(c.min_scale);
+            } else {
+                self.hysteresis_left -= 1;
+            }
             self.growth_tracker = 0;
             self.skipped += 1;
         } else {
+            if c.consecutive_hysteresis {
+                self.hysteresis_left = c.hysteresis;
+            }
             self.growth_tracker += 1;
-            if self.growth_tracker == self.config.growth_interval {
-                self.scale *= self.config.growth_factor;
+            if self.growth_tracker == c.growth_interval {
+                if !c.consecutive_hysteresis {
+                    self.hysteresis_left = c.hysteresis;
+                }
+                self.scale *= c.growth_factor;
                 self.growth_tracker = 0;
             }
         }

@@ -90,10 +90,11 @@ fn set(root: &mut Value, key: &str, v: Value) {
 /// WeNet's `check_modify_and_save_config`: fills `input_dim` from the fbank
 /// size and `output_dim` from the symbol table (a config value that
 /// disagrees is an error), records the data paths, and writes the resolved
-/// config to `model_dir/train.yaml`.
-pub fn check_modify_and_save_config(root: Value, args: &super::TrainArgs) -> Result<TrainConfig> {
+/// config to `model_dir/train.yaml` (rank 0 only).
+pub fn check_modify_and_save_config(root: Value, args: &super::TrainArgs, dist: &super::DistInfo) -> Result<TrainConfig> {
     let mut root = root;
     let pre = parse_train_config(&root)?;
+    super::deepspeed::check_deepspeed_config(args, &pre, dist)?;
     let mel = pre.data.dataset_conf.fbank_conf.num_mel_bins;
     match root.get("input_dim").and_then(Value::as_u64) {
         Some(d) if d as usize != mel => return Err(Error::config("input_dim", format!("expected {mel} (dataset_conf.fbank_conf.num_mel_bins), found {d}"))),
@@ -114,7 +115,9 @@ pub fn check_modify_and_save_config(root: Value, args: &super::TrainArgs) -> Res
     set(&mut root, "cv_data", Value::String(args.cv_data.display().to_string()));
     set(&mut root, "model_dir", Value::String(args.model_dir.display().to_string()));
     std::fs::create_dir_all(&args.model_dir).map_err(|source| Error::Io { path: args.model_dir.display().to_string(), source })?;
-    let yaml = serde_yaml_ng::to_string(&root).map_err(|e| Error::Msg(format!("cannot serialize the config: {e}")))?;
-    crate::models::checkpoint::write_atomic(&args.model_dir.join("train.yaml"), yaml.as_bytes())?;
+    if dist.is_main() {
+        let yaml = serde_yaml_ng::to_string(&root).map_err(|e| Error::Msg(format!("cannot serialize the config: {e}")))?;
+        crate::models::checkpoint::write_atomic(&args.model_dir.join("train.yaml"), yaml.as_bytes())?;
+    }
     parse_train_config(&root)
 }

@@ -1,21 +1,24 @@
 //! The executor: train and cv epochs. Per batch: forward, loss/accum_grad
-//! (times the loss scale with AMP), backward; every `accum_grad` batches:
-//! reduce, unscale, clip the global norm, step unless the norm is inf/NaN
-//! (skipped and counted), zero the gradients, step the schedule. Logs every
-//! `log_interval` batches and writes TensorBoard scalars per step.
+//! (times the loss scale with AMP), `engine.backward` (told to synchronise
+//! on the accumulation's last batch); every `accum_grad` batches
+//! `engine.step` (reduce, unscale, clip the global norm, step unless inf/NaN,
+//! zero the gradients), then the scaler's update and the schedule's step.
+//! Logs every `log_interval` batches and writes TensorBoard scalars per step
+//! (rank 0 only; every rank waits at a barrier after a save).
 
-use super::checkpoint::{save_model, Position, TrainState};
-use super::engine::Engine;
+use super::checkpoint::{checkpoint_path, save_model, save_optimizer_shard, Position, TrainState};
+use crate::engine::Engine;
 use super::setup::Optim;
 use super::TrainConfig;
 use crate::autograd;
 use crate::data::loader::DataLoader;
 use crate::data::Batch;
+use crate::dist::JoinGroup;
 use crate::error::{Error, Result};
 use crate::models::AsrModel;
 use crate::nn::Module;
-use crate::optim::{clip_grad_norm, GradScaler};
-use crate::tensor::rng;
+use crate::optim::GradScaler;
+use crate::tensor::rng::{self, Rng};
 use crate::train::tensorboard::SummaryWriter;
 use serde_yaml_ng::{Mapping, Value};
 use std::io::IsTerminal;
@@ -73,9 +76,9 @@ pub struct CvResult {
 pub struct Executor {
     /// The model.
     pub model: AsrModel,
-    /// The engine (gradient reduction).
+    /// The engine: parameters, optimizer, gradient reduction.
     pub engine: Box<dyn Engine>,
-    /// Optimizer and schedule.
+    /// The optimizer's settings and the schedule.
     pub optim: Optim,
     /// The `--use_amp` loss scaler.
     pub scaler: Option<GradScaler>,
@@ -91,6 +94,12 @@ pub struct Executor {
     pub skipped_steps: u64,
     /// Every step's report, in order.
     pub history: Vec<StepReport>,
+    /// Whether checkpoints carry the optimizer state and resume state
+    /// (false for `--deepspeed.save_states model_only`: the model file only).
+    pub save_optimizer_state: bool,
+    /// The join group (several processes): before each batch every rank
+    /// says whether it has one, and all stop when any has run out.
+    pub join: Option<JoinGroup>,
     pending: Vec<BatchLoss>,
     /// The latest batch's losses, for the log line.
     last_batch: Option<BatchLoss>,
@@ -105,7 +114,13 @@ impl Executor {
     /// An executor continuing from `position`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(model: AsrModel, engine: Box<dyn Engine>, optim: Optim, scaler: Option<GradScaler>, writer: Option<SummaryWriter>, cfg: TrainConfig, model_dir: PathBuf, position: Position) -> Self {
-        Executor { model, engine, optim, scaler, writer, cfg, model_dir, position, skipped_steps: 0, history: Vec::new(), pending: Vec::new(), last_batch: None }
+        Executor { model, engine, optim, scaler, writer, cfg, model_dir, position, skipped_steps: 0, history: Vec::new(), join: None, save_optimizer_state: true, pending: Vec::new(), last_batch: None }
+    }
+
+    /// The executor with the job's join group (none on one process).
+    pub fn with_join(mut self, join: Option<JoinGroup>) -> Self {
+        self.join = join;
+        self
     }
 
     /// Forward and backward of one batch; gradients accumulate. Clears the tape on error.
@@ -123,7 +138,8 @@ impl Executor {
         if let Some(s) = &self.scaler {
             loss = s.scale_loss(&loss)?;
         }
-        autograd::backward(&loss)?;
+        let sync = self.pending.len() + 1 >= self.cfg.accum_grad;
+        self.engine.backward(&loss, sync)?;
         let value = |t: &Option<crate::tensor::Tensor>| t.as_ref().map(|t| t.to_scalar()).transpose();
         let bl = BatchLoss { loss: out.loss.to_scalar()?, loss_ctc: value(&out.loss_ctc)?, loss_att: value(&out.loss_att)?, acc: out.th_accuracy, utts: b.len(), frames: b.feats_lengths.iter().sum() };
         self.pending.push(bl);
@@ -136,26 +152,18 @@ impl Executor {
         self.pending.len() >= self.cfg.accum_grad
     }
 
-    /// Reduce, unscale, clip, step (unless inf/NaN), zero the gradients, step the schedule.
+    /// The engine's step (reduce, unscale, clip, update unless inf/NaN, zero
+    /// the gradients), then the scaler's update and the schedule's step.
     pub fn optimizer_step(&mut self) -> Result<StepReport> {
-        self.engine.reduce_gradients()?;
-        let params = self.engine.parameters().to_vec();
-        let found_inf = match self.scaler.as_mut() {
-            Some(s) => s.unscale(&params)?,
-            None => false,
-        };
-        let grad_norm = clip_grad_norm(&params, self.cfg.grad_clip)?;
         let lr = self.optim.scheduler.lr();
-        let skipped = found_inf || !grad_norm.is_finite();
+        let out = self.engine.step(lr, self.cfg.grad_clip, self.scaler.as_mut())?;
+        let (grad_norm, skipped) = (out.grad_norm, out.skipped);
         if skipped {
             self.skipped_steps += 1;
-        } else {
-            self.optim.adam.step(lr)?;
         }
         if let Some(s) = self.scaler.as_mut() {
             s.update();
         }
-        self.optim.adam.zero_grad();
         self.optim.scheduler.step();
         self.position.step += 1;
         let loss = self.pending.iter().map(|b| b.loss).sum::<f64>() / self.pending.len().max(1) as f64;
@@ -182,20 +190,67 @@ impl Executor {
         Ok(())
     }
 
-    /// The resume state at the current position.
-    pub fn train_state(&self) -> TrainState {
-        TrainState {
+    /// The resume state at the current position (for a sharded engine,
+    /// without its shards); `rank_rngs` is every rank's generator, from
+    /// [`Executor::gather_rngs`].
+    pub fn train_state(&self, rank_rngs: Vec<Rng>) -> Result<TrainState> {
+        let sharded = self.engine.sharded_state();
+        Ok(TrainState {
             position: self.position,
-            adam_state: self.optim.adam.state(),
-            adam_step: self.optim.adam.step,
+            optimizer: if sharded { Vec::new() } else { vec![self.engine.optimizer_state()?] },
+            optimizer_shards: sharded.then(|| self.engine.world_size()),
             scheduler_steps: self.optim.scheduler.steps(),
             scaler: self.scaler.as_ref().map(|s| (s.scale, s.growth_tracker)),
             rng: rng::get_state(),
-        }
+            rank_rngs,
+        })
     }
 
-    /// Saves `model_dir/{tag}` with infos and the resume state.
-    pub fn save(&self, tag: &str, epoch: u64, cv_loss: Option<f64>) -> Result<PathBuf> {
+    /// Whether this process logs and writes the shared files (rank 0).
+    pub fn is_main(&self) -> bool {
+        self.engine.rank() == 0
+    }
+
+    /// Returns once every rank got here (a no-op on one process).
+    pub fn barrier(&mut self) -> Result<()> {
+        if self.engine.world_size() > 1 {
+            self.engine.all_reduce_sum(&mut [0.0])?;
+        }
+        Ok(())
+    }
+
+    /// Saves `model_dir/{tag}` with infos and the resume state: rank 0
+    /// writes the model, its YAML and the state file; with a sharded engine
+    /// every rank writes its optimizer shard. Every rank then waits for the
+    /// others, so none races ahead of a checkpoint.
+    pub fn save(&mut self, tag: &str, epoch: u64, cv_loss: Option<f64>) -> Result<PathBuf> {
+        let rank_rngs = self.gather_rngs()?;
+        if self.engine.sharded_state() && self.save_optimizer_state {
+            let shard = self.engine.optimizer_state()?;
+            save_optimizer_shard(&checkpoint_path(&self.model_dir, tag), self.engine.rank(), &shard)?;
+        }
+        let path = if self.is_main() { self.save_main(tag, epoch, cv_loss, rank_rngs)? } else { checkpoint_path(&self.model_dir, tag) };
+        self.barrier()?;
+        Ok(path)
+    }
+
+    /// Every rank's default generator, in rank order (empty on one
+    /// process): each rank puts its seed and offset, as 32-bit halves (exact
+    /// in f64), into its own slot of a sum over ranks.
+    pub fn gather_rngs(&mut self) -> Result<Vec<Rng>> {
+        let world = self.engine.world_size();
+        if world == 1 {
+            return Ok(Vec::new());
+        }
+        let g = rng::get_state();
+        let mut v = vec![0.0; 4 * world];
+        let r = self.engine.rank();
+        v[4 * r..4 * r + 4].copy_from_slice(&[(g.seed >> 32) as f64, (g.seed & 0xffff_ffff) as f64, (g.offset >> 32) as f64, (g.offset & 0xffff_ffff) as f64]);
+        self.engine.all_reduce_sum(&mut v)?;
+        Ok(v.chunks_exact(4).map(|c| Rng { seed: ((c[0] as u64) << 32) | c[1] as u64, offset: ((c[2] as u64) << 32) | c[3] as u64 }).collect())
+    }
+
+    fn save_main(&self, tag: &str, epoch: u64, cv_loss: Option<f64>, rank_rngs: Vec<Rng>) -> Result<PathBuf> {
         let mut infos = Mapping::new();
         infos.insert("epoch".into(), Value::from(epoch));
         infos.insert("step".into(), Value::from(self.position.step));
@@ -203,21 +258,32 @@ impl Executor {
         if let Some(c) = cv_loss {
             infos.insert("cv_loss".into(), Value::from(c));
         }
-        save_model(&self.model, &self.model_dir, tag, infos, &self.cfg.root, Some(&self.train_state()))
+        let state = if self.save_optimizer_state { Some(self.train_state(rank_rngs)?) } else { None };
+        save_model(&self.model, &self.model_dir, tag, infos, &self.cfg.root, state.as_ref())
     }
 
-    /// Trains the epoch at `self.position` from its current batch to its end.
+    /// Trains the epoch at `self.position` from its current batch to its
+    /// end — with a join group, to the step where the first rank runs out:
+    /// every rank ends there, and an accumulation left incomplete is dropped
+    /// on every rank alike.
     pub fn train_epoch(&mut self, loader: &DataLoader) -> Result<()> {
         let epoch = self.position.epoch;
         self.model.train(true);
-        self.optim.adam.zero_grad();
+        self.engine.zero_grad();
         self.pending.clear();
         let bar = progress_bar(epoch);
         let (start, mut frames, mut ok, mut failed) = (Instant::now(), 0usize, 0usize, 0usize);
         let mut last_err = None;
         let mut it = loader.resume(epoch, self.position.batches);
         let mut window = (Instant::now(), 0usize, 0u64);
-        while let Some(batch) = it.next() {
+        loop {
+            let next = it.next();
+            if let Some(j) = self.join.as_mut() {
+                if !j.all_have_batch(next.is_some())? {
+                    break;
+                }
+            }
+            let Some(batch) = next else { break };
             self.position.batches = it.position();
             match self.train_batch(&batch) {
                 Ok(bl) => {
@@ -225,9 +291,13 @@ impl Executor {
                     frames += bl.frames;
                     window.1 += bl.frames;
                 }
+                Err(e) if self.engine.world_size() > 1 => {
+                    // The other ranks are already in this batch's collectives: skipping it here would desynchronise them.
+                    return Err(Error::dist("train_batch", self.engine.rank(), format!("epoch {epoch} batch {}: {e} (a failed batch ends a distributed run)", it.position())));
+                }
                 Err(e) => {
                     eprintln!("warning: epoch {epoch} batch {}: skipped, {e}", it.position());
-                    self.optim.adam.zero_grad();
+                    self.engine.zero_grad();
                     self.pending.clear();
                     failed += 1;
                     last_err = Some(e);
@@ -246,7 +316,7 @@ impl Executor {
             if let Some(b) = &bar {
                 b.inc(1);
             }
-            if it.position() % self.cfg.log_interval == 0 {
+            if it.position() % self.cfg.log_interval == 0 && self.is_main() {
                 let secs = window.0.elapsed().as_secs_f64().max(1e-9);
                 let line = self.log_line(epoch, it.position(), window.2 as f64 / secs, window.1 as f64 / secs);
                 match &bar {
@@ -259,11 +329,18 @@ impl Executor {
         if let Some(b) = bar {
             b.finish_and_clear();
         }
+        if !self.pending.is_empty() {
+            // An incomplete accumulation at the epoch's end is dropped (as WeNet does).
+            self.engine.zero_grad();
+            self.pending.clear();
+        }
         if ok == 0 && failed > 0 {
             return Err(last_err.unwrap_or_else(|| Error::Msg("every batch failed".into())));
         }
         let secs = start.elapsed().as_secs_f64().max(1e-9);
-        eprintln!("epoch {epoch}: trained {ok} batches ({failed} failed, {} steps skipped so far) in {secs:.1} s, {:.0} frames/s", self.skipped_steps, frames as f64 / secs);
+        if self.is_main() {
+            eprintln!("epoch {epoch}: trained {ok} batches ({failed} failed, {} steps skipped so far) in {secs:.1} s, {:.0} frames/s", self.skipped_steps, frames as f64 / secs);
+        }
         Ok(())
     }
 
@@ -283,36 +360,22 @@ impl Executor {
         )
     }
 
-    /// Cross-validation over `loader`, without gradients; losses weighted by utterances.
+    /// Cross-validation over `loader` (this rank's part of the cv list),
+    /// without gradients; the sums are reduced over every rank, so the
+    /// losses are means over the whole list weighted by utterances.
     pub fn cv(&mut self, loader: &DataLoader) -> Result<CvResult> {
         self.model.train(false);
-        let mut sums = (0.0, 0.0, 0.0, 0.0);
-        let mut has = (false, false, false);
-        let mut utts = 0usize;
-        for b in loader.epoch(self.position.epoch) {
-            let out = autograd::no_grad(|| self.model.forward(&b.feats, &b.feats_lengths, &b.target, &b.target_lengths))?;
-            let n = b.len() as f64;
-            sums.0 += out.loss.to_scalar()? * n;
-            if let Some(c) = &out.loss_ctc {
-                sums.1 += c.to_scalar()? * n;
-                has.0 = true;
-            }
-            if let Some(a) = &out.loss_att {
-                sums.2 += a.to_scalar()? * n;
-                has.1 = true;
-            }
-            if let Some(a) = out.th_accuracy {
-                sums.3 += a * n;
-                has.2 = true;
-            }
-            utts += b.len();
-        }
+        let r = self.cv_sums(loader);
         self.model.train(true);
+        // [loss·n, ctc·n, att·n, acc·n, n, batches with ctc, with att, with acc]
+        let mut sums = r?;
+        self.engine.all_reduce_sum(&mut sums)?;
+        let utts = sums[4].round() as usize;
         if utts == 0 {
             return Err(Error::Msg("cv: the cv data produced no batch".into()));
         }
-        let n = utts as f64;
-        let r = CvResult { loss: sums.0 / n, loss_ctc: has.0.then_some(sums.1 / n), loss_att: has.1.then_some(sums.2 / n), acc: has.2.then_some(sums.3 / n), utts };
+        let n = sums[4];
+        let r = CvResult { loss: sums[0] / n, loss_ctc: (sums[5] > 0.0).then_some(sums[1] / n), loss_att: (sums[6] > 0.0).then_some(sums[2] / n), acc: (sums[7] > 0.0).then_some(sums[3] / n), utts };
         if let Some(w) = self.writer.as_mut() {
             let e = self.position.epoch as i64;
             w.add_scalar("cv/loss", r.loss as f32, e)?;
@@ -326,12 +389,37 @@ impl Executor {
         Ok(r)
     }
 
+    fn cv_sums(&mut self, loader: &DataLoader) -> Result<Vec<f64>> {
+        let mut sums = vec![0.0; 8];
+        for b in loader.epoch(self.position.epoch) {
+            let out = autograd::no_grad(|| self.model.forward(&b.feats, &b.feats_lengths, &b.target, &b.target_lengths))?;
+            let n = b.len() as f64;
+            sums[0] += out.loss.to_scalar()? * n;
+            if let Some(c) = &out.loss_ctc {
+                sums[1] += c.to_scalar()? * n;
+                sums[5] += 1.0;
+            }
+            if let Some(a) = &out.loss_att {
+                sums[2] += a.to_scalar()? * n;
+                sums[6] += 1.0;
+            }
+            if let Some(a) = out.th_accuracy {
+                sums[3] += a * n;
+                sums[7] += 1.0;
+            }
+            sums[4] += n;
+        }
+        Ok(sums)
+    }
+
     /// After the cv of an epoch: save `epoch_N` positioned at the next epoch's start.
     pub fn finish_epoch(&mut self, cv: &CvResult) -> Result<PathBuf> {
         let done = self.position.epoch;
         self.position = Position { epoch: done + 1, batches: 0, step: self.position.step };
         let path = self.save(&format!("epoch_{done}"), done, Some(cv.loss))?;
-        eprintln!("epoch {done}: cv loss {:.6} over {} utterances, saved {}", cv.loss, cv.utts, path.display());
+        if self.is_main() {
+            eprintln!("epoch {done}: cv loss {:.6} over {} utterances, saved {}", cv.loss, cv.utts, path.display());
+        }
         Ok(path)
     }
 }

@@ -3,18 +3,20 @@
 pub mod args;
 pub mod checkpoint;
 pub mod config;
+pub mod deepspeed;
 pub mod dist;
-pub mod engine;
 pub mod executor;
 pub mod run;
 pub mod setup;
 pub mod tensorboard;
+pub mod wrap;
 
 pub use args::TrainArgs;
 pub use checkpoint::{save_model, Position, TrainState};
 pub use config::{check_modify_and_save_config, parse_train_config, read_config, TrainConfig};
-pub use dist::{init_distributed, DistInfo};
-pub use engine::{wrap_model, Engine, SingleProcess};
+pub use crate::engine::{Engine, SingleProcess};
+pub use dist::{init_distributed, DistInfo, Distributed};
 pub use executor::{BatchLoss, CvResult, Executor, StepReport};
 pub use run::run_train;
+pub use wrap::wrap_model;
 pub use setup::{init_dataset_and_dataloader, init_model, init_optimizer_and_scheduler, init_scaler, init_summary_writer, print_model, Optim, Resume};

@@ -7,20 +7,21 @@ use crate::tensor::rng;
 /// Runs a training job to `max_epoch`; returns the executor at its end.
 pub fn run_train(args: &TrainArgs) -> Result<Executor> {
     let root = read_config(&args.config, &args.override_config)?;
-    let dist = init_distributed(args)?;
-    let cfg = check_modify_and_save_config(root, args)?;
-    let (train_loader, cv_loader) = init_dataset_and_dataloader(args, &cfg, &dist)?;
+    let mut dist = init_distributed(args)?;
+    let cfg = check_modify_and_save_config(root, args, &dist.info)?;
+    let (train_loader, cv_loader) = init_dataset_and_dataloader(args, &cfg, &dist.info)?;
     rng::manual_seed(args.seed);
     let (model, resume) = init_model(args, &cfg)?;
-    print_model(&model, &dist);
-    let writer = init_summary_writer(args, &dist)?;
-    let engine = wrap_model(&model, args, &dist)?;
-    let optim = init_optimizer_and_scheduler(&cfg, engine.parameters(), &resume)?;
-    let scaler = init_scaler(args, &resume);
+    print_model(&model, &dist.info);
+    let writer = init_summary_writer(args, &dist.info)?;
+    let optim = init_optimizer_and_scheduler(&cfg, &resume)?;
+    let engine = wrap_model(&model, args, &mut dist, optim.adam, &resume)?;
+    let scaler = if deepspeed::is_deepspeed(args) { deepspeed::deepspeed_scaler(args, &resume)? } else { init_scaler(args, &resume) };
     if let Some(s) = &resume.state {
-        rng::set_state(s.rng);
+        rng::set_state(s.rng_for(dist.info.rank));
     }
-    let mut exec = Executor::new(model, engine, optim, scaler, writer, cfg, args.model_dir.clone(), resume.position());
+    let mut exec = Executor::new(model, engine, optim, scaler, writer, cfg, args.model_dir.clone(), resume.position()).with_join(dist.join.take());
+    exec.save_optimizer_state = deepspeed::saves_optimizer_state(args)?;
     if args.checkpoint.is_none() {
         exec.save("init", 0, None)?;
     }

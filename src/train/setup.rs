@@ -11,29 +11,32 @@ use crate::error::{Error, Result};
 use crate::models::checkpoint::{load_checkpoint, load_prefixes, read_infos};
 use crate::models::{AsrModel, ModelConfig};
 use crate::nn::Module;
-use crate::optim::{Adam, AdamConfig, GradScaler, NoamHoldAnnealing, ScalerConfig, Scheduler, WarmupLR};
+use crate::optim::{AdamConfig, GradScaler, NoamHoldAnnealing, ScalerConfig, Scheduler, WarmupLR};
 use crate::tensor::{DType, Rng};
 use crate::train::tensorboard::SummaryWriter;
 use serde_yaml_ng::Value;
 use std::sync::Arc;
 
-/// The optimizer and its learning-rate schedule.
+/// The optimizer's settings (the engine owns the Adam built from them) and
+/// the learning-rate schedule.
 pub struct Optim {
-    /// Adam or AdamW.
-    pub adam: Adam,
+    /// Adam or AdamW hyper-parameters, for the engine.
+    pub adam: AdamConfig,
     /// The schedule, stepped once per optimizer step.
     pub scheduler: Box<dyn Scheduler>,
 }
 
 /// WeNet's `init_dataset_and_dataloader`: the train loader and the cv loader
-/// (no augmentation, no shuffling, the whole list on every rank).
+/// (no augmentation, no shuffling). Both lists are partitioned across ranks
+/// as WeNet does, so the cv loss reduced over ranks is the loss over the
+/// whole cv list.
 pub fn init_dataset_and_dataloader(args: &TrainArgs, cfg: &TrainConfig, dist: &DistInfo) -> Result<(DataLoader, DataLoader)> {
     let format = ListFormat::parse(&args.data_type)?;
     let tok = Arc::new(Tokenizer::from_conf(cfg.data.tokenizer.as_deref(), &cfg.data.tokenizer_conf, args.symbol_table.as_deref())?);
     let base = LoaderConf { num_workers: args.num_workers, prefetch: args.prefetch, seed: args.seed, rank: dist.rank, world_size: dist.world_size, partition: true, log: dist.is_main() };
     let train_conf = &cfg.data.dataset_conf;
     let train = DataLoader::new(DataList::read(&args.train_data, format)?, Processor::new(train_conf, Some(tok.clone()))?, base.clone())?;
-    let cv = DataLoader::new(DataList::read(&args.cv_data, format)?, Processor::new(&train_conf.for_cv(), Some(tok))?, LoaderConf { partition: false, ..base })?;
+    let cv = DataLoader::new(DataList::read(&args.cv_data, format)?, Processor::new(&train_conf.for_cv(), Some(tok))?, base)?;
     Ok((train, cv))
 }
 
@@ -119,10 +122,11 @@ fn conf_steps(conf: Option<&Value>, section: &str, key: &str) -> Result<Option<u
     }
 }
 
-/// WeNet's `init_optimizer_and_scheduler`: Adam/AdamW from `optim_conf`,
-/// WarmupLR or NoamHoldAnnealing from `scheduler_conf`, with the moments and
-/// the step restored from a resume state.
-pub fn init_optimizer_and_scheduler(cfg: &TrainConfig, params: &[(String, crate::tensor::Tensor)], resume: &Resume) -> Result<Optim> {
+/// WeNet's `init_optimizer_and_scheduler`: Adam/AdamW settings from
+/// `optim_conf` (the engine builds the optimizer, see `wrap_model`) and
+/// WarmupLR or NoamHoldAnnealing from `scheduler_conf`, the schedule's step
+/// restored from a resume state.
+pub fn init_optimizer_and_scheduler(cfg: &TrainConfig, resume: &Resume) -> Result<Optim> {
     let root = &cfg.root;
     let oc = root.get("optim_conf");
     let decoupled = match root.get("optim").and_then(Value::as_str).unwrap_or("adam") {
@@ -132,7 +136,7 @@ pub fn init_optimizer_and_scheduler(cfg: &TrainConfig, params: &[(String, crate:
     };
     let lr = conf_f64(oc, "optim_conf", "lr", None)?;
     let weight_decay = conf_f64(oc, "optim_conf", "weight_decay", Some(if decoupled { 0.01 } else { 0.0 }))?;
-    let mut adam = Adam::new(params.to_vec(), AdamConfig { lr, weight_decay, decoupled, ..Default::default() })?;
+    let adam = AdamConfig { lr, weight_decay, decoupled, ..Default::default() };
     let sc = root.get("scheduler_conf");
     let mut scheduler: Box<dyn Scheduler> = match root.get("scheduler").and_then(Value::as_str).unwrap_or("warmuplr") {
         "warmuplr" => Box::new(WarmupLR { base_lr: lr, warmup_steps: conf_f64(sc, "scheduler_conf", "warmup_steps", Some(25000.0))?, min_lr: conf_f64(sc, "scheduler_conf", "min_lr", Some(0.0))?, steps: 0 }),
@@ -152,7 +156,6 @@ pub fn init_optimizer_and_scheduler(cfg: &TrainConfig, params: &[(String, crate:
         other => return Err(Error::config("scheduler", format!("expected warmuplr or NoamHoldAnnealing, found {other:?}"))),
     };
     if let Some(s) = &resume.state {
-        adam.load_state(&s.adam_state, s.adam_step)?;
         scheduler.set_steps(s.scheduler_steps);
     } else if let Some(step) = resume.infos.get("step").and_then(Value::as_u64) {
         // A checkpoint without its state: continue the schedule where it was.

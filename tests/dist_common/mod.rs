@@ -80,11 +80,24 @@ impl WorkerResult {
 /// in `world_size` worker processes and waits for all of them. `extra`
 /// adds environment variables for every rank; `per_rank` for one rank.
 pub fn spawn(test_name: &str, world_size: usize, extra: &[(&str, String)], per_rank: &dyn Fn(usize) -> Vec<(String, String)>) -> Vec<WorkerResult> {
+    let start = Instant::now();
+    let children = start_workers(test_name, world_size, extra, per_rank);
+    children
+        .into_iter()
+        .map(|(rank, child)| {
+            let output = child.wait_with_output().expect("wait worker");
+            WorkerResult { rank, output, elapsed: start.elapsed() }
+        })
+        .collect()
+}
+
+/// Starts the workers of [`spawn`] without waiting for them (a test that
+/// kills one of them mid-run); stdout and stderr are piped.
+pub fn start_workers(test_name: &str, world_size: usize, extra: &[(&str, String)], per_rank: &dyn Fn(usize) -> Vec<(String, String)>) -> Vec<(usize, std::process::Child)> {
     let exe = std::env::current_exe().expect("current_exe");
     let port = free_port();
     let token = format!("test-token-{}-{port}", std::process::id());
-    let start = Instant::now();
-    let children: Vec<_> = (0..world_size)
+    (0..world_size)
         .map(|rank| {
             let mut c = Command::new(&exe);
             c.args([test_name, "--exact", "--nocapture", "--test-threads=1"])
@@ -106,13 +119,6 @@ pub fn spawn(test_name: &str, world_size: usize, extra: &[(&str, String)], per_r
                 c.env(k, v);
             }
             (rank, c.spawn().expect("spawn worker"))
-        })
-        .collect();
-    children
-        .into_iter()
-        .map(|(rank, child)| {
-            let output = child.wait_with_output().expect("wait worker");
-            WorkerResult { rank, output, elapsed: start.elapsed() }
         })
         .collect()
 }

@@ -1,0 +1,103 @@
+//! DDP's gradient buckets: parameters grouped, in reverse parameter order
+//! (gradients become ready roughly in reverse, as PyTorch assumes), into
+//! buckets of at most `cap` bytes (a larger parameter gets a bucket of its
+//! own). A bucket travels as one flat buffer of the parameters' dtype: every parameter's gradient
+//! (zeros where it has none) followed by one "used" flag per parameter, so
+//! after the average a parameter no rank computed a gradient for keeps no
+//! gradient, and one some ranks did gets the average over all ranks (the
+//! others counting as zero, as `find_unused_parameters` does).
+
+use crate::error::{Error, Result};
+use crate::backend::cpu::WithDType;
+use crate::tensor::{DType, Device, Tensor};
+
+/// One bucket: indices into the engine's parameter list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bucket {
+    /// Parameter indices, in the order their gradients are packed.
+    pub params: Vec<usize>,
+    /// Gradient elements in the bucket.
+    pub numel: usize,
+}
+
+/// Groups parameters of `sizes` elements of `elem_bytes` each into buckets of at most `cap_bytes`.
+pub fn assign_buckets(sizes: &[usize], elem_bytes: usize, cap_bytes: usize) -> Vec<Bucket> {
+    let cap = (cap_bytes / elem_bytes.max(1)).max(1);
+    let mut out: Vec<Bucket> = Vec::new();
+    let mut cur = Bucket { params: Vec::new(), numel: 0 };
+    for i in (0..sizes.len()).rev() {
+        if !cur.params.is_empty() && cur.numel + sizes[i] > cap {
+            out.push(std::mem::replace(&mut cur, Bucket { params: Vec::new(), numel: 0 }));
+        }
+        cur.params.push(i);
+        cur.numel += sizes[i];
+    }
+    if !cur.params.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// Packs a bucket's gradients and used flags into one flat tensor of the
+/// parameters' dtype (f32 for training, f64 for exact checks).
+pub fn flatten(bucket: &Bucket, params: &[(String, Tensor)]) -> Result<Tensor> {
+    match bucket_dtype(bucket, params)? {
+        DType::F64 => flatten_as::<f64>(bucket, params, 1.0),
+        _ => flatten_as::<f32>(bucket, params, 1.0),
+    }
+}
+
+fn bucket_dtype(bucket: &Bucket, params: &[(String, Tensor)]) -> Result<DType> {
+    let (name, first) = &params[bucket.params[0]];
+    match first.dtype() {
+        d @ (DType::F32 | DType::F64) => Ok(d),
+        d => Err(Error::Msg(format!("ddp: parameter {name} is {d:?}; expected f32 or f64"))),
+    }
+}
+
+fn flatten_as<T: WithDType + Default>(bucket: &Bucket, params: &[(String, Tensor)], one: T) -> Result<Tensor> {
+    let mut flat: Vec<T> = Vec::with_capacity(bucket.numel + bucket.params.len());
+    let mut used = Vec::with_capacity(bucket.params.len());
+    for &i in &bucket.params {
+        let (name, p) = &params[i];
+        match p.grad() {
+            Some(g) => {
+                let v = g.to_vec::<T>().map_err(|e| Error::Msg(format!("ddp: gradient of {name} (a bucket holds one dtype): {e}")))?;
+                flat.extend_from_slice(&v);
+                used.push(one);
+            }
+            None => {
+                flat.resize(flat.len() + p.elem_count(), T::default());
+                used.push(T::default());
+            }
+        }
+    }
+    flat.extend_from_slice(&used);
+    let n = flat.len();
+    Tensor::from_vec(flat, vec![n], &Device::Cpu)
+}
+
+/// Writes an averaged flat buffer back as the bucket's parameters' gradients.
+pub fn unflatten(bucket: &Bucket, params: &[(String, Tensor)], flat: &Tensor) -> Result<()> {
+    match bucket_dtype(bucket, params)? {
+        DType::F64 => unflatten_as::<f64>(bucket, params, flat),
+        _ => unflatten_as::<f32>(bucket, params, flat),
+    }
+}
+
+fn unflatten_as<T: WithDType + Default + PartialOrd>(bucket: &Bucket, params: &[(String, Tensor)], flat: &Tensor) -> Result<()> {
+    let v = flat.to_vec::<T>()?;
+    if v.len() != bucket.numel + bucket.params.len() {
+        return Err(Error::Msg(format!("ddp: a reduced bucket has {} elements, expected {}", v.len(), bucket.numel + bucket.params.len())));
+    }
+    let (grads, used) = v.split_at(bucket.numel);
+    let mut off = 0;
+    for (k, &i) in bucket.params.iter().enumerate() {
+        let p = &params[i].1;
+        let n = p.elem_count();
+        let g = if used[k] > T::default() { Some(Tensor::from_vec(grads[off..off + n].to_vec(), p.dims().to_vec(), &Device::Cpu)?) } else { None };
+        p.set_grad(g)?;
+        off += n;
+    }
+    Ok(())
+}

@@ -1,0 +1,193 @@
+//! Helpers of the ZeRO tests: a tiny two-layer model whose 53 parameters
+//! (not divisible by 2 or 3) include a 1-element `gain`, a deterministic
+//! global batch of 6 rows per micro-batch that ranks split evenly, a loop
+//! that drives any `Engine`, and an in-process communicator (threads as
+//! ranks) for checks that need no network.
+#![allow(dead_code)]
+
+use asrforge::dist::{Communicator, ReduceOp};
+use asrforge::engine::{Engine, StepOutcome};
+use asrforge::optim::GradScaler;
+use asrforge::tensor::{DType, Device, Rng, Tensor};
+use asrforge::{ops, Result};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::Duration;
+
+/// Rows of every micro-batch over all ranks (divisible by 1, 2 and 3).
+pub const GLOBAL_BATCH: usize = 6;
+const IN: usize = 7;
+const HID: usize = 5;
+const OUT: usize = 2;
+
+/// The model's parameters (the same on every rank for the same seed).
+pub fn make_params(seed: u64) -> Vec<(String, Tensor)> {
+    let mut rng = Rng::new(seed);
+    let mut p = |name: &str, dims: Vec<usize>, std: f64| {
+        let t = Tensor::randn(dims, 0.0, std, DType::F32, &mut rng, &Device::Cpu).expect("randn").requires_grad_();
+        (name.to_string(), t)
+    };
+    vec![p("w1", vec![HID, IN], 0.5), p("b1", vec![HID], 0.1), p("w2", vec![OUT, HID], 0.5), p("b2", vec![OUT], 0.1), p("gain", vec![1], 0.3)]
+}
+
+/// The global micro-batch `micro` of step `step`: inputs (6, 7) and targets (6, 2).
+pub fn global_batch(step: u64, micro: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut rng = Rng::new(10_000 + step * 16 + micro as u64);
+    let x = rng.normal(GLOBAL_BATCH * IN).into_iter().map(|v| v as f32).collect();
+    let t = rng.normal(GLOBAL_BATCH * OUT).into_iter().map(|v| v as f32).collect();
+    (x, t)
+}
+
+/// Mean squared error of `gain · (w2 · tanh(w1 · x + b1) + b2)` against the
+/// targets, over this rank's rows of the global micro-batch.
+pub fn local_loss(params: &[(String, Tensor)], step: u64, micro: usize, rank: usize, world: usize) -> Result<Tensor> {
+    let (x, t) = global_batch(step, micro);
+    let rows = GLOBAL_BATCH / world;
+    let x = Tensor::from_vec(x[rank * rows * IN..(rank + 1) * rows * IN].to_vec(), vec![rows, IN], &Device::Cpu)?;
+    let t = Tensor::from_vec(t[rank * rows * OUT..(rank + 1) * rows * OUT].to_vec(), vec![rows, OUT], &Device::Cpu)?;
+    let h = ops::tanh(&ops::linear(&x, &params[0].1, Some(&params[1].1))?)?;
+    let y = ops::mul(&ops::linear(&h, &params[2].1, Some(&params[3].1))?, &params[4].1)?;
+    ops::mean_all(&ops::pow(&ops::sub(&y, &t)?, 2.0)?)
+}
+
+/// How a run trains.
+#[derive(Clone, Copy, Debug)]
+pub struct Run {
+    /// The first step's index (a resumed run starts later).
+    pub first_step: u64,
+    /// Optimizer steps to take.
+    pub steps: u64,
+    /// Micro-batches per step.
+    pub accum: usize,
+    /// Gradient-norm bound (0: none).
+    pub clip: f64,
+    /// Learning rate.
+    pub lr: f64,
+}
+
+/// Drives `engine` through `run`: per micro-batch the loss divided by
+/// `accum` (times the loss scale) goes to `backward`, then one `step`.
+/// `poison(step)` may set a gradient before the last micro-batch's backward.
+pub fn train(engine: &mut dyn Engine, run: Run, mut scaler: Option<&mut GradScaler>, poison: &dyn Fn(u64, &[(String, Tensor)])) -> Result<Vec<StepOutcome>> {
+    let (rank, world) = (engine.rank(), engine.world_size());
+    let mut out = Vec::new();
+    for step in run.first_step..run.first_step + run.steps {
+        for micro in 0..run.accum {
+            let params = engine.parameters().to_vec();
+            let mut loss = ops::mul_scalar(&local_loss(&params, step, micro, rank, world)?, 1.0 / run.accum as f64)?;
+            if let Some(s) = scaler.as_deref() {
+                loss = s.scale_loss(&loss)?;
+            }
+            let last = micro + 1 == run.accum;
+            if last {
+                poison(step, &params);
+            }
+            engine.backward(&loss, last)?;
+        }
+        let o = engine.step(run.lr, run.clip, scaler.as_deref_mut())?;
+        if let Some(s) = scaler.as_deref_mut() {
+            s.update();
+        }
+        out.push(o);
+    }
+    Ok(out)
+}
+
+/// Every parameter's values, flat in order.
+pub fn flat_values(params: &[(String, Tensor)]) -> Vec<f32> {
+    params.iter().flat_map(|(_, p)| p.to_vec::<f32>().expect("f32 parameter")).collect()
+}
+
+/// The largest |a − b| / max(|b|, 1e-3) over two equally long vectors.
+pub fn max_rel(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(&x, &y)| ((x as f64 - y as f64).abs()) / (y as f64).abs().max(1e-3)).fold(0.0, f64::max)
+}
+
+struct Hub {
+    slots: Mutex<Vec<Vec<f64>>>,
+    barrier: Barrier,
+}
+
+/// Ranks as threads of one process: every collective is an exchange of all
+/// ranks' values through shared memory, reduced in rank order in f64.
+pub struct LocalComm {
+    rank: usize,
+    world: usize,
+    hub: Arc<Hub>,
+    timeout: Duration,
+}
+
+impl LocalComm {
+    /// One communicator per rank of a group of `world`.
+    pub fn group(world: usize) -> Vec<LocalComm> {
+        let hub = Arc::new(Hub { slots: Mutex::new(vec![Vec::new(); world]), barrier: Barrier::new(world) });
+        (0..world).map(|rank| LocalComm { rank, world, hub: hub.clone(), timeout: Duration::from_secs(30) }).collect()
+    }
+
+    fn exchange(&self, v: Vec<f64>) -> Vec<Vec<f64>> {
+        self.hub.slots.lock().expect("slots")[self.rank] = v;
+        self.hub.barrier.wait();
+        let all = self.hub.slots.lock().expect("slots").clone();
+        self.hub.barrier.wait();
+        all
+    }
+}
+
+fn write(t: &Tensor, v: Vec<f64>) -> Result<()> {
+    let src = match t.dtype() {
+        DType::F64 => Tensor::from_vec(v, t.dims().to_vec(), &Device::Cpu)?,
+        _ => Tensor::from_vec(v.into_iter().map(|x| x as f32).collect::<Vec<f32>>(), t.dims().to_vec(), &Device::Cpu)?,
+    };
+    t.assign(&src)
+}
+
+fn reduce(all: &[Vec<f64>], op: ReduceOp) -> Vec<f64> {
+    let n = all[0].len();
+    (0..n)
+        .map(|i| {
+            let xs = all.iter().map(|v| v[i]);
+            match op {
+                ReduceOp::Sum => xs.sum(),
+                ReduceOp::Avg => xs.sum::<f64>() / all.len() as f64,
+                ReduceOp::Max => xs.fold(f64::NEG_INFINITY, f64::max),
+                ReduceOp::Min => xs.fold(f64::INFINITY, f64::min),
+            }
+        })
+        .collect()
+}
+
+impl Communicator for LocalComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world
+    }
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+    fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+    fn all_reduce(&mut self, t: &Tensor, op: ReduceOp) -> Result<()> {
+        let all = self.exchange(t.to_f64_vec()?);
+        write(t, reduce(&all, op))
+    }
+    fn broadcast(&mut self, t: &Tensor, root: usize) -> Result<()> {
+        let all = self.exchange(t.to_f64_vec()?);
+        write(t, all[root].clone())
+    }
+    fn all_gather(&mut self, input: &Tensor, output: &Tensor) -> Result<()> {
+        let all = self.exchange(input.to_f64_vec()?);
+        write(output, all.concat())
+    }
+    fn reduce_scatter(&mut self, input: &Tensor, output: &Tensor, op: ReduceOp) -> Result<()> {
+        let n = output.elem_count();
+        let all = self.exchange(input.to_f64_vec()?);
+        write(output, reduce(&all, op)[self.rank * n..(self.rank + 1) * n].to_vec())
+    }
+    fn barrier(&mut self) -> Result<()> {
+        self.exchange(Vec::new());
+        Ok(())
+    }
+}
