@@ -12,7 +12,7 @@
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -104,6 +104,8 @@ struct Child {
     role: Role,
     pid: Pid,
     exit: Option<Exit>,
+    /// When it was reaped, in reaping order (which child ended first).
+    reaped: u64,
 }
 
 /// Why the job is being stopped.
@@ -134,6 +136,7 @@ fn signal_groups(children: &[Child], sig: Signal) {
 /// Reaps every child that has ended (workers and the orphans this launcher
 /// adopted), recording the workers' exits.
 fn reap(children: &mut [Child]) {
+    static SEQ: AtomicU64 = AtomicU64::new(1);
     loop {
         let (pid, exit) = match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::Exited(pid, code)) => (pid, Exit::Code(code)),
@@ -144,6 +147,7 @@ fn reap(children: &mut [Child]) {
         };
         if let Some(c) = children.iter_mut().find(|c| c.pid == pid) {
             c.exit = Some(exit);
+            c.reaped = SEQ.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -215,7 +219,10 @@ fn cause(children: &[Child], sig: usize) -> Option<i32> {
         eprintln!("asrforge launch: received {name}; stopping the workers");
         return Some(128 + sig as i32);
     }
-    let failed = children.iter().find(|c| matches!(c.exit, Some(e) if e != Exit::Code(0)))?;
+    // The cause: a worker killed by a signal before one that exited with an
+    // error (survivors of a killed peer fail within milliseconds and are
+    // often reaped in the same tick), then the first to end.
+    let failed = children.iter().filter(|c| matches!(c.exit, Some(e) if e != Exit::Code(0))).min_by_key(|c| (!matches!(c.exit, Some(Exit::Signal(_))), c.reaped))?;
     let exit = failed.exit.unwrap_or(Exit::Code(1));
     eprintln!("asrforge launch: {} {}", failed.role.label(Some(failed.pid)), exit.describe());
     Some(exit.status())
@@ -240,7 +247,7 @@ pub fn supervise(specs: &[ChildSpec], grace: Duration, stop_on_stdin_eof: bool) 
     let mut stop: Option<(Stop, Instant)> = None;
     for spec in specs {
         match spawn(spec, &done_tx, &mut readers, &mut stdins) {
-            Ok(pid) => children.push(Child { role: spec.role.clone(), pid, exit: None }),
+            Ok(pid) => children.push(Child { role: spec.role.clone(), pid, exit: None, reaped: 0 }),
             Err(e) => {
                 eprintln!("asrforge launch: cannot start {}: {}: {e}", spec.role.label(None), spec.program.to_string_lossy());
                 let status = match e.kind() {
