@@ -13,6 +13,7 @@
 
 pub mod cast;
 pub mod elementwise;
+pub mod info;
 pub mod kernels;
 pub mod launch;
 pub mod reduce;
