@@ -23,6 +23,8 @@ mod alloc;
 #[cfg(feature = "cuda")]
 pub mod blas;
 #[cfg(feature = "cuda")]
+pub mod blaslt;
+#[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
 mod pinned;
@@ -40,7 +42,7 @@ pub use pinned::PinnedBuffer;
 #[cfg(feature = "cuda")]
 pub use storage::CudaStorage;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{blas, CudaDevice, CudaStorage, PinnedBuffer};
+pub use stub::{blas, blaslt, CudaDevice, CudaStorage, PinnedBuffer};
 
 pub use launch::{dtype_suffix, Arg, LaunchConfig};
 
