@@ -237,9 +237,13 @@ fn poisoned_allocations_read_nan_and_blocks_are_reused() {
     let h = d.alloc(DType::BF16, 1000).unwrap();
     assert!(h.to_cpu().unwrap().to_f64_vec().iter().all(|x| x.is_nan()), "poisoned bf16 reads NaN");
     drop((a, h));
+    // A size class no other test uses (tests run in parallel threads and
+    // could otherwise take the freed block in between).
+    let odd = 777_777;
+    drop(d.alloc(DType::U8, odd).unwrap());
     let before = d.pool_stats().driver_allocs;
     for _ in 0..10 {
-        let b = d.alloc(DType::F32, 1000).unwrap();
+        let b = d.alloc(DType::U8, odd).unwrap();
         drop(b);
     }
     assert_eq!(d.pool_stats().driver_allocs, before, "a freed block of the class is reused, no cuMemAlloc");
