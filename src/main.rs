@@ -34,6 +34,8 @@ enum Command {
     Recognize(asrforge::decode::recognize::RecognizeArgs),
     /// Start the workers of a job on this node (torchrun's flags), or on every host of a --hostfile.
     Launch(asrforge::launch::LaunchArgs),
+    /// The build (version, features, embedded kernels and archs), the CUDA driver and libraries found, and the GPUs visible.
+    Info,
 }
 
 fn run(command: &Command) -> asrforge::Result<()> {
@@ -47,6 +49,10 @@ fn run(command: &Command) -> asrforge::Result<()> {
         Command::Recognize(args) => asrforge::decode::recognize::run_recognize(args).map(|s| eprint!("{s}")),
         // Handled in `main`: the launcher exits with its workers' status.
         Command::Launch(_) => Ok(()),
+        Command::Info => {
+            print!("{}", asrforge::backend::cuda::info::report());
+            Ok(())
+        }
     }
 }
 

@@ -130,7 +130,7 @@ impl FlatLayout {
                     Ok(())
                 }
                 Storage::Cpu(other) => Err(Error::invalid("zero all-gather", format!("parameter {}: expected f32 storage of {} elements, found {:?} of {}", e.name, e.numel, other.dtype(), other.len()))),
-                Storage::Cuda(c) => match *c {},
+                Storage::Cuda(_) => Err(Error::invalid("zero all-gather", format!("parameter {}: the ZeRO engine keeps parameters on the CPU (its GPU path comes with the NCCL communicator)", e.name))),
             })?;
         }
         Ok(())
@@ -161,7 +161,7 @@ pub fn with_f32<R>(t: &Tensor, name: &str, f: impl FnOnce(&[f32]) -> R) -> Resul
     match &*t.storage() {
         Storage::Cpu(CpuStorage::F32(v)) => Ok(f(v)),
         Storage::Cpu(other) => Err(Error::invalid("zero", format!("parameter {name}: expected f32 data, found {:?}", other.dtype()))),
-        Storage::Cuda(c) => match *c {},
+        Storage::Cuda(_) => Err(Error::invalid("zero", format!("parameter {name}: the ZeRO engine keeps parameters on the CPU (its GPU path comes with the NCCL communicator)"))),
     }
 }
 
