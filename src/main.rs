@@ -32,6 +32,9 @@ enum Command {
     Average(asrforge::models::average::AverageArgs),
     /// Decode a test list with a checkpoint in one or more modes.
     Recognize(asrforge::decode::recognize::RecognizeArgs),
+    /// Train a config's model for a few steps on synthetic features and report losses, frames/s and peak memory.
+    #[command(name = "bench-train")]
+    BenchTrain(asrforge::train::bench::BenchTrainArgs),
 }
 
 fn run(command: &Command) -> asrforge::Result<()> {
@@ -43,6 +46,7 @@ fn run(command: &Command) -> asrforge::Result<()> {
         Command::ComputeCer(args) => asrforge::decode::cli::run_compute_cer(args).map(|s| print!("{s}")),
         Command::Average(args) => asrforge::models::average::run_average(args).map(|s| print!("{s}")),
         Command::Recognize(args) => asrforge::decode::recognize::run_recognize(args).map(|s| eprint!("{s}")),
+        Command::BenchTrain(args) => asrforge::train::bench::run_bench_train(args).map(|r| println!("{}", r.line())),
     }
 }
 

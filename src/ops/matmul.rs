@@ -55,7 +55,11 @@ fn plan(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<Plan> {
 }
 
 /// `op(a)·op(b)` where `op` transposes the last two dims when its flag is set.
+/// Under autocast (f16/bf16) f32 operands are multiplied in the half type.
 pub fn matmul_t(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<Tensor> {
+    if let Some(y) = super::autocast::matmul(a, b, trans_a, trans_b)? {
+        return Ok(y);
+    }
     same_kind("matmul", a, b)?;
     let p = plan(a, b, trans_a, trans_b)?;
     let y = out(k::matmul(&p.d, cpu(&a.storage()), cpu(&b.storage()))?, p.out);

@@ -31,9 +31,21 @@ impl TensorId {
     }
 }
 
+static PEAK_BYTES: AtomicU64 = AtomicU64::new(0);
+
 /// Bytes held by all live tensor storages of this process.
 pub fn live_bytes() -> u64 {
     LIVE_BYTES.load(Ordering::Relaxed)
+}
+
+/// The most bytes [`live_bytes`] has reached since the last [`reset_peak_bytes`].
+pub fn peak_bytes() -> u64 {
+    PEAK_BYTES.load(Ordering::Relaxed)
+}
+
+/// Restarts the peak of [`peak_bytes`] from the bytes live now.
+pub fn reset_peak_bytes() {
+    PEAK_BYTES.store(live_bytes(), Ordering::Relaxed);
 }
 
 /// Storage shared by the handles that view it whole (reshape, detach).
@@ -83,7 +95,8 @@ impl std::fmt::Debug for Tensor {
 impl Tensor {
     fn build(storage: Storage, shape: Shape, tracked: bool, leaf: bool) -> Tensor {
         let bytes = storage.size_in_bytes() as u64;
-        LIVE_BYTES.fetch_add(bytes, Ordering::Relaxed);
+        let live = LIVE_BYTES.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        PEAK_BYTES.fetch_max(live, Ordering::Relaxed);
         Tensor::view(Arc::new(Cell { storage: RwLock::new(storage), bytes }), shape, tracked, leaf)
     }
 
@@ -260,6 +273,17 @@ impl Tensor {
                 Err(Error::CudaUnavailable(format!("cuda:{n} has no storage backend yet")))
             }
         }
+    }
+
+    /// Moves the storage to `device` in place, for every handle that shares
+    /// it (a model's parameters after loading, with the optimizer's and the
+    /// engine's handles to them).
+    pub fn move_to_device(&self, device: &Device) -> Result<()> {
+        if self.device() == *device {
+            return Ok(());
+        }
+        // Until GPU storage exists, `to_device` reports why it cannot.
+        self.detach().to_device(device).map(|_| ())
     }
 
     // ---- autograd state ----

@@ -61,8 +61,5 @@ pub fn init_distributed(args: &super::TrainArgs) -> Result<DistInfo> {
     if info.world_size > 1 {
         return Err(Error::config("WORLD_SIZE", format!("distributed training (world size {}, backend {}) is not yet supported; run one process", info.world_size, args.dist_backend)));
     }
-    if args.device != "cpu" {
-        return Err(Error::config("--device", format!("expected cpu, found {:?} (the trainer runs on the CPU for now)", args.device)));
-    }
     Ok(info)
 }

@@ -2,7 +2,9 @@
 
 pub mod args;
 pub mod checkpoint;
+pub mod bench;
 pub mod config;
+pub mod device;
 pub mod dist;
 pub mod engine;
 pub mod executor;
@@ -13,6 +15,7 @@ pub mod tensorboard;
 pub use args::TrainArgs;
 pub use checkpoint::{save_model, Position, TrainState};
 pub use config::{check_modify_and_save_config, parse_train_config, read_config, TrainConfig};
+pub use device::{amp_dtype, init_device};
 pub use dist::{init_distributed, DistInfo};
 pub use engine::{wrap_model, Engine, SingleProcess};
 pub use executor::{BatchLoss, CvResult, Executor, StepReport};
