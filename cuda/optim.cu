@@ -7,6 +7,9 @@
 //   decoupled: p −= lr·wd·p            else if wd ≠ 0: g' = g + wd·p
 //   m = β1·m + (1−β1)·g',  v = β2·v + (1−β2)·g'²
 //   p −= lr·(m·ibc1) / (√v·isbc2 + ε)  ibc1 = 1/(1−β1ᵗ), isbc2 = 1/√(1−β2ᵗ)
+// Every product, sum, quotient and square root is an explicitly rounded
+// intrinsic (no FMA contraction), so the update is bit-identical to the
+// CPU's for the same inputs.
 // Layouts: p, g, m, v (n) contiguous.
 //
 // sumsq_partial_{f32,f64} + sum_partials: the deterministic global squared
@@ -31,6 +34,18 @@
 
 namespace {
 
+// IEEE round-to-nearest arithmetic that nvcc never fuses into an FMA.
+__device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float sub(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ float quo(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ float root(float a) { return __fsqrt_rn(a); }
+__device__ __forceinline__ double mul(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ double add(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ double sub(double a, double b) { return __dsub_rn(a, b); }
+__device__ __forceinline__ double quo(double a, double b) { return __ddiv_rn(a, b); }
+__device__ __forceinline__ double root(double a) { return __dsqrt_rn(a); }
+
 template <typename T>
 __device__ void adam_impl(T* p, const T* g, T* m, T* v, uint64_t n, double lr_, double b1_, double b2_, double eps_,
                           double wd_, double ibc1_, double isbc2_, int decoupled) {
@@ -39,16 +54,19 @@ __device__ void adam_impl(T* p, const T* g, T* m, T* v, uint64_t n, double lr_, 
     for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x) {
         T gi = g[i];
         T pi = p[i];
+        // The CPU's expressions, evaluated left to right:
+        //   p − (lr·wd)·p;  g + wd·p;  β1·m + (1−β1)·g;  β2·v + ((1−β2)·g)·g;
+        //   p − (lr·(m·ibc1)) / (√v·isbc2 + ε)
         if (decoupled) {
-            pi = pi - lr * wd * pi;
+            pi = sub(pi, mul(mul(lr, wd), pi));
         } else if (wd_ != 0.0) {
-            gi = gi + wd * pi;
+            gi = add(gi, mul(wd, pi));
         }
-        const T mi = b1 * m[i] + (one - b1) * gi;
-        const T vi = b2 * v[i] + (one - b2) * gi * gi;
+        const T mi = add(mul(b1, m[i]), mul(sub(one, b1), gi));
+        const T vi = add(mul(b2, v[i]), mul(mul(sub(one, b2), gi), gi));
         m[i] = mi;
         v[i] = vi;
-        p[i] = pi - lr * (mi * ibc1) / (sqrt(vi) * isbc2 + eps);
+        p[i] = sub(pi, quo(mul(lr, mul(mi, ibc1)), add(mul(root(vi), isbc2), eps)));
     }
 }
 
@@ -78,7 +96,7 @@ template <typename T>
 __device__ void unscale_impl(const T* g, T* out, uint64_t n, double inv_scale, uint8_t* found_inf) {
     const T s = T(inv_scale);
     for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x) {
-        const T o = g[i] * s;
+        const T o = mul(g[i], s);
         out[i] = o;
         if (!isfinite(o)) found_inf[0] = 1;
     }
