@@ -100,7 +100,9 @@ impl Adam {
             for (suffix, dst) in [("exp_avg", &self.m[i]), ("exp_avg_sq", &self.v[i])] {
                 let key = format!("{n}.{suffix}");
                 let src = state.iter().find(|(k, _)| *k == key).ok_or_else(|| Error::Msg(format!("optimizer state: missing key {key}")))?;
-                dst.assign(&src.1).map_err(|e| Error::Msg(format!("optimizer state {key}: {e}")))?;
+                // Saved states load to the CPU; the moments live with their parameter.
+                let src = src.1.clone().to_device(&dst.device())?;
+                dst.assign(&src).map_err(|e| Error::Msg(format!("optimizer state {key}: {e}")))?;
             }
         }
         self.step = step;

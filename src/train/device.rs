@@ -30,10 +30,15 @@ pub fn init_device(args: &TrainArgs, dist: &DistInfo) -> Result<Device> {
     }
 }
 
-/// Moves every parameter and buffer of `model` to `device` in place (the
-/// handles the optimizer and engine hold see the moved storage).
+/// Moves every float parameter and buffer of `model` to `device` in place
+/// (the handles the optimizer and engine hold see the moved storage).
+/// Integer buffers (BatchNorm's `num_batches_tracked`) are host counters and
+/// stay on the CPU.
 pub fn move_model(model: &AsrModel, device: &Device) -> Result<()> {
     for t in model.state_dict() {
+        if !matches!(t.tensor.dtype(), DType::F32 | DType::F64 | DType::F16 | DType::BF16) {
+            continue;
+        }
         t.tensor.move_to_device(device).map_err(|e| Error::Msg(format!("moving {} to {device:?}: {e}", t.name)))?;
     }
     Ok(())
