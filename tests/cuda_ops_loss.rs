@@ -3,7 +3,7 @@
 //! the gradient), label smoothing (both normalisations, value and
 //! gradient), the Adam/AdamW step, the global gradient norm (and that it is
 //! bit-identical run to run) and the fused unscale-and-check-for-inf (a
-//! planted inf or NaN is found). Outputs are poisoned with NaN before every
+//! planted inf or NaN is found), and moving a tensor in place. Outputs are poisoned with NaN before every
 //! kernel (`ASRFORGE_CUDA_POISON=1`), so an element a kernel never writes
 //! fails; NaN never passes a comparison. Without a usable GPU every test
 //! prints that it skipped and why.
@@ -232,4 +232,19 @@ fn unscale_matches_the_cpu_and_finds_a_planted_inf_or_nan() {
             assert!(!gpu_s.unscale(&grad_params(&gpu, &base, dt)).unwrap(), "{dt:?}: the flag is per call");
         }
     }
+}
+
+#[test]
+fn move_to_device_moves_every_handle_in_place() {
+    let Some(gpu) = gpu_or_skip("move_to_device_moves_every_handle_in_place") else { return };
+    let mut rng = Rng::new(seed());
+    let v = rng.normal(1000);
+    let p = on(&Device::Cpu, &v, &[10, 100], DType::F32).requires_grad_();
+    let other = p.detach();
+    p.move_to_device(&gpu).unwrap();
+    assert_eq!((p.device(), other.device()), (gpu, gpu), "both handles see the move");
+    assert_eq!(vals(&other), vals(&on(&Device::Cpu, &v, &[10, 100], DType::F32)), "the values moved unchanged");
+    other.move_to_device(&Device::Cpu).unwrap();
+    assert_eq!(p.device(), Device::Cpu);
+    assert_eq!(vals(&p), vals(&on(&Device::Cpu, &v, &[10, 100], DType::F32)));
 }
