@@ -33,12 +33,12 @@ pub fn conv1d_depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, padding: 
         return Err(Error::invalid("conv1d_depthwise", format!("input of {t} frames with padding {padding} is shorter than the kernel {kk}")));
     }
     let bg = bias.map(|t| t.storage());
-    let y = out(k::depthwise_conv1d(cpu(&x.storage()), cpu(&w.storage()), bg.as_deref().map(cpu), &g)?, [b, c, g.t_out()]);
+    let y = out(k::depthwise_conv1d(cpu("conv", &x.storage())?, cpu("conv", &w.storage())?, bg.as_deref().map(|s| cpu("conv", s)).transpose()?, &g)?, [b, c, g.t_out()]);
     drop(bg);
     let (xs, ws) = (x.detach(), w.detach());
     let has_b = bias.is_some();
     Ok(record("conv1d_depthwise", &inputs(x, w, bias), y, vec![xs.clone(), ws.clone()], move |gy, _| {
-        let (gx, gw, gb) = k::depthwise_conv1d_backward(cpu(&xs.storage()), cpu(&ws.storage()), cpu(&gy.storage()), &g)?;
+        let (gx, gw, gb) = k::depthwise_conv1d_backward(cpu("conv", &xs.storage())?, cpu("conv", &ws.storage())?, cpu("conv", &gy.storage())?, &g)?;
         let mut v = vec![Some(out(gx, xs.shape().clone())), Some(out(gw, ws.shape().clone()))];
         if has_b {
             v.push(Some(out(gb, [g.c])));
@@ -72,12 +72,12 @@ pub fn conv2d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, stride: usize, padd
         return Err(Error::invalid("conv2d", format!("input {} is smaller than the kernel {}x{} (padding {padding})", x.shape(), g.kh, g.kw)));
     }
     let bg = bias.map(|t| t.storage());
-    let y = out(k::conv2d(cpu(&x.storage()), cpu(&w.storage()), bg.as_deref().map(cpu), &g)?, [g.b, g.co, ho, wo]);
+    let y = out(k::conv2d(cpu("conv", &x.storage())?, cpu("conv", &w.storage())?, bg.as_deref().map(|s| cpu("conv", s)).transpose()?, &g)?, [g.b, g.co, ho, wo]);
     drop(bg);
     let (xs, ws) = (x.detach(), w.detach());
     let has_b = bias.is_some();
     Ok(record("conv2d", &inputs(x, w, bias), y, vec![xs.clone(), ws.clone()], move |gy, _| {
-        let (gx, gw, gb) = k::conv2d_backward(cpu(&xs.storage()), cpu(&ws.storage()), cpu(&gy.storage()), &g)?;
+        let (gx, gw, gb) = k::conv2d_backward(cpu("conv", &xs.storage())?, cpu("conv", &ws.storage())?, cpu("conv", &gy.storage())?, &g)?;
         let mut v = vec![Some(out(gx, xs.shape().clone())), Some(out(gw, ws.shape().clone()))];
         if has_b {
             v.push(Some(out(gb, [g.co])));

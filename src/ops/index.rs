@@ -23,9 +23,9 @@ pub fn index_select(x: &Tensor, dim: isize, idx: &Tensor) -> Result<Tensor> {
     let (o, n, i) = x.shape().split_at_dim(d);
     let mut dims = x.dims().to_vec();
     dims[d] = ids.len();
-    let y = out(k::index_select(cpu(&x.storage()), o, n, i, &ids)?, dims);
+    let y = out(k::index_select(cpu("index", &x.storage())?, o, n, i, &ids)?, dims);
     let from = x.shape().clone();
-    Ok(record("index_select", &[x], y, vec![], move |g, _| Ok(vec![Some(out(k::index_add(cpu(&g.storage()), o, n, i, &ids)?, from.clone()))])))
+    Ok(record("index_select", &[x], y, vec![], move |g, _| Ok(vec![Some(out(k::index_add(cpu("index", &g.storage())?, o, n, i, &ids)?, from.clone()))])))
 }
 
 /// `torch.gather(x, dim, index)`: `index` (i64) has `x`'s rank and no larger size on any other dim.
@@ -36,8 +36,8 @@ pub fn gather(x: &Tensor, dim: isize, index: &Tensor) -> Result<Tensor> {
     }
     let ids = i64s("gather", index)?;
     let (xd, id) = (x.dims().to_vec(), index.dims().to_vec());
-    let y = out(k::gather(cpu(&x.storage()), &xd, &id, d, &ids)?, id.clone());
-    Ok(record("gather", &[x], y, vec![], move |g, _| Ok(vec![Some(out(k::scatter_add(cpu(&g.storage()), &xd, &id, d, &ids)?, xd.clone()))])))
+    let y = out(k::gather(cpu("index", &x.storage())?, &xd, &id, d, &ids)?, id.clone());
+    Ok(record("gather", &[x], y, vec![], move |g, _| Ok(vec![Some(out(k::scatter_add(cpu("index", &g.storage())?, &xd, &id, d, &ids)?, xd.clone()))])))
 }
 
 /// Embedding lookup: `weight` (V, D), `ids` (i64, any shape) → ids.shape + [D].
@@ -66,8 +66,8 @@ fn mask_bcast(op: &'static str, mask: &Tensor, target: &Shape) -> Result<(Vec<u8
 /// `x` with `value` where `mask` (u8, broadcast to x) is non-zero.
 pub fn masked_fill(x: &Tensor, mask: &Tensor, value: f64) -> Result<Tensor> {
     let (m, bc) = mask_bcast("masked_fill", mask, x.shape())?;
-    let y = out(k::masked_fill(cpu(&x.storage()), &m, &bc, value)?, x.shape().clone());
-    Ok(record("masked_fill", &[x], y, vec![], move |g, _| Ok(vec![Some(out(k::masked_fill(cpu(&g.storage()), &m, &bc, 0.0)?, g.shape().clone()))])))
+    let y = out(k::masked_fill(cpu("index", &x.storage())?, &m, &bc, value)?, x.shape().clone());
+    Ok(record("masked_fill", &[x], y, vec![], move |g, _| Ok(vec![Some(out(k::masked_fill(cpu("index", &g.storage())?, &m, &bc, 0.0)?, g.shape().clone()))])))
 }
 
 /// `mask ? a : b` elementwise; `a` and `b` of one shape, the mask broadcast to it.
@@ -77,9 +77,9 @@ pub fn where_cond(mask: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         return Err(Error::ShapeMismatch { op: "where", expected: format!("b of shape {}", a.shape()), got: format!("{}", b.shape()) });
     }
     let (m, bc) = mask_bcast("where", mask, a.shape())?;
-    let y = out(k::where_cond(&m, &bc, cpu(&a.storage()), cpu(&b.storage()))?, a.shape().clone());
+    let y = out(k::where_cond(&m, &bc, cpu("index", &a.storage())?, cpu("index", &b.storage())?)?, a.shape().clone());
     Ok(record("where", &[a, b], y, vec![], move |g, needs| {
-        let gs = cpu(&g.storage()).clone();
+        let gs = cpu("index", &g.storage())?.clone();
         let ga = if needs[0] { Some(out(k::where_cond(&m, &bc, &gs, &crate::backend::cpu::CpuStorage::full(g.dtype(), gs.len(), 0.0))?, g.shape().clone())) } else { None };
         let gb = if needs[1] { Some(out(k::masked_fill(&gs, &m, &bc, 0.0)?, g.shape().clone())) } else { None };
         Ok(vec![ga, gb])

@@ -66,7 +66,7 @@ pub fn permute(x: &Tensor, perm: &[usize]) -> Result<Tensor> {
         return Err(Error::invalid("permute", format!("{perm:?} is not a permutation of the {r} dims of {}", x.shape())));
     }
     let dims: Vec<usize> = perm.iter().map(|&p| x.dims()[p]).collect();
-    let y = out(k::permute(cpu(&x.storage()), x.dims(), perm)?, dims);
+    let y = out(k::permute(cpu("layout", &x.storage())?, x.dims(), perm)?, dims);
     let mut inv = vec![0; r];
     for (i, &p) in perm.iter().enumerate() {
         inv[p] = i;
@@ -91,7 +91,7 @@ pub fn narrow(x: &Tensor, dim: isize, start: usize, len: usize) -> Result<Tensor
     }
     let mut dims = x.dims().to_vec();
     dims[d] = len;
-    let y = out(k::narrow(cpu(&x.storage()), o, n, i, start, len)?, dims);
+    let y = out(k::narrow(cpu("layout", &x.storage())?, o, n, i, start, len)?, dims);
     Ok(record("narrow", &[x], y, vec![], move |g, _| Ok(vec![Some(pad(g, d as isize, start, n - start - len, 0.0)?)])))
 }
 
@@ -101,7 +101,7 @@ pub fn pad(x: &Tensor, dim: isize, left: usize, right: usize, value: f64) -> Res
     let (o, n, i) = x.shape().split_at_dim(d);
     let mut dims = x.dims().to_vec();
     dims[d] = left + n + right;
-    let y = out(k::pad(cpu(&x.storage()), o, n, i, left, right, value)?, dims);
+    let y = out(k::pad(cpu("layout", &x.storage())?, o, n, i, left, right, value)?, dims);
     Ok(record("pad", &[x], y, vec![], move |g, _| Ok(vec![Some(narrow(g, d as isize, left, n)?)])))
 }
 
@@ -119,7 +119,7 @@ pub fn cat(xs: &[&Tensor], dim: isize) -> Result<Tensor> {
     let (o, _, i) = first.shape().split_at_dim(d);
     let ns: Vec<usize> = xs.iter().map(|t| t.dims()[d]).collect();
     let guards: Vec<_> = xs.iter().map(|t| t.storage()).collect();
-    let stores: Vec<_> = guards.iter().map(|g| cpu(g)).collect();
+    let stores = guards.iter().map(|g| cpu("cat", g)).collect::<Result<Vec<_>>>()?;
     let mut dims = first.dims().to_vec();
     dims[d] = ns.iter().sum();
     let y = out(k::cat(&stores, o, &ns, i)?, dims);

@@ -17,7 +17,7 @@ pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f64) 
         }
     }
     let (wg, bg) = (w.map(|t| t.storage()), b.map(|t| t.storage()));
-    let (y, mean, rstd) = k::layer_norm(cpu(&x.storage()), wg.as_deref().map(cpu), bg.as_deref().map(cpu), n, eps)?;
+    let (y, mean, rstd) = k::layer_norm(cpu("norm", &x.storage())?, wg.as_deref().map(|s| cpu("norm", s)).transpose()?, bg.as_deref().map(|s| cpu("norm", s)).transpose()?, n, eps)?;
     drop((wg, bg));
     let y = out(y, x.shape().clone());
     let (xs, ws) = (x.detach(), w.map(|t| t.detach()));
@@ -28,7 +28,7 @@ pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f64) 
     let saved = vec![xs.clone()];
     Ok(record("layer_norm", &inputs, y, saved, move |g, _| {
         let wgd = ws.as_ref().map(|t| t.storage());
-        let (gx, gw, gb) = k::layer_norm_backward(cpu(&xs.storage()), wgd.as_deref().map(cpu), &mean, &rstd, cpu(&g.storage()), n)?;
+        let (gx, gw, gb) = k::layer_norm_backward(cpu("norm", &xs.storage())?, wgd.as_deref().map(|s| cpu("norm", s)).transpose()?, &mean, &rstd, cpu("norm", &g.storage())?, n)?;
         let mut v = vec![Some(out(gx, xs.shape().clone()))];
         if ws.is_some() {
             v.push(Some(out(gw, [n])));
@@ -66,7 +66,7 @@ pub fn batch_norm(x: &Tensor, w: &Tensor, b: &Tensor, st: &BatchNormState) -> Re
         if cnt < 2 {
             return Err(Error::invalid("batch_norm", format!("expected more than 1 value per channel when training, got input of shape {}", x.shape())));
         }
-        let (m, v) = k::batch_norm_stats(cpu(&x.storage()), bs, c, t)?;
+        let (m, v) = k::batch_norm_stats(cpu("norm", &x.storage())?, bs, c, t)?;
         let mt = out(m.clone(), [c]);
         let vt = out(v.clone(), [c]);
         crate::autograd::no_grad(|| -> Result<()> {
@@ -77,19 +77,19 @@ pub fn batch_norm(x: &Tensor, w: &Tensor, b: &Tensor, st: &BatchNormState) -> Re
             st.running_var.assign(&nv)
         })?;
         let r = crate::autograd::no_grad(|| super::rsqrt(&super::add_scalar(&vt, st.eps)?))?;
-        let r = cpu(&r.storage()).clone();
+        let r = cpu("norm", &r.storage())?.clone();
         (m, r)
     } else {
         let r = crate::autograd::no_grad(|| super::rsqrt(&super::add_scalar(st.running_var, st.eps)?))?;
-        let m = cpu(&st.running_mean.storage()).clone();
-        let r = cpu(&r.storage()).clone();
+        let m = cpu("norm", &st.running_mean.storage())?.clone();
+        let r = cpu("norm", &r.storage())?.clone();
         (m, r)
     };
-    let y = out(k::batch_norm_apply(cpu(&x.storage()), &mean, &rstd, cpu(&w.storage()), cpu(&b.storage()), c, t)?, x.shape().clone());
+    let y = out(k::batch_norm_apply(cpu("norm", &x.storage())?, &mean, &rstd, cpu("norm", &w.storage())?, cpu("norm", &b.storage())?, c, t)?, x.shape().clone());
     let (xs, ws) = (x.detach(), w.detach());
     let train = st.training;
     Ok(record("batch_norm", &[x, w, b], y, vec![xs.clone()], move |g, _| {
-        let (gx, gw, gb) = k::batch_norm_backward(cpu(&xs.storage()), cpu(&ws.storage()), &mean, &rstd, cpu(&g.storage()), bs, c, t, train)?;
+        let (gx, gw, gb) = k::batch_norm_backward(cpu("norm", &xs.storage())?, cpu("norm", &ws.storage())?, &mean, &rstd, cpu("norm", &g.storage())?, bs, c, t, train)?;
         Ok(vec![Some(out(gx, xs.shape().clone())), Some(out(gw, [c])), Some(out(gb, [c]))])
     }))
 }

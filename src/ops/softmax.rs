@@ -16,19 +16,19 @@ fn last(op: &'static str, x: &Tensor) -> Result<usize> {
 /// Softmax over the last dim.
 pub fn softmax(x: &Tensor) -> Result<Tensor> {
     let n = last("softmax", x)?;
-    let y = out(k::softmax(cpu(&x.storage()), n)?, x.shape().clone());
+    let y = out(k::softmax(cpu("softmax", &x.storage())?, n)?, x.shape().clone());
     let ys = y.detach();
     Ok(record("softmax", &[x], y, vec![ys.clone()], move |g, _| {
-        Ok(vec![Some(out(k::softmax_backward(cpu(&ys.storage()), cpu(&g.storage()), n)?, ys.shape().clone()))])
+        Ok(vec![Some(out(k::softmax_backward(cpu("softmax", &ys.storage())?, cpu("softmax", &g.storage())?, n)?, ys.shape().clone()))])
     }))
 }
 
 /// Log-softmax over the last dim.
 pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
     let n = last("log_softmax", x)?;
-    let y = out(k::log_softmax(cpu(&x.storage()), n)?, x.shape().clone());
+    let y = out(k::log_softmax(cpu("softmax", &x.storage())?, n)?, x.shape().clone());
     let ys = y.detach();
     Ok(record("log_softmax", &[x], y, vec![ys.clone()], move |g, _| {
-        Ok(vec![Some(out(k::log_softmax_backward(cpu(&ys.storage()), cpu(&g.storage()), n)?, ys.shape().clone()))])
+        Ok(vec![Some(out(k::log_softmax_backward(cpu("softmax", &ys.storage())?, cpu("softmax", &g.storage())?, n)?, ys.shape().clone()))])
     }))
 }

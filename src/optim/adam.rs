@@ -62,15 +62,13 @@ impl Adam {
             // In place: the parameter and its moments are updated under their
             // storages' write locks, with no copy of any buffer.
             let gs = g.storage();
-            let gs = match &*gs {
-                Storage::Cpu(s) => s,
-                Storage::Cuda(c) => match *c {},
-            };
+            let gdev = g.device();
             p.with_storage_mut(|ps| {
                 self.m[i].with_storage_mut(|ms| {
-                    self.v[i].with_storage_mut(|vs| match (ps, ms, vs) {
-                        (Storage::Cpu(ps), Storage::Cpu(ms), Storage::Cpu(vs)) => k::adam(ps, gs, ms, vs, &h),
-                        (Storage::Cuda(c), _, _) | (_, Storage::Cuda(c), _) | (_, _, Storage::Cuda(c)) => match *c {},
+                    self.v[i].with_storage_mut(|vs| match (ps, &*gs, ms, vs) {
+                        (Storage::Cpu(ps), Storage::Cpu(gs), Storage::Cpu(ms), Storage::Cpu(vs)) => k::adam(ps, gs, ms, vs, &h),
+                        (Storage::Cuda(ps), Storage::Cuda(gs), Storage::Cuda(ms), Storage::Cuda(vs)) => crate::backend::cuda::optim::adam(ps, gs, ms, vs, &h),
+                        _ => Err(Error::invalid("adam", format!("expected the parameter, its gradient and moments on one device, found the gradient on {gdev:?}"))),
                     })
                 })
             })
