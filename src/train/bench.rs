@@ -61,7 +61,8 @@ pub struct BenchReport {
     pub skipped: u64,
     /// Feature frames per second over the steps after the first (all steps when only one).
     pub frames_per_s: f64,
-    /// The most tensor memory live at once during the steps, in bytes.
+    /// The most memory live at once, in bytes: tensor storage during the
+    /// steps on the CPU, the allocator's peak in use since the GPU opened on a GPU.
     pub peak_bytes: u64,
 }
 
@@ -158,5 +159,10 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
         eprintln!("step {step}: loss {:.6} grad_norm {:.4} lr {:.3e}{}", bl.loss, rep.grad_norm, rep.lr, if rep.skipped { " (skipped)" } else { "" });
     }
     let secs = timed.0.elapsed().as_secs_f64().max(1e-9);
-    Ok(BenchReport { device, autocast, init_loss, losses, skipped: exec.skipped_steps, frames_per_s: timed.1 as f64 / secs, peak_bytes: peak_bytes() })
+    // On a GPU: the caching allocator's peak of bytes in use (size classes).
+    let peak = match device {
+        Device::Cuda(n) => crate::backend::cuda::device(n)?.pool_stats().peak as u64,
+        Device::Cpu => peak_bytes(),
+    };
+    Ok(BenchReport { device, autocast, init_loss, losses, skipped: exec.skipped_steps, frames_per_s: timed.1 as f64 / secs, peak_bytes: peak })
 }
