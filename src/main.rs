@@ -35,6 +35,8 @@ enum Command {
     /// Train a config's model for a few steps on synthetic features and report losses, frames/s and peak memory.
     #[command(name = "bench-train")]
     BenchTrain(asrforge::train::bench::BenchTrainArgs),
+    /// The build (version, features, embedded kernels and archs), the CUDA driver and libraries found, and the GPUs visible.
+    Info,
 }
 
 fn run(command: &Command) -> asrforge::Result<()> {
@@ -47,6 +49,10 @@ fn run(command: &Command) -> asrforge::Result<()> {
         Command::Average(args) => asrforge::models::average::run_average(args).map(|s| print!("{s}")),
         Command::Recognize(args) => asrforge::decode::recognize::run_recognize(args).map(|s| eprint!("{s}")),
         Command::BenchTrain(args) => asrforge::train::bench::run_bench_train(args).map(|r| println!("{}", r.line())),
+        Command::Info => {
+            print!("{}", asrforge::backend::cuda::info::report());
+            Ok(())
+        }
     }
 }
 

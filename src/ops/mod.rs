@@ -52,7 +52,7 @@ pub(crate) fn cpu<'a>(op: &'static str, s: &'a Storage) -> Result<&'a CpuStorage
 /// A fresh, untracked tensor over a kernel's output on either device.
 ///
 /// The dispatch pattern of a converted op family:
-/// ```ignore
+/// ```text
 /// let y = match &*x.storage() {
 ///     Storage::Cpu(c) => Storage::Cpu(cpu::softmax::softmax(c, ...)?),
 ///     Storage::Cuda(g) => Storage::Cuda(cuda::softmax::softmax(g, ...)?),
@@ -66,6 +66,11 @@ pub(crate) fn out_storage(s: Storage, shape: impl Into<Shape>) -> Tensor {
 /// A fresh, untracked tensor over a kernel's CPU output.
 pub(crate) fn out(s: CpuStorage, shape: impl Into<Shape>) -> Tensor {
     Tensor::from_storage(Storage::Cpu(s), shape.into())
+}
+
+/// The error for storages of one op on different devices (CPU and GPU mixed).
+pub(crate) fn mixed(op: &'static str) -> Error {
+    Error::invalid(op, "operands on different devices (CPU and GPU storage mixed)")
 }
 
 /// Checks that two tensors share a device and a dtype.

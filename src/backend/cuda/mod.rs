@@ -15,13 +15,18 @@ pub mod cast;
 pub mod ctc;
 pub mod loss;
 pub mod optim;
+pub mod elementwise;
+pub mod info;
 pub mod kernels;
 pub mod launch;
+pub mod reduce;
 
 #[cfg(feature = "cuda")]
 mod alloc;
 #[cfg(feature = "cuda")]
-pub(crate) mod blas;
+pub mod blas;
+#[cfg(feature = "cuda")]
+pub mod blaslt;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
@@ -40,7 +45,7 @@ pub use pinned::PinnedBuffer;
 #[cfg(feature = "cuda")]
 pub use storage::CudaStorage;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{CudaDevice, CudaStorage, PinnedBuffer};
+pub use stub::{blas, blaslt, CudaDevice, CudaStorage, PinnedBuffer};
 
 pub use launch::{dtype_suffix, Arg, LaunchConfig};
 
