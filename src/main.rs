@@ -34,6 +34,9 @@ enum Command {
     Recognize(asrforge::decode::recognize::RecognizeArgs),
     /// Start the workers of a job on this node (torchrun's flags), or on every host of a --hostfile.
     Launch(asrforge::launch::LaunchArgs),
+    /// Train a config's model for a few steps on synthetic features and report losses, frames/s and peak memory.
+    #[command(name = "bench-train")]
+    BenchTrain(asrforge::train::bench::BenchTrainArgs),
     /// The build (version, features, embedded kernels and archs), the CUDA driver and libraries found, and the GPUs visible.
     Info,
 }
@@ -49,6 +52,7 @@ fn run(command: &Command) -> asrforge::Result<()> {
         Command::Recognize(args) => asrforge::decode::recognize::run_recognize(args).map(|s| eprint!("{s}")),
         // Handled in `main`: the launcher exits with its workers' status.
         Command::Launch(_) => Ok(()),
+        Command::BenchTrain(args) => asrforge::train::bench::run_bench_train(args).map(|r| println!("{}", r.line())),
         Command::Info => {
             print!("{}", asrforge::backend::cuda::info::report());
             Ok(())

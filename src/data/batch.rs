@@ -33,6 +33,12 @@ impl Batch {
         self.keys.is_empty()
     }
 
+    /// The same batch with its feature and target tensors on `device`
+    /// (lengths and keys stay on the host).
+    pub fn to_device(&self, device: &Device) -> Result<Batch> {
+        Ok(Batch { feats: self.feats.clone().to_device(device)?, target: self.target.clone().to_device(device)?, ..self.clone() })
+    }
+
     /// `feats_lengths` as an i64 tensor `[B]`.
     pub fn feats_lengths_tensor(&self) -> Result<Tensor> {
         let v: Vec<i64> = self.feats_lengths.iter().map(|&n| n as i64).collect();

@@ -14,7 +14,11 @@ fn inputs<'a>(x: &'a Tensor, w: &'a Tensor, b: Option<&'a Tensor>) -> Vec<&'a Te
 }
 
 /// Depthwise conv1d: x (B, C, T), w (C, 1, K), bias (C), zero padding on both sides, stride 1.
+/// Under autocast the input and weight are rounded through the half type.
 pub fn conv1d_depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, padding: usize) -> Result<Tensor> {
+    if let Some(y) = super::autocast::conv(x, w, |x, w| conv1d_depthwise(x, w, bias, padding))? {
+        return Ok(y);
+    }
     expect_rank("conv1d_depthwise", "input (B, C, T)", x, &[3])?;
     let (b, c, t) = (x.dims()[0], x.dims()[1], x.dims()[2]);
     expect_rank("conv1d_depthwise", "weight (C, 1, K)", w, &[3])?;
@@ -44,7 +48,11 @@ pub fn conv1d_depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, padding: 
 }
 
 /// Conv2d: x (B, Ci, H, W), w (Co, Ci, kh, kw), bias (Co); square stride and zero padding.
+/// Under autocast the input and weight are rounded through the half type.
 pub fn conv2d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, stride: usize, padding: usize) -> Result<Tensor> {
+    if let Some(y) = super::autocast::conv(x, w, |x, w| conv2d(x, w, bias, stride, padding))? {
+        return Ok(y);
+    }
     expect_rank("conv2d", "input (B, Ci, H, W)", x, &[4])?;
     expect_rank("conv2d", "weight (Co, Ci, kh, kw)", w, &[4])?;
     same_kind("conv2d", x, w)?;

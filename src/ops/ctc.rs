@@ -1,10 +1,11 @@
 //! CTC loss over log-probabilities (B, T, V), as `torch.nn.functional.ctc_loss`
 //! with `zero_infinity` and the sum / mean / none reductions.
 
-use super::{cpu, out};
+use super::{out, out_storage};
 use crate::autograd::record;
 use crate::backend::cpu::ctc::{self as k, CtcDims};
 use crate::backend::cpu::CpuStorage;
+use crate::backend::{cuda, Storage};
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
 
@@ -45,7 +46,16 @@ pub fn ctc_loss(
     let d = CtcDims { b, t, v, s: targets.dims()[1], blank };
     let tg = targets.to_vec::<i64>()?;
     let want = crate::autograd::needs_grad(&[log_probs]);
-    let (mut nll, grad) = k::ctc_loss(cpu("ctc", &log_probs.storage())?, &tg, input_lengths, target_lengths, &d, want)?;
+    let (mut nll, grad) = match &*log_probs.storage() {
+        Storage::Cpu(c) => {
+            let (n, g) = k::ctc_loss(c, &tg, input_lengths, target_lengths, &d, want)?;
+            (n, g.map(Storage::Cpu))
+        }
+        Storage::Cuda(c) => {
+            let (n, g) = cuda::ctc::ctc_loss(c, &tg, input_lengths, target_lengths, &d, want)?;
+            (n, g.map(Storage::Cuda))
+        }
+    };
     // Sequences whose loss is zeroed also get no gradient.
     let mut keep = vec![1.0; b];
     for (l, kp) in nll.iter_mut().zip(keep.iter_mut()) {
@@ -55,12 +65,13 @@ pub fn ctc_loss(
         }
     }
     let dtype = log_probs.dtype();
-    let per = out(CpuStorage::F64(nll).to_dtype(dtype), [b]);
-    let grad = grad.map(|g| out(g, log_probs.shape().clone()));
+    let dev = log_probs.device();
+    let per = out(CpuStorage::F64(nll).to_dtype(dtype), [b]).to_device(&dev)?;
+    let grad = grad.map(|g| out_storage(g, log_probs.shape().clone()));
     let saved: Vec<Tensor> = grad.iter().cloned().collect();
     let per = record("ctc_loss", &[log_probs], per, saved, move |g, _| {
         let grad = grad.ok_or_else(|| Error::Autograd("ctc_loss: no gradient was computed in the forward".into()))?;
-        let keep = out(CpuStorage::F64(keep).to_dtype(dtype), [b]);
+        let keep = out(CpuStorage::F64(keep).to_dtype(dtype), [b]).to_device(&dev)?;
         let scale = super::reshape(&super::mul(g, &keep)?, [b, 1, 1])?;
         Ok(vec![Some(super::mul(&grad, &scale)?)])
     });
@@ -69,7 +80,7 @@ pub fn ctc_loss(
         Reduction::Sum => super::sum_all(&per),
         Reduction::Mean => {
             let inv: Vec<f64> = target_lengths.iter().map(|&l| 1.0 / l.max(1) as f64).collect();
-            let w = out(CpuStorage::F64(inv).to_dtype(per.dtype()), [b]);
+            let w = out(CpuStorage::F64(inv).to_dtype(per.dtype()), [b]).to_device(&per.device())?;
             super::mean_all(&super::mul(&per, &w)?)
         }
     }

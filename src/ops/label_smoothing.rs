@@ -2,9 +2,10 @@
 //! not `ignore_index`, divided by the token count (`normalize_length`) or by
 //! the batch size.
 
-use super::{cpu, out};
+use super::out_storage;
 use crate::autograd::record;
 use crate::backend::cpu::loss as k;
+use crate::backend::{cuda, Storage};
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
 
@@ -21,10 +22,19 @@ pub fn label_smoothing_loss(x: &Tensor, target: &Tensor, smoothing: f64, ignore_
     }
     let tg = target.to_vec::<i64>()?;
     let want = crate::autograd::needs_grad(&[x]);
-    let (total, valid, grad) = k::label_smoothing(cpu("label_smoothing", &x.storage())?, &tg, v, smoothing, ignore_index, want)?;
+    let (total, valid, grad) = match &*x.storage() {
+        Storage::Cpu(c) => {
+            let (t, n, g) = k::label_smoothing(c, &tg, v, smoothing, ignore_index, want)?;
+            (t, n, g.map(Storage::Cpu))
+        }
+        Storage::Cuda(c) => {
+            let (t, n, g) = cuda::loss::label_smoothing(c, &tg, v, smoothing, ignore_index, want)?;
+            (t, n, g.map(Storage::Cuda))
+        }
+    };
     let denom = if normalize_length { valid.max(1) } else { b.max(1) } as f64;
     let y = Tensor::scalar(total / denom, x.dtype(), &x.device())?;
-    let grad = grad.map(|g| out(g, x.shape().clone()));
+    let grad = grad.map(|g| out_storage(g, x.shape().clone()));
     let saved: Vec<Tensor> = grad.iter().cloned().collect();
     Ok(record("label_smoothing_loss", &[x], y, saved, move |g, _| {
         let grad = grad.ok_or_else(|| Error::Autograd("label_smoothing_loss: no gradient was computed in the forward".into()))?;

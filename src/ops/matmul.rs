@@ -56,7 +56,11 @@ fn plan(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<Plan> {
 }
 
 /// `op(a)·op(b)` where `op` transposes the last two dims when its flag is set.
+/// Under autocast (f16/bf16) f32 operands are multiplied in the half type.
 pub fn matmul_t(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<Tensor> {
+    if let Some(y) = super::autocast::matmul(a, b, trans_a, trans_b)? {
+        return Ok(y);
+    }
     same_kind("matmul", a, b)?;
     let p = plan(a, b, trans_a, trans_b)?;
     let y = match (&*a.storage(), &*b.storage()) {
@@ -118,7 +122,8 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
             return Err(Error::ShapeMismatch { op: "linear", expected: format!("w of rank 2 and bias of shape [{}]", w.dims().first().copied().unwrap_or(0)), got: format!("w {}, bias {}", w.shape(), b.shape()) });
         }
         same_kind("linear", x, b)?;
-        if matches!(x.device(), crate::tensor::Device::Cuda(_)) && x.rank() >= 1 {
+        // Under autocast the product runs in half precision through matmul_t.
+        if matches!(x.device(), crate::tensor::Device::Cuda(_)) && x.rank() >= 1 && super::autocast_dtype().is_none() {
             return linear_fused(x, w, b);
         }
     }

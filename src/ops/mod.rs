@@ -4,6 +4,7 @@
 //! passes run under `no_grad` and are written with the same ops or with a
 //! dedicated backward kernel of the same family.
 
+mod autocast;
 mod binary;
 mod cast;
 mod conv;
@@ -18,6 +19,7 @@ mod reduce;
 mod softmax;
 mod unary;
 
+pub use autocast::{autocast, autocast_dtype, set_autocast, AutocastGuard};
 pub use binary::{add, add_scalar, div, mul, mul_scalar, sub, sum_to_shape};
 pub use cast::to_dtype;
 pub use conv::{conv1d_depthwise, conv1d_pointwise, conv2d};

@@ -62,15 +62,13 @@ impl Adam {
             // In place: the parameter and its moments are updated under their
             // storages' write locks, with no copy of any buffer.
             let gs = g.storage();
-            let gs = match &*gs {
-                Storage::Cpu(s) => s,
-                Storage::Cuda(_) => return Err(Error::Msg(format!("adam step on {name}: the AdamW update has no CUDA kernel yet (gradient on {:?})", g.device()))),
-            };
+            let gdev = g.device();
             p.with_storage_mut(|ps| {
                 self.m[i].with_storage_mut(|ms| {
-                    self.v[i].with_storage_mut(|vs| match (ps, ms, vs) {
-                        (Storage::Cpu(ps), Storage::Cpu(ms), Storage::Cpu(vs)) => k::adam(ps, gs, ms, vs, &h),
-                        _ => Err(Error::invalid("adam", "parameter, gradient and moments must all be on the CPU (the AdamW update has no CUDA kernel yet)")),
+                    self.v[i].with_storage_mut(|vs| match (ps, &*gs, ms, vs) {
+                        (Storage::Cpu(ps), Storage::Cpu(gs), Storage::Cpu(ms), Storage::Cpu(vs)) => k::adam(ps, gs, ms, vs, &h),
+                        (Storage::Cuda(ps), Storage::Cuda(gs), Storage::Cuda(ms), Storage::Cuda(vs)) => crate::backend::cuda::optim::adam(ps, gs, ms, vs, &h),
+                        _ => Err(Error::invalid("adam", format!("expected the parameter, its gradient and moments on one device, found the gradient on {gdev:?}"))),
                     })
                 })
             })
@@ -100,7 +98,9 @@ impl Adam {
             for (suffix, dst) in [("exp_avg", &self.m[i]), ("exp_avg_sq", &self.v[i])] {
                 let key = format!("{n}.{suffix}");
                 let src = state.iter().find(|(k, _)| *k == key).ok_or_else(|| Error::Msg(format!("optimizer state: missing key {key}")))?;
-                dst.assign(&src.1).map_err(|e| Error::Msg(format!("optimizer state {key}: {e}")))?;
+                // Saved states load to the CPU; the moments live with their parameter.
+                let src = src.1.clone().to_device(&dst.device())?;
+                dst.assign(&src).map_err(|e| Error::Msg(format!("optimizer state {key}: {e}")))?;
             }
         }
         self.step = step;

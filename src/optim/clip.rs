@@ -3,10 +3,20 @@
 //! on every run); gradients scaled by max_norm/(norm + 1e-6) when above it.
 
 use crate::error::Result;
-use crate::tensor::Tensor;
+use crate::backend::Storage;
+use crate::tensor::{Device, Tensor};
 
 /// The global L2 norm of the parameters' gradients (0 when none has one).
+///
+/// When every gradient is on a GPU the sum of squares runs there: per-block
+/// f64 partials summed in a fixed order, so the norm is the same on every run.
 pub fn grad_norm(params: &[(String, Tensor)]) -> Result<f64> {
+    let grads: Vec<Tensor> = params.iter().filter_map(|(_, p)| p.grad()).collect();
+    if !grads.is_empty() && grads.iter().all(|g| matches!(g.device(), Device::Cuda(_))) {
+        let guards: Vec<_> = grads.iter().map(|g| g.storage()).collect();
+        let st: Vec<&crate::backend::cuda::CudaStorage> = guards.iter().filter_map(|s| if let Storage::Cuda(c) = &**s { Some(c) } else { None }).collect();
+        return Ok(crate::backend::cuda::optim::sum_squares(&st)?.sqrt());
+    }
     let mut sq = 0.0f64;
     for (_, p) in params {
         if let Some(g) = p.grad() {

@@ -65,14 +65,29 @@ impl GradScaler {
     pub fn unscale(&mut self, params: &[(String, Tensor)]) -> Result<bool> {
         let inv = 1.0 / self.scale;
         let mut bad = false;
+        let mut on_gpu: Vec<(&Tensor, Tensor)> = Vec::new();
         for (_, p) in params {
             let Some(g) = p.grad() else { continue };
-            let (u, b) = match &*g.storage() {
-                Storage::Cpu(s) => unscale_and_check(s, inv)?,
-                Storage::Cuda(_) => return Err(crate::error::Error::Msg(format!("unscale: gradient on {:?}: the unscale kernel has no CUDA implementation yet", g.device()))),
-            };
+            if let Storage::Cpu(s) = &*g.storage() {
+                let (u, b) = unscale_and_check(s, inv)?;
+                bad |= b;
+                p.set_grad(Some(Tensor::from_cpu(u, g.shape().clone())?))?;
+                continue;
+            }
+            on_gpu.push((p, g));
+        }
+        // GPU gradients: one fused launch each into new buffers (a gradient
+        // handle may be shared), one found-inf flag, one read-back.
+        if !on_gpu.is_empty() {
+            let guards: Vec<_> = on_gpu.iter().map(|(_, g)| g.storage()).collect();
+            let st: Vec<&crate::backend::cuda::CudaStorage> = guards.iter().filter_map(|s| if let Storage::Cuda(c) = &**s { Some(c) } else { None }).collect();
+            let (outs, b) = crate::backend::cuda::optim::unscale_many(&st, inv)?;
+            drop(st);
+            drop(guards);
             bad |= b;
-            p.set_grad(Some(Tensor::from_cpu(u, g.shape().clone())?))?;
+            for ((p, g), o) in on_gpu.iter().zip(outs) {
+                p.set_grad(Some(Tensor::from_storage(Storage::Cuda(o), g.shape().clone())))?;
+            }
         }
         self.found_inf = bad;
         Ok(bad)

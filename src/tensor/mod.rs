@@ -16,7 +16,7 @@ use crate::backend::cpu::{CpuStorage, WithDType};
 use crate::backend::cuda::CudaStorage;
 use crate::backend::Storage;
 use crate::error::{Error, Result};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 /// A tensor's unique id (the tape refers to tensors by id).
@@ -32,15 +32,47 @@ impl TensorId {
     }
 }
 
+static PEAK_BYTES: AtomicU64 = AtomicU64::new(0);
+
 /// Bytes held by all live tensor storages of this process.
 pub fn live_bytes() -> u64 {
     LIVE_BYTES.load(Ordering::Relaxed)
+}
+
+/// The most bytes [`live_bytes`] has reached since the last [`reset_peak_bytes`].
+pub fn peak_bytes() -> u64 {
+    PEAK_BYTES.load(Ordering::Relaxed)
+}
+
+/// Restarts the peak of [`peak_bytes`] from the bytes live now.
+pub fn reset_peak_bytes() {
+    PEAK_BYTES.store(live_bytes(), Ordering::Relaxed);
 }
 
 /// Storage shared by the handles that view it whole (reshape, detach).
 struct Cell {
     storage: RwLock<Storage>,
     bytes: u64,
+    /// Where the storage lives (`DEVICE_CPU` or a GPU ordinal), kept beside
+    /// it so a move in place is seen by every handle, read without the lock.
+    device: AtomicUsize,
+}
+
+/// `Cell::device` of host storage.
+const DEVICE_CPU: usize = usize::MAX;
+
+fn storage_device(s: &Storage) -> Device {
+    match s {
+        Storage::Cpu(_) => Device::Cpu,
+        Storage::Cuda(c) => Device::Cuda(c.ordinal()),
+    }
+}
+
+fn device_code(d: Device) -> usize {
+    match d {
+        Device::Cpu => DEVICE_CPU,
+        Device::Cuda(n) => n,
+    }
 }
 
 impl Drop for Cell {
@@ -54,7 +86,6 @@ pub(crate) struct Inner {
     cell: Arc<Cell>,
     shape: Shape,
     dtype: DType,
-    device: Device,
     /// Whether gradients flow through this tensor (a leaf that requires grad,
     /// or the output of a recorded op).
     tracked: bool,
@@ -68,7 +99,7 @@ pub struct Tensor(Arc<Inner>);
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Tensor({:?}, {:?}, {:?}", self.0.shape, self.0.dtype, self.0.device)?;
+        write!(f, "Tensor({:?}, {:?}, {:?}", self.0.shape, self.0.dtype, self.device())?;
         if self.0.tracked {
             write!(f, ", requires_grad")?;
         }
@@ -84,25 +115,19 @@ impl std::fmt::Debug for Tensor {
 impl Tensor {
     fn build(storage: Storage, shape: Shape, tracked: bool, leaf: bool) -> Tensor {
         let bytes = storage.size_in_bytes() as u64;
-        LIVE_BYTES.fetch_add(bytes, Ordering::Relaxed);
-        Tensor::view(Arc::new(Cell { storage: RwLock::new(storage), bytes }), shape, tracked, leaf)
+        let live = LIVE_BYTES.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        PEAK_BYTES.fetch_max(live, Ordering::Relaxed);
+        let device = AtomicUsize::new(device_code(storage_device(&storage)));
+        Tensor::view(Arc::new(Cell { storage: RwLock::new(storage), bytes, device }), shape, tracked, leaf)
     }
 
     fn view(cell: Arc<Cell>, shape: Shape, tracked: bool, leaf: bool) -> Tensor {
-        let (dtype, device) = {
-            let s = cell.storage.read().unwrap_or_else(|e| e.into_inner());
-            let device = match &*s {
-                Storage::Cpu(_) => Device::Cpu,
-                Storage::Cuda(c) => Device::Cuda(c.ordinal()),
-            };
-            (s.dtype(), device)
-        };
+        let dtype = cell.storage.read().unwrap_or_else(|e| e.into_inner()).dtype();
         Tensor(Arc::new(Inner {
             id: TensorId::fresh(),
             cell,
             shape,
             dtype,
-            device,
             tracked,
             grad: if leaf { Some(Mutex::new(None)) } else { None },
         }))
@@ -216,7 +241,10 @@ impl Tensor {
     }
     /// The device.
     pub fn device(&self) -> Device {
-        self.0.device
+        match self.0.cell.device.load(Ordering::Acquire) {
+            DEVICE_CPU => Device::Cpu,
+            n => Device::Cuda(n),
+        }
     }
     /// Bytes of storage.
     pub fn size_in_bytes(&self) -> usize {
@@ -269,6 +297,23 @@ impl Tensor {
             }
         };
         Ok(Tensor::build(storage, self.shape().clone(), false, false))
+    }
+
+    /// Moves the storage to `device` in place, for every handle that shares
+    /// it (a model's parameters after loading, with the optimizer's and the
+    /// engine's handles to them).
+    pub fn move_to_device(&self, device: &Device) -> Result<()> {
+        if self.device() == *device {
+            return Ok(());
+        }
+        let moved = self.detach().to_device(device)?;
+        // `moved` is the only handle to its copy: take the storage out of it.
+        let new = std::mem::replace(&mut *moved.0.cell.storage.write().unwrap_or_else(|e| e.into_inner()), Storage::Cpu(CpuStorage::F32(Vec::new())));
+        // Under the write lock: no reader sees the new device with the old storage.
+        let mut s = self.0.cell.storage.write().unwrap_or_else(|e| e.into_inner());
+        *s = new;
+        self.0.cell.device.store(device_code(*device), Ordering::Release);
+        Ok(())
     }
 
     // ---- autograd state ----

@@ -70,9 +70,13 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 30, help_heading = "DeepSpeed")]
     pub timeout: u64,
 
-    /// Device to train on (cpu).
-    #[arg(long, default_value = "cpu")]
+    /// Device to train on: cpu, or cuda (the GPU numbered LOCAL_RANK).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     pub device: String,
+    /// Precision of matrix products and convolutions (WeNet's --dtype):
+    /// fp32, fp16 (with the loss scaler; --use_amp implies it) or bf16 (no scaler).
+    #[arg(long, default_value = "fp32", value_parser = ["fp32", "fp16", "bf16"])]
+    pub dtype: String,
     /// Seed of every random choice.
     #[arg(long, default_value_t = 777)]
     pub seed: u64,

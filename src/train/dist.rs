@@ -299,9 +299,6 @@ impl Distributed {
 /// process opens nothing.
 pub fn init_distributed(args: &super::TrainArgs) -> Result<Distributed> {
     let info = dist_info_from(&|k| std::env::var(k).ok())?;
-    if args.device != "cpu" {
-        return Err(Error::config("--device", format!("expected cpu, found {:?} (the trainer runs on the CPU for now)", args.device)));
-    }
     if info.world_size == 1 {
         return Ok(Distributed { info, ..Distributed::single() });
     }

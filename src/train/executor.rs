@@ -19,6 +19,7 @@ use crate::models::AsrModel;
 use crate::nn::Module;
 use crate::optim::GradScaler;
 use crate::tensor::rng::{self, Rng};
+use crate::tensor::{DType, Device};
 use crate::train::tensorboard::SummaryWriter;
 use serde_yaml_ng::{Mapping, Value};
 use std::io::IsTerminal;
@@ -103,6 +104,10 @@ pub struct Executor {
     pending: Vec<BatchLoss>,
     /// The latest batch's losses, for the log line.
     last_batch: Option<BatchLoss>,
+    /// Where batches are moved before the forward (the model's device).
+    pub device: Device,
+    /// The half type of autocast for the forward (fp16 / bf16 training), if any.
+    pub autocast: Option<DType>,
 }
 
 fn mean(xs: impl Iterator<Item = Option<f64>>) -> Option<f64> {
@@ -114,7 +119,7 @@ impl Executor {
     /// An executor continuing from `position`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(model: AsrModel, engine: Box<dyn Engine>, optim: Optim, scaler: Option<GradScaler>, writer: Option<SummaryWriter>, cfg: TrainConfig, model_dir: PathBuf, position: Position) -> Self {
-        Executor { model, engine, optim, scaler, writer, cfg, model_dir, position, skipped_steps: 0, history: Vec::new(), join: None, save_optimizer_state: true, pending: Vec::new(), last_batch: None }
+        Executor { model, engine, optim, scaler, writer, cfg, model_dir, position, skipped_steps: 0, history: Vec::new(), join: None, save_optimizer_state: true, pending: Vec::new(), last_batch: None, device: Device::Cpu, autocast: None }
     }
 
     /// The executor with the job's join group (none on one process).
@@ -133,7 +138,14 @@ impl Executor {
     }
 
     fn forward_backward(&mut self, b: &Batch) -> Result<BatchLoss> {
-        let out = self.model.forward(&b.feats, &b.feats_lengths, &b.target, &b.target_lengths)?;
+        let moved;
+        let b = if b.feats.device() == self.device {
+            b
+        } else {
+            moved = b.to_device(&self.device)?;
+            &moved
+        };
+        let out = crate::ops::autocast(self.autocast, || self.model.forward(&b.feats, &b.feats_lengths, &b.target, &b.target_lengths))?;
         let mut loss = crate::ops::mul_scalar(&out.loss, 1.0 / self.cfg.accum_grad as f64)?;
         if let Some(s) = &self.scaler {
             loss = s.scale_loss(&loss)?;

@@ -2,8 +2,10 @@
 
 pub mod args;
 pub mod checkpoint;
+pub mod bench;
 pub mod config;
 pub mod deepspeed;
+pub mod device;
 pub mod dist;
 pub mod executor;
 pub mod run;
@@ -16,6 +18,7 @@ pub use checkpoint::{save_model, Position, TrainState};
 pub use config::{check_modify_and_save_config, parse_train_config, read_config, TrainConfig};
 pub use crate::engine::{Engine, SingleProcess};
 pub use dist::{init_distributed, DistInfo, Distributed};
+pub use device::{amp_dtype, init_device};
 pub use executor::{BatchLoss, CvResult, Executor, StepReport};
 pub use run::run_train;
 pub use wrap::wrap_model;

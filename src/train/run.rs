@@ -8,10 +8,14 @@ use crate::tensor::rng;
 pub fn run_train(args: &TrainArgs) -> Result<Executor> {
     let root = read_config(&args.config, &args.override_config)?;
     let mut dist = init_distributed(args)?;
+    let device = init_device(args, &dist.info)?;
+    let autocast = amp_dtype(args)?;
     let cfg = check_modify_and_save_config(root, args, &dist.info)?;
     let (train_loader, cv_loader) = init_dataset_and_dataloader(args, &cfg, &dist.info)?;
     rng::manual_seed(args.seed);
     let (model, resume) = init_model(args, &cfg)?;
+    // Checkpoints load to the CPU; the model then moves to its device.
+    device::move_model(&model, &device)?;
     print_model(&model, &dist.info);
     let writer = init_summary_writer(args, &dist.info)?;
     let optim = init_optimizer_and_scheduler(&cfg, &resume)?;
@@ -22,6 +26,8 @@ pub fn run_train(args: &TrainArgs) -> Result<Executor> {
     }
     let mut exec = Executor::new(model, engine, optim, scaler, writer, cfg, args.model_dir.clone(), resume.position()).with_join(dist.join.take());
     exec.save_optimizer_state = deepspeed::saves_optimizer_state(args)?;
+    exec.device = device;
+    exec.autocast = autocast;
     if args.checkpoint.is_none() {
         exec.save("init", 0, None)?;
     }

@@ -166,7 +166,7 @@ pub fn init_optimizer_and_scheduler(cfg: &TrainConfig, resume: &Resume) -> Resul
 
 /// The loss scaler of `--use_amp` (none without it), restored from a resume state.
 pub fn init_scaler(args: &TrainArgs, resume: &Resume) -> Option<GradScaler> {
-    if !args.use_amp {
+    if super::device::amp_dtype(args).ok().flatten() != Some(DType::F16) {
         return None;
     }
     let mut s = GradScaler::new(ScalerConfig::default());

@@ -1,0 +1,172 @@
+// CTC loss (Graves et al., ICML 2006) forward and backward in log space,
+// the GPU twin of src/backend/cpu/ctc.rs.
+//
+// Layouts (row-major, contiguous):
+//   log_probs  (B, T, V)   T = f32 or f64
+//   targets    (B, S)      i64, the first target_lengths[b] used
+//   in_len, tgt_len (B)    i64
+//   alpha, beta (B, T, L') f64 workspace, L' = 2·Smax+1 states per sequence
+//   nll        (B)         f64 per-sequence −log p(l | x)
+//   grad       (B, T, V)   T, ∂nll_b/∂log_probs[b] (zero past in_len[b])
+//
+// Extended label l' = (blank, l1, blank, l2, …, blank), L' = 2L+1. α and β
+// both include the emission at t, so with y_t(k) = log_probs[t, k]
+//   α_0(0) = y_0(blank), α_0(1) = y_0(l1)
+//   α_t(s) = logΣ(α_{t−1}(s), α_{t−1}(s−1), α_{t−1}(s−2) if l'_s ≠ blank, l'_s ≠ l'_{s−2}) + y_t(l'_s)
+//   nll    = −logΣ(α_{T−1}(L'−1), α_{T−1}(L'−2))
+//   β mirrors α from the end, and the true derivative w.r.t. the
+//   log-probabilities themselves (no log_softmax assumed behind them) is
+//   ∂nll/∂y_t(k) = −exp(logΣ_{s: l'_s = k}(α_t(s) + β_t(s)) − y_t(k) + nll).
+//
+// Shape of the kernel: one block per sequence (grid-stride over B), threads
+// over the L' states, one __syncthreads() per time step (α_t needs all of
+// α_{t−1}). α and β are kept in f64 for both input types: the CPU reference
+// computes in f64 and a log-space sum over hundreds of frames loses digits
+// in f32. The gradient pass assigns each thread one (t, distinct symbol)
+// pair, so every output element has exactly one writer and no atomics are
+// needed; a symbol repeated in the label sums all its states.
+
+#include <math.h>
+#include <stdint.h>
+
+namespace {
+
+__device__ __forceinline__ double log_add(double a, double b) {
+    if (a == -INFINITY) return b;
+    if (b == -INFINITY) return a;
+    double m = fmax(a, b);
+    return m + log(exp(a - m) + exp(b - m));
+}
+
+// The symbol of extended state s of a label `lab`.
+__device__ __forceinline__ int64_t ext(const int64_t* lab, int64_t s, int64_t blank) {
+    return (s % 2 == 0) ? blank : lab[s / 2];
+}
+
+template <typename T>
+__device__ void ctc_one(const T* lp, const int64_t* lab, int64_t tlen, int64_t l, int64_t v, int64_t blank,
+                        int64_t states_max, double* alpha, double* beta, double* nll_out, T* grad, int64_t t_max,
+                        int want_grad) {
+    const int64_t sl = 2 * l + 1;
+    const double ninf = -INFINITY;
+    __shared__ double nll_sh;
+    if (want_grad) {
+        // Every element of this sequence's gradient block is written: zero
+        // first, then the nonzero entries after the barrier below.
+        for (int64_t i = threadIdx.x; i < t_max * v; i += blockDim.x) grad[i] = T(0);
+    }
+    if (tlen == 0) {
+        if (threadIdx.x == 0) *nll_out = (l == 0) ? 0.0 : INFINITY;
+        __syncthreads();
+        return;
+    }
+    for (int64_t s = threadIdx.x; s < sl; s += blockDim.x) {
+        double a = ninf;
+        if (s == 0) a = (double)lp[blank];
+        else if (s == 1) a = (double)lp[ext(lab, 1, blank)];
+        alpha[s] = a;
+    }
+    __syncthreads();
+    for (int64_t t = 1; t < tlen; ++t) {
+        const double* prev = alpha + (t - 1) * states_max;
+        double* cur = alpha + t * states_max;
+        const T* row = lp + t * v;
+        for (int64_t s = threadIdx.x; s < sl; s += blockDim.x) {
+            int64_t k = ext(lab, s, blank);
+            double a = prev[s];
+            if (s >= 1) a = log_add(a, prev[s - 1]);
+            if (s >= 2 && k != blank && k != ext(lab, s - 2, blank)) a = log_add(a, prev[s - 2]);
+            cur[s] = (a == ninf) ? ninf : a + (double)row[k];
+        }
+        __syncthreads();
+    }
+    const double* last_a = alpha + (tlen - 1) * states_max;
+    if (threadIdx.x == 0) {
+        double logp = (sl > 1) ? log_add(last_a[sl - 1], last_a[sl - 2]) : last_a[0];
+        nll_sh = -logp;
+        *nll_out = -logp;
+    }
+    __syncthreads();
+    const double nll = nll_sh;
+    if (!want_grad || !isfinite(nll)) return;
+
+    double* last_b = beta + (tlen - 1) * states_max;
+    const T* last_row = lp + (tlen - 1) * v;
+    for (int64_t s = threadIdx.x; s < sl; s += blockDim.x) {
+        last_b[s] = (s >= sl - 2) ? (double)last_row[ext(lab, s, blank)] : ninf;
+    }
+    __syncthreads();
+    for (int64_t t = tlen - 2; t >= 0; --t) {
+        const double* next = beta + (t + 1) * states_max;
+        double* cur = beta + t * states_max;
+        const T* row = lp + t * v;
+        for (int64_t s = threadIdx.x; s < sl; s += blockDim.x) {
+            int64_t k = ext(lab, s, blank);
+            double b = next[s];
+            if (s + 1 < sl) b = log_add(b, next[s + 1]);
+            if (s + 2 < sl && k != blank && k != ext(lab, s + 2, blank)) b = log_add(b, next[s + 2]);
+            cur[s] = (b == ninf) ? ninf : b + (double)row[k];
+        }
+        __syncthreads();
+    }
+    // Pairs (t, j): j < l is label position j (skipped unless it is the
+    // first occurrence of its symbol), j == l is the blank.
+    const int64_t pairs = tlen * (l + 1);
+    for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) {
+        const int64_t t = i / (l + 1);
+        const int64_t j = i % (l + 1);
+        const double* a = alpha + t * states_max;
+        const double* b = beta + t * states_max;
+        int64_t k;
+        double acc = ninf;
+        if (j == l) {
+            k = blank;
+            for (int64_t s = 0; s < sl; s += 2) acc = log_add(acc, a[s] + b[s]);
+            // A label equal to the blank id adds its states to the blank's.
+            for (int64_t jj = 0; jj < l; ++jj)
+                if (lab[jj] == blank) acc = log_add(acc, a[2 * jj + 1] + b[2 * jj + 1]);
+        } else {
+            k = lab[j];
+            bool first = true;
+            for (int64_t jj = 0; jj < j; ++jj) first = first && (lab[jj] != k);
+            // The blank's pair (j == l) writes a label equal to the blank id.
+            if (!first || k == blank) continue;
+            for (int64_t jj = j; jj < l; ++jj)
+                if (lab[jj] == k) acc = log_add(acc, a[2 * jj + 1] + b[2 * jj + 1]);
+        }
+        if (acc != ninf) {
+            const double y = (double)lp[t * v + k];
+            grad[t * v + k] = T(-exp(acc - y + nll));
+        }
+    }
+}
+
+template <typename T>
+__device__ void ctc_loss_impl(const T* log_probs, const int64_t* targets, const int64_t* in_len, const int64_t* tgt_len,
+                              double* alpha, double* beta, double* nll, T* grad, int64_t nb, int64_t t_max,
+                              int64_t v, int64_t s_max, int64_t blank, int want_grad) {
+    const int64_t states_max = 2 * s_max + 1;
+    for (int64_t b = blockIdx.x; b < nb; b += gridDim.x) {
+        const size_t per = (size_t)t_max * (size_t)v;
+        const size_t ws = (size_t)t_max * (size_t)states_max;
+        ctc_one<T>(log_probs + b * per, targets + b * s_max, in_len[b], tgt_len[b], v, blank, states_max,
+                   alpha + b * ws, beta + b * ws, nll + b, want_grad ? grad + b * per : nullptr, t_max, want_grad);
+        // The next sequence of this block reuses nothing, but the shared nll
+        // slot must not be overwritten before every thread has read it.
+        __syncthreads();
+    }
+}
+
+}  // namespace
+
+#define CTC_LOSS(SUFFIX, T)                                                                                     \
+    extern "C" __global__ void ctc_loss_##SUFFIX(const T* log_probs, const int64_t* targets,                    \
+                                                 const int64_t* in_len, const int64_t* tgt_len, double* alpha,   \
+                                                 double* beta, double* nll, T* grad, int64_t nb, int64_t t_max,  \
+                                                 int64_t v, int64_t s_max, int64_t blank, int want_grad) {       \
+        ctc_loss_impl<T>(log_probs, targets, in_len, tgt_len, alpha, beta, nll, grad, nb, t_max, v, s_max,      \
+                         blank, want_grad);                                                                     \
+    }
+
+CTC_LOSS(f32, float)
+CTC_LOSS(f64, double)

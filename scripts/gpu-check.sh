@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Builds what the GPU host runs and stages it into .device/ (see GPU.md):
+# the release GPU test binaries (tests/cuda*.rs) and the asrforge binary,
+# with the CUDA kernels embedded, stripped, plus the configs they read.
+# The GPU host has no Rust and no network: scripts/gpu-run.sh runs them.
+#
+#   NVCC=/path/to/nvcc [CUDA_ARCHS=80,90] scripts/gpu-check.sh
+#
+# Without NVCC set it looks for nvcc on PATH and in the cache folder that
+# scripts/install-nvcc.sh installs into. Fails when nothing is staged, when
+# a binary lacks the kernels, or when .device/ exceeds 64 MiB.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+DEV=$ROOT/.device
+LIMIT_MIB=64
+
+if [ -z "${NVCC:-}" ]; then
+    if command -v nvcc >/dev/null 2>&1; then
+        NVCC=$(command -v nvcc)
+    else
+        NVCC=$(find "${XDG_CACHE_HOME:-$HOME/.cache}/asrforge" -path '*/bin/nvcc' -type f 2>/dev/null | sort | tail -1 || true)
+    fi
+fi
+if [ -z "${NVCC:-}" ] || [ ! -x "$NVCC" ]; then
+    echo "gpu-check: no nvcc found (set NVCC, or run scripts/install-nvcc.sh)" >&2
+    exit 1
+fi
+export NVCC
+echo "gpu-check: nvcc $NVCC ($("$NVCC" --version | tail -1))"
+
+# The ignored folder, never committed.
+EXCLUDE=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$EXCLUDE")"
+grep -qxF '/.device/' "$EXCLUDE" 2>/dev/null || echo '/.device/' >> "$EXCLUDE"
+
+echo "gpu-check: building test binaries (release, --features cuda)"
+cargo test --release --features cuda --no-run --message-format=json > "$ROOT/target/gpu-check-tests.json"
+cargo build --release --features cuda --bin asrforge
+
+rm -rf "$DEV"
+mkdir -p "$DEV/tests" "$DEV/bin"
+# Test executables: the GPU suites (target name cuda*), named by their target.
+python3 - "$ROOT/target/gpu-check-tests.json" "$DEV/tests" <<'PY'
+import json, shutil, sys
+src, dst = sys.argv[1], sys.argv[2]
+staged = []
+for line in open(src):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") != "compiler-artifact" or not m.get("executable"):
+        continue
+    t = m["target"]
+    if "test" in t["kind"] and t["name"].startswith("cuda"):
+        shutil.copy(m["executable"], f"{dst}/{t['name']}")
+        staged.append(t["name"])
+print("gpu-check: staged tests:", " ".join(sorted(staged)) or "(none)")
+sys.exit(0 if staged else 1)
+PY
+cp target/release/asrforge "$DEV/bin/asrforge"
+strip "$DEV"/tests/* "$DEV/bin/asrforge"
+# What the binaries read: the configs (bench-train uses the AISHELL one).
+cp -r conf "$DEV/conf"
+cp scripts/gpu-run.sh "$DEV/"
+
+# The kernels must be embedded, or the GPU host can only report that:
+# the staged build test compares the embedded modules with cuda/*.cu.
+if ! CI=1 "$DEV/tests/cuda_build" every_kernel_file_is_embedded_in_ci --nocapture > "$DEV/kernels.txt" 2>&1; then
+    echo "gpu-check: not every cuda/*.cu is embedded:" >&2
+    cat "$DEV/kernels.txt" >&2
+    exit 1
+fi
+grep -E '^(cuda/|embedded)' "$DEV/kernels.txt" | sed 's/^/gpu-check: /'
+
+SIZE=$(du -sk "$DEV" | cut -f1)
+echo "gpu-check: .device/ holds $(find "$DEV" -type f | wc -l) files, $((SIZE / 1024)) MiB ($SIZE KiB)"
+du -sh "$DEV"/tests/* "$DEV"/bin/* | sed 's/^/  /'
+if [ "$SIZE" -gt $((LIMIT_MIB * 1024)) ]; then
+    echo "gpu-check: .device/ exceeds $LIMIT_MIB MiB" >&2
+    exit 1
+fi
+echo "gpu-check: ready; on the GPU host run: bash scripts/gpu-run.sh"

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Runs the staged GPU check on a GPU host with no Rust and no network (see
+# GPU.md), from the repository root, after scripts/gpu-check.sh staged
+# .device/ on a build machine:
+#   1. puts the CUDA libraries of the host's Python packages on LD_LIBRARY_PATH
+#      (with a libnccl.so symlink: pip ships only libnccl.so.2);
+#   2. runs every staged GPU test binary with outputs poisoned
+#      (ASRFORGE_CUDA_POISON=1);
+#   3. trains the AISHELL conformer config 50 steps on synthetic features in
+#      f32, fp16-AMP and bf16 on the GPU, and computes the same model's
+#      initial loss on the CPU for each, to compare;
+#   4. prints a table last. Full logs go to $OUT when it is set.
+# Each piece has its own timeout so the whole stays under 8 minutes.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+[ -d .device ] || cd ..   # also runs as .device/gpu-run.sh
+DEV=$PWD/.device
+LOG=${OUT:-/tmp/asrforge-gpu-run}
+mkdir -p "$LOG"
+START=$(date +%s)
+BIN=$DEV/bin/asrforge
+STEPS=${STEPS:-50}
+BATCH=${BATCH:-16}
+FRAMES=${FRAMES:-512}
+CONFIG=${CONFIG:-$DEV/conf/train_conformer.yaml}
+# 50 steps of WarmupLR(25000) barely move the weights; a short warm-up shows learning.
+OVERRIDES=(--override_config "scheduler_conf.warmup_steps 10")
+
+# --- 1. libraries -----------------------------------------------------------
+LIBDIR=$(mktemp -d /tmp/asrforge-libs.XXXX)
+SEARCH=$(python3 -c 'import site,sys; print(" ".join(site.getsitepackages()+[site.getusersitepackages()]))' 2>/dev/null)
+find_lib() {
+    local f=""
+    for d in $SEARCH /usr/local/cuda /usr/lib /usr/lib64 /usr/local/lib; do
+        [ -d "$d" ] || continue
+        f=$(find "$d" -name "$1" 2>/dev/null | head -1)
+        [ -n "$f" ] && break
+    done
+    [ -z "$f" ] && f=$(timeout 60 find / -xdev -name "$1" 2>/dev/null | head -1)
+    echo "$f"
+}
+for l in libcublas.so.13 libcublasLt.so.13 libnvrtc.so.13 libcurand.so.10 libnccl.so.2; do
+    f=$(find_lib "$l")
+    if [ -n "$f" ]; then
+        LD_LIBRARY_PATH=$(dirname "$f"):${LD_LIBRARY_PATH:-}
+        echo "lib $l: $f"
+        [ "$l" = libnccl.so.2 ] && ln -sf "$f" "$LIBDIR/libnccl.so"
+    else
+        echo "lib $l: not found"
+    fi
+done
+export LD_LIBRARY_PATH=$LIBDIR:${LD_LIBRARY_PATH:-}
+export ASRFORGE_CUDA_POISON=1
+nvidia-smi > "$LOG/nvidia-smi.txt" 2>&1 || true
+"$BIN" info > "$LOG/info.txt" 2>&1 || echo "asrforge info failed: $(tail -1 "$LOG/info.txt")"
+cat "$LOG/info.txt"
+
+# --- 2. GPU tests -----------------------------------------------------------
+declare -a TROWS
+for t in "$DEV"/tests/*; do
+    name=$(basename "$t")
+    if [ $(( $(date +%s) - START )) -gt 240 ]; then
+        TROWS+=("$(printf '%-22s %s' "$name" 'NOT RUN (the tests used their 4 minutes)')")
+        continue
+    fi
+    timeout 150 "$t" --test-threads=1 > "$LOG/test-$name.log" 2>&1
+    rc=$?
+    res=$(grep -E '^test result:' "$LOG/test-$name.log" | tail -1 | sed 's/^test result: //')
+    skipped=$(grep -ci 'skipped' "$LOG/test-$name.log")
+    [ $rc -eq 0 ] && st=ok || st="FAILED (rc $rc)"
+    TROWS+=("$(printf '%-22s %-14s %s; %s lines say skipped' "$name" "$st" "${res:-no result line}" "$skipped")")
+    echo "test $name: $st"
+    [ $rc -ne 0 ] && grep -E 'panicked|FAILED|assert' "$LOG/test-$name.log" | head -5
+done
+
+# --- 3. training ------------------------------------------------------------
+field() { grep -o "$1=[^ ]*" <<<"$2" | head -1 | cut -d= -f2; }
+declare -a RROWS
+for dt in fp32 fp16 bf16; do
+    gpu=$(timeout 120 "$BIN" bench-train --config "$CONFIG" "${OVERRIDES[@]}" --steps "$STEPS" --device cuda --dtype "$dt" \
+        --batch_size "$BATCH" --frames "$FRAMES" 2> "$LOG/train-cuda-$dt.log" | grep '^bench-train' | tail -1)
+    echo "cuda $dt: ${gpu:-failed (see $LOG/train-cuda-$dt.log: $(tail -1 "$LOG/train-cuda-$dt.log"))}"
+    cpu=$(timeout 90 "$BIN" bench-train --config "$CONFIG" "${OVERRIDES[@]}" --steps 0 --device cpu --dtype "$dt" \
+        --batch_size "$BATCH" --frames "$FRAMES" 2> "$LOG/train-cpu-$dt.log" | grep '^bench-train' | tail -1)
+    echo "cpu  $dt: ${cpu:-failed (see $LOG/train-cpu-$dt.log)}"
+    echo "$gpu" >> "$LOG/bench-train.txt"
+    echo "$cpu" >> "$LOG/bench-train.txt"
+    RROWS+=("$(python3 - "$dt" "$gpu" "$cpu" <<'PY'
+import sys
+dt, gpu, cpu = sys.argv[1:4]
+def f(line):
+    return dict(w.split("=", 1) for w in line.split()[1:] if "=" in w)
+g, c = f(gpu), f(cpu)
+def num(d, k):
+    try:
+        return float(d[k])
+    except (KeyError, ValueError):
+        return float("nan")
+gi, ci = num(g, "init_loss"), num(c, "init_loss")
+rel = abs(gi - ci) / abs(ci) if ci == ci and ci != 0 else float("nan")
+# f32 kernels vs the CPU: summation order only; half types: the GEMM's accumulation order on rounded inputs.
+tol = 1e-4 if dt == "fp32" else 2e-3
+first, last = num(g, "first_loss"), num(g, "last_loss")
+ok = "ok" if rel <= tol and last < first else "FAIL"
+print(f"{dt:<5} {gi:>11.5f} {ci:>11.5f} {rel:>9.2e} {first:>10.4f} {last:>10.4f} {g.get('skipped','-'):>4} {num(g,'frames_per_s'):>10.0f} {num(g,'peak_mib'):>9.1f}  {ok} (tol {tol:g}, last<first)")
+PY
+)")
+done
+
+# --- 4. table ---------------------------------------------------------------
+{
+    echo
+    echo "== asrforge GPU check ($(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)) =="
+    echo "tests (ASRFORGE_CUDA_POISON=1):"
+    printf '  %s\n' "${TROWS[@]:-none staged}"
+    echo "bench-train: $(basename "$CONFIG"), $STEPS steps, batch $BATCH x $FRAMES frames, ${OVERRIDES[*]}"
+    echo "  dtype  init(gpu)   init(cpu)   rel.diff  first_loss  last_loss skip   frames/s  peak_MiB  check"
+    printf '  %s\n' "${RROWS[@]}"
+    echo "total $(( $(date +%s) - START )) s; logs in $LOG"
+} | tee "$LOG/summary.txt"

@@ -1,0 +1,73 @@
+//! CTC loss on the GPU (`cuda/ctc.cu`), the twin of `backend/cpu/ctc.rs`:
+//! the same checks, per-sequence nll and the true derivative with respect
+//! to the log-probabilities, one block per sequence with f64 α/β.
+
+use super::{dtype_suffix, Arg, CudaStorage, LaunchConfig};
+use crate::backend::cpu::ctc::{check, CtcDims};
+use crate::backend::cpu::CpuStorage;
+use crate::error::{Error, Result};
+use crate::tensor::DType;
+
+/// Threads per sequence block (the kernel loops over states and pairs).
+const THREADS: u32 = 256;
+
+/// Per-sequence negative log-likelihoods, and with `want_grad` the gradient
+/// of each sequence's nll with respect to log_probs (zero past its length).
+pub fn ctc_loss(lp: &CudaStorage, targets: &[i64], il: &[usize], tl: &[usize], d: &CtcDims, want_grad: bool) -> Result<(Vec<f64>, Option<CudaStorage>)> {
+    check(d, targets, il, tl)?;
+    let dt = lp.dtype();
+    if dt != DType::F32 && dt != DType::F64 {
+        return Err(crate::backend::cpu::unsupported("ctc_loss", dt));
+    }
+    let n = d.b * d.t * d.v;
+    if lp.len() != n || targets.len() != d.b * d.s {
+        return Err(Error::invalid("ctc_loss", format!("expected {n} log-probs and {} targets for {d:?}, got {} and {}", d.b * d.s, lp.len(), targets.len())));
+    }
+    let dev = lp.device();
+    let grad = if want_grad { Some(dev.alloc(dt, n)?) } else { None };
+    if d.b == 0 {
+        return Ok((Vec::new(), grad));
+    }
+    // Empty host arrays still upload one element, so every pointer is valid.
+    let upload = |v: Vec<i64>| CudaStorage::from_cpu(dev, &CpuStorage::I64(if v.is_empty() { vec![0] } else { v }));
+    let tg = upload(targets.to_vec())?;
+    let ils = upload(il.iter().map(|&x| x as i64).collect())?;
+    let tls = upload(tl.iter().map(|&x| x as i64).collect())?;
+    let ws = (d.b * d.t * (2 * d.s + 1)).max(1);
+    let alpha = dev.alloc(DType::F64, ws)?;
+    let beta = dev.alloc(DType::F64, ws)?;
+    let nll = dev.alloc(DType::F64, d.b)?;
+    let dummy;
+    let g = match &grad {
+        Some(g) if n > 0 => g,
+        _ => {
+            dummy = dev.alloc(dt, 1)?;
+            &dummy
+        }
+    };
+    dev.launch(
+        "ctc",
+        &format!("ctc_loss_{}", dtype_suffix(dt)),
+        LaunchConfig::rows(d.b, THREADS),
+        &[
+            Arg::Ptr(lp),
+            Arg::Ptr(&tg),
+            Arg::Ptr(&ils),
+            Arg::Ptr(&tls),
+            Arg::Ptr(&alpha),
+            Arg::Ptr(&beta),
+            Arg::Ptr(&nll),
+            Arg::Ptr(g),
+            Arg::I64(d.b as i64),
+            Arg::I64(d.t as i64),
+            Arg::I64(d.v as i64),
+            Arg::I64(d.s as i64),
+            Arg::I64(d.blank as i64),
+            Arg::I32((want_grad && n > 0) as i32),
+        ],
+    )?;
+    match nll.to_cpu()? {
+        CpuStorage::F64(v) => Ok((v, grad)),
+        other => Err(Error::DTypeMismatch { op: "ctc_loss (nll)", expected: DType::F64, got: other.dtype() }),
+    }
+}

@@ -1,0 +1,169 @@
+//! `asrforge bench-train`: a fixed number of training steps of a config's
+//! model on synthetic features, through the trainer's own executor (the
+//! same forward, loss scaling, unscale, clipping, Adam and schedule as
+//! `asrforge train`), reporting the loss at initialisation, the first and
+//! last step's loss, frames per second and peak memory. It is how the GPU
+//! check compares f32, fp16-AMP and bf16 training with the CPU.
+
+use super::{amp_dtype, init_device, init_optimizer_and_scheduler, parse_train_config, read_config, DistInfo, Executor, Position, Resume, SingleProcess, TrainArgs};
+use crate::autograd::no_grad;
+use crate::data::batch::IGNORE_ID;
+use crate::data::Batch;
+use crate::error::{Error, Result};
+use crate::models::{AsrModel, ModelConfig};
+use crate::nn::Module;
+use crate::tensor::{peak_bytes, reset_peak_bytes, DType, Device, Rng, Tensor};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Arguments of `bench-train`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchTrainArgs {
+    /// The train.yaml whose model is trained (input_dim and output_dim required).
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Overrides a nested config key, e.g. "scheduler_conf.warmup_steps 10" (repeatable).
+    #[arg(long = "override_config", alias = "override-config", value_name = "KEY VALUE")]
+    pub override_config: Vec<String>,
+    /// Optimizer steps to run.
+    #[arg(long, default_value_t = 50)]
+    pub steps: u64,
+    /// cpu or cuda (the GPU numbered LOCAL_RANK).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    pub device: String,
+    /// fp32, fp16 (autocast with the loss scaler) or bf16 (autocast, no scaler).
+    #[arg(long, default_value = "fp32", value_parser = ["fp32", "f32", "fp16", "bf16"])]
+    pub dtype: String,
+    /// Utterances per batch.
+    #[arg(long = "batch_size", alias = "batch-size", default_value_t = 16)]
+    pub batch_size: usize,
+    /// Frames of the longest utterance (the others are shorter, down to 3/4 of it).
+    #[arg(long, default_value_t = 512)]
+    pub frames: usize,
+    /// Seed of the model and of the synthetic batch.
+    #[arg(long, default_value_t = 777)]
+    pub seed: u64,
+}
+
+/// What a bench run measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchReport {
+    /// The device trained on.
+    pub device: Device,
+    /// The autocast half type (none: f32).
+    pub autocast: Option<DType>,
+    /// The loss of the initial model in eval mode (no dropout), under the run's autocast:
+    /// comparable across devices.
+    pub init_loss: f64,
+    /// Every step's loss (train mode, before that step's update).
+    pub losses: Vec<f64>,
+    /// Steps skipped for an inf/NaN gradient.
+    pub skipped: u64,
+    /// Feature frames per second over the steps after the first (all steps when only one).
+    pub frames_per_s: f64,
+    /// The most memory live at once, in bytes: tensor storage during the
+    /// steps on the CPU, the allocator's peak in use since the GPU opened on a GPU.
+    pub peak_bytes: u64,
+}
+
+impl BenchReport {
+    /// One `key=value` line, for scripts.
+    pub fn line(&self) -> String {
+        let dt = match self.autocast {
+            None => "fp32",
+            Some(DType::F16) => "fp16",
+            Some(_) => "bf16",
+        };
+        let first = self.losses.first().copied().unwrap_or(f64::NAN);
+        let last = self.losses.last().copied().unwrap_or(f64::NAN);
+        format!(
+            "bench-train device={:?} dtype={dt} steps={} init_loss={:.6} first_loss={first:.6} last_loss={last:.6} skipped={} frames_per_s={:.1} peak_mib={:.1}",
+            self.device,
+            self.losses.len(),
+            self.init_loss,
+            self.skipped,
+            self.frames_per_s,
+            self.peak_bytes as f64 / (1 << 20) as f64
+        )
+    }
+}
+
+/// A synthetic batch for a model of `input_dim` features and `vocab`
+/// symbols: standard normal features, lengths from `frames` down to 3/4 of
+/// it, and random tokens (never blank, unk or sos/eos) about one per 40 frames.
+pub fn synthetic_batch(batch_size: usize, frames: usize, input_dim: usize, vocab: usize, seed: u64) -> Result<Batch> {
+    if batch_size == 0 || frames < 16 || vocab < 4 {
+        return Err(Error::invalid("bench-train", format!("expected batch_size >= 1, frames >= 16 and a vocabulary of >= 4, found {batch_size}, {frames} and {vocab}")));
+    }
+    let mut rng = Rng::new(seed);
+    let lens: Vec<usize> = (0..batch_size).map(|i| frames - (frames / 4) * i / batch_size.max(2).saturating_sub(1).max(1)).collect();
+    let tlens: Vec<usize> = lens.iter().map(|&l| (l / 40).max(1)).collect();
+    let l_max = tlens.iter().copied().max().unwrap_or(1);
+    let mut feats = vec![0f32; batch_size * frames * input_dim];
+    for (b, &l) in lens.iter().enumerate() {
+        let x = rng.normal(l * input_dim);
+        for (d, v) in feats[b * frames * input_dim..][..l * input_dim].iter_mut().zip(x) {
+            *d = v as f32;
+        }
+    }
+    let mut target = vec![IGNORE_ID; batch_size * l_max];
+    for (b, &tl) in tlens.iter().enumerate() {
+        for t in 0..tl {
+            target[b * l_max + t] = 2 + rng.below(vocab - 3) as i64;
+        }
+    }
+    Ok(Batch {
+        keys: (0..batch_size).map(|i| format!("synthetic{i}")).collect(),
+        feats: Tensor::from_vec(feats, [batch_size, frames, input_dim], &Device::Cpu)?,
+        feats_lengths: lens,
+        target: Tensor::from_vec(target, [batch_size, l_max], &Device::Cpu)?,
+        target_lengths: tlens,
+    })
+}
+
+/// Runs the bench and returns its report (the steps are logged to stderr).
+pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
+    let root = read_config(&a.config, &a.override_config)?;
+    let cfg = parse_train_config(&root)?;
+    let dtype = if a.dtype == "f32" { "fp32" } else { a.dtype.as_str() };
+    let targs = TrainArgs { device: a.device.clone(), dtype: dtype.to_string(), ..Default::default() };
+    let autocast = amp_dtype(&targs)?;
+    let device = init_device(&targs, &super::dist::dist_info_from(&|k| std::env::var(k).ok()).unwrap_or_else(|_| DistInfo::single()))?;
+    let (mcfg, _) = ModelConfig::from_yaml(&root)?;
+    let mut model = AsrModel::new(&mcfg, DType::F32, &mut Rng::new(a.seed))?;
+    super::device::move_model(&model, &device)?;
+    let batch = synthetic_batch(a.batch_size, a.frames, mcfg.input_dim, mcfg.output_dim, a.seed + 1)?.to_device(&device)?;
+    crate::tensor::rng::manual_seed(a.seed);
+    model.train(false);
+    let init_loss = no_grad(|| crate::ops::autocast(autocast, || model.forward(&batch.feats, &batch.feats_lengths, &batch.target, &batch.target_lengths)))?.loss.to_scalar()?;
+    model.train(true);
+    let params = model.named_parameters();
+    let optim = init_optimizer_and_scheduler(&cfg, &Resume::default())?;
+    let scaler = super::init_scaler(&targs, &Resume::default());
+    let engine = SingleProcess::new(params, optim.adam)?;
+    let mut exec = Executor::new(model, Box::new(engine), optim, scaler, None, cfg, std::env::temp_dir(), Position::default());
+    exec.device = device;
+    exec.autocast = autocast;
+    let frames: usize = batch.feats_lengths.iter().sum();
+    let mut losses = Vec::new();
+    reset_peak_bytes();
+    let mut timed = (Instant::now(), 0usize);
+    for step in 1..=a.steps {
+        if step == 2 {
+            timed = (Instant::now(), 0);
+        }
+        exec.engine.zero_grad();
+        let bl = exec.train_batch(&batch)?;
+        let rep = exec.optimizer_step()?;
+        timed.1 += frames;
+        losses.push(bl.loss);
+        eprintln!("step {step}: loss {:.6} grad_norm {:.4} lr {:.3e}{}", bl.loss, rep.grad_norm, rep.lr, if rep.skipped { " (skipped)" } else { "" });
+    }
+    let secs = timed.0.elapsed().as_secs_f64().max(1e-9);
+    // On a GPU: the caching allocator's peak of bytes in use (size classes).
+    let peak = match device {
+        Device::Cuda(n) => crate::backend::cuda::device(n)?.pool_stats().peak as u64,
+        Device::Cpu => peak_bytes(),
+    };
+    Ok(BenchReport { device, autocast, init_loss, losses, skipped: exec.skipped_steps, frames_per_s: timed.1 as f64 / secs, peak_bytes: peak })
+}

@@ -1,0 +1,45 @@
+//! Where and in what precision a run trains: `--device cpu|cuda` (the GPU
+//! numbered LOCAL_RANK, as torchrun's one process per GPU) and `--dtype` /
+//! `--use_amp` (autocast to f16 with the loss scaler, or to bf16 without).
+
+use super::{DistInfo, TrainArgs};
+use crate::error::{Error, Result};
+use crate::models::AsrModel;
+use crate::nn::Module;
+use crate::tensor::{DType, Device};
+
+/// The autocast half type of a run: f16 for `--use_amp` or `--dtype fp16`,
+/// bf16 for `--dtype bf16`, none for fp32.
+pub fn amp_dtype(args: &TrainArgs) -> Result<Option<DType>> {
+    match (args.use_amp, args.dtype.as_str()) {
+        (true, "bf16") => Err(Error::config("--dtype", "bf16 trains without the loss scaler; drop --use_amp (which means fp16)")),
+        (true, _) | (false, "fp16") => Ok(Some(DType::F16)),
+        (false, "bf16") => Ok(Some(DType::BF16)),
+        (false, "fp32" | "") => Ok(None),
+        (false, other) => Err(Error::config("--dtype", format!("expected fp32, fp16 or bf16, found {other:?}"))),
+    }
+}
+
+/// The device of a run: the CPU, or `cuda:LOCAL_RANK` (a clean error when
+/// that GPU cannot be used).
+pub fn init_device(args: &TrainArgs, dist: &DistInfo) -> Result<Device> {
+    match args.device.as_str() {
+        "cpu" | "" => Ok(Device::Cpu),
+        "cuda" => Device::cuda(dist.local_rank).map_err(|e| Error::config("--device", format!("cuda (LOCAL_RANK {}): {e}", dist.local_rank))),
+        other => Err(Error::config("--device", format!("expected cpu or cuda, found {other:?}"))),
+    }
+}
+
+/// Moves every float parameter and buffer of `model` to `device` in place
+/// (the handles the optimizer and engine hold see the moved storage).
+/// Integer buffers (BatchNorm's `num_batches_tracked`) are host counters and
+/// stay on the CPU.
+pub fn move_model(model: &AsrModel, device: &Device) -> Result<()> {
+    for t in model.state_dict() {
+        if !matches!(t.tensor.dtype(), DType::F32 | DType::F64 | DType::F16 | DType::BF16) {
+            continue;
+        }
+        t.tensor.move_to_device(device).map_err(|e| Error::Msg(format!("moving {} to {device:?}: {e}", t.name)))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,250 @@
+//! The loss and optimizer kernels on `Cuda(0)` against the CPU backend on
+//! fresh random inputs: CTC (values for every reduction, zero_infinity, and
+//! the gradient), label smoothing (both normalisations, value and
+//! gradient), the Adam/AdamW step, the global gradient norm (and that it is
+//! bit-identical run to run) and the fused unscale-and-check-for-inf (a
+//! planted inf or NaN is found), and moving a tensor in place. Outputs are poisoned with NaN before every
+//! kernel (`ASRFORGE_CUDA_POISON=1`), so an element a kernel never writes
+//! fails; NaN never passes a comparison. Without a usable GPU every test
+//! prints that it skipped and why.
+//!
+//! Tolerance: |gpu − cpu| ≤ rtol·max(|cpu|, 1e-2·max|cpu|) per element, with
+//! rtol 1e-5 for f32 and 1e-10 for f64.
+
+use asrforge::autograd::backward;
+use asrforge::ops::{self, Reduction};
+use asrforge::optim::{clip_grad_norm, grad_norm, Adam, AdamConfig, GradScaler, ScalerConfig};
+use asrforge::tensor::{DType, Device, Rng, Tensor};
+
+fn gpu_or_skip(test: &str) -> Option<Device> {
+    // Set before the device opens, so every allocation of the run is poisoned.
+    std::env::set_var("ASRFORGE_CUDA_POISON", "1");
+    match Device::cuda(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            eprintln!("{test}: skipped, no usable GPU: {e}");
+            None
+        }
+    }
+}
+
+fn seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+}
+
+fn rtol(dt: DType) -> f64 {
+    if dt == DType::F64 { 1e-10 } else { 1e-5 }
+}
+
+fn assert_close(what: &str, got: &[f64], want: &[f64], rtol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let scale = want.iter().filter(|w| w.is_finite()).fold(0f64, |m, w| m.max(w.abs()));
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(!w.is_nan(), "{what}[{i}]: the CPU reference is NaN");
+        if w.is_infinite() {
+            assert_eq!(g, w, "{what}[{i}]");
+            continue;
+        }
+        let tol = rtol * w.abs().max(1e-2 * scale).max(f64::MIN_POSITIVE);
+        assert!(g.is_finite() && (g - w).abs() <= tol, "{what}[{i}]: gpu {g} vs cpu {w} (tolerance {tol:e})");
+    }
+}
+
+fn vals(t: &Tensor) -> Vec<f64> {
+    t.to_f64_vec().unwrap()
+}
+
+fn on(dev: &Device, v: &[f64], shape: &[usize], dt: DType) -> Tensor {
+    let t = Tensor::from_vec(v.to_vec(), shape.to_vec(), &Device::Cpu).unwrap();
+    ops::to_dtype(&t, dt).unwrap().to_device(dev).unwrap()
+}
+
+/// Log-softmax of standard normal logits, (B, T, V), as f64 values.
+fn log_probs(rng: &mut Rng, b: usize, t: usize, v: usize) -> Vec<f64> {
+    let x = Tensor::from_vec(rng.normal(b * t * v), [b, t, v], &Device::Cpu).unwrap();
+    vals(&ops::log_softmax(&x).unwrap())
+}
+
+#[test]
+fn ctc_matches_the_cpu() {
+    let Some(gpu) = gpu_or_skip("ctc_matches_the_cpu") else { return };
+    let mut rng = Rng::new(seed());
+    let (b, t, v, s) = (5, 24, 7, 6);
+    let lp = log_probs(&mut rng, b, t, v);
+    // Random labels; sequence 1 has a repeat, 2 is empty, 3 cannot be aligned
+    // (five equal labels need 9 frames, it has 5), 4 contains the blank id.
+    let mut targets: Vec<i64> = (0..b * s).map(|_| 1 + rng.below(v - 1) as i64).collect();
+    targets[s] = 4;
+    targets[s + 1] = 4;
+    for j in 0..5 {
+        targets[3 * s + j] = 2;
+    }
+    targets[4 * s + 2] = 0;
+    let il = [24, 19, 10, 5, 16];
+    let tl = [6, 4, 0, 5, 5];
+    let tg_cpu = Tensor::from_vec(targets.clone(), [b, s], &Device::Cpu).unwrap();
+    let tg_gpu = tg_cpu.clone().to_device(&gpu).unwrap();
+    for dt in [DType::F32, DType::F64] {
+        let x_cpu = on(&Device::Cpu, &lp, &[b, t, v], dt);
+        let x_gpu = on(&gpu, &lp, &[b, t, v], dt);
+        for red in [Reduction::None, Reduction::Sum, Reduction::Mean] {
+            for zi in [false, true] {
+                let want = ops::ctc_loss(&x_cpu, &tg_cpu, &il, &tl, 0, red, zi).unwrap();
+                let got = ops::ctc_loss(&x_gpu, &tg_gpu, &il, &tl, 0, red, zi).unwrap();
+                assert_eq!(got.device(), gpu);
+                assert_close(&format!("ctc {dt:?} {red:?} zero_infinity={zi}"), &vals(&got), &vals(&want), rtol(dt));
+            }
+        }
+        assert!(vals(&ops::ctc_loss(&x_cpu, &tg_cpu, &il, &tl, 0, Reduction::None, false).unwrap())[3].is_infinite(), "sequence 3 is impossible");
+        // The gradient, weighted per sequence by random seeds.
+        let w: Vec<f64> = rng.normal(b);
+        let mut grads = vec![];
+        for dev in [Device::Cpu, gpu] {
+            let x = on(&dev, &lp, &[b, t, v], dt).requires_grad_();
+            let tg = if dev == Device::Cpu { tg_cpu.clone() } else { tg_gpu.clone() };
+            let per = ops::ctc_loss(&x, &tg, &il, &tl, 0, Reduction::None, true).unwrap();
+            let loss = ops::sum_all(&ops::mul(&per, &on(&dev, &w, &[b], dt)).unwrap()).unwrap();
+            backward(&loss).unwrap();
+            grads.push(vals(&x.grad().unwrap()));
+        }
+        assert!(grads[0].iter().any(|g| g.abs() > 1e-3), "the gradient is not trivial");
+        assert_close(&format!("ctc grad {dt:?}"), &grads[1], &grads[0], rtol(dt));
+    }
+}
+
+#[test]
+fn label_smoothing_matches_the_cpu() {
+    let Some(gpu) = gpu_or_skip("label_smoothing_matches_the_cpu") else { return };
+    let mut rng = Rng::new(seed());
+    // A small vocabulary, and one wider than a block (the strided loops).
+    for (b, l, v) in [(3, 5, 11), (2, 9, 4233)] {
+        let x: Vec<f64> = rng.normal(b * l * v).into_iter().map(|z| 3.0 * z).collect();
+        let tg: Vec<i64> = (0..b * l).map(|i| if i % 4 == 3 { -1 } else { rng.below(v) as i64 }).collect();
+        let tg_cpu = Tensor::from_vec(tg, [b, l], &Device::Cpu).unwrap();
+        let tg_gpu = tg_cpu.clone().to_device(&gpu).unwrap();
+        for dt in [DType::F32, DType::F64] {
+            for (eps, norm) in [(0.1, false), (0.1, true), (0.0, false)] {
+                let mut out = vec![];
+                for dev in [Device::Cpu, gpu] {
+                    let xt = on(&dev, &x, &[b, l, v], dt).requires_grad_();
+                    let tg = if dev == Device::Cpu { &tg_cpu } else { &tg_gpu };
+                    let loss = ops::label_smoothing_loss(&xt, tg, eps, -1, norm).unwrap();
+                    backward(&loss).unwrap();
+                    out.push((vals(&loss), vals(&xt.grad().unwrap())));
+                }
+                let what = format!("label smoothing V={v} {dt:?} eps={eps} normalize_length={norm}");
+                assert_close(&what, &out[1].0, &out[0].0, rtol(dt));
+                assert_close(&format!("{what} grad"), &out[1].1, &out[0].1, rtol(dt));
+            }
+        }
+    }
+}
+
+#[test]
+fn adam_step_matches_the_cpu() {
+    let Some(gpu) = gpu_or_skip("adam_step_matches_the_cpu") else { return };
+    let mut rng = Rng::new(seed());
+    for (dt, decoupled, wd) in [(DType::F32, false, 0.0), (DType::F32, false, 0.01), (DType::F32, true, 0.01), (DType::F64, true, 0.1)] {
+        let shapes: [&[usize]; 3] = [&[1], &[257], &[3, 70001]];
+        let init: Vec<Vec<f64>> = shapes.iter().map(|s| rng.normal(s.iter().product())).collect();
+        let grads: Vec<Vec<Vec<f64>>> = (0..3).map(|_| shapes.iter().map(|s| rng.normal(s.iter().product())).collect()).collect();
+        let cfg = AdamConfig { lr: 1e-2, weight_decay: wd, decoupled, ..Default::default() };
+        let mut result = vec![];
+        for dev in [Device::Cpu, gpu] {
+            let params: Vec<(String, Tensor)> = shapes.iter().zip(&init).enumerate().map(|(i, (s, v))| (format!("p{i}"), on(&dev, v, s, dt).requires_grad_())).collect();
+            let mut adam = Adam::new(params.clone(), cfg).unwrap();
+            for step in &grads {
+                for ((_, p), g) in params.iter().zip(step) {
+                    p.set_grad(Some(on(&dev, g, p.dims(), dt))).unwrap();
+                }
+                adam.step(3e-3).unwrap();
+            }
+            let mut all: Vec<Vec<f64>> = params.iter().map(|(_, p)| vals(p)).collect();
+            all.extend(adam.state().iter().map(|(_, t)| vals(t)));
+            result.push(all);
+        }
+        for (i, (g, c)) in result[1].iter().zip(&result[0]).enumerate() {
+            assert_close(&format!("adam {dt:?} decoupled={decoupled} wd={wd} tensor {i}"), g, c, rtol(dt));
+        }
+        assert!(result[0][0] != init[0], "the step moved the parameter");
+    }
+}
+
+fn grad_params(dev: &Device, vals: &[Vec<f64>], dt: DType) -> Vec<(String, Tensor)> {
+    vals.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let p = on(dev, &vec![0.0; v.len()], &[v.len()], dt).requires_grad_();
+            p.set_grad(Some(on(dev, v, &[v.len()], dt))).unwrap();
+            (format!("p{i}"), p)
+        })
+        .collect()
+}
+
+#[test]
+fn grad_norm_matches_the_cpu_and_is_deterministic() {
+    let Some(gpu) = gpu_or_skip("grad_norm_matches_the_cpu_and_is_deterministic") else { return };
+    let mut rng = Rng::new(seed());
+    let g: Vec<Vec<f64>> = [1usize, 1000, 300_001, 5].iter().map(|&n| rng.normal(n)).collect();
+    for dt in [DType::F32, DType::F64] {
+        let cpu = grad_params(&Device::Cpu, &g, dt);
+        let dev = grad_params(&gpu, &g, dt);
+        let want = grad_norm(&cpu).unwrap();
+        let got = grad_norm(&dev).unwrap();
+        // Both accumulate in f64; only the order of the sum differs.
+        assert!((got - want).abs() <= 1e-12 * want, "{dt:?}: gpu {got} vs cpu {want}");
+        let again = grad_norm(&dev).unwrap();
+        assert_eq!(got.to_bits(), again.to_bits(), "{dt:?}: the same bits on a second run");
+        // Clipping to a fraction of the norm scales like the CPU's.
+        let (nc, ng) = (clip_grad_norm(&cpu, want / 3.0).unwrap(), clip_grad_norm(&dev, want / 3.0).unwrap());
+        assert!((nc - ng).abs() <= 1e-12 * nc);
+        for ((_, c), (_, d)) in cpu.iter().zip(&dev) {
+            assert_close(&format!("clipped {dt:?}"), &vals(&d.grad().unwrap()), &vals(&c.grad().unwrap()), rtol(dt));
+        }
+    }
+}
+
+#[test]
+fn unscale_matches_the_cpu_and_finds_a_planted_inf_or_nan() {
+    let Some(gpu) = gpu_or_skip("unscale_matches_the_cpu_and_finds_a_planted_inf_or_nan") else { return };
+    let mut rng = Rng::new(seed());
+    let sizes = [3usize, 4096, 100_003];
+    for dt in [DType::F32, DType::F64] {
+        let base: Vec<Vec<f64>> = sizes.iter().map(|&n| rng.normal(n).into_iter().map(|x| x * 65536.0).collect()).collect();
+        let mut cpu_s = GradScaler::new(ScalerConfig::default());
+        let mut gpu_s = GradScaler::new(ScalerConfig::default());
+        let cpu = grad_params(&Device::Cpu, &base, dt);
+        let dev = grad_params(&gpu, &base, dt);
+        assert!(!cpu_s.unscale(&cpu).unwrap());
+        assert!(!gpu_s.unscale(&dev).unwrap(), "{dt:?}: clean gradients report no inf");
+        for ((_, c), (_, d)) in cpu.iter().zip(&dev) {
+            // A power-of-two scale: the products are exact on both.
+            assert_eq!(vals(&d.grad().unwrap()), vals(&c.grad().unwrap()), "{dt:?}: unscaled values");
+        }
+        for bad in [f64::INFINITY, f64::NEG_INFINITY, f64::NAN] {
+            let mut planted = base.clone();
+            let which = 1 + rng.below(2);
+            let at = rng.below(planted[which].len());
+            planted[which][at] = bad;
+            let dev = grad_params(&gpu, &planted, dt);
+            assert!(gpu_s.unscale(&dev).unwrap(), "{dt:?}: {bad} planted in tensor {which} at {at} is found");
+            // And the flag starts clean on the next call.
+            assert!(!gpu_s.unscale(&grad_params(&gpu, &base, dt)).unwrap(), "{dt:?}: the flag is per call");
+        }
+    }
+}
+
+#[test]
+fn move_to_device_moves_every_handle_in_place() {
+    let Some(gpu) = gpu_or_skip("move_to_device_moves_every_handle_in_place") else { return };
+    let mut rng = Rng::new(seed());
+    let v = rng.normal(1000);
+    let p = on(&Device::Cpu, &v, &[10, 100], DType::F32).requires_grad_();
+    let other = p.detach();
+    p.move_to_device(&gpu).unwrap();
+    assert_eq!((p.device(), other.device()), (gpu, gpu), "both handles see the move");
+    assert_eq!(vals(&other), vals(&on(&Device::Cpu, &v, &[10, 100], DType::F32)), "the values moved unchanged");
+    other.move_to_device(&Device::Cpu).unwrap();
+    assert_eq!(p.device(), Device::Cpu);
+    assert_eq!(vals(&p), vals(&on(&Device::Cpu, &v, &[10, 100], DType::F32)));
+}
