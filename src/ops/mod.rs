@@ -14,6 +14,7 @@ mod label_smoothing;
 mod layout;
 mod matmul;
 mod norm;
+mod placement;
 mod reduce;
 mod softmax;
 mod unary;
