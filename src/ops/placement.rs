@@ -50,7 +50,7 @@ impl std::ops::Deref for OnGpu<'_> {
 /// `s` on `like`'s GPU: borrowed if there, copied from the host if on the CPU.
 pub(crate) fn to_gpu<'a>(op: &'static str, s: &'a Storage, like: &CudaStorage) -> Result<OnGpu<'a>> {
     match s {
-        Storage::Cpu(c) => Ok(OnGpu::Owned(like.device().from_cpu(c)?)),
+        Storage::Cpu(c) => Ok(OnGpu::Owned(CudaStorage::from_cpu(like.device(), c)?)),
         other => as_gpu(op, other, like).map(OnGpu::Borrowed),
     }
 }

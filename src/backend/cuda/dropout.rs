@@ -6,12 +6,13 @@ use super::nn_common::{elems, launch, FLOATS};
 use super::{Arg, CudaDevice, CudaStorage};
 use crate::error::{Error, Result};
 use crate::tensor::DType;
+use std::sync::Arc;
 
 /// The scaled keep mask of `n` elements in `dtype`: `1/(1−p)` where the
 /// uniform draw `u` of element `i` (counter block `offset + i/4`, word `i%4`,
 /// key `seed`) is below `1 − p`, else 0. The caller reserves the blocks
 /// (`Rng::advance`) so the generator moves as the CPU's does.
-pub fn dropout_mask(dev: &CudaDevice, dtype: DType, n: usize, seed: u64, offset: u64, p: f64) -> Result<CudaStorage> {
+pub fn dropout_mask(dev: &Arc<CudaDevice>, dtype: DType, n: usize, seed: u64, offset: u64, p: f64) -> Result<CudaStorage> {
     if !FLOATS.0.contains(&dtype) {
         return Err(Error::UnsupportedDType { op: "dropout", dtype, supported: FLOATS.1 });
     }

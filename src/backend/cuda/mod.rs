@@ -54,12 +54,12 @@ impl CudaStorage {
     pub fn ordinal(&self) -> usize { match *self {} }
     pub fn device(&self) -> &Arc<CudaDevice> { match *self {} }
     pub fn to_cpu(&self) -> Result<CpuStorage> { match *self {} }
-    pub fn copy_from(&mut self, _o: &CudaStorage) -> Result<()> { match *self {} }
+    pub fn copy_from(&self, _o: &CudaStorage) -> Result<()> { match *self {} }
+    pub fn from_cpu(_dev: &Arc<CudaDevice>, _c: &CpuStorage) -> Result<CudaStorage> { Err(Error::CudaUnavailable("stub".into())) }
 }
 impl CudaDevice {
-    pub fn alloc(&self, _d: DType, _n: usize) -> Result<CudaStorage> { Err(Error::CudaUnavailable("stub".into())) }
-    pub fn zeros(&self, _d: DType, _n: usize) -> Result<CudaStorage> { Err(Error::CudaUnavailable("stub".into())) }
-    pub fn from_cpu(&self, _c: &CpuStorage) -> Result<CudaStorage> { Err(Error::CudaUnavailable("stub".into())) }
+    pub fn alloc(self: &Arc<Self>, _d: DType, _n: usize) -> Result<CudaStorage> { Err(Error::CudaUnavailable("stub".into())) }
+    pub fn zeros(self: &Arc<Self>, _d: DType, _n: usize) -> Result<CudaStorage> { Err(Error::CudaUnavailable("stub".into())) }
     pub fn synchronize(&self) -> Result<()> { Ok(()) }
     pub fn launch(&self, _m: &str, _k: &str, _c: LaunchConfig, _a: &[Arg]) -> Result<()> { Ok(()) }
 }

@@ -4,6 +4,7 @@
 use super::{dtype_suffix, Arg, CudaDevice, CudaStorage, LaunchConfig};
 use crate::error::{Error, Result};
 use crate::tensor::DType;
+use std::sync::Arc;
 
 /// Threads per block of every nn kernel (`NN_BLOCK` in `nn_common.cuh`;
 /// the block reductions need a power of two no larger than it).
@@ -76,17 +77,17 @@ pub(crate) fn u32_arg(op: &'static str, what: &str, v: usize) -> Result<u32> {
 }
 
 /// Host i64 values (indices, offsets, shapes) copied to `dev`.
-pub(crate) fn upload_i64(dev: &CudaDevice, v: &[i64]) -> Result<CudaStorage> {
+pub(crate) fn upload_i64(dev: &Arc<CudaDevice>, v: &[i64]) -> Result<CudaStorage> {
     // A zero-length buffer is never read; keep one element so the
     // allocation is a real pointer.
     if v.is_empty() {
-        return dev.from_cpu(&crate::backend::cpu::CpuStorage::I64(vec![0]));
+        return CudaStorage::from_cpu(dev, &crate::backend::cpu::CpuStorage::I64(vec![0]));
     }
-    dev.from_cpu(&crate::backend::cpu::CpuStorage::I64(v.to_vec()))
+    CudaStorage::from_cpu(dev, &crate::backend::cpu::CpuStorage::I64(v.to_vec()))
 }
 
 /// `dims` followed by `strides`, as the kernels' `shape` argument.
-pub(crate) fn shape_buffer(dev: &CudaDevice, dims: &[usize], strides: &[usize]) -> Result<CudaStorage> {
+pub(crate) fn shape_buffer(dev: &Arc<CudaDevice>, dims: &[usize], strides: &[usize]) -> Result<CudaStorage> {
     let v: Vec<i64> = dims.iter().chain(strides).map(|&d| d as i64).collect();
     upload_i64(dev, &v)
 }
