@@ -41,9 +41,33 @@ pub enum Error {
     #[error("{op}: {msg}")]
     InvalidArgument { op: &'static str, msg: String },
 
+    /// A tensor on a GPU reached an op family that has no CUDA kernel yet.
+    #[error("{op}: no CUDA kernel yet for a tensor on {device:?}; move it to the CPU with to_device(&Device::Cpu)")]
+    NoCudaKernel { op: &'static str, device: Device },
+
     /// The CUDA backend cannot be used.
     #[error("CUDA backend unavailable: {0}")]
     CudaUnavailable(String),
+
+    /// A CUDA driver call or kernel launch that failed, naming the kernel
+    /// (`module/kernel`) or the driver call.
+    #[error("CUDA {kernel}: {msg}")]
+    Cuda { kernel: String, msg: String },
+
+    /// A GPU allocation the device could not satisfy even after the cache was
+    /// emptied, with the size asked and the pool's state.
+    #[error("CUDA out of memory on cuda:{ordinal}: tried to allocate {requested} bytes ({requested_mib:.1} MiB); pool: {in_use} bytes in use, {cached} cached, {reserved} reserved, peak {peak}; device: {device_free} of {device_total} bytes free")]
+    CudaOutOfMemory {
+        ordinal: usize,
+        requested: usize,
+        requested_mib: f64,
+        in_use: usize,
+        cached: usize,
+        reserved: usize,
+        peak: usize,
+        device_free: usize,
+        device_total: usize,
+    },
 
     /// Autograd misuse (backward on a non-scalar, on a tensor that needs no grad, ...).
     #[error("autograd: {0}")]

@@ -13,7 +13,7 @@ fn binary(op: Binary, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     same_kind(op.name(), a, b)?;
     let shape = Shape::broadcast(op.name(), a.shape(), b.shape())?;
     let bc = Bcast { sa: a.shape().broadcast_strides(&shape), sb: b.shape().broadcast_strides(&shape), out_dims: shape.dims().to_vec() };
-    let y = out(k::binary(op, cpu(&a.storage()), cpu(&b.storage()), &bc)?, shape);
+    let y = out(k::binary(op, cpu("binary", &a.storage())?, cpu("binary", &b.storage())?, &bc)?, shape);
     let (sa, sb) = (a.shape().clone(), b.shape().clone());
     let saved = match op {
         Binary::Mul | Binary::Div => vec![a.detach(), b.detach()],
@@ -69,7 +69,7 @@ pub fn sum_to_shape(g: &Tensor, shape: &Shape) -> Result<Tensor> {
         return Ok(g.clone());
     }
     let lead = g.rank() - shape.rank();
-    let mut cur = cpu(&g.storage()).clone();
+    let mut cur = cpu("binary", &g.storage())?.clone();
     let mut dims = g.dims().to_vec();
     if lead > 0 {
         let outer: usize = dims[..lead].iter().product();

@@ -1,7 +1,8 @@
 //! `to_dtype`: a differentiable dtype conversion (the gradient is converted
 //! back), so a layer can run one step (softmax) in f32 on half inputs.
 
-use super::{cpu, out};
+use super::out_storage;
+use crate::backend::{cuda, Storage};
 use crate::autograd::record;
 use crate::error::Result;
 use crate::tensor::{DType, Tensor};
@@ -11,7 +12,11 @@ pub fn to_dtype(x: &Tensor, dtype: DType) -> Result<Tensor> {
     if x.dtype() == dtype {
         return Ok(x.clone());
     }
-    let y = out(cpu(&x.storage()).to_dtype(dtype), x.shape().clone());
+    let y = match &*x.storage() {
+        Storage::Cpu(c) => Storage::Cpu(c.to_dtype(dtype)),
+        Storage::Cuda(g) => Storage::Cuda(cuda::cast::to_dtype(g, dtype)?),
+    };
+    let y = out_storage(y, x.shape().clone());
     let from = x.dtype();
     Ok(record("to_dtype", &[x], y, vec![], move |g, _| Ok(vec![Some(to_dtype(g, from)?)])))
 }

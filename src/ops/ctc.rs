@@ -45,7 +45,7 @@ pub fn ctc_loss(
     let d = CtcDims { b, t, v, s: targets.dims()[1], blank };
     let tg = targets.to_vec::<i64>()?;
     let want = crate::autograd::needs_grad(&[log_probs]);
-    let (mut nll, grad) = k::ctc_loss(cpu(&log_probs.storage()), &tg, input_lengths, target_lengths, &d, want)?;
+    let (mut nll, grad) = k::ctc_loss(cpu("ctc", &log_probs.storage())?, &tg, input_lengths, target_lengths, &d, want)?;
     // Sequences whose loss is zeroed also get no gradient.
     let mut keep = vec![1.0; b];
     for (l, kp) in nll.iter_mut().zip(keep.iter_mut()) {

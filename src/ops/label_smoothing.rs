@@ -21,7 +21,7 @@ pub fn label_smoothing_loss(x: &Tensor, target: &Tensor, smoothing: f64, ignore_
     }
     let tg = target.to_vec::<i64>()?;
     let want = crate::autograd::needs_grad(&[x]);
-    let (total, valid, grad) = k::label_smoothing(cpu(&x.storage()), &tg, v, smoothing, ignore_index, want)?;
+    let (total, valid, grad) = k::label_smoothing(cpu("label_smoothing", &x.storage())?, &tg, v, smoothing, ignore_index, want)?;
     let denom = if normalize_length { valid.max(1) } else { b.max(1) } as f64;
     let y = Tensor::scalar(total / denom, x.dtype(), &x.device())?;
     let grad = grad.map(|g| out(g, x.shape().clone()));

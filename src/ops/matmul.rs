@@ -58,7 +58,7 @@ fn plan(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<Plan> {
 pub fn matmul_t(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<Tensor> {
     same_kind("matmul", a, b)?;
     let p = plan(a, b, trans_a, trans_b)?;
-    let y = out(k::matmul(&p.d, cpu(&a.storage()), cpu(&b.storage()))?, p.out);
+    let y = out(k::matmul(&p.d, cpu("matmul", &a.storage())?, cpu("matmul", &b.storage())?)?, p.out);
     let (ad, bd) = (a.detach(), b.detach());
     Ok(record("matmul", &[a, b], y, vec![ad.clone(), bd.clone()], move |g, needs| {
         let ga = if needs[0] {

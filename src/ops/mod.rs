@@ -38,13 +38,28 @@ use crate::backend::Storage;
 use crate::error::{Error, Result};
 use crate::tensor::{Shape, Tensor};
 
-/// The CPU storage behind a storage guard. (GPU storage cannot exist until
-/// the CUDA backend lands; its arm is then the CUDA dispatch.)
-pub(crate) fn cpu(s: &Storage) -> &CpuStorage {
+/// The CPU storage behind a storage guard, for the families whose CUDA
+/// kernels have not landed yet: GPU storage is an [`Error::NoCudaKernel`]
+/// naming the op family, never a panic.
+pub(crate) fn cpu<'a>(op: &'static str, s: &'a Storage) -> Result<&'a CpuStorage> {
     match s {
-        Storage::Cpu(c) => c,
-        Storage::Cuda(c) => match *c {},
+        Storage::Cpu(c) => Ok(c),
+        Storage::Cuda(c) => Err(Error::NoCudaKernel { op, device: crate::tensor::Device::Cuda(c.ordinal()) }),
     }
+}
+
+/// A fresh, untracked tensor over a kernel's output on either device.
+///
+/// The dispatch pattern of a converted op family:
+/// ```ignore
+/// let y = match &*x.storage() {
+///     Storage::Cpu(c) => Storage::Cpu(cpu::softmax::softmax(c, ...)?),
+///     Storage::Cuda(g) => Storage::Cuda(cuda::softmax::softmax(g, ...)?),
+/// };
+/// Ok(out_storage(y, shape))
+/// ```
+pub(crate) fn out_storage(s: Storage, shape: impl Into<Shape>) -> Tensor {
+    Tensor::from_storage(s, shape.into())
 }
 
 /// A fresh, untracked tensor over a kernel's CPU output.

@@ -20,7 +20,7 @@ fn keep_shape(dims: &[usize], reduced: &[usize]) -> Vec<usize> {
 
 /// Repeats `g` (of `x`'s rank, size 1 on the reduced dims) back to `full`.
 fn expand_to(g: &Tensor, full: &[usize]) -> Result<Tensor> {
-    let mut cur = cpu(&g.storage()).clone();
+    let mut cur = cpu("reduce", &g.storage())?.clone();
     let mut dims = g.dims().to_vec();
     for d in 0..full.len() {
         if dims[d] == 1 && full[d] != 1 {
@@ -35,7 +35,7 @@ fn expand_to(g: &Tensor, full: &[usize]) -> Result<Tensor> {
 /// Sum over `dims` (negative dims count from the end); `keepdim` keeps them as size 1.
 pub fn sum(x: &Tensor, dims: &[isize], keepdim: bool) -> Result<Tensor> {
     let ds = resolve("sum", x, dims)?;
-    let mut cur = cpu(&x.storage()).clone();
+    let mut cur = cpu("reduce", &x.storage())?.clone();
     let mut shape = x.dims().to_vec();
     for &d in ds.iter().rev() {
         let (o, n, i) = Shape::from(shape.clone()).split_at_dim(d);
@@ -81,7 +81,7 @@ pub fn max(x: &Tensor, dim: isize, keepdim: bool) -> Result<Tensor> {
     if n == 0 {
         return Err(Error::invalid("max", format!("max over an empty dim {dim} of shape {}", x.shape())));
     }
-    let (v, arg) = k::max_dim(cpu(&x.storage()), o, n, i)?;
+    let (v, arg) = k::max_dim(cpu("reduce", &x.storage())?, o, n, i)?;
     let mut shape = x.dims().to_vec();
     if keepdim {
         shape[d] = 1;
@@ -91,6 +91,6 @@ pub fn max(x: &Tensor, dim: isize, keepdim: bool) -> Result<Tensor> {
     let y = out(v, shape);
     let full = x.shape().clone();
     Ok(record("max", &[x], y, vec![], move |g, _| {
-        Ok(vec![Some(out(k::max_dim_backward(cpu(&g.storage()), &arg, o, n, i)?, full.clone()))])
+        Ok(vec![Some(out(k::max_dim_backward(cpu("reduce", &g.storage())?, &arg, o, n, i)?, full.clone()))])
     }))
 }

@@ -8,10 +8,10 @@ use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 fn unary(op: Unary, x: &Tensor) -> Result<Tensor> {
-    let y = out(k::unary(op, cpu(&x.storage()))?, x.shape().clone());
+    let y = out(k::unary(op, cpu("unary", &x.storage())?)?, x.shape().clone());
     let (xs, ys) = (x.detach(), y.detach());
     Ok(record(op.name(), &[x], y, vec![xs.clone(), ys.clone()], move |g, _| {
-        let gx = k::unary_backward(op, cpu(&xs.storage()), cpu(&ys.storage()), cpu(&g.storage()))?;
+        let gx = k::unary_backward(op, cpu("unary", &xs.storage())?, cpu("unary", &ys.storage())?, cpu("unary", &g.storage())?)?;
         Ok(vec![Some(out(gx, xs.shape().clone()))])
     }))
 }
@@ -63,13 +63,13 @@ pub fn tanh(x: &Tensor) -> Result<Tensor> {
 
 /// `x·a + b` for scalars a and b.
 pub fn affine(x: &Tensor, a: f64, b: f64) -> Result<Tensor> {
-    let y = out(k::affine(cpu(&x.storage()), a, b)?, x.shape().clone());
+    let y = out(k::affine(cpu("unary", &x.storage())?, a, b)?, x.shape().clone());
     Ok(record("affine", &[x], y, vec![], move |g, _| Ok(vec![Some(affine(g, a, 0.0)?)])))
 }
 
 /// `x^p` for a scalar exponent.
 pub fn pow(x: &Tensor, p: f64) -> Result<Tensor> {
-    let y = out(k::powf(cpu(&x.storage()), p)?, x.shape().clone());
+    let y = out(k::powf(cpu("unary", &x.storage())?, p)?, x.shape().clone());
     let xs = x.detach();
     Ok(record("pow", &[x], y, vec![xs.clone()], move |g, _| {
         let d = affine(&pow(&xs, p - 1.0)?, p, 0.0)?;

@@ -64,13 +64,13 @@ impl Adam {
             let gs = g.storage();
             let gs = match &*gs {
                 Storage::Cpu(s) => s,
-                Storage::Cuda(c) => match *c {},
+                Storage::Cuda(_) => return Err(Error::Msg(format!("adam step on {name}: the AdamW update has no CUDA kernel yet (gradient on {:?})", g.device()))),
             };
             p.with_storage_mut(|ps| {
                 self.m[i].with_storage_mut(|ms| {
                     self.v[i].with_storage_mut(|vs| match (ps, ms, vs) {
                         (Storage::Cpu(ps), Storage::Cpu(ms), Storage::Cpu(vs)) => k::adam(ps, gs, ms, vs, &h),
-                        (Storage::Cuda(c), _, _) | (_, Storage::Cuda(c), _) | (_, _, Storage::Cuda(c)) => match *c {},
+                        _ => Err(Error::invalid("adam", "parameter, gradient and moments must all be on the CPU (the AdamW update has no CUDA kernel yet)")),
                     })
                 })
             })

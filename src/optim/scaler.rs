@@ -55,7 +55,7 @@ impl GradScaler {
             let Some(g) = p.grad() else { continue };
             let (u, b) = match &*g.storage() {
                 Storage::Cpu(s) => unscale_and_check(s, inv)?,
-                Storage::Cuda(c) => match *c {},
+                Storage::Cuda(_) => return Err(crate::error::Error::Msg(format!("unscale: gradient on {:?}: the unscale kernel has no CUDA implementation yet", g.device()))),
             };
             bad |= b;
             p.set_grad(Some(Tensor::from_cpu(u, g.shape().clone())?))?;

@@ -13,6 +13,7 @@ pub use rng::Rng;
 pub use shape::Shape;
 
 use crate::backend::cpu::{CpuStorage, WithDType};
+use crate::backend::cuda::CudaStorage;
 use crate::backend::Storage;
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -92,7 +93,7 @@ impl Tensor {
             let s = cell.storage.read().unwrap_or_else(|e| e.into_inner());
             let device = match &*s {
                 Storage::Cpu(_) => Device::Cpu,
-                Storage::Cuda(c) => match *c {},
+                Storage::Cuda(c) => Device::Cuda(c.ordinal()),
             };
             (s.dtype(), device)
         };
@@ -231,7 +232,7 @@ impl Tensor {
     pub fn to_cpu_storage(&self) -> Result<CpuStorage> {
         match &*self.storage() {
             Storage::Cpu(s) => Ok(s.clone()),
-            Storage::Cuda(s) => match *s {},
+            Storage::Cuda(s) => s.to_cpu(),
         }
     }
     /// The elements as a vector of `T`; the dtype must be `T`'s.
@@ -252,14 +253,22 @@ impl Tensor {
     }
     /// A copy on `device` (the same handle if already there).
     pub fn to_device(self, device: &Device) -> Result<Tensor> {
-        match device {
-            Device::Cpu if self.device() == Device::Cpu => Ok(self),
-            Device::Cpu => Err(Error::CudaUnavailable("no GPU storage can exist in this build".into())),
-            Device::Cuda(n) => {
-                crate::backend::cuda::check_available(*n)?;
-                Err(Error::CudaUnavailable(format!("cuda:{n} has no storage backend yet")))
-            }
+        if self.device() == *device {
+            return Ok(self);
         }
+        let storage = match device {
+            Device::Cpu => Storage::Cpu(self.to_cpu_storage()?),
+            Device::Cuda(n) => {
+                let dev = crate::backend::cuda::device(*n)?;
+                let g = match &*self.storage() {
+                    Storage::Cpu(c) => CudaStorage::from_cpu(&dev, c)?,
+                    // Another GPU: through the host (peer copies come with multi-GPU work).
+                    Storage::Cuda(c) => CudaStorage::from_cpu(&dev, &c.to_cpu()?)?,
+                };
+                Storage::Cuda(g)
+            }
+        };
+        Ok(Tensor::build(storage, self.shape().clone(), false, false))
     }
 
     // ---- autograd state ----
@@ -324,6 +333,9 @@ impl Tensor {
     /// Replaces the data of this tensor in place (optimizer updates; never
     /// while the tape holds it for backward). The shape and dtype must match.
     pub fn assign(&self, src: &Tensor) -> Result<()> {
+        if src.device() != self.device() {
+            return Err(Error::DeviceMismatch { op: "assign", lhs: self.device(), rhs: src.device() });
+        }
         if src.shape() != self.shape() || src.dtype() != self.dtype() {
             return Err(Error::ShapeMismatch {
                 op: "assign",
@@ -333,7 +345,7 @@ impl Tensor {
         }
         let new = match &*src.storage() {
             Storage::Cpu(s) => Storage::Cpu(s.clone()),
-            Storage::Cuda(s) => match *s {},
+            Storage::Cuda(s) => Storage::Cuda(s.try_clone()?),
         };
         *self.0.cell.storage.write().unwrap_or_else(|e| e.into_inner()) = new;
         Ok(())

@@ -1,6 +1,45 @@
-//! The CUDA backend. Its kernels, cudarc runtime and caching allocator are
-//! built in the CUDA issue; until then every request for a GPU is a clear
-//! error and no GPU storage can exist.
+//! The CUDA backend: kernels compiled by build.rs from `cuda/*.cu` and
+//! embedded, a cudarc runtime (one context and compute stream per GPU,
+//! modules loaded by file stem, checked launches), a caching allocator,
+//! host↔device and pinned copies, and cuBLAS for matrix products. All of the
+//! project's `unsafe` for the GPU lives here, each block with its reason.
+//!
+//! Each op family has a file named like its CPU twin
+//! (`elementwise.rs` ↔ `cpu/elementwise.rs` ↔ `cuda/elementwise.cu`) whose
+//! public functions take `&CudaStorage` where the CPU's take `&CpuStorage`.
+//!
+//! Without the `cuda` feature the same names exist (`stub.rs`) but no device
+//! can be opened, so every GPU path is unreachable.
+
+pub mod cast;
+pub mod kernels;
+pub mod launch;
+
+#[cfg(feature = "cuda")]
+mod alloc;
+#[cfg(feature = "cuda")]
+pub(crate) mod blas;
+#[cfg(feature = "cuda")]
+mod device;
+#[cfg(feature = "cuda")]
+mod pinned;
+#[cfg(feature = "cuda")]
+mod storage;
+#[cfg(not(feature = "cuda"))]
+mod stub;
+
+#[cfg(feature = "cuda")]
+pub use alloc::size_class;
+#[cfg(feature = "cuda")]
+pub use device::CudaDevice;
+#[cfg(feature = "cuda")]
+pub use pinned::PinnedBuffer;
+#[cfg(feature = "cuda")]
+pub use storage::CudaStorage;
+#[cfg(not(feature = "cuda"))]
+pub use stub::{CudaDevice, CudaStorage, PinnedBuffer};
+
+pub use launch::{dtype_suffix, Arg, LaunchConfig};
 
 pub mod conv;
 pub mod dropout;
@@ -11,59 +50,107 @@ pub mod norm;
 pub mod softmax;
 
 use crate::error::{Error, Result};
-use crate::tensor::DType;
+use std::sync::Arc;
 
-/// GPU storage. Uninhabited until the CUDA runtime lands, so every match on
-/// a device is exhaustive and no GPU path can be reached by accident.
-#[derive(Debug)]
-pub enum CudaStorage {}
+/// The pip recipe that installs nvcc without the CUDA toolkit.
+pub const NVCC_RECIPE: &str = "pip install nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85 (or run scripts/install-nvcc.sh), then rebuild with NVCC=<venv>/lib/python3.*/site-packages/nvidia/cu13/bin/nvcc";
 
-impl CudaStorage {
-    /// The element type.
-    pub fn dtype(&self) -> DType {
-        match *self {}
-    }
-    /// Bytes held.
-    pub fn size_in_bytes(&self) -> usize {
-        match *self {}
-    }
+/// A snapshot of a device allocator's counters (bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PoolStats {
+    /// Bytes held by live storages (size classes, not requests).
+    pub in_use: usize,
+    /// Bytes of freed blocks kept for reuse.
+    pub cached: usize,
+    /// Bytes obtained from the driver and not yet returned (`in_use + cached`).
+    pub reserved: usize,
+    /// The highest `in_use` since the device opened or `reset_peak`.
+    pub peak: usize,
+    /// cuMemAlloc calls so far (a steady-state training step adds none).
+    pub driver_allocs: u64,
+}
+
+/// The embedded kernel modules (file stems, sorted).
+pub fn kernels_embedded() -> Vec<&'static str> {
+    kernels::KERNELS.iter().map(|(s, _)| *s).collect()
+}
+
+/// The architectures the embedded kernels were built for (`80,90`; empty without kernels).
+pub fn archs() -> &'static str {
+    kernels::ARCHS
 }
 
 /// Whether GPU `ordinal` can be used; the error says why not.
 pub fn check_available(ordinal: usize) -> Result<()> {
-    let why = if cfg!(feature = "cuda") {
-        "this build has no CUDA runtime yet (the CUDA backend is not implemented in this version)"
-    } else {
-        "asrforge was built without the `cuda` feature"
-    };
-    Err(Error::CudaUnavailable(format!("cannot open cuda:{ordinal}: {why}")))
+    device(ordinal).map(|_| ())
 }
 
-// ---- Placeholder for the runtime API the `cuda` branch provides ----
-// The names and signatures of the plan (CudaDevice::alloc/launch,
-// LaunchConfig, Arg, dtype_suffix), so the nn families type-check before
-// the runtime merges; every call is an error and no storage can exist.
-// Replaced wholesale by the `cuda` branch's runtime on merge.
-use crate::backend::cpu::CpuStorage;
-use std::sync::Arc;
-#[derive(Debug)]
-pub struct CudaDevice;
-pub(crate) fn device(_o: usize) -> Result<Arc<CudaDevice>> { Err(Error::CudaUnavailable("stub".into())) }
-impl CudaStorage {
-    pub fn len(&self) -> usize { match *self {} }
-    pub fn ordinal(&self) -> usize { match *self {} }
-    pub fn device(&self) -> &Arc<CudaDevice> { match *self {} }
-    pub fn to_cpu(&self) -> Result<CpuStorage> { match *self {} }
-    pub fn copy_from(&self, _o: &CudaStorage) -> Result<()> { match *self {} }
-    pub fn from_cpu(_dev: &Arc<CudaDevice>, _c: &CpuStorage) -> Result<CudaStorage> { Err(Error::CudaUnavailable("stub".into())) }
+#[cfg(not(feature = "cuda"))]
+/// The device handle of GPU `ordinal` (never, in this build).
+pub fn device(ordinal: usize) -> Result<Arc<CudaDevice>> {
+    Err(Error::CudaUnavailable(format!("cannot open cuda:{ordinal}: asrforge was built without the `cuda` feature")))
 }
-impl CudaDevice {
-    pub fn alloc(self: &Arc<Self>, _d: DType, _n: usize) -> Result<CudaStorage> { Err(Error::CudaUnavailable("stub".into())) }
-    pub fn zeros(self: &Arc<Self>, _d: DType, _n: usize) -> Result<CudaStorage> { Err(Error::CudaUnavailable("stub".into())) }
-    pub fn synchronize(&self) -> Result<()> { Ok(()) }
-    pub fn launch(&self, _m: &str, _k: &str, _c: LaunchConfig, _a: &[Arg]) -> Result<()> { Ok(()) }
+
+#[cfg(feature = "cuda")]
+static DEVICES: std::sync::Mutex<Vec<Option<Arc<CudaDevice>>>> = std::sync::Mutex::new(Vec::new());
+
+#[cfg(feature = "cuda")]
+/// Why no GPU can be used at all (no kernels, no driver, no device), probed once.
+fn driver_problem() -> Option<&'static str> {
+    static PROBE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    PROBE
+        .get_or_init(|| {
+            if kernels::KERNELS.is_empty() {
+                return Some(format!("this build embeds no CUDA kernels (nvcc was not found when it was compiled); install nvcc: {NVCC_RECIPE}"));
+            }
+            // SAFETY: only tries to dlopen libcuda; cudarc panics on first
+            // use without it, so this must come before any driver call.
+            if !unsafe { cudarc::driver::sys::is_culib_present() } {
+                return Some("the CUDA driver library (libcuda.so) was not found: no NVIDIA driver is installed or it is not on the loader path".into());
+            }
+            if let Err(e) = cudarc::driver::result::init() {
+                return Some(format!("cuInit failed: {}", device::driver_msg(&e)));
+            }
+            None
+        })
+        .as_deref()
 }
-#[derive(Clone, Copy, Debug)]
-pub struct LaunchConfig { pub grid: (u32, u32, u32), pub block: (u32, u32, u32), pub shared_bytes: u32 }
-pub enum Arg<'a> { Ptr(&'a CudaStorage), U32(u32), I32(i32), U64(u64), I64(i64), F32(f32), F64(f64) }
-pub(crate) fn dtype_suffix(d: DType) -> &'static str { match d { DType::F32 => "f32", DType::F64 => "f64", DType::F16 => "f16", DType::BF16 => "bf16", DType::I64 => "i64", DType::U8 => "u8" } }
+
+#[cfg(feature = "cuda")]
+/// The number of visible GPUs, or why none can be used.
+pub fn device_count() -> Result<usize> {
+    if let Some(why) = driver_problem() {
+        return Err(Error::CudaUnavailable(why.to_string()));
+    }
+    cudarc::driver::result::device::get_count()
+        .map(|n| n.max(0) as usize)
+        .map_err(|e| Error::CudaUnavailable(format!("cuDeviceGetCount failed: {}", device::driver_msg(&e))))
+}
+
+#[cfg(feature = "cuda")]
+/// The device handle of GPU `ordinal`, opened on first use (one per process).
+pub fn device(ordinal: usize) -> Result<Arc<CudaDevice>> {
+    let mut devs = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(Some(d)) = devs.get(ordinal) {
+        return Ok(d.clone());
+    }
+    let n = device_count().map_err(|e| match e {
+        Error::CudaUnavailable(m) => Error::CudaUnavailable(format!("cannot open cuda:{ordinal}: {m}")),
+        o => o,
+    })?;
+    if ordinal >= n {
+        return Err(Error::CudaUnavailable(format!("cannot open cuda:{ordinal}: {n} GPU(s) visible (CUDA_VISIBLE_DEVICES={:?})", std::env::var("CUDA_VISIBLE_DEVICES").ok())));
+    }
+    let d = CudaDevice::open(ordinal)?;
+    if devs.len() <= ordinal {
+        devs.resize(ordinal + 1, None);
+    }
+    devs[ordinal] = Some(d.clone());
+    Ok(d)
+}
+
+#[cfg(not(feature = "cuda"))]
+/// The number of visible GPUs (an error in this build).
+pub fn device_count() -> Result<usize> {
+    Err(Error::CudaUnavailable("asrforge was built without the `cuda` feature".into()))
+}

@@ -1,0 +1,65 @@
+//! Launch parameters shared by every kernel wrapper: the grid shape and the
+//! typed arguments, in the order of the kernel's C signature.
+
+use super::CudaStorage;
+use crate::tensor::DType;
+
+/// Threads per block of the 1-D elementwise launches.
+pub const BLOCK: u32 = 256;
+
+/// Blocks of a 1-D grid-stride launch never exceed this; the kernels loop.
+pub const MAX_GRID: u32 = 65_535 * 16;
+
+/// The grid, block and dynamic shared memory of one launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub shared_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// A 1-D grid-stride launch over `n` elements, 256 threads a block (at
+    /// least one block, so a kernel may rely on being launched).
+    pub fn for_elems(n: usize) -> LaunchConfig {
+        let blocks = n.div_ceil(BLOCK as usize).clamp(1, MAX_GRID as usize) as u32;
+        LaunchConfig { grid: (blocks, 1, 1), block: (BLOCK, 1, 1), shared_bytes: 0 }
+    }
+    /// One block of `threads` per row, with `threads` elements of 8 bytes of
+    /// shared memory (room for one f64 partial per thread). The kernels loop
+    /// over rows in steps of the grid size, so `rows` may exceed the grid.
+    pub fn rows(rows: usize, threads: u32) -> LaunchConfig {
+        let blocks = rows.clamp(1, MAX_GRID as usize) as u32;
+        LaunchConfig { grid: (blocks, 1, 1), block: (threads, 1, 1), shared_bytes: threads * 8 }
+    }
+}
+
+/// One kernel argument. `Ptr` passes the device pointer of a buffer; the
+/// scalars pass their value; `Words` passes a small by-value struct laid out
+/// as 64-bit words (shapes and strides).
+#[derive(Clone, Copy)]
+pub enum Arg<'a> {
+    Ptr(&'a CudaStorage),
+    U32(u32),
+    I32(i32),
+    U64(u64),
+    I64(i64),
+    F32(f32),
+    F64(f64),
+    Words(&'a [u64]),
+}
+
+/// The kernel-name suffix of a dtype (`f32`, `bf16`, ...).
+pub fn dtype_suffix(dt: DType) -> &'static str {
+    dt.as_str()
+}
+
+/// A scalar argument in the kernel's compute type: f64 kernels take a
+/// double, every other float kernel a float (half kernels compute in f32).
+pub fn scalar_arg(dt: DType, v: f64) -> Arg<'static> {
+    if dt == DType::F64 {
+        Arg::F64(v)
+    } else {
+        Arg::F32(v as f32)
+    }
+}

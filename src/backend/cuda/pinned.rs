@@ -1,0 +1,119 @@
+//! Page-locked host buffers for the data loader's batches: the loader
+//! writes a batch into one, and `to_device` queues an asynchronous copy that
+//! overlaps with the kernels already on the stream. Until that copy has run
+//! the buffer must not change, so any later write (and the drop) first waits
+//! for the stream.
+
+use super::device::{check, CudaDevice};
+use super::CudaStorage;
+use crate::backend::cpu::CpuStorage;
+use crate::error::{Error, Result};
+use crate::tensor::DType;
+use cudarc::driver::result;
+use std::sync::Arc;
+
+/// A page-locked host buffer of `len` elements of one dtype.
+pub struct PinnedBuffer {
+    ptr: *mut u8,
+    bytes: usize,
+    dtype: DType,
+    len: usize,
+    dev: Arc<CudaDevice>,
+    in_flight: bool,
+}
+
+// SAFETY: the buffer is plain host memory owned by this value; access goes
+// through `&self`/`&mut self`, so Rust's borrow rules order it.
+unsafe impl Send for PinnedBuffer {}
+
+impl PinnedBuffer {
+    /// A zeroed pinned buffer for `len` elements of `dtype`.
+    pub fn new(dev: &Arc<CudaDevice>, dtype: DType, len: usize) -> Result<PinnedBuffer> {
+        let bytes = len.checked_mul(dtype.size_in_bytes()).ok_or_else(|| Error::invalid("pinned buffer", format!("{len} elements overflow")))?;
+        let ptr = if bytes == 0 {
+            std::ptr::NonNull::<u64>::dangling().as_ptr() as *mut u8
+        } else {
+            dev.bind()?;
+            // SAFETY: the context is current; cuMemHostAlloc returns a fresh
+            // page-locked allocation of `bytes` bytes or an error.
+            let p = check("cuMemHostAlloc", unsafe { result::malloc_host(bytes, 0) })? as *mut u8;
+            // SAFETY: `p` points to `bytes` writable bytes just allocated.
+            unsafe { std::ptr::write_bytes(p, 0, bytes) };
+            p
+        };
+        Ok(PinnedBuffer { ptr, bytes, dtype, len, dev: dev.clone(), in_flight: false })
+    }
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The bytes, for writing (waits for a queued copy out of the buffer first).
+    pub fn as_bytes_mut(&mut self) -> Result<&mut [u8]> {
+        self.wait()?;
+        // SAFETY: `ptr` points to `bytes` bytes owned by this buffer (or is a
+        // dangling, aligned pointer with `bytes == 0`); no copy reads them
+        // any more (waited above) and `&mut self` makes the borrow unique.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) })
+    }
+    /// Copies host storage of the same dtype and length in.
+    pub fn copy_from_cpu(&mut self, c: &CpuStorage) -> Result<()> {
+        if c.dtype() != self.dtype || c.len() != self.len {
+            return Err(Error::invalid("pinned buffer", format!("expected {} elements of {:?}, got {} of {:?}", self.len, self.dtype, c.len(), c.dtype())));
+        }
+        let src: &[u8] = match c {
+            CpuStorage::F32(v) => bytemuck::cast_slice(v),
+            CpuStorage::F64(v) => bytemuck::cast_slice(v),
+            CpuStorage::F16(v) => bytemuck::cast_slice(v),
+            CpuStorage::BF16(v) => bytemuck::cast_slice(v),
+            CpuStorage::I64(v) => bytemuck::cast_slice(v),
+            CpuStorage::U8(v) => v,
+        };
+        self.as_bytes_mut()?.copy_from_slice(src);
+        Ok(())
+    }
+    /// Queues the copy to a fresh device storage and returns without waiting.
+    pub fn to_device(&mut self) -> Result<CudaStorage> {
+        let s = self.dev.alloc(self.dtype, self.len)?;
+        if self.bytes == 0 {
+            return Ok(s);
+        }
+        self.dev.bind()?;
+        // SAFETY: `ptr` holds `bytes` bytes of page-locked memory that stays
+        // allocated and unmodified until the copy has run: writes and drop
+        // wait for the stream while `in_flight` is set.
+        let src = unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) };
+        // SAFETY: the destination block holds `bytes` bytes; the source is
+        // pinned memory kept alive as described above.
+        check("cuMemcpyHtoDAsync(pinned)", unsafe { result::memcpy_htod_async(s.ptr(), src, self.dev.cu_stream()) })?;
+        self.in_flight = true;
+        Ok(s)
+    }
+    fn wait(&mut self) -> Result<()> {
+        if self.in_flight {
+            self.dev.synchronize()?;
+            self.in_flight = false;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        if self.bytes == 0 {
+            return;
+        }
+        // A failed wait means the context is broken; freeing is then still
+        // the best that can be done.
+        let _ = self.wait();
+        // SAFETY: `ptr` came from cuMemHostAlloc and no queued copy reads it.
+        let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
+    }
+}

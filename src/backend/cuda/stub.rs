@@ -1,0 +1,106 @@
+//! The CUDA backend of a build without the `cuda` feature: the same names
+//! as the real runtime, but no device can be opened, so no value of these
+//! types can exist and every GPU path is unreachable by construction.
+
+use super::launch::{Arg, LaunchConfig};
+use super::PoolStats;
+use crate::backend::cpu::CpuStorage;
+use crate::error::Result;
+use crate::tensor::DType;
+use std::sync::Arc;
+
+/// A GPU (cannot exist in this build).
+#[derive(Debug)]
+pub enum CudaDevice {}
+
+/// GPU storage (cannot exist in this build).
+#[derive(Debug)]
+pub enum CudaStorage {}
+
+/// A pinned host buffer (cannot exist in this build).
+pub enum PinnedBuffer {}
+
+impl CudaDevice {
+    /// The GPU's ordinal.
+    pub fn ordinal(&self) -> usize {
+        match *self {}
+    }
+    /// Uninitialised storage.
+    pub fn alloc(self: &Arc<Self>, _dtype: DType, _len: usize) -> Result<CudaStorage> {
+        match **self {}
+    }
+    /// Zero-filled storage.
+    pub fn zeros(self: &Arc<Self>, _dtype: DType, _len: usize) -> Result<CudaStorage> {
+        match **self {}
+    }
+    /// Launches a kernel.
+    pub fn launch(&self, _module: &str, _kernel: &str, _cfg: LaunchConfig, _args: &[Arg]) -> Result<()> {
+        match *self {}
+    }
+    /// Waits for queued work.
+    pub fn synchronize(&self) -> Result<()> {
+        match *self {}
+    }
+    /// The allocator's counters.
+    pub fn pool_stats(&self) -> PoolStats {
+        match *self {}
+    }
+    /// Returns cached blocks to the driver.
+    pub fn empty_cache(&self) -> Result<()> {
+        match *self {}
+    }
+}
+
+impl CudaStorage {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match *self {}
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match *self {}
+    }
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        match *self {}
+    }
+    /// Bytes of data.
+    pub fn size_in_bytes(&self) -> usize {
+        match *self {}
+    }
+    /// The GPU it lives on.
+    pub fn ordinal(&self) -> usize {
+        match *self {}
+    }
+    /// Its device.
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        match *self {}
+    }
+    /// A device copy of host storage.
+    pub fn from_cpu(dev: &Arc<CudaDevice>, _c: &CpuStorage) -> Result<CudaStorage> {
+        match **dev {}
+    }
+    /// A host copy.
+    pub fn to_cpu(&self) -> Result<CpuStorage> {
+        match *self {}
+    }
+    /// Overwrites this storage with `src`.
+    pub fn copy_from(&self, _src: &CudaStorage) -> Result<()> {
+        match *self {}
+    }
+    /// A fresh device copy.
+    pub fn try_clone(&self) -> Result<CudaStorage> {
+        match *self {}
+    }
+}
+
+impl PinnedBuffer {
+    /// A pinned buffer.
+    pub fn new(dev: &Arc<CudaDevice>, _dtype: DType, _len: usize) -> Result<PinnedBuffer> {
+        match **dev {}
+    }
+    /// Queues the copy to the device.
+    pub fn to_device(&mut self) -> Result<CudaStorage> {
+        match *self {}
+    }
+}
