@@ -1,6 +1,7 @@
 // Helpers shared by the nn kernel families (softmax, norm, conv, index,
-// layout, dropout): the storage type -> compute type mapping, a grid-stride
-// loop and a deterministic shared-memory block reduction.
+// layout, dropout), on top of common.cuh: the storage type -> compute type
+// mapping as one trait, an unsigned grid-stride loop, a block reduction
+// with any operator (sum and max) and fill values passed as raw bits.
 //
 // Compute types: f32, f16 and bf16 compute in f32; f64 computes in f64, so
 // the f64 CPU gradient tests stay meaningful on the GPU.
@@ -10,38 +11,23 @@
 // shape for a fixed block size, so a reduction gives the same bits every run.
 #pragma once
 
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-#include <stdint.h>
+#include "common.cuh"
 
 #define NN_BLOCK 256
 
-// Storage type T, accumulation type Num<T>::acc, and the conversions.
-template <typename T> struct Num;
-template <> struct Num<float> {
-    typedef float acc;
-    __device__ __forceinline__ static float to(float v) { return v; }
-    __device__ __forceinline__ static float from(float v) { return v; }
-    __device__ __forceinline__ static float from_f64(double v) { return (float)v; }
+// Storage type T, accumulation type Num<T>::acc (common.cuh's acc_t), and
+// the conversions (to_acc / from_acc of common.cuh, plus one from f64 for
+// values the host computed in f64, rounded once to the dtype as on the CPU).
+template <typename T> struct Num {
+    typedef acc_t<T> acc;
+    __device__ __forceinline__ static acc to(T v) { return to_acc(v); }
+    __device__ __forceinline__ static T from(acc v) { return from_acc<T>(v); }
+    __device__ __forceinline__ static T from_f64(double v);
 };
-template <> struct Num<double> {
-    typedef double acc;
-    __device__ __forceinline__ static double to(double v) { return v; }
-    __device__ __forceinline__ static double from(double v) { return v; }
-    __device__ __forceinline__ static double from_f64(double v) { return v; }
-};
-template <> struct Num<__half> {
-    typedef float acc;
-    __device__ __forceinline__ static float to(__half v) { return __half2float(v); }
-    __device__ __forceinline__ static __half from(float v) { return __float2half_rn(v); }
-    __device__ __forceinline__ static __half from_f64(double v) { return __double2half(v); }
-};
-template <> struct Num<__nv_bfloat16> {
-    typedef float acc;
-    __device__ __forceinline__ static float to(__nv_bfloat16 v) { return __bfloat162float(v); }
-    __device__ __forceinline__ static __nv_bfloat16 from(float v) { return __float2bfloat16_rn(v); }
-    __device__ __forceinline__ static __nv_bfloat16 from_f64(double v) { return __double2bfloat16(v); }
-};
+template <> __device__ __forceinline__ float Num<float>::from_f64(double v) { return (float)v; }
+template <> __device__ __forceinline__ double Num<double>::from_f64(double v) { return v; }
+template <> __device__ __forceinline__ __half Num<__half>::from_f64(double v) { return __double2half(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 Num<__nv_bfloat16>::from_f64(double v) { return __double2bfloat16(v); }
 
 __device__ __forceinline__ float nn_exp(float v) { return expf(v); }
 __device__ __forceinline__ double nn_exp(double v) { return exp(v); }
