@@ -2,10 +2,11 @@
 //! Backward: the output gradient (times the other operand for mul/div),
 //! summed back to each operand's shape over its broadcast dims.
 
-use super::{cpu, out, same_kind};
+use super::{mixed, out_storage, same_kind};
 use crate::autograd::record;
 use crate::backend::cpu::elementwise::{self as k, Bcast, Binary};
 use crate::backend::cpu::reduce;
+use crate::backend::{cuda, Storage};
 use crate::error::Result;
 use crate::tensor::{Shape, Tensor};
 
@@ -13,7 +14,12 @@ fn binary(op: Binary, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     same_kind(op.name(), a, b)?;
     let shape = Shape::broadcast(op.name(), a.shape(), b.shape())?;
     let bc = Bcast { sa: a.shape().broadcast_strides(&shape), sb: b.shape().broadcast_strides(&shape), out_dims: shape.dims().to_vec() };
-    let y = out(k::binary(op, cpu("binary", &a.storage())?, cpu("binary", &b.storage())?, &bc)?, shape);
+    let y = match (&*a.storage(), &*b.storage()) {
+        (Storage::Cpu(x), Storage::Cpu(y)) => Storage::Cpu(k::binary(op, x, y, &bc)?),
+        (Storage::Cuda(x), Storage::Cuda(y)) => Storage::Cuda(cuda::elementwise::binary(op, x, y, &bc)?),
+        _ => return Err(mixed(op.name())),
+    };
+    let y = out_storage(y, shape);
     let (sa, sb) = (a.shape().clone(), b.shape().clone());
     let saved = match op {
         Binary::Mul | Binary::Div => vec![a.detach(), b.detach()],
@@ -69,20 +75,34 @@ pub fn sum_to_shape(g: &Tensor, shape: &Shape) -> Result<Tensor> {
         return Ok(g.clone());
     }
     let lead = g.rank() - shape.rank();
-    let mut cur = cpu("binary", &g.storage())?.clone();
+    // Each step sums one (outer, n, inner) dim: on the CPU or the GPU.
+    let sum_dim = |s: &Storage, o: usize, n: usize, i: usize| -> Result<Storage> {
+        Ok(match s {
+            Storage::Cpu(c) => Storage::Cpu(reduce::sum_dim(c, o, n, i)?),
+            Storage::Cuda(c) => Storage::Cuda(cuda::reduce::sum_dim(c, o, n, i)?),
+        })
+    };
+    let mut cur: Option<Storage> = None;
     let mut dims = g.dims().to_vec();
     if lead > 0 {
         let outer: usize = dims[..lead].iter().product();
         let inner: usize = dims[lead..].iter().product();
-        cur = reduce::sum_dim(&cur, 1, outer, inner)?;
+        cur = Some(sum_dim(&g.storage(), 1, outer, inner)?);
         dims.drain(..lead);
     }
     for d in 0..dims.len() {
         if shape.dims()[d] == 1 && dims[d] != 1 {
             let (o, n, i) = Shape::from(dims.clone()).split_at_dim(d);
-            cur = reduce::sum_dim(&cur, o, n, i)?;
+            cur = Some(match &cur {
+                Some(c) => sum_dim(c, o, n, i)?,
+                None => sum_dim(&g.storage(), o, n, i)?,
+            });
             dims[d] = 1;
         }
     }
-    Ok(out(cur, shape.clone()))
+    match cur {
+        Some(c) => Ok(out_storage(c, shape.clone())),
+        // Only size-1 dims differ: the same elements under the target shape.
+        None => Ok(g.reshaped(shape.clone(), false)),
+    }
 }

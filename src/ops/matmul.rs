@@ -6,7 +6,8 @@
 //! more product with flags (no transposed copies), summed over the batch for
 //! a shared operand.
 
-use super::{cpu, out, same_kind};
+use super::{mixed, out_storage, same_kind};
+use crate::backend::{cuda, Storage};
 use crate::autograd::record;
 use crate::backend::cpu::matmul::{self as k, MatmulDims};
 use crate::error::{Error, Result};
@@ -58,7 +59,12 @@ fn plan(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<Plan> {
 pub fn matmul_t(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<Tensor> {
     same_kind("matmul", a, b)?;
     let p = plan(a, b, trans_a, trans_b)?;
-    let y = out(k::matmul(&p.d, cpu("matmul", &a.storage())?, cpu("matmul", &b.storage())?)?, p.out);
+    let y = match (&*a.storage(), &*b.storage()) {
+        (Storage::Cpu(x), Storage::Cpu(y)) => Storage::Cpu(k::matmul(&p.d, x, y)?),
+        (Storage::Cuda(x), Storage::Cuda(y)) => Storage::Cuda(cuda::blas::matmul(&p.d, x, y)?),
+        _ => return Err(mixed("matmul")),
+    };
+    let y = out_storage(y, p.out);
     let (ad, bd) = (a.detach(), b.detach());
     Ok(record("matmul", &[a, b], y, vec![ad.clone(), bd.clone()], move |g, needs| {
         let ga = if needs[0] {

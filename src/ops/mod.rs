@@ -67,6 +67,11 @@ pub(crate) fn out(s: CpuStorage, shape: impl Into<Shape>) -> Tensor {
     Tensor::from_storage(Storage::Cpu(s), shape.into())
 }
 
+/// The error for storages of one op on different devices (CPU and GPU mixed).
+pub(crate) fn mixed(op: &'static str) -> Error {
+    Error::invalid(op, "operands on different devices (CPU and GPU storage mixed)")
+}
+
 /// Checks that two tensors share a device and a dtype.
 pub(crate) fn same_kind(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
     if a.device() != b.device() {

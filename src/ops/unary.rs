@@ -1,18 +1,27 @@
 //! Unary maps (exp, log, activations, ...), affine `x·a + b`, powers and GLU.
 //! Backward of a map: `g · f'(x)` from the saved input and output.
 
-use super::{cpu, out};
+use super::{mixed, out_storage};
 use crate::autograd::record;
 use crate::backend::cpu::elementwise::{self as k, Unary};
+use crate::backend::{cuda, Storage};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 fn unary(op: Unary, x: &Tensor) -> Result<Tensor> {
-    let y = out(k::unary(op, cpu("unary", &x.storage())?)?, x.shape().clone());
+    let y = match &*x.storage() {
+        Storage::Cpu(c) => Storage::Cpu(k::unary(op, c)?),
+        Storage::Cuda(c) => Storage::Cuda(cuda::elementwise::unary(op, c)?),
+    };
+    let y = out_storage(y, x.shape().clone());
     let (xs, ys) = (x.detach(), y.detach());
     Ok(record(op.name(), &[x], y, vec![xs.clone(), ys.clone()], move |g, _| {
-        let gx = k::unary_backward(op, cpu("unary", &xs.storage())?, cpu("unary", &ys.storage())?, cpu("unary", &g.storage())?)?;
-        Ok(vec![Some(out(gx, xs.shape().clone()))])
+        let gx = match (&*xs.storage(), &*ys.storage(), &*g.storage()) {
+            (Storage::Cpu(x), Storage::Cpu(y), Storage::Cpu(g)) => Storage::Cpu(k::unary_backward(op, x, y, g)?),
+            (Storage::Cuda(x), Storage::Cuda(y), Storage::Cuda(g)) => Storage::Cuda(cuda::elementwise::unary_backward(op, x, y, g)?),
+            _ => return Err(mixed(op.name())),
+        };
+        Ok(vec![Some(out_storage(gx, xs.shape().clone()))])
     }))
 }
 
@@ -63,13 +72,21 @@ pub fn tanh(x: &Tensor) -> Result<Tensor> {
 
 /// `x·a + b` for scalars a and b.
 pub fn affine(x: &Tensor, a: f64, b: f64) -> Result<Tensor> {
-    let y = out(k::affine(cpu("unary", &x.storage())?, a, b)?, x.shape().clone());
+    let y = match &*x.storage() {
+        Storage::Cpu(c) => Storage::Cpu(k::affine(c, a, b)?),
+        Storage::Cuda(c) => Storage::Cuda(cuda::elementwise::affine(c, a, b)?),
+    };
+    let y = out_storage(y, x.shape().clone());
     Ok(record("affine", &[x], y, vec![], move |g, _| Ok(vec![Some(affine(g, a, 0.0)?)])))
 }
 
 /// `x^p` for a scalar exponent.
 pub fn pow(x: &Tensor, p: f64) -> Result<Tensor> {
-    let y = out(k::powf(cpu("unary", &x.storage())?, p)?, x.shape().clone());
+    let y = match &*x.storage() {
+        Storage::Cpu(c) => Storage::Cpu(k::powf(c, p)?),
+        Storage::Cuda(c) => Storage::Cuda(cuda::elementwise::powf(c, p)?),
+    };
+    let y = out_storage(y, x.shape().clone());
     let xs = x.detach();
     Ok(record("pow", &[x], y, vec![xs.clone()], move |g, _| {
         let d = affine(&pow(&xs, p - 1.0)?, p, 0.0)?;

@@ -12,13 +12,15 @@
 //! can be opened, so every GPU path is unreachable.
 
 pub mod cast;
+pub mod elementwise;
 pub mod kernels;
 pub mod launch;
+pub mod reduce;
 
 #[cfg(feature = "cuda")]
 mod alloc;
 #[cfg(feature = "cuda")]
-pub(crate) mod blas;
+pub mod blas;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
@@ -37,7 +39,7 @@ pub use pinned::PinnedBuffer;
 #[cfg(feature = "cuda")]
 pub use storage::CudaStorage;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{CudaDevice, CudaStorage, PinnedBuffer};
+pub use stub::{blas, CudaDevice, CudaStorage, PinnedBuffer};
 
 pub use launch::{dtype_suffix, Arg, LaunchConfig};
 

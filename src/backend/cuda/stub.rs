@@ -88,6 +88,10 @@ impl CudaStorage {
     pub fn copy_from(&self, _src: &CudaStorage) -> Result<()> {
         match *self {}
     }
+    /// The raw device pointer.
+    pub(crate) fn ptr(&self) -> u64 {
+        match *self {}
+    }
     /// A fresh device copy.
     pub fn try_clone(&self) -> Result<CudaStorage> {
         match *self {}
@@ -102,5 +106,23 @@ impl PinnedBuffer {
     /// Queues the copy to the device.
     pub fn to_device(&mut self) -> Result<CudaStorage> {
         match *self {}
+    }
+}
+
+/// cuBLAS products (none in this build).
+pub mod blas {
+    use super::CudaStorage;
+    use crate::backend::cpu::matmul::MatmulDims;
+    use crate::error::Result;
+
+    /// The batched product.
+    pub fn matmul(_d: &MatmulDims, a: &CudaStorage, _b: &CudaStorage) -> Result<CudaStorage> {
+        match *a {}
+    }
+    /// Allows TF32 for f32 products (no effect in this build).
+    pub fn set_allow_tf32(_allow: bool) {}
+    /// Whether f32 products may use TF32.
+    pub fn allow_tf32() -> bool {
+        false
     }
 }

@@ -1,0 +1,96 @@
+// Reductions over one dim, the twin of src/backend/cpu/reduce.rs.
+// Layout (outer, n, inner) around the reduced dim; output (outer, inner).
+//
+//   sum_rows_{dt}(x, y, rows, n)          inner == 1: one block per row, each
+//       thread sums a strided slice in acc_t, then a shared-memory tree
+//       (fixed order, so the result is deterministic run to run).
+//   sum_cols_{dt}(x, y, outer, n, inner)  inner > 1: one thread per output,
+//       summing its column in index order (deterministic, coalesced reads).
+//   max_dim_{dt}(x, val, arg, outer, n, inner): value and first arg-max;
+//       NaN propagates (the first NaN wins), as on the CPU.
+//   max_bwd_{dt}(g, arg, out, outer, n, inner): out (zeroed by the host)
+//       gets g at the arg-max positions.
+//   expand_dim_{dt}(x, y, outer, n, inner): y[o,k,j] = x[o,j].
+#include "common.cuh"
+
+template <typename T>
+__device__ void sum_rows(const T* x, T* y, i64 rows, i64 n) {
+    typedef acc_t<T> A;
+    extern __shared__ __align__(8) unsigned char smem_raw[];
+    A* smem = reinterpret_cast<A*>(smem_raw);
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* row = x + r * n;
+        A s = A(0);
+        for (i64 k = threadIdx.x; k < n; k += blockDim.x) s += to_acc(row[k]);
+        s = block_sum<A>(s, smem);
+        if (threadIdx.x == 0) y[r] = from_acc<T>(s);
+    }
+}
+
+template <typename T>
+__device__ void sum_cols(const T* x, T* y, i64 outer, i64 n, i64 inner) {
+    typedef acc_t<T> A;
+    GRID_LOOP(i, outer * inner) {
+        i64 o = i / inner, j = i % inner;
+        const T* p = x + o * n * inner + j;
+        A s = A(0);
+        for (i64 k = 0; k < n; ++k) s += to_acc(p[k * inner]);
+        y[i] = from_acc<T>(s);
+    }
+}
+
+template <typename T>
+__device__ void max_dim(const T* x, T* val, i64* arg, i64 outer, i64 n, i64 inner) {
+    typedef acc_t<T> A;
+    GRID_LOOP(i, outer * inner) {
+        i64 o = i / inner, j = i % inner;
+        const T* p = x + o * n * inner + j;
+        A best = to_acc(p[0]);
+        i64 bi = 0;
+        for (i64 k = 1; k < n; ++k) {
+            A c = to_acc(p[k * inner]);
+            if (c > best || (c != c && best == best)) {
+                best = c;
+                bi = k;
+            }
+        }
+        val[i] = p[bi * inner];
+        arg[i] = bi;
+    }
+}
+
+template <typename T>
+__device__ void max_bwd(const T* g, const i64* arg, T* out, i64 outer, i64 n, i64 inner) {
+    GRID_LOOP(i, outer * inner) {
+        i64 o = i / inner, j = i % inner;
+        out[o * n * inner + arg[i] * inner + j] = g[i];
+    }
+}
+
+template <typename T>
+__device__ void expand_dim(const T* x, T* y, i64 outer, i64 n, i64 inner) {
+    GRID_LOOP(i, outer * n * inner) {
+        i64 j = i % inner, o = i / (n * inner);
+        y[i] = x[o * inner + j];
+    }
+}
+
+#define REDUCE(dt, T)                                                                                           \
+    extern "C" __global__ void sum_rows_##dt(const T* x, T* y, i64 rows, i64 n) { sum_rows<T>(x, y, rows, n); } \
+    extern "C" __global__ void sum_cols_##dt(const T* x, T* y, i64 outer, i64 n, i64 inner) {                 \
+        sum_cols<T>(x, y, outer, n, inner);                                                                     \
+    }                                                                                                           \
+    extern "C" __global__ void max_dim_##dt(const T* x, T* val, i64* arg, i64 outer, i64 n, i64 inner) {      \
+        max_dim<T>(x, val, arg, outer, n, inner);                                                               \
+    }                                                                                                           \
+    extern "C" __global__ void max_bwd_##dt(const T* g, const i64* arg, T* out, i64 outer, i64 n, i64 inner) { \
+        max_bwd<T>(g, arg, out, outer, n, inner);                                                               \
+    }                                                                                                           \
+    extern "C" __global__ void expand_dim_##dt(const T* x, T* y, i64 outer, i64 n, i64 inner) {               \
+        expand_dim<T>(x, y, outer, n, inner);                                                                   \
+    }
+
+REDUCE(f32, float)
+REDUCE(f64, double)
+REDUCE(f16, f16)
+REDUCE(bf16, bf16)
