@@ -10,10 +10,16 @@ find_nvcc() { ls "$VENV"/lib/python3*/site-packages/nvidia/cu13/bin/nvcc 2>/dev/
 NVCC_PATH="$(find_nvcc || true)"
 if [ -z "$NVCC_PATH" ] || [ ! -x "$NVCC_PATH" ]; then
     echo "installing nvcc 13.0 into $VENV" >&2
-    python3 -m venv "$VENV" >&2
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check \
-        nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 \
-        nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85 >&2
+    PKGS="nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85"
+    if python3 -m venv "$VENV" >&2; then
+        # shellcheck disable=SC2086
+        "$VENV/bin/pip" install --quiet --disable-pip-version-check $PKGS >&2
+    else
+        # No venv module (Debian without python3-venv): a plain target dir.
+        echo "python3 -m venv failed; installing with pip --target instead" >&2
+        # shellcheck disable=SC2086
+        python3 -m pip install --quiet --disable-pip-version-check --target "$VENV/lib/python3/site-packages" $PKGS >&2
+    fi
     NVCC_PATH="$(find_nvcc || true)"
     if [ -z "$NVCC_PATH" ]; then
         echo "install-nvcc.sh: pip finished but no nvcc under $VENV/lib/python3*/site-packages/nvidia/cu13/bin" >&2

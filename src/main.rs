@@ -32,6 +32,8 @@ enum Command {
     Average(asrforge::models::average::AverageArgs),
     /// Decode a test list with a checkpoint in one or more modes.
     Recognize(asrforge::decode::recognize::RecognizeArgs),
+    /// The build (version, features, embedded kernels and archs), the CUDA driver and libraries found, and the GPUs visible.
+    Info,
 }
 
 fn run(command: &Command) -> asrforge::Result<()> {
@@ -43,6 +45,10 @@ fn run(command: &Command) -> asrforge::Result<()> {
         Command::ComputeCer(args) => asrforge::decode::cli::run_compute_cer(args).map(|s| print!("{s}")),
         Command::Average(args) => asrforge::models::average::run_average(args).map(|s| print!("{s}")),
         Command::Recognize(args) => asrforge::decode::recognize::run_recognize(args).map(|s| eprint!("{s}")),
+        Command::Info => {
+            print!("{}", asrforge::backend::cuda::info::report());
+            Ok(())
+        }
     }
 }
 

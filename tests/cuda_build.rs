@@ -52,3 +52,30 @@ fn no_gpu_is_a_clear_error_or_a_working_device() {
         Err(e) => panic!("expected CudaUnavailable, got {e}"),
     }
 }
+
+#[test]
+fn info_prints_the_kernels_and_the_driver_state() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_asrforge")).arg("info").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    assert!(out.status.success(), "asrforge info failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.starts_with(&format!("asrforge {}", env!("CARGO_PKG_VERSION"))), "{text}");
+    let embedded = cuda::kernels_embedded();
+    if embedded.is_empty() {
+        assert!(text.contains("kernels: none embedded"), "{text}");
+    } else {
+        let line = format!("kernels: {} modules embedded: {}", embedded.len(), embedded.join(", "));
+        assert!(text.contains(&line), "expected {line:?} in:\n{text}");
+    }
+    if cfg!(feature = "cuda") {
+        let driver = text.lines().find(|l| l.starts_with("CUDA driver:")).unwrap_or_else(|| panic!("no driver line in:\n{text}"));
+        match cuda::device_count() {
+            // No driver here: the line says why.
+            Err(_) => assert!(driver.contains("not found") || driver.contains("failed"), "{driver}"),
+            Ok(n) => assert!(text.contains(&format!("GPUs: {n} visible")), "{text}"),
+        }
+        for lib in ["cuBLAS:", "cuBLASLt:", "NVRTC:", "NCCL:"] {
+            assert!(text.lines().any(|l| l.starts_with(lib) && (l.contains("found"))), "{lib} line missing in:\n{text}");
+        }
+    }
+}

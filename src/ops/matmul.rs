@@ -110,15 +110,49 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 }
 
 /// `x·wᵀ + bias` with `w` of shape (out, in), as `torch.nn.functional.linear`.
+/// On the GPU the bias is added in cuBLASLt's epilogue (one call); on the
+/// CPU it is a broadcast add after the product.
 pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    if let Some(b) = bias {
+        if w.rank() != 2 || b.dims() != [w.dims()[0]] {
+            return Err(Error::ShapeMismatch { op: "linear", expected: format!("w of rank 2 and bias of shape [{}]", w.dims().first().copied().unwrap_or(0)), got: format!("w {}, bias {}", w.shape(), b.shape()) });
+        }
+        same_kind("linear", x, b)?;
+        if matches!(x.device(), crate::tensor::Device::Cuda(_)) && x.rank() >= 1 {
+            return linear_fused(x, w, b);
+        }
+    }
     let y = matmul_t(x, w, false, true)?;
     match bias {
-        Some(b) => {
-            if b.dims() != [w.dims()[0]] {
-                return Err(Error::ShapeMismatch { op: "linear", expected: format!("bias of shape [{}]", w.dims()[0]), got: format!("{}", b.shape()) });
-            }
-            super::add(&y, b)
-        }
+        Some(b) => super::add(&y, b),
         None => Ok(y),
     }
+}
+
+/// The GPU `linear` with the bias in the GEMM epilogue; backward:
+/// dx = g·w, dw = gᵀ·x over all rows, db = g summed over the rows.
+fn linear_fused(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    same_kind("linear", x, w)?;
+    let (n, k) = (w.dims()[0], w.dims()[1]);
+    if x.dims().last() != Some(&k) {
+        return Err(Error::ShapeMismatch { op: "linear", expected: format!("input with last dim {k}"), got: format!("{}", x.shape()) });
+    }
+    let m = x.elem_count() / k.max(1);
+    let y = match (&*x.storage(), &*w.storage(), &*b.storage()) {
+        (Storage::Cuda(xs), Storage::Cuda(ws), Storage::Cuda(bs)) => Storage::Cuda(cuda::blaslt::linear_bias(xs, ws, bs, m, n, k)?),
+        _ => return Err(mixed("linear")),
+    };
+    let mut out_dims = x.dims().to_vec();
+    if let Some(l) = out_dims.last_mut() {
+        *l = n;
+    }
+    let y = out_storage(y, out_dims);
+    let (xd, wd, bshape) = (x.detach(), w.detach(), b.shape().clone());
+    Ok(record("linear", &[x, w, b], y, vec![xd.clone(), wd.clone()], move |g, needs| {
+        let g2 = g.reshaped(Shape::from([m, n]), false);
+        let gx = if needs[0] { Some(matmul_t(g, &wd, false, false)?) } else { None };
+        let gw = if needs[1] { Some(matmul_t(&g2, &xd.reshaped(Shape::from([m, k]), false), true, false)?) } else { None };
+        let gb = if needs[2] { Some(super::sum_to_shape(&g2, &bshape)?) } else { None };
+        Ok(vec![gx, gw, gb])
+    }))
 }

@@ -51,7 +51,7 @@ pub(crate) fn cpu<'a>(op: &'static str, s: &'a Storage) -> Result<&'a CpuStorage
 /// A fresh, untracked tensor over a kernel's output on either device.
 ///
 /// The dispatch pattern of a converted op family:
-/// ```ignore
+/// ```text
 /// let y = match &*x.storage() {
 ///     Storage::Cpu(c) => Storage::Cpu(cpu::softmax::softmax(c, ...)?),
 ///     Storage::Cuda(g) => Storage::Cuda(cuda::softmax::softmax(g, ...)?),

@@ -32,6 +32,7 @@ pub struct CudaDevice {
     modules: Mutex<HashMap<&'static str, Handle<sys::CUmodule>>>,
     functions: Mutex<HashMap<String, Handle<sys::CUfunction>>>,
     pub(crate) blas: OnceLock<std::result::Result<super::blas::Blas, String>>,
+    pub(crate) blaslt: OnceLock<std::result::Result<super::blaslt::Lt, String>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -65,6 +66,7 @@ impl CudaDevice {
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             blas: OnceLock::new(),
+            blaslt: OnceLock::new(),
         }))
     }
     /// The GPU's ordinal.

@@ -13,6 +13,7 @@
 
 pub mod cast;
 pub mod elementwise;
+pub mod info;
 pub mod kernels;
 pub mod launch;
 pub mod reduce;
@@ -21,6 +22,8 @@ pub mod reduce;
 mod alloc;
 #[cfg(feature = "cuda")]
 pub mod blas;
+#[cfg(feature = "cuda")]
+pub mod blaslt;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
@@ -39,7 +42,7 @@ pub use pinned::PinnedBuffer;
 #[cfg(feature = "cuda")]
 pub use storage::CudaStorage;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{blas, CudaDevice, CudaStorage, PinnedBuffer};
+pub use stub::{blas, blaslt, CudaDevice, CudaStorage, PinnedBuffer};
 
 pub use launch::{dtype_suffix, Arg, LaunchConfig};
 

@@ -1,0 +1,249 @@
+//! The CUDA kernels of the elementwise, cast, reduce and matmul families
+//! against the CPU ops on fresh random inputs: f32 to 1e-5 relative (f64 to
+//! 1e-10), f16/bf16 against the CPU's f32 result on the same half-rounded
+//! inputs to 1e-3/1e-2; outputs are poisoned (NaN) before every kernel, and
+//! NaN never passes. Plus the runtime's error paths: out of memory names the
+//! size and the pool state, a missing kernel is named. Every test prints
+//! why it skips where no GPU can be used.
+
+mod common;
+
+use asrforge::backend::cuda::{self, Arg, LaunchConfig};
+use asrforge::ops;
+use asrforge::tensor::Rng;
+use asrforge::{DType, Device, Result, Tensor};
+use common::{assert_close, draw, fresh_seed, run_with_grads, tensor, Kind};
+
+/// GPU 0 with poisoned allocations, or `None` after printing why not.
+fn gpu(test: &str) -> Option<Device> {
+    std::env::set_var("ASRFORGE_CUDA_POISON", "1");
+    match Device::cuda(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            println!("{test}: skipped, no usable GPU: {e}");
+            None
+        }
+    }
+}
+
+type OpFn = dyn Fn(&[Tensor]) -> Result<Tensor>;
+
+/// Runs `f` with gradients on the CPU and the GPU in `dtype` and compares.
+fn cmp(name: &str, f: &OpFn, shapes: &[&[usize]], kind: Kind, grads: bool, dtype: DType, tol: f64, dev: &Device) {
+    let seed = fresh_seed();
+    let mut rng = Rng::new(seed);
+    let vals: Vec<(Vec<f64>, Vec<usize>)> = shapes.iter().map(|s| (draw(&mut rng, s, kind), s.to_vec())).collect();
+    let y = f(&vals.iter().map(|(v, s)| tensor(v, s, DType::F64, &Device::Cpu)).collect::<Vec<_>>()).expect("cpu forward");
+    let r = rng.normal(y.elem_count().max(1));
+    let mask = vec![grads; vals.len()];
+    let (yc, gc) = run_with_grads(f, &vals, &mask, &r, dtype, &Device::Cpu);
+    let (yg, gg) = run_with_grads(f, &vals, &mask, &r, dtype, dev);
+    assert_close(&format!("{name} {dtype:?} forward"), &yg, &yc, tol, seed);
+    for (i, (a, b)) in gg.iter().zip(&gc).enumerate() {
+        if let (Some(a), Some(b)) = (a, b) {
+            assert_close(&format!("{name} {dtype:?} grad of input {i}"), a, b, tol, seed);
+        }
+    }
+}
+
+/// `f` on the GPU in a half dtype against `f` on the CPU in f32 over the
+/// same half-rounded inputs (the CPU has no half kernels).
+fn cmp_half(name: &str, f: &OpFn, shapes: &[&[usize]], kind: Kind, dtype: DType, tol: f64, dev: &Device) {
+    let seed = fresh_seed();
+    let mut rng = Rng::new(seed);
+    let mut cpu_in = Vec::new();
+    let mut gpu_in = Vec::new();
+    for s in shapes {
+        let h = tensor(&draw(&mut rng, s, kind), s, DType::F32, &Device::Cpu);
+        let h = ops::to_dtype(&h, dtype).unwrap();
+        cpu_in.push(ops::to_dtype(&h, DType::F32).unwrap());
+        gpu_in.push(h.to_device(dev).unwrap());
+    }
+    let want = f(&cpu_in).unwrap().to_f64_vec().unwrap();
+    let got = f(&gpu_in).unwrap();
+    assert_eq!(got.dtype(), dtype, "{name}: output dtype");
+    assert_close(&format!("{name} {dtype:?}"), &got.to_f64_vec().unwrap(), &want, tol, seed);
+}
+
+fn unary_ops() -> Vec<(&'static str, Box<OpFn>, Kind)> {
+    vec![
+        ("exp", Box::new(|x: &[Tensor]| ops::exp(&x[0])), Kind::Normal),
+        ("log", Box::new(|x: &[Tensor]| ops::log(&x[0])), Kind::Positive),
+        ("sqrt", Box::new(|x: &[Tensor]| ops::sqrt(&x[0])), Kind::Positive),
+        ("rsqrt", Box::new(|x: &[Tensor]| ops::rsqrt(&x[0])), Kind::Positive),
+        ("abs", Box::new(|x: &[Tensor]| ops::abs(&x[0])), Kind::AwayFromZero),
+        ("relu", Box::new(|x: &[Tensor]| ops::relu(&x[0])), Kind::AwayFromZero),
+        ("silu", Box::new(|x: &[Tensor]| ops::silu(&x[0])), Kind::Normal),
+        ("gelu", Box::new(|x: &[Tensor]| ops::gelu(&x[0])), Kind::Normal),
+        ("sigmoid", Box::new(|x: &[Tensor]| ops::sigmoid(&x[0])), Kind::Normal),
+        ("tanh", Box::new(|x: &[Tensor]| ops::tanh(&x[0])), Kind::Normal),
+        ("neg", Box::new(|x: &[Tensor]| ops::neg(&x[0])), Kind::Normal),
+        ("affine", Box::new(|x: &[Tensor]| ops::affine(&x[0], -1.5, 0.25)), Kind::Normal),
+        ("pow", Box::new(|x: &[Tensor]| ops::pow(&x[0], 2.5)), Kind::Positive),
+    ]
+}
+
+#[test]
+fn unary_forward_and_backward() {
+    let Some(dev) = gpu("unary_forward_and_backward") else { return };
+    // 1000 + 3: not a multiple of any vector width; 70_000: several blocks.
+    for shape in [&[1003usize][..], &[7, 10_000]] {
+        for (name, f, kind) in unary_ops() {
+            cmp(name, &*f, &[shape], kind, true, DType::F32, 1e-5, &dev);
+            cmp(name, &*f, &[shape], kind, true, DType::F64, 1e-10, &dev);
+            cmp_half(name, &*f, &[shape], kind, DType::F16, 1e-3, &dev);
+            cmp_half(name, &*f, &[shape], kind, DType::BF16, 1e-2, &dev);
+        }
+    }
+}
+
+fn binary_ops() -> Vec<(&'static str, Box<OpFn>, Kind)> {
+    vec![
+        ("add", Box::new(|x: &[Tensor]| ops::add(&x[0], &x[1])), Kind::Normal),
+        ("sub", Box::new(|x: &[Tensor]| ops::sub(&x[0], &x[1])), Kind::Normal),
+        ("mul", Box::new(|x: &[Tensor]| ops::mul(&x[0], &x[1])), Kind::Normal),
+        ("div", Box::new(|x: &[Tensor]| ops::div(&x[0], &x[1])), Kind::Positive),
+    ]
+}
+
+#[test]
+fn binary_with_broadcasting_and_its_gradient_reduction() {
+    let Some(dev) = gpu("binary_with_broadcasting_and_its_gradient_reduction") else { return };
+    let cases: [(&[usize], &[usize]); 6] = [
+        (&[4099], &[4099]),
+        (&[2, 3, 5], &[3, 1]),
+        (&[5], &[2, 3, 5]),
+        (&[2, 1, 5], &[1, 4, 1]),
+        (&[3, 4], &[]),
+        (&[6, 1, 7, 2], &[6, 3, 1, 2]),
+    ];
+    for (sa, sb) in cases {
+        for (name, f, kind) in binary_ops() {
+            cmp(name, &*f, &[sa, sb], kind, true, DType::F32, 1e-5, &dev);
+            cmp(name, &*f, &[sa, sb], kind, true, DType::F64, 1e-10, &dev);
+            cmp_half(name, &*f, &[sa, sb], kind, DType::F16, 1e-3, &dev);
+            cmp_half(name, &*f, &[sa, sb], kind, DType::BF16, 1e-2, &dev);
+        }
+    }
+}
+
+#[test]
+fn reductions_over_dims() {
+    let Some(dev) = gpu("reductions_over_dims") else { return };
+    let fs: Vec<(&str, Box<OpFn>)> = vec![
+        ("sum last", Box::new(|x: &[Tensor]| ops::sum(&x[0], &[-1], false))),
+        ("sum middle keepdim", Box::new(|x: &[Tensor]| ops::sum(&x[0], &[1], true))),
+        ("sum two dims", Box::new(|x: &[Tensor]| ops::sum(&x[0], &[0, 2], false))),
+        ("mean first", Box::new(|x: &[Tensor]| ops::mean(&x[0], &[0], false))),
+        ("sum_all", Box::new(|x: &[Tensor]| ops::sum_all(&x[0]))),
+        ("mean_all", Box::new(|x: &[Tensor]| ops::mean_all(&x[0]))),
+        ("max last", Box::new(|x: &[Tensor]| ops::max(&x[0], -1, false))),
+        ("max middle keepdim", Box::new(|x: &[Tensor]| ops::max(&x[0], 1, true))),
+    ];
+    for shape in [&[3usize, 5, 7][..], &[4, 300, 129]] {
+        for (name, f) in &fs {
+            cmp(name, &**f, &[shape], Kind::Normal, true, DType::F32, 1e-5, &dev);
+            cmp(name, &**f, &[shape], Kind::Normal, true, DType::F64, 1e-10, &dev);
+            cmp_half(name, &**f, &[shape], Kind::Positive, DType::F16, 1e-3, &dev);
+            cmp_half(name, &**f, &[shape], Kind::Positive, DType::BF16, 1e-2, &dev);
+        }
+    }
+    // A long full sum is deterministic: the same bits twice.
+    let x = Tensor::randn([1 << 20], 0.0, 1.0, DType::F32, &mut Rng::new(fresh_seed()), &dev).unwrap();
+    let a = ops::sum_all(&x).unwrap().to_vec::<f32>().unwrap();
+    let b = ops::sum_all(&x).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(a[0].to_bits(), b[0].to_bits(), "sum_all must be deterministic");
+}
+
+#[test]
+fn matmul_through_cublas() {
+    let Some(dev) = gpu("matmul_through_cublas") else { return };
+    let cases: Vec<(&[usize], &[usize], bool, bool)> = vec![
+        (&[17, 33], &[33, 9], false, false),
+        (&[33, 17], &[33, 9], true, false),
+        (&[17, 33], &[9, 33], false, true),
+        (&[33, 17], &[9, 33], true, true),
+        (&[3, 17, 33], &[3, 33, 9], false, false),
+        (&[3, 17, 33], &[33, 9], false, false),
+        (&[17, 33], &[3, 33, 9], false, false),
+        (&[2, 3, 33, 17], &[2, 3, 9, 33], true, true),
+    ];
+    for (sa, sb, ta, tb) in cases {
+        let f = move |x: &[Tensor]| ops::matmul_t(&x[0], &x[1], ta, tb);
+        let name = format!("matmul {sa:?}x{sb:?} trans {ta}/{tb}");
+        cmp(&name, &f, &[sa, sb], Kind::Normal, true, DType::F32, 1e-5, &dev);
+        cmp(&name, &f, &[sa, sb], Kind::Normal, true, DType::F64, 1e-10, &dev);
+        cmp_half(&name, &f, &[sa, sb], Kind::Normal, DType::F16, 1e-3, &dev);
+        cmp_half(&name, &f, &[sa, sb], Kind::Normal, DType::BF16, 1e-2, &dev);
+    }
+    let lin = |x: &[Tensor]| ops::linear(&x[0], &x[1], Some(&x[2]));
+    cmp("linear", &lin, &[&[2, 5, 16], &[8, 16], &[8]], Kind::Normal, true, DType::F32, 1e-5, &dev);
+}
+
+#[test]
+fn casts_match_the_cpu_exactly() {
+    let Some(dev) = gpu("casts_match_the_cpu_exactly") else { return };
+    let seed = fresh_seed();
+    let mut v = draw(&mut Rng::new(seed), &[1000], Kind::Normal);
+    v.iter_mut().for_each(|x| *x *= 300.0);
+    v.extend([0.0, -0.0, 255.5, 256.0, -3.7, 65504.0, 1e-8]);
+    let all = [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64, DType::U8];
+    for from in all {
+        let c = tensor(&v, &[v.len()], DType::F64, &Device::Cpu);
+        let c = ops::to_dtype(&c, from).unwrap();
+        let g = c.clone().to_device(&dev).unwrap();
+        for to in all {
+            let want = ops::to_dtype(&c, to).unwrap().to_cpu_storage().unwrap();
+            let got = ops::to_dtype(&g, to).unwrap().to_cpu_storage().unwrap();
+            assert_eq!(got, want, "cast {from:?} -> {to:?} (seed {seed})");
+        }
+    }
+}
+
+#[test]
+fn out_of_memory_names_the_size_and_the_pool() {
+    let Some(_) = gpu("out_of_memory_names_the_size_and_the_pool") else { return };
+    let d = cuda::device(0).unwrap();
+    let keep = d.alloc(DType::F32, 1 << 20).unwrap();
+    let pib = 1usize << 50;
+    let e = d.alloc(DType::U8, pib).unwrap_err().to_string();
+    println!("{e}");
+    assert!(e.contains(&format!("{pib} bytes")), "the size asked: {e}");
+    let s = d.pool_stats();
+    assert!(s.in_use >= 4 << 20, "the live 4 MiB buffer counts: {s:?}");
+    for part in ["in use", "cached", "reserved", "peak", "out of memory"] {
+        assert!(e.contains(part), "{part:?} missing: {e}");
+    }
+    drop(keep);
+}
+
+#[test]
+fn a_missing_kernel_is_named() {
+    let Some(_) = gpu("a_missing_kernel_is_named") else { return };
+    let d = cuda::device(0).unwrap();
+    let x = d.alloc(DType::F32, 16).unwrap();
+    let e = d.launch("elementwise", "no_such_kernel_f32", LaunchConfig::for_elems(16), &[Arg::Ptr(&x)]).unwrap_err().to_string();
+    assert!(e.contains("elementwise/no_such_kernel_f32"), "{e}");
+    let e = d.launch("no_such_module", "k_f32", LaunchConfig::for_elems(16), &[]).unwrap_err().to_string();
+    assert!(e.contains("no_such_module"), "{e}");
+}
+
+#[test]
+fn poisoned_allocations_read_nan_and_blocks_are_reused() {
+    let Some(_) = gpu("poisoned_allocations_read_nan_and_blocks_are_reused") else { return };
+    let d = cuda::device(0).unwrap();
+    let a = d.alloc(DType::F32, 1000).unwrap();
+    assert!(a.to_cpu().unwrap().to_f64_vec().iter().all(|x| x.is_nan()), "poisoned f32 reads NaN");
+    let h = d.alloc(DType::BF16, 1000).unwrap();
+    assert!(h.to_cpu().unwrap().to_f64_vec().iter().all(|x| x.is_nan()), "poisoned bf16 reads NaN");
+    drop((a, h));
+    let before = d.pool_stats().driver_allocs;
+    for _ in 0..10 {
+        let b = d.alloc(DType::F32, 1000).unwrap();
+        drop(b);
+    }
+    assert_eq!(d.pool_stats().driver_allocs, before, "a freed block of the class is reused, no cuMemAlloc");
+    assert!(d.peak_bytes() >= d.current_bytes());
+    let z = d.zeros(DType::F64, 77).unwrap();
+    assert_eq!(z.to_cpu().unwrap().to_f64_vec(), vec![0.0; 77]);
+}
