@@ -31,6 +31,12 @@ fn u8t(v: &[u8], shape: &[usize]) -> Tensor {
 fn f64t(v: &[f64], shape: &[usize]) -> Tensor {
     Tensor::from_vec(v.to_vec(), shape.to_vec(), &Device::Cpu).unwrap()
 }
+/// A 1-D tensor of `v` with `x`'s dtype and device (batch norm's running
+/// statistics live with the layer, so on the GPU run they are GPU tensors).
+fn like(v: &[f64], x: &Tensor) -> Tensor {
+    let t = Tensor::from_cpu(f64t(v, &[v.len()]).to_cpu_storage().unwrap().to_dtype(x.dtype()), [v.len()]).unwrap();
+    t.to_device(&x.device()).unwrap()
+}
 
 // Broadcasting binary ops.
 grad!(add_broadcast, [([3, 4, 5], Normal, true), ([4, 1], Normal, true)], |x| ops::add(&x[0], &x[1]));
@@ -99,15 +105,15 @@ grad!(where_cond, [([2, 4], Normal, true), ([2, 4], Normal, true)], |x| ops::whe
 grad!(layer_norm_affine, [([3, 7], Normal, true), ([7], Normal, true), ([7], Normal, true)], |x| ops::layer_norm(&x[0], Some(&x[1]), Some(&x[2]), 1e-5));
 grad!(layer_norm_plain, [([2, 3, 6], Normal, true)], |x| ops::layer_norm(&x[0], None, None, 1e-5));
 grad!(batch_norm_train, [([4, 3, 5], Normal, true), ([3], Normal, true), ([3], Normal, true)], |x| {
-    let (rm, rv) = (f64t(&[0.0; 3], &[3]), f64t(&[1.0; 3], &[3]));
+    let (rm, rv) = (like(&[0.0; 3], &x[0]), like(&[1.0; 3], &x[0]));
     ops::batch_norm(&x[0], &x[1], &x[2], &BatchNormState { running_mean: &rm, running_var: &rv, momentum: 0.1, eps: 1e-5, training: true })
 });
 grad!(batch_norm_train_2d, [([6, 3], Normal, true), ([3], Normal, true), ([3], Normal, true)], |x| {
-    let (rm, rv) = (f64t(&[0.0; 3], &[3]), f64t(&[1.0; 3], &[3]));
+    let (rm, rv) = (like(&[0.0; 3], &x[0]), like(&[1.0; 3], &x[0]));
     ops::batch_norm(&x[0], &x[1], &x[2], &BatchNormState { running_mean: &rm, running_var: &rv, momentum: 0.1, eps: 1e-5, training: true })
 });
 grad!(batch_norm_eval, [([2, 3, 5], Normal, true), ([3], Normal, true), ([3], Normal, true)], |x| {
-    let (rm, rv) = (f64t(&[0.3, -0.2, 0.1], &[3]), f64t(&[1.5, 0.7, 2.0], &[3]));
+    let (rm, rv) = (like(&[0.3, -0.2, 0.1], &x[0]), like(&[1.5, 0.7, 2.0], &x[0]));
     ops::batch_norm(&x[0], &x[1], &x[2], &BatchNormState { running_mean: &rm, running_var: &rv, momentum: 0.1, eps: 1e-5, training: false })
 });
 grad!(dropout, [([4, 6], Normal, true)], |x| {

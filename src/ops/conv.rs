@@ -1,11 +1,45 @@
 //! Depthwise conv1d, conv2d and pointwise conv1d (a product), with PyTorch's
 //! weight layouts: (C, 1, K) depthwise, (Co, Ci, kh, kw), (Co, Ci, 1).
+//! On the GPU, depthwise conv1d has its own kernels and conv2d is im2col (a
+//! recorded op whose backward is col2im) followed by a cuBLAS product, so
+//! the weight gradient is the product's (a GEMM summed over the batch).
 
-use super::{cpu, expect_rank, expect_shape, out, same_kind};
+use super::placement::{as_cpu, as_gpu};
+use super::{expect_rank, expect_shape, same_kind};
 use crate::autograd::record;
 use crate::backend::cpu::conv::{self as k, Conv2d, Dw1d};
+use crate::backend::cuda::conv as gpu;
+use crate::backend::Storage;
 use crate::error::{Error, Result};
-use crate::tensor::Tensor;
+use crate::tensor::{Device, Shape, Tensor};
+
+fn tensor(s: Storage, shape: impl Into<Shape>) -> Tensor {
+    Tensor::from_storage(s, shape.into())
+}
+
+fn dw_forward(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, g: &Dw1d) -> Result<Storage> {
+    let op = "conv1d_depthwise";
+    let (xg, wg, bg) = (x.storage(), w.storage(), bias.map(|t| t.storage()));
+    Ok(match &*xg {
+        Storage::Cpu(c) => Storage::Cpu(k::depthwise_conv1d(c, as_cpu(op, &wg)?, bg.as_deref().map(|s| as_cpu(op, s)).transpose()?, g)?),
+        Storage::Cuda(c) => Storage::Cuda(gpu::depthwise_conv1d(c, as_gpu(op, &wg, c)?, bg.as_deref().map(|s| as_gpu(op, s, c)).transpose()?, g)?),
+    })
+}
+
+fn dw_backward(x: &Tensor, w: &Tensor, gy: &Tensor, g: &Dw1d) -> Result<(Storage, Storage, Storage)> {
+    let op = "conv1d_depthwise_backward";
+    let (xg, wg, gg) = (x.storage(), w.storage(), gy.storage());
+    Ok(match &*xg {
+        Storage::Cpu(c) => {
+            let (gx, gw, gb) = k::depthwise_conv1d_backward(c, as_cpu(op, &wg)?, as_cpu(op, &gg)?, g)?;
+            (Storage::Cpu(gx), Storage::Cpu(gw), Storage::Cpu(gb))
+        }
+        Storage::Cuda(c) => {
+            let (gx, gw, gb) = gpu::depthwise_conv1d_backward(c, as_gpu(op, &wg, c)?, as_gpu(op, &gg, c)?, g)?;
+            (Storage::Cuda(gx), Storage::Cuda(gw), Storage::Cuda(gb))
+        }
+    })
+}
 
 fn inputs<'a>(x: &'a Tensor, w: &'a Tensor, b: Option<&'a Tensor>) -> Vec<&'a Tensor> {
     let mut v = vec![x, w];
@@ -32,16 +66,17 @@ pub fn conv1d_depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, padding: 
     if t + 2 * padding < kk {
         return Err(Error::invalid("conv1d_depthwise", format!("input of {t} frames with padding {padding} is shorter than the kernel {kk}")));
     }
-    let bg = bias.map(|t| t.storage());
-    let y = out(k::depthwise_conv1d(cpu("conv", &x.storage())?, cpu("conv", &w.storage())?, bg.as_deref().map(|s| cpu("conv", s)).transpose()?, &g)?, [b, c, g.t_out()]);
-    drop(bg);
+    if let Some(bb) = bias {
+        same_kind("conv1d_depthwise", x, bb)?;
+    }
+    let y = tensor(dw_forward(x, w, bias, &g)?, [b, c, g.t_out()]);
     let (xs, ws) = (x.detach(), w.detach());
     let has_b = bias.is_some();
     Ok(record("conv1d_depthwise", &inputs(x, w, bias), y, vec![xs.clone(), ws.clone()], move |gy, _| {
-        let (gx, gw, gb) = k::depthwise_conv1d_backward(cpu("conv", &xs.storage())?, cpu("conv", &ws.storage())?, cpu("conv", &gy.storage())?, &g)?;
-        let mut v = vec![Some(out(gx, xs.shape().clone())), Some(out(gw, ws.shape().clone()))];
+        let (gx, gw, gb) = dw_backward(&xs, &ws, gy, &g)?;
+        let mut v = vec![Some(tensor(gx, xs.shape().clone())), Some(tensor(gw, ws.shape().clone()))];
         if has_b {
-            v.push(Some(out(gb, [g.c])));
+            v.push(Some(tensor(gb, [g.c])));
         }
         Ok(v)
     }))
@@ -71,19 +106,63 @@ pub fn conv2d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, stride: usize, padd
     if ho == 0 || wo == 0 {
         return Err(Error::invalid("conv2d", format!("input {} is smaller than the kernel {}x{} (padding {padding})", x.shape(), g.kh, g.kw)));
     }
-    let bg = bias.map(|t| t.storage());
-    let y = out(k::conv2d(cpu("conv", &x.storage())?, cpu("conv", &w.storage())?, bg.as_deref().map(|s| cpu("conv", s)).transpose()?, &g)?, [g.b, g.co, ho, wo]);
-    drop(bg);
+    if let Some(bb) = bias {
+        same_kind("conv2d", x, bb)?;
+    }
+    if let Device::Cuda(_) = x.device() {
+        return conv2d_gpu(x, w, bias, &g);
+    }
+    let op = "conv2d";
+    let y = {
+        let (xg, wg, bg) = (x.storage(), w.storage(), bias.map(|t| t.storage()));
+        let bc = bg.as_deref().map(|s| as_cpu(op, s)).transpose()?;
+        tensor(Storage::Cpu(k::conv2d(as_cpu(op, &xg)?, as_cpu(op, &wg)?, bc, &g)?), [g.b, g.co, ho, wo])
+    };
     let (xs, ws) = (x.detach(), w.detach());
     let has_b = bias.is_some();
     Ok(record("conv2d", &inputs(x, w, bias), y, vec![xs.clone(), ws.clone()], move |gy, _| {
-        let (gx, gw, gb) = k::conv2d_backward(cpu("conv", &xs.storage())?, cpu("conv", &ws.storage())?, cpu("conv", &gy.storage())?, &g)?;
-        let mut v = vec![Some(out(gx, xs.shape().clone())), Some(out(gw, ws.shape().clone()))];
+        let (gx, gw, gb) = {
+            let (xg, wg, gg) = (xs.storage(), ws.storage(), gy.storage());
+            k::conv2d_backward(as_cpu(op, &xg)?, as_cpu(op, &wg)?, as_cpu(op, &gg)?, &g)?
+        };
+        let mut v = vec![Some(tensor(Storage::Cpu(gx), xs.shape().clone())), Some(tensor(Storage::Cpu(gw), ws.shape().clone()))];
         if has_b {
-            v.push(Some(out(gb, [g.co])));
+            v.push(Some(tensor(Storage::Cpu(gb), [g.co])));
         }
         Ok(v)
     }))
+}
+
+/// The columns (B, Ci·kh·kw, Ho·Wo) of a GPU conv2d, recorded so that the
+/// input gradient is col2im of the columns' gradient.
+fn im2col_gpu(x: &Tensor, g: &Conv2d) -> Result<Tensor> {
+    let op = "im2col";
+    let (ho, wo) = g.out_hw();
+    let cols = match &*x.storage() {
+        Storage::Cuda(c) => Storage::Cuda(gpu::im2col(c, g)?),
+        Storage::Cpu(_) => return Err(Error::DeviceMismatch { op, lhs: Device::Cuda(0), rhs: x.device() }),
+    };
+    let cols = tensor(cols, [g.b, g.ci * g.kh * g.kw, ho * wo]);
+    let (g, from) = (*g, x.shape().clone());
+    Ok(record(op, &[x], cols, vec![], move |gc, _| {
+        let gx = match &*gc.storage() {
+            Storage::Cuda(c) => Storage::Cuda(gpu::col2im(c, &g)?),
+            Storage::Cpu(_) => return Err(Error::DeviceMismatch { op: "col2im", lhs: Device::Cuda(0), rhs: gc.device() }),
+        };
+        Ok(vec![Some(tensor(gx, from.clone()))])
+    }))
+}
+
+/// Conv2d on the GPU: y_b = W (Co, Ci·kh·kw) · cols_b, plus the bias per output channel.
+fn conv2d_gpu(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, g: &Conv2d) -> Result<Tensor> {
+    let (ho, wo) = g.out_hw();
+    let cols = im2col_gpu(x, g)?;
+    let w2 = super::reshape(w, [g.co, g.ci * g.kh * g.kw])?;
+    let mut y = super::matmul(&w2, &cols)?;
+    if let Some(b) = bias {
+        y = super::add(&y, &super::reshape(b, [g.co, 1])?)?;
+    }
+    super::reshape(&y, [g.b, g.co, ho, wo])
 }
 
 /// Pointwise conv1d as a product: x (B, Ci, T), w (Co, Ci, 1), bias (Co) → (B, Co, T).

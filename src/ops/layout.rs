@@ -1,11 +1,23 @@
 //! reshape (shares storage), permute / transpose (explicit copies), narrow,
 //! pad, cat and stack, each with its backward: the inverse layout change.
+//! The copies run on the CPU or the GPU, where the input's storage is.
 
-use super::{cpu, out};
+use super::placement::{as_cpu, as_gpu};
 use crate::autograd::record;
 use crate::backend::cpu::layout as k;
+use crate::backend::cuda::layout as gpu;
+use crate::backend::Storage;
 use crate::error::{Error, Result};
 use crate::tensor::{Shape, Tensor};
+
+/// The copy kernel's output on the input's device, as a fresh tensor.
+fn copy(x: &Tensor, shape: Vec<usize>, c: impl FnOnce(&crate::backend::cpu::CpuStorage) -> Result<crate::backend::cpu::CpuStorage>, g: impl FnOnce(&crate::backend::cuda::CudaStorage) -> Result<crate::backend::cuda::CudaStorage>) -> Result<Tensor> {
+    let s = match &*x.storage() {
+        Storage::Cpu(s) => Storage::Cpu(c(s)?),
+        Storage::Cuda(s) => Storage::Cuda(g(s)?),
+    };
+    Ok(Tensor::from_storage(s, Shape::from(shape)))
+}
 
 /// The same elements under `shape` (shares the storage; no copy).
 pub fn reshape(x: &Tensor, shape: impl Into<Shape>) -> Result<Tensor> {
@@ -66,7 +78,8 @@ pub fn permute(x: &Tensor, perm: &[usize]) -> Result<Tensor> {
         return Err(Error::invalid("permute", format!("{perm:?} is not a permutation of the {r} dims of {}", x.shape())));
     }
     let dims: Vec<usize> = perm.iter().map(|&p| x.dims()[p]).collect();
-    let y = out(k::permute(cpu("layout", &x.storage())?, x.dims(), perm)?, dims);
+    let xd = x.dims().to_vec();
+    let y = copy(x, dims, |s| k::permute(s, &xd, perm), |s| gpu::permute(s, &xd, perm))?;
     let mut inv = vec![0; r];
     for (i, &p) in perm.iter().enumerate() {
         inv[p] = i;
@@ -91,7 +104,7 @@ pub fn narrow(x: &Tensor, dim: isize, start: usize, len: usize) -> Result<Tensor
     }
     let mut dims = x.dims().to_vec();
     dims[d] = len;
-    let y = out(k::narrow(cpu("layout", &x.storage())?, o, n, i, start, len)?, dims);
+    let y = copy(x, dims, |s| k::narrow(s, o, n, i, start, len), |s| gpu::narrow(s, o, n, i, start, len))?;
     Ok(record("narrow", &[x], y, vec![], move |g, _| Ok(vec![Some(pad(g, d as isize, start, n - start - len, 0.0)?)])))
 }
 
@@ -101,7 +114,7 @@ pub fn pad(x: &Tensor, dim: isize, left: usize, right: usize, value: f64) -> Res
     let (o, n, i) = x.shape().split_at_dim(d);
     let mut dims = x.dims().to_vec();
     dims[d] = left + n + right;
-    let y = out(k::pad(cpu("layout", &x.storage())?, o, n, i, left, right, value)?, dims);
+    let y = copy(x, dims, |s| k::pad(s, o, n, i, left, right, value), |s| gpu::pad(s, o, n, i, left, right, value))?;
     Ok(record("pad", &[x], y, vec![], move |g, _| Ok(vec![Some(narrow(g, d as isize, left, n)?)])))
 }
 
@@ -118,12 +131,16 @@ pub fn cat(xs: &[&Tensor], dim: isize) -> Result<Tensor> {
     }
     let (o, _, i) = first.shape().split_at_dim(d);
     let ns: Vec<usize> = xs.iter().map(|t| t.dims()[d]).collect();
-    let guards: Vec<_> = xs.iter().map(|t| t.storage()).collect();
-    let stores = guards.iter().map(|g| cpu("cat", g)).collect::<Result<Vec<_>>>()?;
     let mut dims = first.dims().to_vec();
     dims[d] = ns.iter().sum();
-    let y = out(k::cat(&stores, o, &ns, i)?, dims);
-    drop(guards);
+    let y = {
+        let guards: Vec<_> = xs.iter().map(|t| t.storage()).collect();
+        let s = match &*guards[0] {
+            Storage::Cpu(_) => Storage::Cpu(k::cat(&guards.iter().map(|g| as_cpu("cat", g)).collect::<Result<Vec<_>>>()?, o, &ns, i)?),
+            Storage::Cuda(f) => Storage::Cuda(gpu::cat(&guards.iter().map(|g| as_gpu("cat", g, f)).collect::<Result<Vec<_>>>()?, o, &ns, i)?),
+        };
+        Tensor::from_storage(s, Shape::from(dims))
+    };
     Ok(record("cat", xs, y, vec![], move |g, needs| {
         let mut start = 0;
         let mut gs = Vec::with_capacity(ns.len());

@@ -15,6 +15,7 @@ mod label_smoothing;
 mod layout;
 mod matmul;
 mod norm;
+mod placement;
 mod reduce;
 mod softmax;
 mod unary;

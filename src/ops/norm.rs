@@ -1,25 +1,70 @@
 //! layer_norm over the last dim and batch_norm over the channel dim of
-//! (B, C) or (B, C, T), with PyTorch's running-statistics semantics.
+//! (B, C) or (B, C, T), with PyTorch's running-statistics semantics, on the
+//! CPU or the GPU (the input's storage decides; parameters must be with it).
 
-use super::{cpu, expect_shape, out};
-use crate::autograd::record;
-use crate::backend::cpu::{norm as k, CpuStorage};
+use super::placement::{as_cpu, as_gpu};
+use super::{expect_shape, same_kind};
+use crate::autograd::{no_grad, record};
+use crate::backend::cpu::norm as cpu;
+use crate::backend::cuda::norm as gpu;
+use crate::backend::Storage;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+
+fn t(s: Storage, shape: impl Into<crate::tensor::Shape>) -> Tensor {
+    Tensor::from_storage(s, shape.into())
+}
+
+type Three = (Storage, Storage, Storage);
+
+fn ln_forward(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, n: usize, eps: f64) -> Result<Three> {
+    let op = "layer_norm";
+    let (xg, wg, bg) = (x.storage(), w.map(|t| t.storage()), b.map(|t| t.storage()));
+    Ok(match &*xg {
+        Storage::Cpu(c) => {
+            let wc = wg.as_deref().map(|s| as_cpu(op, s)).transpose()?;
+            let bc = bg.as_deref().map(|s| as_cpu(op, s)).transpose()?;
+            let (y, m, r) = cpu::layer_norm(c, wc, bc, n, eps)?;
+            (Storage::Cpu(y), Storage::Cpu(m), Storage::Cpu(r))
+        }
+        Storage::Cuda(g) => {
+            let wc = wg.as_deref().map(|s| as_gpu(op, s, g)).transpose()?;
+            let bc = bg.as_deref().map(|s| as_gpu(op, s, g)).transpose()?;
+            let (y, m, r) = gpu::layer_norm(g, wc, bc, n, eps)?;
+            (Storage::Cuda(y), Storage::Cuda(m), Storage::Cuda(r))
+        }
+    })
+}
+
+fn ln_backward(x: &Tensor, w: Option<&Tensor>, mean: &Tensor, rstd: &Tensor, g: &Tensor, n: usize) -> Result<Three> {
+    let op = "layer_norm_backward";
+    let (xg, wg, mg, rg, gg) = (x.storage(), w.map(|t| t.storage()), mean.storage(), rstd.storage(), g.storage());
+    Ok(match &*xg {
+        Storage::Cpu(c) => {
+            let wc = wg.as_deref().map(|s| as_cpu(op, s)).transpose()?;
+            let (gx, gw, gb) = cpu::layer_norm_backward(c, wc, as_cpu(op, &mg)?, as_cpu(op, &rg)?, as_cpu(op, &gg)?, n)?;
+            (Storage::Cpu(gx), Storage::Cpu(gw), Storage::Cpu(gb))
+        }
+        Storage::Cuda(c) => {
+            let wc = wg.as_deref().map(|s| as_gpu(op, s, c)).transpose()?;
+            let (gx, gw, gb) = gpu::layer_norm_backward(c, wc, as_gpu(op, &mg, c)?, as_gpu(op, &rg, c)?, as_gpu(op, &gg, c)?, n)?;
+            (Storage::Cuda(gx), Storage::Cuda(gw), Storage::Cuda(gb))
+        }
+    })
+}
 
 /// Layer norm over the last dim with optional affine weight and bias of that size.
 pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f64) -> Result<Tensor> {
     let n = *x.dims().last().ok_or_else(|| Error::invalid("layer_norm", "expected a tensor of rank >= 1, got a scalar"))?;
-    for (t, what) in [(w, "weight"), (b, "bias")] {
-        if let Some(t) = t {
-            expect_shape("layer_norm", what, t, &[n])?;
-            super::same_kind("layer_norm", x, t)?;
+    for (p, what) in [(w, "weight"), (b, "bias")] {
+        if let Some(p) = p {
+            expect_shape("layer_norm", what, p, &[n])?;
+            same_kind("layer_norm", x, p)?;
         }
     }
-    let (wg, bg) = (w.map(|t| t.storage()), b.map(|t| t.storage()));
-    let (y, mean, rstd) = k::layer_norm(cpu("norm", &x.storage())?, wg.as_deref().map(|s| cpu("norm", s)).transpose()?, bg.as_deref().map(|s| cpu("norm", s)).transpose()?, n, eps)?;
-    drop((wg, bg));
-    let y = out(y, x.shape().clone());
+    let rows = if n == 0 { 0 } else { x.elem_count() / n };
+    let (y, mean, rstd) = ln_forward(x, w, b, n, eps)?;
+    let (y, mean, rstd) = (t(y, x.shape().clone()), t(mean, [rows]), t(rstd, [rows]));
     let (xs, ws) = (x.detach(), w.map(|t| t.detach()));
     let mut inputs = vec![x];
     inputs.extend(w);
@@ -27,14 +72,13 @@ pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f64) 
     let has_b = b.is_some();
     let saved = vec![xs.clone()];
     Ok(record("layer_norm", &inputs, y, saved, move |g, _| {
-        let wgd = ws.as_ref().map(|t| t.storage());
-        let (gx, gw, gb) = k::layer_norm_backward(cpu("norm", &xs.storage())?, wgd.as_deref().map(|s| cpu("norm", s)).transpose()?, &mean, &rstd, cpu("norm", &g.storage())?, n)?;
-        let mut v = vec![Some(out(gx, xs.shape().clone()))];
+        let (gx, gw, gb) = ln_backward(&xs, ws.as_ref(), &mean, &rstd, g, n)?;
+        let mut v = vec![Some(t(gx, xs.shape().clone()))];
         if ws.is_some() {
-            v.push(Some(out(gw, [n])));
+            v.push(Some(t(gw, [n])));
         }
         if has_b {
-            v.push(Some(out(gb, [n])));
+            v.push(Some(t(gb, [n])));
         }
         Ok(v)
     }))
@@ -50,46 +94,84 @@ pub struct BatchNormState<'a> {
     pub training: bool,
 }
 
+fn bn_stats(x: &Tensor, bs: usize, c: usize, tt: usize) -> Result<(Tensor, Tensor)> {
+    let (m, v) = match &*x.storage() {
+        Storage::Cpu(s) => {
+            let (m, v) = cpu::batch_norm_stats(s, bs, c, tt)?;
+            (Storage::Cpu(m), Storage::Cpu(v))
+        }
+        Storage::Cuda(s) => {
+            let (m, v) = gpu::batch_norm_stats(s, bs, c, tt)?;
+            (Storage::Cuda(m), Storage::Cuda(v))
+        }
+    };
+    Ok((t(m, [c]), t(v, [c])))
+}
+
+fn bn_apply(x: &Tensor, mean: &Tensor, rstd: &Tensor, w: &Tensor, b: &Tensor, c: usize, tt: usize) -> Result<Tensor> {
+    let op = "batch_norm";
+    let (xg, mg, rg, wg, bg) = (x.storage(), mean.storage(), rstd.storage(), w.storage(), b.storage());
+    let y = match &*xg {
+        Storage::Cpu(s) => Storage::Cpu(cpu::batch_norm_apply(s, as_cpu(op, &mg)?, as_cpu(op, &rg)?, as_cpu(op, &wg)?, as_cpu(op, &bg)?, c, tt)?),
+        Storage::Cuda(s) => Storage::Cuda(gpu::batch_norm_apply(s, as_gpu(op, &mg, s)?, as_gpu(op, &rg, s)?, as_gpu(op, &wg, s)?, as_gpu(op, &bg, s)?, c, tt)?),
+    };
+    Ok(t(y, x.shape().clone()))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bn_backward(x: &Tensor, w: &Tensor, mean: &Tensor, rstd: &Tensor, g: &Tensor, bs: usize, c: usize, tt: usize, train: bool) -> Result<Three> {
+    let op = "batch_norm_backward";
+    let (xg, wg, mg, rg, gg) = (x.storage(), w.storage(), mean.storage(), rstd.storage(), g.storage());
+    Ok(match &*xg {
+        Storage::Cpu(s) => {
+            let (gx, gw, gb) = cpu::batch_norm_backward(s, as_cpu(op, &wg)?, as_cpu(op, &mg)?, as_cpu(op, &rg)?, as_cpu(op, &gg)?, bs, c, tt, train)?;
+            (Storage::Cpu(gx), Storage::Cpu(gw), Storage::Cpu(gb))
+        }
+        Storage::Cuda(s) => {
+            let (gx, gw, gb) = gpu::batch_norm_backward(s, as_gpu(op, &wg, s)?, as_gpu(op, &mg, s)?, as_gpu(op, &rg, s)?, as_gpu(op, &gg, s)?, bs, c, tt, train)?;
+            (Storage::Cuda(gx), Storage::Cuda(gw), Storage::Cuda(gb))
+        }
+    })
+}
+
 /// Batch norm of `x` (B, C) or (B, C, T) with affine weight and bias (C).
 /// Training normalises by the batch's biased variance and moves the running
 /// variance toward the unbiased one; eval uses the running statistics.
 pub fn batch_norm(x: &Tensor, w: &Tensor, b: &Tensor, st: &BatchNormState) -> Result<Tensor> {
     super::expect_rank("batch_norm", "input", x, &[2, 3])?;
     let (bs, c) = (x.dims()[0], x.dims()[1]);
-    let t = if x.rank() == 3 { x.dims()[2] } else { 1 };
+    let tt = if x.rank() == 3 { x.dims()[2] } else { 1 };
     for (p, what) in [(w, "weight"), (b, "bias"), (st.running_mean, "running_mean"), (st.running_var, "running_var")] {
         expect_shape("batch_norm", what, p, &[c])?;
-        super::same_kind("batch_norm", x, p)?;
+        same_kind("batch_norm", x, p)?;
     }
-    let (mean, rstd): (CpuStorage, CpuStorage) = if st.training {
-        let cnt = bs * t;
+    let (mean, rstd) = if st.training {
+        let cnt = bs * tt;
         if cnt < 2 {
             return Err(Error::invalid("batch_norm", format!("expected more than 1 value per channel when training, got input of shape {}", x.shape())));
         }
-        let (m, v) = k::batch_norm_stats(cpu("norm", &x.storage())?, bs, c, t)?;
-        let mt = out(m.clone(), [c]);
-        let vt = out(v.clone(), [c]);
-        crate::autograd::no_grad(|| -> Result<()> {
+        let (mt, vt) = bn_stats(x, bs, c, tt)?;
+        no_grad(|| -> Result<()> {
             let unbiased = super::mul_scalar(&vt, cnt as f64 / (cnt - 1) as f64)?;
             let nm = super::add(&super::mul_scalar(st.running_mean, 1.0 - st.momentum)?, &super::mul_scalar(&mt, st.momentum)?)?;
             let nv = super::add(&super::mul_scalar(st.running_var, 1.0 - st.momentum)?, &super::mul_scalar(&unbiased, st.momentum)?)?;
             st.running_mean.assign(&nm)?;
             st.running_var.assign(&nv)
         })?;
-        let r = crate::autograd::no_grad(|| super::rsqrt(&super::add_scalar(&vt, st.eps)?))?;
-        let r = cpu("norm", &r.storage())?.clone();
-        (m, r)
+        let r = no_grad(|| super::rsqrt(&super::add_scalar(&vt, st.eps)?))?;
+        (mt, r)
     } else {
-        let r = crate::autograd::no_grad(|| super::rsqrt(&super::add_scalar(st.running_var, st.eps)?))?;
-        let m = cpu("norm", &st.running_mean.storage())?.clone();
-        let r = cpu("norm", &r.storage())?.clone();
+        // A copy (× 1 is exact): a later training step assigns new running
+        // statistics in place, and this backward must keep the ones it used.
+        let m = no_grad(|| super::mul_scalar(st.running_mean, 1.0))?;
+        let r = no_grad(|| super::rsqrt(&super::add_scalar(st.running_var, st.eps)?))?;
         (m, r)
     };
-    let y = out(k::batch_norm_apply(cpu("norm", &x.storage())?, &mean, &rstd, cpu("norm", &w.storage())?, cpu("norm", &b.storage())?, c, t)?, x.shape().clone());
+    let y = bn_apply(x, &mean, &rstd, w, b, c, tt)?;
     let (xs, ws) = (x.detach(), w.detach());
     let train = st.training;
     Ok(record("batch_norm", &[x, w, b], y, vec![xs.clone()], move |g, _| {
-        let (gx, gw, gb) = k::batch_norm_backward(cpu("norm", &xs.storage())?, cpu("norm", &ws.storage())?, &mean, &rstd, cpu("norm", &g.storage())?, bs, c, t, train)?;
-        Ok(vec![Some(out(gx, xs.shape().clone())), Some(out(gw, [c])), Some(out(gb, [c]))])
+        let (gx, gw, gb) = bn_backward(&xs, &ws, &mean, &rstd, g, bs, c, tt, train)?;
+        Ok(vec![Some(t(gx, xs.shape().clone())), Some(t(gw, [c])), Some(t(gb, [c]))])
     }))
 }

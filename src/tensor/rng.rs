@@ -52,8 +52,10 @@ impl Rng {
         philox4x32([b as u32, (b >> 32) as u32, 0, 0], key)[i % 4]
     }
 
-    /// Reserves `n` words and returns the block offset they start at.
-    fn advance(&mut self, n: usize) -> u64 {
+    /// Reserves `n` words and returns the block offset they start at (word
+    /// `i` of the draw is word `i%4` of block `offset + i/4`; a GPU kernel
+    /// that draws the same words in parallel reserves them here).
+    pub fn advance(&mut self, n: usize) -> u64 {
         let o = self.offset;
         self.offset += n.div_ceil(4) as u64;
         o

@@ -8,7 +8,7 @@ use crate::any_map;
 use crate::error::{Error, Result};
 use crate::float_match;
 
-fn check_indices(op: &'static str, idx: &[i64], n: usize) -> Result<()> {
+pub(crate) fn check_indices(op: &'static str, idx: &[i64], n: usize) -> Result<()> {
     match idx.iter().find(|&&i| i < 0 || i as usize >= n) {
         Some(&i) => Err(Error::IndexOutOfRange { op, index: i, size: n }),
         None => Ok(()),
@@ -51,7 +51,7 @@ pub fn index_add(g: &CpuStorage, outer: usize, n: usize, inner: usize, idx: &[i6
 
 /// Offsets for gather/scatter: for every element of `index` (shape `idims`),
 /// the offset in a tensor of shape `xdims` with dim `dim` replaced by the index value.
-fn gather_offsets(xdims: &[usize], idims: &[usize], dim: usize, index: &[i64]) -> Result<Vec<usize>> {
+pub(crate) fn gather_offsets(xdims: &[usize], idims: &[usize], dim: usize, index: &[i64]) -> Result<Vec<usize>> {
     check_indices("gather", index, xdims[dim])?;
     let xs = crate::tensor::Shape::from(xdims).strides();
     let rank = idims.len();

@@ -49,6 +49,14 @@ pub use stub::{blas, blaslt, CudaDevice, CudaStorage, PinnedBuffer};
 
 pub use launch::{dtype_suffix, Arg, LaunchConfig};
 
+pub mod conv;
+pub mod dropout;
+pub mod index;
+pub mod layout;
+mod nn_common;
+pub mod norm;
+pub mod softmax;
+
 use crate::error::{Error, Result};
 use std::sync::Arc;
 

@@ -1,0 +1,48 @@
+// Dropout masks from a counter-based generator (Philox4x32-10), the same
+// function of (seed, offset, element) as the CPU's (src/tensor/rng.rs):
+//   block b = offset + i/4, counter (lo32 b, hi32 b, 0, 0), key (lo32 seed, hi32 seed)
+//   word  = philox4x32_10(counter, key)[i % 4]
+//   u     = (word + 0.5) / 2^32   (in f64, exact)
+//   mask[i] = u < keep ? scale : 0,  keep = 1 - p, scale = 1/(1 - p) (0 when p = 1)
+// So a GPU mask equals the CPU's bit for bit, and a recompute from the same
+// (seed, offset) (activation checkpointing) draws the same mask. One thread
+// per Philox block writes its four elements; the scale is rounded from f64
+// to the dtype once, as the CPU's f64 mask is converted.
+#include "nn_common.cuh"
+
+// Host-callable too, so its known answers can be checked without a GPU.
+__host__ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
+    const uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
+#pragma unroll
+    for (int r = 0; r < 10; ++r) {
+        const unsigned long long p0 = (unsigned long long)M0 * c.x;
+        const unsigned long long p1 = (unsigned long long)M1 * c.z;
+        c = make_uint4((uint32_t)(p1 >> 32) ^ c.y ^ k.x, (uint32_t)p1, (uint32_t)(p0 >> 32) ^ c.w ^ k.y, (uint32_t)p0);
+        k.x += W0;
+        k.y += W1;
+    }
+    return c;
+}
+
+template <typename T>
+__device__ void dropout_mask(T* __restrict__ mask, uint64_t n, uint64_t seed, uint64_t offset, double keep, double scale) {
+    const T on = Num<T>::from_f64(scale), off = Num<T>::from_f64(0.0);
+    const uint2 key = make_uint2((uint32_t)seed, (uint32_t)(seed >> 32));
+    NN_GRID_STRIDE(q, (n + 3) / 4) {
+        const unsigned long long b = offset + q;
+        const uint4 w = philox4x32_10(make_uint4((uint32_t)b, (uint32_t)(b >> 32), 0u, 0u), key);
+        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const size_t i = q * 4 + l;
+            if (i < n) mask[i] = ((double)words[l] + 0.5) / 4294967296.0 < keep ? on : off;
+        }
+    }
+}
+
+#define DROPOUT_KERNELS(SUF, T)                                                                                         \
+    extern "C" __global__ void dropout_mask_##SUF(T* mask, uint64_t n, uint64_t seed, uint64_t offset, double keep,     \
+                                                  double scale) {                                                       \
+        dropout_mask<T>(mask, n, seed, offset, keep, scale);                                                            \
+    }
+NN_FLOAT_DTYPES(DROPOUT_KERNELS)

@@ -1,0 +1,241 @@
+// Normalisation kernels, forward and backward.
+//
+// layer_norm over the last dim, x (rows, n), w and b (n), mean and rstd (rows):
+//   y = (x - mu) * r * w + b,  mu = mean x,  r = 1 / sqrt(var + eps) (biased var)
+//   backward: xh = (x - mu) * r, gh = g * w,
+//     gx = r * (gh - mean(gh) - xh * mean(gh * xh))     (one block per row)
+//     gw = sum_rows g * xh, gb = sum_rows g             (column sums)
+// The column sums are two deterministic passes and no atomics: pass 1 sums
+// chunks of LN_CHUNK consecutive rows per column, in row order, into
+// partials (chunks, n); pass 2 sums the partials of each column in chunk
+// order. The same inputs give the same bits every run.
+//
+// batch_norm over the channel dim of x (B, C, T) (T = 1 for (B, C) inputs),
+// statistics per channel over the B*T values of that channel:
+//   stats: mean and biased var, two passes (mean first, then sum (x - mean)^2)
+//   apply: y = (x - mean[c]) * rstd[c] * w[c] + b[c]
+//   backward sums per channel: sg = sum g, sgx = sum g * xh   (gb = sg, gw = sgx)
+//   train: gx = w r (g - sg/N - xh sgx/N), N = B*T;  eval: gx = w r g
+// One block per channel for the sums (a fixed tree), one thread per element
+// for apply and gx. f32 accumulates in f32, f64 in f64.
+#include "nn_common.cuh"
+
+template <typename T>
+__device__ void layer_norm_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
+                               T* __restrict__ mean, T* __restrict__ rstd, uint64_t rows, uint32_t n, double eps, uint32_t has_w,
+                               uint32_t has_b) {
+    typedef typename Num<T>::acc A;
+    __shared__ A sh[NN_BLOCK];
+    NN_BLOCK_ROWS(r, rows) {
+        const T* xr = x + r * n;
+        T* yr = y + r * n;
+        A s = 0;
+        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) s += Num<T>::to(xr[i]);
+        const A mu = nn_block_reduce(s, sh, NnSum()) / A(n);
+        A q = 0;
+        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+            const A d = Num<T>::to(xr[i]) - mu;
+            q += d * d;
+        }
+        const A var = nn_block_reduce(q, sh, NnSum()) / A(n);
+        const A inv = A(1) / nn_sqrt(var + A(eps));
+        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+            A v = (Num<T>::to(xr[i]) - mu) * inv;
+            if (has_w) v = v * Num<T>::to(w[i]);
+            if (has_b) v = v + Num<T>::to(b[i]);
+            yr[i] = Num<T>::from(v);
+        }
+        if (threadIdx.x == 0) {
+            mean[r] = Num<T>::from(mu);
+            rstd[r] = Num<T>::from(inv);
+        }
+    }
+}
+
+template <typename T>
+__device__ void layer_norm_bwd_dx(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ mean,
+                                  const T* __restrict__ rstd, const T* __restrict__ g, T* __restrict__ gx, uint64_t rows, uint32_t n,
+                                  uint32_t has_w) {
+    typedef typename Num<T>::acc A;
+    __shared__ A sh[NN_BLOCK];
+    NN_BLOCK_ROWS(r, rows) {
+        const T* xr = x + r * n;
+        const T* gr = g + r * n;
+        T* o = gx + r * n;
+        const A mu = Num<T>::to(mean[r]), inv = Num<T>::to(rstd[r]);
+        A s1 = 0, s2 = 0;
+        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+            const A gh = Num<T>::to(gr[i]) * (has_w ? Num<T>::to(w[i]) : A(1));
+            s1 += gh;
+            s2 += gh * (Num<T>::to(xr[i]) - mu) * inv;
+        }
+        const A m1 = nn_block_reduce(s1, sh, NnSum()) / A(n);
+        const A m2 = nn_block_reduce(s2, sh, NnSum()) / A(n);
+        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+            const A gh = Num<T>::to(gr[i]) * (has_w ? Num<T>::to(w[i]) : A(1));
+            const A xh = (Num<T>::to(xr[i]) - mu) * inv;
+            o[i] = Num<T>::from(inv * (gh - m1 - xh * m2));
+        }
+    }
+}
+
+// Pass 1 of gw/gb: partial sums over rows [c*chunk, min((c+1)*chunk, rows))
+// for element e = c*n + col of the (chunks, n) partials.
+template <typename T>
+__device__ void layer_norm_bwd_wb_partial(const T* __restrict__ x, const T* __restrict__ mean, const T* __restrict__ rstd,
+                                          const T* __restrict__ g, T* __restrict__ pw, T* __restrict__ pb, uint64_t rows, uint32_t n,
+                                          uint64_t chunks, uint32_t chunk) {
+    typedef typename Num<T>::acc A;
+    NN_GRID_STRIDE(e, chunks * n) {
+        const size_t c = e / n, col = e % n;
+        const size_t r0 = c * chunk;
+        const size_t r1 = r0 + chunk < rows ? r0 + chunk : rows;
+        A sw = 0, sb = 0;
+        for (size_t r = r0; r < r1; ++r) {
+            const size_t k = r * n + col;
+            const A gv = Num<T>::to(g[k]);
+            sw += gv * ((Num<T>::to(x[k]) - Num<T>::to(mean[r])) * Num<T>::to(rstd[r]));
+            sb += gv;
+        }
+        pw[e] = Num<T>::from(sw);
+        pb[e] = Num<T>::from(sb);
+    }
+}
+
+// Pass 2 of gw/gb: column `col` summed over the partials in chunk order.
+template <typename T>
+__device__ void layer_norm_bwd_wb_final(const T* __restrict__ pw, const T* __restrict__ pb, T* __restrict__ gw, T* __restrict__ gb,
+                                        uint64_t chunks, uint32_t n) {
+    typedef typename Num<T>::acc A;
+    NN_GRID_STRIDE(col, n) {
+        A sw = 0, sb = 0;
+        for (size_t c = 0; c < chunks; ++c) {
+            sw += Num<T>::to(pw[c * n + col]);
+            sb += Num<T>::to(pb[c * n + col]);
+        }
+        gw[col] = Num<T>::from(sw);
+        gb[col] = Num<T>::from(sb);
+    }
+}
+
+// Element i of channel ch (i in [0, B*T)) of x (B, C, T).
+__device__ __forceinline__ size_t bn_at(size_t i, size_t ch, uint32_t c, uint64_t t) {
+    return ((i / t) * c + ch) * t + i % t;
+}
+
+template <typename T>
+__device__ void batch_norm_stats(const T* __restrict__ x, T* __restrict__ mean, T* __restrict__ var, uint64_t b, uint32_t c,
+                                 uint64_t t) {
+    typedef typename Num<T>::acc A;
+    __shared__ A sh[NN_BLOCK];
+    const size_t cnt = b * t;
+    NN_BLOCK_ROWS(ch, c) {
+        A s = 0;
+        for (size_t i = threadIdx.x; i < cnt; i += blockDim.x) s += Num<T>::to(x[bn_at(i, ch, c, t)]);
+        const A mu = nn_block_reduce(s, sh, NnSum()) / A(cnt);
+        A q = 0;
+        for (size_t i = threadIdx.x; i < cnt; i += blockDim.x) {
+            const A d = Num<T>::to(x[bn_at(i, ch, c, t)]) - mu;
+            q += d * d;
+        }
+        const A v = nn_block_reduce(q, sh, NnSum()) / A(cnt);
+        if (threadIdx.x == 0) {
+            mean[ch] = Num<T>::from(mu);
+            var[ch] = Num<T>::from(v);
+        }
+    }
+}
+
+template <typename T>
+__device__ void batch_norm_apply(const T* __restrict__ x, const T* __restrict__ mean, const T* __restrict__ rstd,
+                                 const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y, uint64_t total, uint32_t c,
+                                 uint64_t t) {
+    typedef typename Num<T>::acc A;
+    NN_GRID_STRIDE(i, total) {
+        const size_t ch = (i / t) % c;
+        const A v = (Num<T>::to(x[i]) - Num<T>::to(mean[ch])) * Num<T>::to(rstd[ch]) * Num<T>::to(w[ch]) + Num<T>::to(bias[ch]);
+        y[i] = Num<T>::from(v);
+    }
+}
+
+template <typename T>
+__device__ void batch_norm_bwd_sums(const T* __restrict__ x, const T* __restrict__ mean, const T* __restrict__ rstd,
+                                    const T* __restrict__ g, T* __restrict__ sg, T* __restrict__ sgx, uint64_t b, uint32_t c,
+                                    uint64_t t) {
+    typedef typename Num<T>::acc A;
+    __shared__ A sh[NN_BLOCK];
+    const size_t cnt = b * t;
+    NN_BLOCK_ROWS(ch, c) {
+        const A mu = Num<T>::to(mean[ch]), inv = Num<T>::to(rstd[ch]);
+        A s1 = 0, s2 = 0;
+        for (size_t i = threadIdx.x; i < cnt; i += blockDim.x) {
+            const size_t k = bn_at(i, ch, c, t);
+            const A gv = Num<T>::to(g[k]);
+            s1 += gv;
+            s2 += gv * (Num<T>::to(x[k]) - mu) * inv;
+        }
+        s1 = nn_block_reduce(s1, sh, NnSum());
+        s2 = nn_block_reduce(s2, sh, NnSum());
+        if (threadIdx.x == 0) {
+            sg[ch] = Num<T>::from(s1);
+            sgx[ch] = Num<T>::from(s2);
+        }
+    }
+}
+
+template <typename T>
+__device__ void batch_norm_bwd_dx(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ mean,
+                                  const T* __restrict__ rstd, const T* __restrict__ g, const T* __restrict__ sg,
+                                  const T* __restrict__ sgx, T* __restrict__ gx, uint64_t total, uint32_t c, uint64_t t,
+                                  uint32_t train) {
+    typedef typename Num<T>::acc A;
+    const A cnt = A(total / c);
+    NN_GRID_STRIDE(i, total) {
+        const size_t ch = (i / t) % c;
+        const A inv = Num<T>::to(rstd[ch]), wr = Num<T>::to(w[ch]) * inv, gv = Num<T>::to(g[i]);
+        A v;
+        if (train) {
+            const A xh = (Num<T>::to(x[i]) - Num<T>::to(mean[ch])) * inv;
+            v = wr * (gv - Num<T>::to(sg[ch]) / cnt - xh * Num<T>::to(sgx[ch]) / cnt);
+        } else {
+            v = wr * gv;
+        }
+        gx[i] = Num<T>::from(v);
+    }
+}
+
+#define NORM_KERNELS(SUF, T)                                                                                               \
+    extern "C" __global__ void layer_norm_fwd_##SUF(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd,            \
+                                                    uint64_t rows, uint32_t n, double eps, uint32_t has_w, uint32_t has_b) { \
+        layer_norm_fwd<T>(x, w, b, y, mean, rstd, rows, n, eps, has_w, has_b);                                             \
+    }                                                                                                                      \
+    extern "C" __global__ void layer_norm_bwd_dx_##SUF(const T* x, const T* w, const T* mean, const T* rstd, const T* g,   \
+                                                       T* gx, uint64_t rows, uint32_t n, uint32_t has_w) {                 \
+        layer_norm_bwd_dx<T>(x, w, mean, rstd, g, gx, rows, n, has_w);                                                     \
+    }                                                                                                                      \
+    extern "C" __global__ void layer_norm_bwd_wb_partial_##SUF(const T* x, const T* mean, const T* rstd, const T* g,       \
+                                                               T* pw, T* pb, uint64_t rows, uint32_t n, uint64_t chunks,   \
+                                                               uint32_t chunk) {                                           \
+        layer_norm_bwd_wb_partial<T>(x, mean, rstd, g, pw, pb, rows, n, chunks, chunk);                                    \
+    }                                                                                                                      \
+    extern "C" __global__ void layer_norm_bwd_wb_final_##SUF(const T* pw, const T* pb, T* gw, T* gb, uint64_t chunks,      \
+                                                             uint32_t n) {                                                 \
+        layer_norm_bwd_wb_final<T>(pw, pb, gw, gb, chunks, n);                                                             \
+    }                                                                                                                      \
+    extern "C" __global__ void batch_norm_stats_##SUF(const T* x, T* mean, T* var, uint64_t b, uint32_t c, uint64_t t) {   \
+        batch_norm_stats<T>(x, mean, var, b, c, t);                                                                        \
+    }                                                                                                                      \
+    extern "C" __global__ void batch_norm_apply_##SUF(const T* x, const T* mean, const T* rstd, const T* w, const T* bias, \
+                                                      T* y, uint64_t total, uint32_t c, uint64_t t) {                      \
+        batch_norm_apply<T>(x, mean, rstd, w, bias, y, total, c, t);                                                       \
+    }                                                                                                                      \
+    extern "C" __global__ void batch_norm_bwd_sums_##SUF(const T* x, const T* mean, const T* rstd, const T* g, T* sg,      \
+                                                         T* sgx, uint64_t b, uint32_t c, uint64_t t) {                     \
+        batch_norm_bwd_sums<T>(x, mean, rstd, g, sg, sgx, b, c, t);                                                        \
+    }                                                                                                                      \
+    extern "C" __global__ void batch_norm_bwd_dx_##SUF(const T* x, const T* w, const T* mean, const T* rstd, const T* g,   \
+                                                       const T* sg, const T* sgx, T* gx, uint64_t total, uint32_t c,       \
+                                                       uint64_t t, uint32_t train) {                                       \
+        batch_norm_bwd_dx<T>(x, w, mean, rstd, g, sg, sgx, gx, total, c, t, train);                                        \
+    }
+NN_F32_F64(NORM_KERNELS)

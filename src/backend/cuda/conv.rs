@@ -1,0 +1,92 @@
+//! Convolutions on the GPU (`cuda/conv.cu`); mirrors `backend::cpu::conv`.
+//! Depthwise conv1d runs in its own kernels; conv2d is im2col here plus a
+//! cuBLAS product in the op layer, and col2im for the input gradient.
+
+use super::nn_common::{elems, expect_dtype, expect_len, launch, rows, same, u32_arg, FLOATS};
+use super::{Arg, CudaStorage};
+use crate::backend::cpu::conv::{Conv2d, Dw1d};
+use crate::error::Result;
+
+fn dw_args(op: &'static str, g: &Dw1d) -> Result<[u32; 5]> {
+    Ok([u32_arg(op, "channels", g.c)?, u32_arg(op, "frames", g.t)?, u32_arg(op, "kernel size", g.k)?, u32_arg(op, "padding", g.pad)?, u32_arg(op, "output frames", g.t_out())?])
+}
+
+/// Depthwise conv1d forward: x (B, C, T), w (C, 1, K), bias (C) → (B, C, To).
+pub fn depthwise_conv1d(x: &CudaStorage, w: &CudaStorage, bias: Option<&CudaStorage>, g: &Dw1d) -> Result<CudaStorage> {
+    let op = "depthwise_conv1d";
+    expect_dtype(op, x, FLOATS)?;
+    same(op, x, w)?;
+    expect_len(op, "the input (B, C, T)", x, g.b * g.c * g.t)?;
+    expect_len(op, "the weight (C, 1, K)", w, g.c * g.k)?;
+    if let Some(b) = bias {
+        same(op, x, b)?;
+        expect_len(op, "the bias (C)", b, g.c)?;
+    }
+    let [c, t, k, pad, to] = dw_args(op, g)?;
+    let dev = x.device();
+    let n = g.b * g.c * g.t_out();
+    let y = dev.alloc(x.dtype(), n)?;
+    let args = [Arg::Ptr(x), Arg::Ptr(w), Arg::Ptr(bias.unwrap_or(w)), Arg::Ptr(&y), Arg::U64((g.b * g.c) as u64), Arg::U32(c), Arg::U32(t), Arg::U32(k), Arg::U32(pad), Arg::U32(to), Arg::U32(bias.is_some() as u32)];
+    launch(dev, "conv", "depthwise_conv1d_fwd", x.dtype(), n, elems(n), &args)?;
+    Ok(y)
+}
+
+/// Depthwise conv1d backward: `(gx, gw, gbias)`, the weight and bias sums deterministic.
+pub fn depthwise_conv1d_backward(x: &CudaStorage, w: &CudaStorage, gy: &CudaStorage, g: &Dw1d) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+    let op = "depthwise_conv1d_backward";
+    expect_dtype(op, x, FLOATS)?;
+    same(op, x, w)?;
+    same(op, x, gy)?;
+    expect_len(op, "the input (B, C, T)", x, g.b * g.c * g.t)?;
+    expect_len(op, "the weight (C, 1, K)", w, g.c * g.k)?;
+    expect_len(op, "the output gradient (B, C, To)", gy, g.b * g.c * g.t_out())?;
+    let [c, t, k, pad, to] = dw_args(op, g)?;
+    let (dt, dev) = (x.dtype(), x.device());
+    let gx = dev.alloc(dt, x.len())?;
+    let args = [Arg::Ptr(w), Arg::Ptr(gy), Arg::Ptr(&gx), Arg::U64((g.b * g.c) as u64), Arg::U32(c), Arg::U32(t), Arg::U32(k), Arg::U32(pad), Arg::U32(to)];
+    launch(dev, "conv", "depthwise_conv1d_bwd_input", dt, x.len(), elems(x.len()), &args)?;
+    let gw = dev.alloc(dt, g.c * g.k)?;
+    let args = [Arg::Ptr(x), Arg::Ptr(gy), Arg::Ptr(&gw), Arg::U64(g.b as u64), Arg::U32(c), Arg::U32(t), Arg::U32(k), Arg::U32(pad), Arg::U32(to)];
+    launch(dev, "conv", "depthwise_conv1d_bwd_weight", dt, g.c * g.k, rows(g.c * g.k), &args)?;
+    let gb = dev.alloc(dt, g.c)?;
+    let args = [Arg::Ptr(gy), Arg::Ptr(&gb), Arg::U64(g.b as u64), Arg::U32(c), Arg::U32(to)];
+    launch(dev, "conv", "depthwise_conv1d_bwd_bias", dt, g.c, rows(g.c), &args)?;
+    Ok((gx, gw, gb))
+}
+
+fn geom_args(op: &'static str, g: &Conv2d) -> Result<Vec<Arg<'static>>> {
+    let (ho, wo) = g.out_hw();
+    let vals = [(g.b, "batch"), (g.ci, "input channels"), (g.h, "height"), (g.w, "width"), (g.kh, "kernel height"), (g.kw, "kernel width"), (g.stride, "stride"), (g.pad, "padding"), (ho, "output height"), (wo, "output width")];
+    vals.iter().map(|&(v, what)| u32_arg(op, what, v).map(Arg::U32)).collect()
+}
+
+/// The columns of a conv2d: (B, Ci·kh·kw, Ho·Wo), zero where the window leaves the image.
+pub fn im2col(x: &CudaStorage, g: &Conv2d) -> Result<CudaStorage> {
+    let op = "im2col";
+    expect_dtype(op, x, FLOATS)?;
+    expect_len(op, "the input (B, Ci, H, W)", x, g.b * g.ci * g.h * g.w)?;
+    let (ho, wo) = g.out_hw();
+    let n = g.b * g.ci * g.kh * g.kw * ho * wo;
+    let dev = x.device();
+    let cols = dev.alloc(x.dtype(), n)?;
+    let mut args = vec![Arg::Ptr(x), Arg::Ptr(&cols)];
+    args.extend(geom_args(op, g)?);
+    launch(dev, "conv", "im2col", x.dtype(), n, elems(n), &args)?;
+    Ok(cols)
+}
+
+/// The adjoint of [`im2col`]: column gradients (B, Ci·kh·kw, Ho·Wo) summed
+/// back into the input image (B, Ci, H, W).
+pub fn col2im(cols: &CudaStorage, g: &Conv2d) -> Result<CudaStorage> {
+    let op = "col2im";
+    expect_dtype(op, cols, FLOATS)?;
+    let (ho, wo) = g.out_hw();
+    expect_len(op, "the columns (B, Ci*kh*kw, Ho*Wo)", cols, g.b * g.ci * g.kh * g.kw * ho * wo)?;
+    let n = g.b * g.ci * g.h * g.w;
+    let dev = cols.device();
+    let gx = dev.alloc(cols.dtype(), n)?;
+    let mut args = vec![Arg::Ptr(cols), Arg::Ptr(&gx)];
+    args.extend(geom_args(op, g)?);
+    launch(dev, "conv", "col2im", cols.dtype(), n, elems(n), &args)?;
+    Ok(gx)
+}

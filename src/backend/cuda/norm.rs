@@ -1,0 +1,141 @@
+//! Layer norm and batch norm on the GPU, forward and backward
+//! (`cuda/norm.cu`); mirrors `backend::cpu::norm`. The weight and bias
+//! gradients are deterministic column sums (no atomics).
+
+use super::nn_common::{elems, expect_dtype, expect_len, launch, rows, same, u32_arg, F32_F64};
+use super::{Arg, CudaStorage};
+use crate::error::Result;
+
+/// Rows per partial sum in the first pass of layer norm's gw/gb.
+const LN_CHUNK: usize = 64;
+
+/// Layer norm forward: `(y, mean, rstd)`, the last two per row.
+pub fn layer_norm(x: &CudaStorage, w: Option<&CudaStorage>, b: Option<&CudaStorage>, n: usize, eps: f64) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+    let op = "layer_norm";
+    expect_dtype(op, x, F32_F64)?;
+    for p in [w, b].into_iter().flatten() {
+        same(op, x, p)?;
+        expect_len(op, "weight and bias", p, n)?;
+    }
+    let nn = u32_arg(op, "row length", n)?;
+    let r = if n == 0 { 0 } else { x.len() / n };
+    let dev = x.device();
+    let (y, mean, rstd) = (dev.alloc(x.dtype(), x.len())?, dev.alloc(x.dtype(), r)?, dev.alloc(x.dtype(), r)?);
+    // An absent weight or bias is never read; x stands in for its pointer.
+    let args = [
+        Arg::Ptr(x),
+        Arg::Ptr(w.unwrap_or(x)),
+        Arg::Ptr(b.unwrap_or(x)),
+        Arg::Ptr(&y),
+        Arg::Ptr(&mean),
+        Arg::Ptr(&rstd),
+        Arg::U64(r as u64),
+        Arg::U32(nn),
+        Arg::F64(eps),
+        Arg::U32(w.is_some() as u32),
+        Arg::U32(b.is_some() as u32),
+    ];
+    launch(dev, "norm", "layer_norm_fwd", x.dtype(), x.len(), rows(r), &args)?;
+    Ok((y, mean, rstd))
+}
+
+/// Layer norm backward: `(gx, gw, gb)` (gw, gb summed over all rows).
+pub fn layer_norm_backward(
+    x: &CudaStorage,
+    w: Option<&CudaStorage>,
+    mean: &CudaStorage,
+    rstd: &CudaStorage,
+    g: &CudaStorage,
+    n: usize,
+) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+    let op = "layer_norm_backward";
+    expect_dtype(op, x, F32_F64)?;
+    let nn = u32_arg(op, "row length", n)?;
+    let r = if n == 0 { 0 } else { x.len() / n };
+    for (s, what, len) in [(mean, "mean", r), (rstd, "rstd", r), (g, "the output gradient", x.len())] {
+        same(op, x, s)?;
+        expect_len(op, what, s, len)?;
+    }
+    if let Some(w) = w {
+        same(op, x, w)?;
+        expect_len(op, "weight", w, n)?;
+    }
+    let (dt, dev) = (x.dtype(), x.device());
+    let gx = dev.alloc(dt, x.len())?;
+    let args = [Arg::Ptr(x), Arg::Ptr(w.unwrap_or(x)), Arg::Ptr(mean), Arg::Ptr(rstd), Arg::Ptr(g), Arg::Ptr(&gx), Arg::U64(r as u64), Arg::U32(nn), Arg::U32(w.is_some() as u32)];
+    launch(dev, "norm", "layer_norm_bwd_dx", dt, x.len(), rows(r), &args)?;
+    let chunks = r.div_ceil(LN_CHUNK);
+    let (pw, pb) = (dev.alloc(dt, (chunks * n).max(1))?, dev.alloc(dt, (chunks * n).max(1))?);
+    let args = [Arg::Ptr(x), Arg::Ptr(mean), Arg::Ptr(rstd), Arg::Ptr(g), Arg::Ptr(&pw), Arg::Ptr(&pb), Arg::U64(r as u64), Arg::U32(nn), Arg::U64(chunks as u64), Arg::U32(LN_CHUNK as u32)];
+    launch(dev, "norm", "layer_norm_bwd_wb_partial", dt, chunks * n, elems(chunks * n), &args)?;
+    let (gw, gb) = (dev.alloc(dt, n)?, dev.alloc(dt, n)?);
+    // With no rows the final pass writes zeros (an empty sum).
+    let args = [Arg::Ptr(&pw), Arg::Ptr(&pb), Arg::Ptr(&gw), Arg::Ptr(&gb), Arg::U64(chunks as u64), Arg::U32(nn)];
+    launch(dev, "norm", "layer_norm_bwd_wb_final", dt, n, elems(n), &args)?;
+    Ok((gx, gw, gb))
+}
+
+fn bn_dims(op: &'static str, x: &CudaStorage, b: usize, c: usize, t: usize) -> Result<u32> {
+    expect_dtype(op, x, F32_F64)?;
+    expect_len(op, "the input (B, C, T)", x, b * c * t)?;
+    u32_arg(op, "channel count", c)
+}
+
+/// Per-channel mean and biased variance of a (B, C, T) tensor.
+pub fn batch_norm_stats(x: &CudaStorage, b: usize, c: usize, t: usize) -> Result<(CudaStorage, CudaStorage)> {
+    let cc = bn_dims("batch_norm", x, b, c, t)?;
+    let dev = x.device();
+    let (mean, var) = (dev.alloc(x.dtype(), c)?, dev.alloc(x.dtype(), c)?);
+    let args = [Arg::Ptr(x), Arg::Ptr(&mean), Arg::Ptr(&var), Arg::U64(b as u64), Arg::U32(cc), Arg::U64(t as u64)];
+    launch(dev, "norm", "batch_norm_stats", x.dtype(), c, rows(c), &args)?;
+    Ok((mean, var))
+}
+
+/// `y = (x − mean[c])·rstd[c]·w[c] + b[c]` over (B, C, T).
+pub fn batch_norm_apply(x: &CudaStorage, mean: &CudaStorage, rstd: &CudaStorage, w: &CudaStorage, bias: &CudaStorage, c: usize, t: usize) -> Result<CudaStorage> {
+    let op = "batch_norm";
+    expect_dtype(op, x, F32_F64)?;
+    let cc = u32_arg(op, "channel count", c)?;
+    for (s, what) in [(mean, "mean"), (rstd, "rstd"), (w, "weight"), (bias, "bias")] {
+        same(op, x, s)?;
+        expect_len(op, what, s, c)?;
+    }
+    let dev = x.device();
+    let y = dev.alloc(x.dtype(), x.len())?;
+    let args = [Arg::Ptr(x), Arg::Ptr(mean), Arg::Ptr(rstd), Arg::Ptr(w), Arg::Ptr(bias), Arg::Ptr(&y), Arg::U64(x.len() as u64), Arg::U32(cc), Arg::U64(t as u64)];
+    launch(dev, "norm", "batch_norm_apply", x.dtype(), x.len(), elems(x.len()), &args)?;
+    Ok(y)
+}
+
+/// Batch norm backward over (B, C, T): `(gx, gw, gb)`. With `train` the
+/// statistics were the batch's (their gradient flows); else they were constants.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_backward(x: &CudaStorage, w: &CudaStorage, mean: &CudaStorage, rstd: &CudaStorage, g: &CudaStorage, b: usize, c: usize, t: usize, train: bool) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+    let op = "batch_norm_backward";
+    let cc = bn_dims(op, x, b, c, t)?;
+    for (s, what, len) in [(w, "weight", c), (mean, "mean", c), (rstd, "rstd", c), (g, "the output gradient", x.len())] {
+        same(op, x, s)?;
+        expect_len(op, what, s, len)?;
+    }
+    let (dt, dev) = (x.dtype(), x.device());
+    let (gb, gw) = (dev.alloc(dt, c)?, dev.alloc(dt, c)?);
+    let args = [Arg::Ptr(x), Arg::Ptr(mean), Arg::Ptr(rstd), Arg::Ptr(g), Arg::Ptr(&gb), Arg::Ptr(&gw), Arg::U64(b as u64), Arg::U32(cc), Arg::U64(t as u64)];
+    launch(dev, "norm", "batch_norm_bwd_sums", dt, c, rows(c), &args)?;
+    let gx = dev.alloc(dt, x.len())?;
+    let args = [
+        Arg::Ptr(x),
+        Arg::Ptr(w),
+        Arg::Ptr(mean),
+        Arg::Ptr(rstd),
+        Arg::Ptr(g),
+        Arg::Ptr(&gb),
+        Arg::Ptr(&gw),
+        Arg::Ptr(&gx),
+        Arg::U64(x.len() as u64),
+        Arg::U32(cc),
+        Arg::U64(t as u64),
+        Arg::U32(train as u32),
+    ];
+    launch(dev, "norm", "batch_norm_bwd_dx", dt, x.len(), elems(x.len()), &args)?;
+    Ok((gx, gw, gb))
+}

@@ -1,0 +1,376 @@
+//! The nn-family CUDA kernels (softmax, norm, conv, index, layout, dropout)
+//! against the CPU ops on fresh random inputs, forward and backward: f32 to
+//! 1e-5 and f64 to 1e-12 (relative, per element, with the tensor's RMS as
+//! the floor), f16/bf16 copies exact. Row lengths that are not multiples of
+//! the block size (1, 7, 1000, 4097). `ASRFORGE_CUDA_POISON=1` is set before
+//! the first CUDA call, so an element a kernel never writes is NaN, and NaN
+//! never passes. Dropout masks equal the CPU's bit for bit. Without a GPU
+//! every test says so and returns.
+
+mod common;
+
+use asrforge::ops::{self, BatchNormState};
+use asrforge::tensor::{rng, Rng};
+use asrforge::{DType, Device, Error, Result, Tensor};
+use common::{draw, fresh_seed, run_with_grads, Kind, Kind::*, OpFn};
+use std::sync::Once;
+
+static POISON: Once = Once::new();
+
+/// GPU 0 with poisoned allocations, or `None` (printing why) without a GPU.
+fn gpu(test: &str) -> Option<Device> {
+    // Every test calls this before touching the GPU, so the variable is set
+    // before the first CUDA call of the process.
+    POISON.call_once(|| std::env::set_var("ASRFORGE_CUDA_POISON", "1"));
+    match Device::available().into_iter().find(|d| *d != Device::Cpu) {
+        Some(d) => Some(d),
+        None => {
+            let why = Device::cuda(0).err().map(|e| e.to_string()).unwrap_or_else(|| "no GPU listed".into());
+            eprintln!("{test}: skipped, no GPU available ({why})");
+            None
+        }
+    }
+}
+
+/// `got` against `want` per element: |g − w| ≤ tol·(|w| + rms(want)); NaN never passes.
+fn close(what: &str, got: &[f64], want: &[f64], tol: f64, seed: u64) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths (seed {seed})");
+    let rms = (want.iter().map(|w| w * w).sum::<f64>() / want.len().max(1) as f64).sqrt();
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(!g.is_nan(), "{what}: element {i} is NaN (unwritten or wrong), want {w} (seed {seed})");
+        assert!((g - w).abs() <= tol * (w.abs() + rms), "{what}: element {i}: got {g}, want {w}, tolerance {tol:e} (seed {seed})");
+    }
+}
+
+/// One input: shape, how to draw it, whether it is differentiated.
+type Input = (&'static [usize], Kind, bool);
+
+/// Runs `f` on the CPU and on `dev` in `dtype` with the same fresh inputs and
+/// compares the output and every input gradient.
+fn compare(name: &str, dev: &Device, dtype: DType, tol: f64, inputs: &[Input], f: &OpFn) {
+    let seed = fresh_seed();
+    let mut rng = Rng::new(seed);
+    let vals: Vec<(Vec<f64>, Vec<usize>)> = inputs.iter().map(|(s, k, _)| (draw(&mut rng, s, *k), s.to_vec())).collect();
+    // Round the inputs to the dtype once, so both devices see the same numbers.
+    let vals: Vec<(Vec<f64>, Vec<usize>)> = vals.into_iter().map(|(v, s)| (common::tensor(&v, &s, dtype, &Device::Cpu).to_f64_vec().unwrap(), s)).collect();
+    let mask: Vec<bool> = inputs.iter().map(|i| i.2).collect();
+    let n_out = asrforge::autograd::no_grad(|| f(&vals.iter().map(|(v, s)| common::tensor(v, s, dtype, &Device::Cpu)).collect::<Vec<_>>())).expect("cpu forward").elem_count();
+    let r = rng.normal(n_out.max(1));
+    let (out_c, grads_c) = run_with_grads(f, &vals, &mask, &r, dtype, &Device::Cpu);
+    let (out_g, grads_g) = run_with_grads(f, &vals, &mask, &r, dtype, dev);
+    close(&format!("{name} {dtype:?} output"), &out_g, &out_c, tol, seed);
+    for (i, (g, c)) in grads_g.iter().zip(&grads_c).enumerate() {
+        if let (Some(g), Some(c)) = (g, c) {
+            close(&format!("{name} {dtype:?} gradient of input {i}"), g, c, tol, seed);
+        }
+    }
+}
+
+/// `compare` in f32 (1e-5) and f64 (1e-12).
+fn both(name: &str, dev: &Device, inputs: &[Input], f: &OpFn) {
+    compare(name, dev, DType::F32, 1e-5, inputs, f);
+    compare(name, dev, DType::F64, 1e-12, inputs, f);
+}
+
+fn ids_on_cpu(v: &[i64], shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v.to_vec(), shape.to_vec(), &Device::Cpu).unwrap()
+}
+
+fn u8s(v: Vec<u8>, shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v, shape.to_vec(), &Device::Cpu).unwrap()
+}
+
+/// `n` indices in `0..bound` from a fixed generator (repeats included).
+fn some_ids(n: usize, bound: usize, seed: u64) -> Vec<i64> {
+    let mut r = Rng::new(seed);
+    (0..n).map(|_| r.below(bound) as i64).collect()
+}
+
+/// A 0/1 mask of `n` elements from a fixed generator.
+fn some_mask(n: usize, seed: u64) -> Vec<u8> {
+    Rng::new(seed).uniform(n).into_iter().map(|u| (u < 0.4) as u8).collect()
+}
+
+// ---- softmax ----
+
+#[test]
+fn softmax_and_log_softmax_match_the_cpu() {
+    let Some(dev) = gpu("softmax_and_log_softmax_match_the_cpu") else { return };
+    let shapes: [&'static [usize]; 4] = [&[3, 1], &[5, 7], &[2, 1000], &[3, 4097]];
+    for s in shapes {
+        both(&format!("softmax {s:?}"), &dev, &[(s, Normal, true)], &move |x| ops::softmax(&x[0]));
+        both(&format!("log_softmax {s:?}"), &dev, &[(s, Normal, true)], &move |x| ops::log_softmax(&x[0]));
+    }
+}
+
+#[test]
+fn softmax_of_large_logits_is_stable_on_the_gpu() {
+    let Some(dev) = gpu("softmax_of_large_logits_is_stable_on_the_gpu") else { return };
+    // exp(1000) overflows without the max subtraction; the answer is [0, 1/2, 1/2].
+    let x = Tensor::from_vec(vec![0.0f32, 1000.0, 1000.0], [1, 3], &Device::Cpu).unwrap().to_device(&dev).unwrap();
+    let y = ops::softmax(&x).unwrap().to_f64_vec().unwrap();
+    close("softmax of large logits", &y, &[0.0, 0.5, 0.5], 1e-7, 0);
+}
+
+// ---- norms ----
+
+#[test]
+fn layer_norm_matches_the_cpu() {
+    let Some(dev) = gpu("layer_norm_matches_the_cpu") else { return };
+    // Rows of 1 (zero variance), 7, 1000 and 4097; 300 rows spans several
+    // chunks of the weight/bias column sums.
+    let cases: [(&'static [usize], &'static [usize]); 5] = [(&[3, 1], &[1]), (&[300, 7], &[7]), (&[2, 3, 1000], &[1000]), (&[2, 4097], &[4097]), (&[129, 64], &[64])];
+    for (x, p) in cases {
+        both(&format!("layer_norm affine {x:?}"), &dev, &[(x, Normal, true), (p, Normal, true), (p, Normal, true)], &move |t| ops::layer_norm(&t[0], Some(&t[1]), Some(&t[2]), 1e-5));
+        both(&format!("layer_norm plain {x:?}"), &dev, &[(x, Normal, true)], &move |t| ops::layer_norm(&t[0], None, None, 1e-5));
+    }
+}
+
+fn stats_like(v: f64, x: &Tensor, c: usize) -> Tensor {
+    let t = Tensor::full([c], v, x.dtype(), &Device::Cpu).unwrap();
+    t.to_device(&x.device()).unwrap()
+}
+
+#[test]
+fn batch_norm_matches_the_cpu_in_train_and_eval() {
+    let Some(dev) = gpu("batch_norm_matches_the_cpu_in_train_and_eval") else { return };
+    let cases: [(&'static [usize], &'static [usize]); 3] = [(&[4, 3, 7], &[3]), (&[2, 5, 1000], &[5]), (&[4097, 3], &[3])];
+    for (x, p) in cases {
+        let c = p[0];
+        for training in [true, false] {
+            let f = move |t: &[Tensor]| {
+                let (rm, rv) = (stats_like(0.25, &t[0], c), stats_like(1.5, &t[0], c));
+                let st = BatchNormState { running_mean: &rm, running_var: &rv, momentum: 0.1, eps: 1e-5, training };
+                ops::batch_norm(&t[0], &t[1], &t[2], &st)
+            };
+            both(&format!("batch_norm {x:?} training {training}"), &dev, &[(x, Normal, true), (p, Normal, true), (p, Normal, true)], &f);
+        }
+    }
+}
+
+#[test]
+fn batch_norm_running_statistics_match_the_cpu() {
+    let Some(dev) = gpu("batch_norm_running_statistics_match_the_cpu") else { return };
+    let seed = fresh_seed();
+    let mut r = Rng::new(seed);
+    let xv = r.normal(3 * 5 * 1000);
+    let wv = r.normal(5);
+    let mut out = Vec::new();
+    for d in [Device::Cpu, dev] {
+        let x = Tensor::from_vec(xv.clone(), [3, 5, 1000], &d).unwrap();
+        let w = Tensor::from_vec(wv.clone(), [5], &d).unwrap();
+        let b = Tensor::zeros([5], DType::F64, &d).unwrap();
+        let (rm, rv) = (Tensor::zeros([5], DType::F64, &d).unwrap(), Tensor::ones([5], DType::F64, &d).unwrap());
+        let st = BatchNormState { running_mean: &rm, running_var: &rv, momentum: 0.1, eps: 1e-5, training: true };
+        ops::batch_norm(&x, &w, &b, &st).unwrap();
+        out.push((rm.to_f64_vec().unwrap(), rv.to_f64_vec().unwrap()));
+    }
+    close("running_mean", &out[1].0, &out[0].0, 1e-12, seed);
+    close("running_var", &out[1].1, &out[0].1, 1e-12, seed);
+}
+
+#[test]
+fn layer_norm_weight_gradient_is_reproducible() {
+    let Some(dev) = gpu("layer_norm_weight_gradient_is_reproducible") else { return };
+    let mut r = Rng::new(fresh_seed());
+    let (xv, wv) = (r.normal(1000 * 257), r.normal(257));
+    let grad = || {
+        let x = Tensor::from_vec(xv.iter().map(|&v| v as f32).collect::<Vec<_>>(), [1000, 257], &dev).unwrap();
+        let w = Tensor::from_vec(wv.iter().map(|&v| v as f32).collect::<Vec<_>>(), [257], &dev).unwrap().requires_grad_();
+        let y = ops::layer_norm(&x, Some(&w), None, 1e-5).unwrap();
+        asrforge::autograd::backward(&ops::sum_all(&ops::mul(&y, &y).unwrap()).unwrap()).unwrap();
+        w.grad().unwrap().to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+    };
+    assert_eq!(grad(), grad(), "two runs of the same backward give the same bits");
+}
+
+// ---- convolutions ----
+
+#[test]
+fn depthwise_conv1d_matches_the_cpu() {
+    let Some(dev) = gpu("depthwise_conv1d_matches_the_cpu") else { return };
+    both("depthwise k3 p1 with bias", &dev, &[(&[2, 3, 7], Normal, true), (&[3, 1, 3], Normal, true), (&[3], Normal, true)], &move |x| ops::conv1d_depthwise(&x[0], &x[1], Some(&x[2]), 1));
+    // The Conformer module's kernel 15, "same" padding, 1000 frames.
+    both("depthwise k15 p7 with bias", &dev, &[(&[2, 5, 1000], Normal, true), (&[5, 1, 15], Normal, true), (&[5], Normal, true)], &move |x| ops::conv1d_depthwise(&x[0], &x[1], Some(&x[2]), 7));
+    both("depthwise k5 p0 no bias", &dev, &[(&[1, 4, 4097], Normal, true), (&[4, 1, 5], Normal, true)], &move |x| ops::conv1d_depthwise(&x[0], &x[1], None, 0));
+    both("depthwise k1 frame", &dev, &[(&[3, 2, 1], Normal, true), (&[2, 1, 1], Normal, true)], &move |x| ops::conv1d_depthwise(&x[0], &x[1], None, 0));
+}
+
+#[test]
+fn conv2d_matches_the_cpu() {
+    let Some(dev) = gpu("conv2d_matches_the_cpu") else { return };
+    // The subsampling front end: 3x3 stride 2 on (B, 1, T, 80) features, then on its channels.
+    both("conv2d stride 2", &dev, &[(&[2, 1, 37, 80], Normal, true), (&[4, 1, 3, 3], Normal, true), (&[4], Normal, true)], &move |x| ops::conv2d(&x[0], &x[1], Some(&x[2]), 2, 0));
+    both("conv2d 4 channels stride 2", &dev, &[(&[2, 4, 18, 39], Normal, true), (&[3, 4, 3, 3], Normal, true), (&[3], Normal, true)], &move |x| ops::conv2d(&x[0], &x[1], Some(&x[2]), 2, 0));
+    both("conv2d pad 1 no bias", &dev, &[(&[1, 3, 9, 7], Normal, true), (&[2, 3, 3, 3], Normal, true)], &move |x| ops::conv2d(&x[0], &x[1], None, 1, 1));
+    both("conv2d 5x5 stride 3", &dev, &[(&[2, 2, 23, 17], Normal, true), (&[3, 2, 5, 5], Normal, true), (&[3], Normal, true)], &move |x| ops::conv2d(&x[0], &x[1], Some(&x[2]), 3, 1));
+}
+
+#[test]
+fn pointwise_conv1d_matches_the_cpu() {
+    let Some(dev) = gpu("pointwise_conv1d_matches_the_cpu") else { return };
+    both("pointwise", &dev, &[(&[2, 7, 1000], Normal, true), (&[5, 7, 1], Normal, true), (&[5], Normal, true)], &move |x| ops::conv1d_pointwise(&x[0], &x[1], Some(&x[2])));
+}
+
+// ---- indexing ----
+
+#[test]
+fn embedding_and_index_select_match_the_cpu() {
+    let Some(dev) = gpu("embedding_and_index_select_match_the_cpu") else { return };
+    // 4097 lookups into 1000 rows: many repeats, many rows never hit (their gradient is 0).
+    let ids = some_ids(4097, 1000, 11);
+    both("embedding", &dev, &[(&[1000, 7], Normal, true)], &move |x| ops::embedding(&x[0], &ids_on_cpu(&ids, &[17, 241])));
+    let sel = some_ids(9, 5, 12);
+    both("index_select dim 1", &dev, &[(&[3, 5, 7], Normal, true)], &move |x| ops::index_select(&x[0], 1, &ids_on_cpu(&sel, &[9])));
+    let sel0 = some_ids(9, 5, 18);
+    both("index_select dim 0", &dev, &[(&[5, 1000], Normal, true)], &move |x| ops::index_select(&x[0], 0, &ids_on_cpu(&sel0, &[9])));
+}
+
+#[test]
+fn gather_matches_the_cpu() {
+    let Some(dev) = gpu("gather_matches_the_cpu") else { return };
+    let idx = some_ids(3 * 4097, 7, 13);
+    both("gather dim 1", &dev, &[(&[3, 7], Normal, true)], &move |x| ops::gather(&x[0], 1, &ids_on_cpu(&idx, &[3, 4097])));
+    let idx0 = some_ids(2 * 1000, 4, 14);
+    both("gather dim 0", &dev, &[(&[4, 1000], Normal, true)], &move |x| ops::gather(&x[0], 0, &ids_on_cpu(&idx0, &[2, 1000])));
+}
+
+#[test]
+fn masked_fill_and_where_match_the_cpu() {
+    let Some(dev) = gpu("masked_fill_and_where_match_the_cpu") else { return };
+    // The attention mask's broadcast: (B, 1, T) over (B, H, T).
+    let m = some_mask(2 * 1000, 15);
+    both("masked_fill broadcast", &dev, &[(&[2, 3, 1000], Normal, true)], &move |x| ops::masked_fill(&x[0], &u8s(m.clone(), &[2, 1, 1000]), -1e4));
+    let full = some_mask(5 * 4097, 16);
+    let f1 = full.clone();
+    both("masked_fill full", &dev, &[(&[5, 4097], Normal, true)], &move |x| ops::masked_fill(&x[0], &u8s(f1.clone(), &[5, 4097]), 0.0));
+    let row = some_mask(7, 17);
+    both("where broadcast", &dev, &[(&[3, 7], Normal, true), (&[3, 7], Normal, true)], &move |x| ops::where_cond(&u8s(row.clone(), &[7]), &x[0], &x[1]));
+    // A mask already on the GPU takes the same path.
+    let on_gpu = u8s(full.clone(), &[5, 4097]).to_device(&dev).unwrap();
+    both("where mask on gpu", &dev, &[(&[5, 4097], Normal, true), (&[5, 4097], Normal, true)], &move |x| {
+        let m = if x[0].device() == Device::Cpu { u8s(full.clone(), &[5, 4097]) } else { on_gpu.clone() };
+        ops::where_cond(&m, &x[0], &x[1])
+    });
+}
+
+#[test]
+fn out_of_range_indices_are_errors_on_the_gpu() {
+    let Some(dev) = gpu("out_of_range_indices_are_errors_on_the_gpu") else { return };
+    let x = Tensor::zeros([5, 3], DType::F32, &dev).unwrap();
+    match ops::index_select(&x, 0, &ids_on_cpu(&[1, 5], &[2])) {
+        Err(Error::IndexOutOfRange { index: 5, size: 5, .. }) => {}
+        other => panic!("expected IndexOutOfRange for index 5 of 5, got {other:?}"),
+    }
+    match ops::gather(&x, 1, &ids_on_cpu(&[0, -1], &[1, 2])) {
+        Err(Error::IndexOutOfRange { index: -1, size: 3, .. }) => {}
+        other => panic!("expected IndexOutOfRange for index -1 of 3, got {other:?}"),
+    }
+}
+
+// ---- layout ----
+
+/// Every dtype's copy of the same values: the GPU result must be bit-identical.
+fn layout_exact(name: &str, dev: &Device, shape: &[usize], f: &dyn Fn(&Tensor) -> Result<Tensor>) {
+    let seed = fresh_seed();
+    let mut r = Rng::new(seed);
+    let v = r.normal(shape.iter().product());
+    for dt in [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64, DType::U8] {
+        let vals: Vec<f64> = if dt == DType::I64 || dt == DType::U8 { v.iter().map(|x| (x * 40.0).abs().floor()).collect() } else { v.clone() };
+        let x = common::tensor(&vals, shape, dt, &Device::Cpu);
+        let want = f(&x).unwrap().to_cpu_storage().unwrap();
+        let got = f(&x.clone().to_device(dev).unwrap()).unwrap().to_cpu_storage().unwrap();
+        let nan_free = got.to_f64_vec().iter().all(|v| !v.is_nan());
+        assert!(nan_free, "{name} {dt:?}: NaN in the GPU result (seed {seed})");
+        assert!(got == want, "{name} {dt:?}: GPU copy differs from the CPU's (seed {seed})");
+    }
+}
+
+#[test]
+fn permute_narrow_pad_cat_are_exact_copies_in_every_dtype() {
+    let Some(dev) = gpu("permute_narrow_pad_cat_are_exact_copies_in_every_dtype") else { return };
+    layout_exact("permute 3-d", &dev, &[3, 7, 1000], &move |x| ops::permute(x, &[2, 0, 1]));
+    layout_exact("transpose 4-d", &dev, &[2, 5, 7, 13], &move |x| ops::transpose(x, 1, 2));
+    layout_exact("permute 5-d", &dev, &[2, 3, 1, 4, 5], &move |x| ops::permute(x, &[4, 2, 0, 3, 1]));
+    layout_exact("narrow", &dev, &[3, 4097, 2], &move |x| ops::narrow(x, 1, 1000, 97));
+    layout_exact("pad", &dev, &[5, 7], &move |x| ops::pad(x, 1, 3, 2, 1.5));
+    layout_exact("pad first dim", &dev, &[1000, 3], &move |x| ops::pad(x, 0, 1, 0, -2.0));
+    layout_exact("cat", &dev, &[2, 7, 5], &move |x| ops::cat(&[x, &ops::narrow(x, 1, 0, 1)?, x], 1));
+    layout_exact("stack", &dev, &[4097], &move |x| ops::stack(&[x, x, x], 0));
+}
+
+#[test]
+fn layout_gradients_match_the_cpu() {
+    let Some(dev) = gpu("layout_gradients_match_the_cpu") else { return };
+    both("permute", &dev, &[(&[3, 7, 1000], Normal, true)], &move |x| ops::permute(&x[0], &[1, 2, 0]));
+    both("narrow", &dev, &[(&[3, 4097], Normal, true)], &move |x| ops::narrow(&x[0], 1, 7, 1000));
+    both("pad", &dev, &[(&[7, 3], Normal, true)], &move |x| ops::pad(&x[0], 0, 2, 5, 0.5));
+    both("cat", &dev, &[(&[2, 3, 7], Normal, true), (&[2, 1, 7], Normal, true), (&[2, 1000, 7], Normal, true)], &move |x| ops::cat(&[&x[0], &x[1], &x[2]], 1));
+    both("stack", &dev, &[(&[1000], Normal, true), (&[1000], Normal, true)], &move |x| ops::stack(&[&x[0], &x[1]], 1));
+}
+
+// ---- dropout ----
+
+/// The dropout mask of `n` ones in `dtype` on `dev`, drawn from seed `seed`,
+/// with the generator state after the draw.
+fn mask_on(dev: &Device, dtype: DType, n: usize, p: f64, seed: u64) -> (Vec<f64>, rng::Rng) {
+    let ones = common::tensor(&vec![1.0; n], &[n], dtype, &Device::Cpu).to_device(dev).unwrap();
+    rng::manual_seed(seed);
+    let y = ops::dropout(&ones, p, true).unwrap();
+    (y.to_f64_vec().unwrap(), rng::get_state())
+}
+
+#[test]
+fn dropout_masks_equal_the_cpu_bit_for_bit() {
+    let Some(dev) = gpu("dropout_masks_equal_the_cpu_bit_for_bit") else { return };
+    let seed = fresh_seed();
+    for n in [1, 7, 1000, 4097] {
+        for p in [0.1, 0.5, 0.9] {
+            for dt in [DType::F32, DType::F64] {
+                let (want, st_c) = mask_on(&Device::Cpu, dt, n, p, seed);
+                let (got, st_g) = mask_on(&dev, dt, n, p, seed);
+                assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "dropout n {n} p {p} {dt:?}: GPU mask differs from the CPU's (seed {seed})");
+                assert_eq!(st_g, st_c, "the generator advances the same on both devices");
+            }
+        }
+    }
+}
+
+#[test]
+fn half_precision_dropout_masks_follow_the_generator() {
+    let Some(dev) = gpu("half_precision_dropout_masks_follow_the_generator") else { return };
+    let (seed, n, p) = (fresh_seed(), 4097, 0.3);
+    // The expected mask from the generator itself: keep where u < 1 − p.
+    let keep = Rng::new(seed).bernoulli(n, 1.0 - p);
+    for dt in [DType::F16, DType::BF16] {
+        let scale = common::tensor(&[1.0 / (1.0 - p)], &[1], dt, &Device::Cpu).to_f64_vec().unwrap()[0];
+        let want: Vec<f64> = keep.iter().map(|&k| if k { scale } else { 0.0 }).collect();
+        let (got, _) = mask_on(&dev, dt, n, p, seed);
+        assert_eq!(got, want, "{dt:?} dropout mask (seed {seed})");
+    }
+}
+
+#[test]
+fn dropout_recomputed_from_a_saved_state_is_the_same_mask() {
+    let Some(dev) = gpu("dropout_recomputed_from_a_saved_state_is_the_same_mask") else { return };
+    let x = Tensor::ones([3, 1000], DType::F32, &dev).unwrap();
+    rng::manual_seed(fresh_seed());
+    ops::dropout(&x, 0.2, true).unwrap();
+    let saved = rng::get_state();
+    let a = ops::dropout(&x, 0.2, true).unwrap().to_vec::<f32>().unwrap();
+    let next = ops::dropout(&x, 0.2, true).unwrap().to_vec::<f32>().unwrap();
+    rng::set_state(saved);
+    let b = ops::dropout(&x, 0.2, true).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(a, b, "a recompute from the saved state draws the same mask");
+    assert_ne!(a, next, "the next draw is a different mask");
+}
+
+#[test]
+fn dropout_gradient_matches_the_cpu() {
+    let Some(dev) = gpu("dropout_gradient_matches_the_cpu") else { return };
+    let seed = fresh_seed();
+    both("dropout", &dev, &[(&[7, 1000], Normal, true)], &move |x| {
+        rng::manual_seed(seed);
+        ops::dropout(&x[0], 0.3, true)
+    });
+}
