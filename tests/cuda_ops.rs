@@ -251,3 +251,26 @@ fn poisoned_allocations_read_nan_and_blocks_are_reused() {
     let z = d.zeros(DType::F64, 77).unwrap();
     assert_eq!(z.to_cpu().unwrap().to_f64_vec(), vec![0.0; 77]);
 }
+
+/// Batches reach the GPU through reused pinned staging buffers: values
+/// arrive intact for growing and shrinking sizes and both dtypes a batch has
+/// (f32 features, i64 targets), while earlier uploads stay correct after
+/// their buffer is reused.
+#[test]
+fn staged_uploads_arrive_intact_through_reused_pinned_buffers() {
+    let Some(dev) = gpu("staged_uploads_arrive_intact_through_reused_pinned_buffers") else { return };
+    let mut rng = Rng::new(fresh_seed());
+    let mut kept = Vec::new();
+    for n in [1usize, 1000, 70_000, 3, 70_001, 500] {
+        let v: Vec<f32> = rng.normal(n).into_iter().map(|x| x as f32).collect();
+        let t: Vec<i64> = (0..n as i64).map(|i| i * 7 - 3).collect();
+        let g = Tensor::from_vec(v.clone(), [n], &Device::Cpu).unwrap().to_device_staged(&dev).unwrap();
+        let gi = Tensor::from_vec(t.clone(), [n], &Device::Cpu).unwrap().to_device_staged(&dev).unwrap();
+        assert_eq!(g.device(), dev);
+        kept.push((g, v, gi, t));
+    }
+    for (g, v, gi, t) in &kept {
+        assert_eq!(&g.to_vec::<f32>().unwrap(), v, "f32 upload of {} elements", v.len());
+        assert_eq!(&gi.to_vec::<i64>().unwrap(), t, "i64 upload of {} elements", t.len());
+    }
+}

@@ -34,9 +34,10 @@ impl Batch {
     }
 
     /// The same batch with its feature and target tensors on `device`
-    /// (lengths and keys stay on the host).
+    /// (lengths and keys stay on the host); a GPU receives them through
+    /// reused pinned staging buffers.
     pub fn to_device(&self, device: &Device) -> Result<Batch> {
-        Ok(Batch { feats: self.feats.clone().to_device(device)?, target: self.target.clone().to_device(device)?, ..self.clone() })
+        Ok(Batch { feats: self.feats.clone().to_device_staged(device)?, target: self.target.clone().to_device_staged(device)?, ..self.clone() })
     }
 
     /// `feats_lengths` as an i64 tensor `[B]`.

@@ -40,16 +40,6 @@ use crate::backend::Storage;
 use crate::error::{Error, Result};
 use crate::tensor::{Shape, Tensor};
 
-/// The CPU storage behind a storage guard, for the families whose CUDA
-/// kernels have not landed yet: GPU storage is an [`Error::NoCudaKernel`]
-/// naming the op family, never a panic.
-pub(crate) fn cpu<'a>(op: &'static str, s: &'a Storage) -> Result<&'a CpuStorage> {
-    match s {
-        Storage::Cpu(c) => Ok(c),
-        Storage::Cuda(c) => Err(Error::NoCudaKernel { op, device: crate::tensor::Device::Cuda(c.ordinal()) }),
-    }
-}
-
 /// A fresh, untracked tensor over a kernel's output on either device.
 ///
 /// The dispatch pattern of a converted op family:

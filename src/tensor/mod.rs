@@ -299,6 +299,18 @@ impl Tensor {
         Ok(Tensor::build(storage, self.shape().clone(), false, false))
     }
 
+    /// Like [`Tensor::to_device`], but a host tensor goes to a GPU through a
+    /// reused pinned staging buffer (for the data loader's batches, which
+    /// are fresh every step).
+    pub fn to_device_staged(self, device: &Device) -> Result<Tensor> {
+        let Device::Cuda(n) = *device else { return self.to_device(device) };
+        let g = match &*self.storage() {
+            Storage::Cpu(c) => crate::backend::cuda::upload_staged(&crate::backend::cuda::device(n)?, c)?,
+            Storage::Cuda(_) => return self.clone().to_device(device),
+        };
+        Ok(Tensor::build(Storage::Cuda(g), self.shape().clone(), false, false))
+    }
+
     /// Moves the storage to `device` in place, for every handle that shares
     /// it (a model's parameters after loading, with the optimizer's and the
     /// engine's handles to them).

@@ -41,11 +41,11 @@ pub use alloc::size_class;
 #[cfg(feature = "cuda")]
 pub use device::CudaDevice;
 #[cfg(feature = "cuda")]
-pub use pinned::PinnedBuffer;
+pub use pinned::{upload_staged, PinnedBuffer};
 #[cfg(feature = "cuda")]
 pub use storage::CudaStorage;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{blas, blaslt, CudaDevice, CudaStorage, PinnedBuffer};
+pub use stub::{blas, blaslt, upload_staged, CudaDevice, CudaStorage, PinnedBuffer};
 
 pub use launch::{dtype_suffix, Arg, LaunchConfig};
 

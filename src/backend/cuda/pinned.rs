@@ -68,16 +68,33 @@ impl PinnedBuffer {
         if c.dtype() != self.dtype || c.len() != self.len {
             return Err(Error::invalid("pinned buffer", format!("expected {} elements of {:?}, got {} of {:?}", self.len, self.dtype, c.len(), c.dtype())));
         }
-        let src: &[u8] = match c {
-            CpuStorage::F32(v) => bytemuck::cast_slice(v),
-            CpuStorage::F64(v) => bytemuck::cast_slice(v),
-            CpuStorage::F16(v) => bytemuck::cast_slice(v),
-            CpuStorage::BF16(v) => bytemuck::cast_slice(v),
-            CpuStorage::I64(v) => bytemuck::cast_slice(v),
-            CpuStorage::U8(v) => v,
-        };
+        let src = host_bytes(c);
         self.as_bytes_mut()?.copy_from_slice(src);
         Ok(())
+    }
+    /// Copies `c` into the front of the buffer (which may be larger: one
+    /// buffer serves batches of any size up to its capacity) and queues its
+    /// copy to a fresh device storage of `c.len()` elements.
+    pub fn upload(&mut self, c: &CpuStorage) -> Result<CudaStorage> {
+        let src = host_bytes(c);
+        if c.dtype() != self.dtype || src.len() > self.bytes {
+            return Err(Error::invalid("pinned buffer", format!("expected at most {} elements of {:?}, got {} of {:?}", self.len, self.dtype, c.len(), c.dtype())));
+        }
+        self.as_bytes_mut()?[..src.len()].copy_from_slice(src);
+        let s = self.dev.alloc(self.dtype, c.len())?;
+        if src.is_empty() {
+            return Ok(s);
+        }
+        self.dev.bind()?;
+        // SAFETY: the first `src.len()` bytes of `ptr` are page-locked memory
+        // owned by this buffer, kept allocated and unmodified until the copy
+        // has run (writes and drop wait for the stream while `in_flight`).
+        let staged = unsafe { std::slice::from_raw_parts(self.ptr, src.len()) };
+        // SAFETY: the destination block holds `src.len()` bytes; the source is
+        // pinned memory kept alive as described above.
+        check("cuMemcpyHtoDAsync(pinned)", unsafe { result::memcpy_htod_async(s.ptr(), staged, self.dev.cu_stream()) })?;
+        self.in_flight = true;
+        Ok(s)
     }
     /// Queues the copy to a fresh device storage and returns without waiting.
     pub fn to_device(&mut self) -> Result<CudaStorage> {
@@ -103,6 +120,52 @@ impl PinnedBuffer {
         }
         Ok(())
     }
+}
+
+fn host_bytes(c: &CpuStorage) -> &[u8] {
+    match c {
+        CpuStorage::F32(v) => bytemuck::cast_slice(v),
+        CpuStorage::F64(v) => bytemuck::cast_slice(v),
+        CpuStorage::F16(v) => bytemuck::cast_slice(v),
+        CpuStorage::BF16(v) => bytemuck::cast_slice(v),
+        CpuStorage::I64(v) => bytemuck::cast_slice(v),
+        CpuStorage::U8(v) => v,
+    }
+}
+
+thread_local! {
+    /// Staging buffers for `upload_staged`: two per (GPU, dtype), used in
+    /// turn, so a batch is written while the previous one's copy may still
+    /// be queued.
+    static STAGING: std::cell::RefCell<Vec<(usize, DType, [Option<PinnedBuffer>; 2], usize)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Host storage to `dev` through a reused pinned staging buffer (the data
+/// loader's batches): an asynchronous copy instead of a pageable one, and no
+/// page-locking per batch. A buffer grows to the next power of two when a
+/// batch does not fit.
+pub fn upload_staged(dev: &Arc<CudaDevice>, c: &CpuStorage) -> Result<CudaStorage> {
+    STAGING.with(|cell| {
+        let mut all = cell.borrow_mut();
+        let key = (dev.ordinal(), c.dtype());
+        let i = match all.iter().position(|(o, d, _, _)| (*o, *d) == key) {
+            Some(i) => i,
+            None => {
+                all.push((key.0, key.1, [None, None], 0));
+                all.len() - 1
+            }
+        };
+        let (_, _, bufs, next) = &mut all[i];
+        let slot = &mut bufs[*next];
+        *next = 1 - *next;
+        if slot.as_ref().is_none_or(|b| b.len() < c.len()) {
+            *slot = Some(PinnedBuffer::new(dev, c.dtype(), c.len().max(1).next_power_of_two())?);
+        }
+        match slot.as_mut() {
+            Some(b) => b.upload(c),
+            None => Err(Error::invalid("pinned buffer", "no staging buffer")),
+        }
+    })
 }
 
 impl Drop for PinnedBuffer {
