@@ -62,18 +62,30 @@ __device__ __forceinline__ void bcast_offsets(const Bcast& bc, i64 i, i64* oa, i
     *ob = b;
 }
 
-// Block-wide sum of one value per thread through `smem` (blockDim.x slots of
-// A, blockDim.x a power of two). Fixed tree order: deterministic. Every
-// thread of the block must call it; the result is valid in every thread.
-template <typename A>
-__device__ A block_sum(A v, A* smem) {
+// Block-wide reduction of one value per thread through `smem` (blockDim.x
+// slots of A, blockDim.x a power of two) with the binary functor `op`.
+// Fixed tree order: deterministic. Every thread of the block must call it;
+// the result is valid in every thread, and it ends with a barrier so `smem`
+// can be reused by the caller's next call.
+template <typename A, typename Op>
+__device__ __forceinline__ A block_reduce(A v, A* smem, Op op) {
     smem[threadIdx.x] = v;
     __syncthreads();
     for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) smem[threadIdx.x] += smem[threadIdx.x + s];
+        if (threadIdx.x < s) smem[threadIdx.x] = op(smem[threadIdx.x], smem[threadIdx.x + s]);
         __syncthreads();
     }
     A r = smem[0];
-    __syncthreads();  // smem may be reused by the caller's next call
+    __syncthreads();
     return r;
+}
+
+struct SumOp {
+    template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return a + b; }
+};
+
+// Block-wide sum (see block_reduce).
+template <typename A>
+__device__ A block_sum(A v, A* smem) {
+    return block_reduce(v, smem, SumOp());
 }

@@ -77,7 +77,7 @@ __device__ void depthwise_conv1d_bwd_weight(const T* __restrict__ x, const T* __
             const long long i = ot + kk - (long long)pad;
             if (i >= 0 && i < (long long)t) s += Num<T>::to(gy[row * to + ot]) * Num<T>::to(x[row * t + i]);
         }
-        s = nn_block_reduce(s, sh, NnSum());
+        s = block_reduce(s, sh, SumOp());
         if (threadIdx.x == 0) gw[ck] = Num<T>::from(s);
     }
 }
@@ -90,7 +90,7 @@ __device__ void depthwise_conv1d_bwd_bias(const T* __restrict__ gy, T* __restric
     NN_BLOCK_ROWS(ch, c) {
         A s = 0;
         for (size_t j = threadIdx.x; j < cnt; j += blockDim.x) s += Num<T>::to(gy[((j / to) * c + ch) * to + j % to]);
-        s = nn_block_reduce(s, sh, NnSum());
+        s = block_reduce(s, sh, SumOp());
         if (threadIdx.x == 0) gb[ch] = Num<T>::from(s);
     }
 }

@@ -19,36 +19,21 @@
 // is nothing beside the logits' read.
 
 #include <math.h>
+#include "common.cuh"
 #include <stdint.h>
 
 #define LS_THREADS 256
 
 namespace {
 
-template <typename A>
-__device__ A block_sum(A v, A* sh) {
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
-        __syncthreads();
-    }
-    A r = sh[0];
-    __syncthreads();
-    return r;
-}
+struct FmaxOp {
+    template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return fmax(a, b); }
+};
 
+// Block-wide max (fmax: a NaN loses to a number; block_reduce from common.cuh).
 template <typename A>
 __device__ A block_max(A v, A* sh) {
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) sh[threadIdx.x] = fmax(sh[threadIdx.x], sh[threadIdx.x + s]);
-        __syncthreads();
-    }
-    A r = sh[0];
-    __syncthreads();
-    return r;
+    return block_reduce(v, sh, FmaxOp());
 }
 
 template <typename A>

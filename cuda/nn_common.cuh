@@ -45,30 +45,14 @@ __device__ __forceinline__ double nn_sqrt(double v) { return sqrt(v); }
 // Rows handled by this block, one at a time (grid-stride over rows).
 #define NN_BLOCK_ROWS(r, rows) for (size_t r = blockIdx.x; r < (size_t)(rows); r += gridDim.x)
 
-struct NnSum {
-    template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return a + b; }
-};
 struct NnMax {
     // A NaN input may or may not win here, but it makes its row NaN either
     // way (through exp(x - max)), as on the CPU.
     template <typename A> __device__ __forceinline__ A operator()(A a, A b) const { return a > b ? a : b; }
 };
 
-// Reduces one value per thread over the block; every thread gets the result.
-// `sh` holds NN_BLOCK values. Ends with a barrier, so `sh` can be reused.
-template <typename A, typename Op>
-__device__ __forceinline__ A nn_block_reduce(A v, A* sh, Op op) {
-    const unsigned t = threadIdx.x;
-    sh[t] = v;
-    __syncthreads();
-    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (t < s) sh[t] = op(sh[t], sh[t + s]);
-        __syncthreads();
-    }
-    A r = sh[0];
-    __syncthreads();
-    return r;
-}
+// Block reductions: block_reduce(v, sh, SumOp() / NnMax()) from common.cuh;
+// `sh` holds NN_BLOCK values.
 
 // Reinterprets the low sizeof(T) bytes of `bits` as a T (the host packs a
 // fill value already converted to the tensor's dtype).

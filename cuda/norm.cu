@@ -31,13 +31,13 @@ __device__ void layer_norm_fwd(const T* __restrict__ x, const T* __restrict__ w,
         T* yr = y + r * n;
         A s = 0;
         for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) s += Num<T>::to(xr[i]);
-        const A mu = nn_block_reduce(s, sh, NnSum()) / A(n);
+        const A mu = block_reduce(s, sh, SumOp()) / A(n);
         A q = 0;
         for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
             const A d = Num<T>::to(xr[i]) - mu;
             q += d * d;
         }
-        const A var = nn_block_reduce(q, sh, NnSum()) / A(n);
+        const A var = block_reduce(q, sh, SumOp()) / A(n);
         const A inv = A(1) / nn_sqrt(var + A(eps));
         for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
             A v = (Num<T>::to(xr[i]) - mu) * inv;
@@ -69,8 +69,8 @@ __device__ void layer_norm_bwd_dx(const T* __restrict__ x, const T* __restrict__
             s1 += gh;
             s2 += gh * (Num<T>::to(xr[i]) - mu) * inv;
         }
-        const A m1 = nn_block_reduce(s1, sh, NnSum()) / A(n);
-        const A m2 = nn_block_reduce(s2, sh, NnSum()) / A(n);
+        const A m1 = block_reduce(s1, sh, SumOp()) / A(n);
+        const A m2 = block_reduce(s2, sh, SumOp()) / A(n);
         for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
             const A gh = Num<T>::to(gr[i]) * (has_w ? Num<T>::to(w[i]) : A(1));
             const A xh = (Num<T>::to(xr[i]) - mu) * inv;
@@ -132,13 +132,13 @@ __device__ void batch_norm_stats(const T* __restrict__ x, T* __restrict__ mean, 
     NN_BLOCK_ROWS(ch, c) {
         A s = 0;
         for (size_t i = threadIdx.x; i < cnt; i += blockDim.x) s += Num<T>::to(x[bn_at(i, ch, c, t)]);
-        const A mu = nn_block_reduce(s, sh, NnSum()) / A(cnt);
+        const A mu = block_reduce(s, sh, SumOp()) / A(cnt);
         A q = 0;
         for (size_t i = threadIdx.x; i < cnt; i += blockDim.x) {
             const A d = Num<T>::to(x[bn_at(i, ch, c, t)]) - mu;
             q += d * d;
         }
-        const A v = nn_block_reduce(q, sh, NnSum()) / A(cnt);
+        const A v = block_reduce(q, sh, SumOp()) / A(cnt);
         if (threadIdx.x == 0) {
             mean[ch] = Num<T>::from(mu);
             var[ch] = Num<T>::from(v);
@@ -174,8 +174,8 @@ __device__ void batch_norm_bwd_sums(const T* __restrict__ x, const T* __restrict
             s1 += gv;
             s2 += gv * (Num<T>::to(x[k]) - mu) * inv;
         }
-        s1 = nn_block_reduce(s1, sh, NnSum());
-        s2 = nn_block_reduce(s2, sh, NnSum());
+        s1 = block_reduce(s1, sh, SumOp());
+        s2 = block_reduce(s2, sh, SumOp());
         if (threadIdx.x == 0) {
             sg[ch] = Num<T>::from(s1);
             sgx[ch] = Num<T>::from(s2);

@@ -28,6 +28,7 @@
 // OPT_THREADS.
 
 #include <math.h>
+#include "common.cuh"
 #include <stdint.h>
 
 #define OPT_THREADS 256
@@ -68,16 +69,6 @@ __device__ void adam_impl(T* p, const T* g, T* m, T* v, uint64_t n, double lr_, 
         v[i] = vi;
         p[i] = sub(pi, quo(mul(lr, mul(mi, ibc1)), add(mul(root(vi), isbc2), eps)));
     }
-}
-
-__device__ double block_sum(double v, double* sh) {
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
-        __syncthreads();
-    }
-    return sh[0];
 }
 
 template <typename T>

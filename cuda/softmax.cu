@@ -22,10 +22,10 @@ __device__ void softmax_fwd(const T* __restrict__ x, T* __restrict__ y, uint64_t
         T* yr = y + r * n;
         A m = -INFINITY;
         for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) m = NnMax()(m, Num<T>::to(xr[i]));
-        m = nn_block_reduce(m, sh, NnMax());
+        m = block_reduce(m, sh, NnMax());
         A s = 0;
         for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) s += nn_exp(Num<T>::to(xr[i]) - m);
-        s = nn_block_reduce(s, sh, NnSum());
+        s = block_reduce(s, sh, SumOp());
         if (LOG) {
             const A ls = nn_log(s);
             for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = Num<T>::from(Num<T>::to(xr[i]) - m - ls);
@@ -47,7 +47,7 @@ __device__ void softmax_bwd(const T* __restrict__ y, const T* __restrict__ g, T*
         A s = 0;
         for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
             s += LOG ? Num<T>::to(gr[i]) : Num<T>::to(gr[i]) * Num<T>::to(yr[i]);
-        s = nn_block_reduce(s, sh, NnSum());
+        s = block_reduce(s, sh, SumOp());
         for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
             const A yv = Num<T>::to(yr[i]), gv = Num<T>::to(gr[i]);
             o[i] = Num<T>::from(LOG ? gv - nn_exp(yv) * s : yv * (gv - s));
