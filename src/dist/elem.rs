@@ -4,7 +4,6 @@
 //! in f32 and rounded back once per combine.
 
 use super::ReduceOp;
-use crate::backend::cpu::CpuStorage;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
 use bytemuck::Pod;
@@ -64,30 +63,6 @@ pub(crate) fn check_reducible(name: &'static str, dtype: DType, op: ReduceOp) ->
         DType::I64 if op == ReduceOp::Avg => Err(Error::invalid(name, "ReduceOp::Avg on an i64 tensor would truncate; reduce with Sum and divide in a float dtype")),
         DType::I64 => Ok(()),
         DType::U8 => Err(Error::UnsupportedDType { op: name, dtype, supported: REDUCIBLE }),
-    }
-}
-
-/// The storage's elements as bytes.
-pub(crate) fn bytes(s: &CpuStorage) -> &[u8] {
-    match s {
-        CpuStorage::F32(v) => bytemuck::cast_slice(v),
-        CpuStorage::F64(v) => bytemuck::cast_slice(v),
-        CpuStorage::F16(v) => bytemuck::cast_slice(v),
-        CpuStorage::BF16(v) => bytemuck::cast_slice(v),
-        CpuStorage::I64(v) => bytemuck::cast_slice(v),
-        CpuStorage::U8(v) => v,
-    }
-}
-
-/// The storage's elements as writable bytes.
-pub(crate) fn bytes_mut(s: &mut CpuStorage) -> &mut [u8] {
-    match s {
-        CpuStorage::F32(v) => bytemuck::cast_slice_mut(v),
-        CpuStorage::F64(v) => bytemuck::cast_slice_mut(v),
-        CpuStorage::F16(v) => bytemuck::cast_slice_mut(v),
-        CpuStorage::BF16(v) => bytemuck::cast_slice_mut(v),
-        CpuStorage::I64(v) => bytemuck::cast_slice_mut(v),
-        CpuStorage::U8(v) => v,
     }
 }
 

@@ -382,7 +382,7 @@ impl Communicator for TcpCommunicator {
         elem::check_reducible(OP, t.dtype(), op)?;
         let (dtype, count) = (t.dtype(), t.elem_count());
         with_cpu_mut(OP, t, |s| {
-            let buf = elem::bytes_mut(s);
+            let buf = s.as_bytes_mut();
             self.run(OP, |c, deadline| c.all_reduce_bytes(buf, dtype, count, op, deadline))
         })
     }
@@ -394,7 +394,7 @@ impl Communicator for TcpCommunicator {
         }
         let (dtype, count) = (t.dtype(), t.elem_count());
         with_cpu_mut(OP, t, |s| {
-            let buf = elem::bytes_mut(s);
+            let buf = s.as_bytes_mut();
             self.run(OP, |c, deadline| c.broadcast_bytes(buf, dtype, count, root, deadline))
         })
     }
@@ -412,8 +412,8 @@ impl Communicator for TcpCommunicator {
         let mine = cpu_copy(OP, input)?;
         let dtype = input.dtype();
         with_cpu_mut(OP, output, |s| {
-            let buf = elem::bytes_mut(s);
-            self.run(OP, |c, deadline| c.all_gather_bytes(elem::bytes(&mine), buf, dtype, n, deadline))
+            let buf = s.as_bytes_mut();
+            self.run(OP, |c, deadline| c.all_gather_bytes(mine.as_bytes(), buf, dtype, n, deadline))
         })
     }
 
@@ -431,8 +431,8 @@ impl Communicator for TcpCommunicator {
         let mut scratch = cpu_copy(OP, input)?;
         let dtype = input.dtype();
         with_cpu_mut(OP, output, |s| {
-            let out = elem::bytes_mut(s);
-            self.run(OP, |c, deadline| c.reduce_scatter_bytes(elem::bytes_mut(&mut scratch), out, dtype, n, op, deadline))
+            let out = s.as_bytes_mut();
+            self.run(OP, |c, deadline| c.reduce_scatter_bytes(scratch.as_bytes_mut(), out, dtype, n, op, deadline))
         })
     }
 

@@ -36,6 +36,28 @@ pub enum CpuStorage {
 }
 
 impl CpuStorage {
+    /// The elements as bytes (native endianness), for copies to a GPU or a peer.
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            CpuStorage::F32(v) => bytemuck::cast_slice(v),
+            CpuStorage::F64(v) => bytemuck::cast_slice(v),
+            CpuStorage::F16(v) => bytemuck::cast_slice(v),
+            CpuStorage::BF16(v) => bytemuck::cast_slice(v),
+            CpuStorage::I64(v) => bytemuck::cast_slice(v),
+            CpuStorage::U8(v) => v,
+        }
+    }
+    /// The elements as writable bytes.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            CpuStorage::F32(v) => bytemuck::cast_slice_mut(v),
+            CpuStorage::F64(v) => bytemuck::cast_slice_mut(v),
+            CpuStorage::F16(v) => bytemuck::cast_slice_mut(v),
+            CpuStorage::BF16(v) => bytemuck::cast_slice_mut(v),
+            CpuStorage::I64(v) => bytemuck::cast_slice_mut(v),
+            CpuStorage::U8(v) => v,
+        }
+    }
     /// The element type.
     pub fn dtype(&self) -> DType {
         match self {

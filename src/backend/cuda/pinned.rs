@@ -68,7 +68,7 @@ impl PinnedBuffer {
         if c.dtype() != self.dtype || c.len() != self.len {
             return Err(Error::invalid("pinned buffer", format!("expected {} elements of {:?}, got {} of {:?}", self.len, self.dtype, c.len(), c.dtype())));
         }
-        let src = host_bytes(c);
+        let src = c.as_bytes();
         self.as_bytes_mut()?.copy_from_slice(src);
         Ok(())
     }
@@ -76,7 +76,7 @@ impl PinnedBuffer {
     /// buffer serves batches of any size up to its capacity) and queues its
     /// copy to a fresh device storage of `c.len()` elements.
     pub fn upload(&mut self, c: &CpuStorage) -> Result<CudaStorage> {
-        let src = host_bytes(c);
+        let src = c.as_bytes();
         if c.dtype() != self.dtype || src.len() > self.bytes {
             return Err(Error::invalid("pinned buffer", format!("expected at most {} elements of {:?}, got {} of {:?}", self.len, self.dtype, c.len(), c.dtype())));
         }
@@ -119,17 +119,6 @@ impl PinnedBuffer {
             self.in_flight = false;
         }
         Ok(())
-    }
-}
-
-fn host_bytes(c: &CpuStorage) -> &[u8] {
-    match c {
-        CpuStorage::F32(v) => bytemuck::cast_slice(v),
-        CpuStorage::F64(v) => bytemuck::cast_slice(v),
-        CpuStorage::F16(v) => bytemuck::cast_slice(v),
-        CpuStorage::BF16(v) => bytemuck::cast_slice(v),
-        CpuStorage::I64(v) => bytemuck::cast_slice(v),
-        CpuStorage::U8(v) => v,
     }
 }
 
