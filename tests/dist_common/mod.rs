@@ -36,10 +36,22 @@ pub fn worker() -> Option<Worker> {
     })
 }
 
-/// A port that was free a moment ago (bind to 0, read it, release it).
+/// A port that was free a moment ago (bind to 0, read it, release it),
+/// never the same one twice in this process: tests of one binary run in
+/// parallel, and the kernel may hand a just-released port to the next
+/// bind(0), so two tests could otherwise meet on one port (a store with
+/// another job's token where a test expects none).
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local_addr").port()
+    static ISSUED: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut issued = ISSUED.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        let port = l.local_addr().expect("local_addr").port();
+        if !issued.contains(&port) {
+            issued.push(port);
+            return port;
+        }
+    }
 }
 
 /// What one worker did.
