@@ -18,12 +18,7 @@ const N: usize = 64;
 fn corpus() -> (PathBuf, Vec<String>) {
     let dir = std::env::temp_dir().join(format!("asrforge-bench-data-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("bench dir");
-    let spec = hound::WavSpec {
-        channels: 1,
-        sample_rate: 16000,
-        bits_per_sample: 16,
-        sample_format: hound::SampleFormat::Int,
-    };
+    let spec = hound::WavSpec { channels: 1, sample_rate: 16000, bits_per_sample: 16, sample_format: hound::SampleFormat::Int };
     let mut lines = Vec::new();
     let mut s = 1u64;
     for i in 0..N {
@@ -31,31 +26,20 @@ fn corpus() -> (PathBuf, Vec<String>) {
         let mut w = hound::WavWriter::create(&path, spec).expect("wav");
         let n = 16000 + (i % 9) * 4000;
         for k in 0..n {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let noise = ((s >> 40) as f64 / (1u64 << 24) as f64 - 0.5) * 2000.0;
-            let tone = 8000.0
-                * (2.0 * std::f64::consts::PI * (200.0 + i as f64 * 10.0) * k as f64 / 16000.0)
-                    .sin();
+            let tone = 8000.0 * (2.0 * std::f64::consts::PI * (200.0 + i as f64 * 10.0) * k as f64 / 16000.0).sin();
             w.write_sample((tone + noise) as i16).expect("sample");
         }
         w.finalize().expect("finalize");
-        lines.push(format!(
-            r#"{{"key": "b{i}", "wav": "{}", "txt": "ABC DE"}}"#,
-            path.display()
-        ));
+        lines.push(format!(r#"{{"key": "b{i}", "wav": "{}", "txt": "ABC DE"}}"#, path.display()));
     }
     (dir, lines)
 }
 
 fn bench(c: &mut Criterion) {
     let (dir, lines) = corpus();
-    let table = SymbolTable::parse(
-        "<blank> 0\n<unk> 1\n\u{2581} 2\nA 3\nB 4\nC 5\nD 6\nE 7\n<sos/eos> 8\n",
-        "units",
-    )
-    .expect("units");
+    let table = SymbolTable::parse("<blank> 0\n<unk> 1\n\u{2581} 2\nA 3\nB 4\nC 5\nD 6\nE 7\n<sos/eos> 8\n", "units").expect("units");
     let tok = Arc::new(Tokenizer::new(table, TokenizeMode::Char, vec![]));
     let mut conf = DatasetConf::default();
     conf.fbank_conf.num_mel_bins = 80;
@@ -64,23 +48,14 @@ fn bench(c: &mut Criterion) {
     conf.spec_aug = true;
     conf.shuffle_conf.shuffle_size = 32;
     conf.sort_conf.sort_size = 16;
-    conf.batch_conf = BatchConf {
-        batch_type: "static".into(),
-        batch_size: 8,
-        ..Default::default()
-    };
+    conf.batch_conf = BatchConf { batch_type: "static".into(), batch_size: 8, ..Default::default() };
     let mut group = c.benchmark_group("data_pipeline");
     group.throughput(Throughput::Elements(N as u64));
     group.sample_size(10);
     for workers in [1, 2] {
         let list = DataList::from_lines("bench", ListFormat::Raw, lines.clone());
         let proc = Processor::new(&conf, Some(tok.clone())).expect("processor");
-        let lconf = LoaderConf {
-            num_workers: workers,
-            prefetch: 4,
-            log: false,
-            ..Default::default()
-        };
+        let lconf = LoaderConf { num_workers: workers, prefetch: 4, log: false, ..Default::default() };
         let loader = DataLoader::new(list, proc, lconf).expect("loader");
         group.bench_function(format!("utterances_{workers}_threads"), |b| {
             let mut epoch = 0;

@@ -75,7 +75,11 @@ pub enum Error {
 
     /// An I/O error, with the path.
     #[error("{path}: {source}")]
-    Io { path: String, #[source] source: std::io::Error },
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 
     /// A configuration value that is missing, has the wrong type or is not supported.
     #[error("config key `{key}`: {msg}")]

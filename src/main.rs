@@ -79,10 +79,7 @@ fn main() -> ExitCode {
             // One line, no usage block: the first line of clap's message.
             let text = e.to_string();
             let first = text.lines().next().unwrap_or("invalid arguments");
-            eprintln!(
-                "error: {} (see --help)",
-                first.trim_start_matches("error: ")
-            );
+            eprintln!("error: {} (see --help)", first.trim_start_matches("error: "));
             return ExitCode::from(1);
         }
     };

@@ -102,7 +102,8 @@ fn train(autocast: Option<DType>, steps: usize) -> Vec<f64> {
     // backward (a skipped step, as GradScaler does); 2^10 keeps every step
     // so the runs stay comparable step by step.
     let scaler = (autocast == Some(DType::F16)).then(|| GradScaler::new(ScalerConfig { init_scale: 1024.0, ..Default::default() }));
-    let mut e = Executor::new(model, Box::new(SingleProcess::new(params, optim.adam).unwrap()), optim, scaler, None, cfg, std::env::temp_dir(), Position::default());
+    let mut e =
+        Executor::new(model, Box::new(SingleProcess::new(params, optim.adam).unwrap()), optim, scaler, None, cfg, std::env::temp_dir(), Position::default());
     e.autocast = autocast;
     let batch = synthetic_batch(4, 80, 20, 9, 5).unwrap();
     let mut losses = Vec::new();

@@ -12,7 +12,8 @@ use asrforge::tensor::{DType, Rng};
 use asrforge::{Device, Tensor};
 
 fn tiny(seed: u64) -> AsrModel {
-    let root: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/tiny.yaml")).unwrap()).unwrap();
+    let root: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/tiny.yaml")).unwrap()).unwrap();
     let (cfg, _) = ModelConfig::from_yaml(&root).unwrap();
     let mut m = AsrModel::without_cmvn_stats(&cfg, DType::F32, &mut Rng::new(seed)).unwrap();
     m.train(false);

@@ -85,11 +85,7 @@ fn checkpoint_gives_the_same_gradients_with_fewer_saved_activations() {
         let mut h = x.clone();
         for l in 0..3 {
             let (w1, w2) = (ws[2 * l].clone(), ws[2 * l + 1].clone());
-            h = if ckpt {
-                checkpoint(move |xs: &[Tensor]| Ok(vec![block(&xs[0], &w1, &w2)?]), &[h]).unwrap().remove(0)
-            } else {
-                block(&h, &w1, &w2).unwrap()
-            };
+            h = if ckpt { checkpoint(move |xs: &[Tensor]| Ok(vec![block(&xs[0], &w1, &w2)?]), &[h]).unwrap().remove(0) } else { block(&h, &w1, &w2).unwrap() };
         }
         let y = ops::sum_all(&ops::mul(&h, &h).unwrap()).unwrap();
         let saved = autograd::tape_saved_bytes();

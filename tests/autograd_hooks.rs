@@ -27,7 +27,15 @@ fn each_leaf_is_reported_once_with_its_final_gradient_in_reverse_readiness_order
     let h3 = ops::add(&h2, &a).unwrap();
     let loss = ops::sum_all(&ops::mul(&h3, &c).unwrap()).unwrap();
     let mut seen: Vec<(String, Vec<f64>)> = Vec::new();
-    let name = |t: &Tensor| if t.same_storage(&a) { "a" } else if t.same_storage(&b) { "b" } else { "c" };
+    let name = |t: &Tensor| {
+        if t.same_storage(&a) {
+            "a"
+        } else if t.same_storage(&b) {
+            "b"
+        } else {
+            "c"
+        }
+    };
     backward_with_hooks(&loss, &mut |t: &Tensor| {
         seen.push((name(t).to_string(), t.grad().expect("a reported leaf has its gradient").to_vec::<f64>().unwrap()));
         Ok(())

@@ -10,7 +10,8 @@ use asrforge::tensor::{DType, Rng};
 use asrforge::{Device, Tensor};
 
 fn tiny(seed: u64) -> AsrModel {
-    let root: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/tiny.yaml")).unwrap()).unwrap();
+    let root: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/tiny.yaml")).unwrap()).unwrap();
     let (cfg, _) = ModelConfig::from_yaml(&root).unwrap();
     AsrModel::without_cmvn_stats(&cfg, DType::F32, &mut Rng::new(seed)).unwrap()
 }
@@ -47,7 +48,8 @@ fn average_of_three_is_the_elementwise_mean() {
     for (m, c) in models.iter().zip([10, 20, 31]) {
         assert!(set_counts(m, c) > 0, "the tiny conformer has BatchNorm counters");
     }
-    let paths: Vec<PathBuf> = models.iter().enumerate().map(|(i, m)| save(m, &d, &format!("epoch_{i}"), &format!("epoch: {i}\nstep: {}\ncv_loss: 1.0\n", i * 10))).collect();
+    let paths: Vec<PathBuf> =
+        models.iter().enumerate().map(|(i, m)| save(m, &d, &format!("epoch_{i}"), &format!("epoch: {i}\nstep: {}\ncv_loss: 1.0\n", i * 10))).collect();
     let dst = d.join("avg.safetensors");
     average_files(&paths, &dst).unwrap();
     let avg = tiny(99);

@@ -8,7 +8,8 @@ use asrforge::tensor::{DType, Device, Rng, Tensor};
 use std::path::PathBuf;
 
 fn tiny(seed: u64) -> AsrModel {
-    let root: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/tiny.yaml")).unwrap()).unwrap();
+    let root: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/tiny.yaml")).unwrap()).unwrap();
     let (cfg, _) = ModelConfig::from_yaml(&root).unwrap();
     AsrModel::new(&cfg, DType::F32, &mut Rng::new(seed)).unwrap()
 }
@@ -42,10 +43,14 @@ fn write_raw(path: &std::path::Path, entries: &[(String, Vec<usize>, Vec<u8>, sa
 }
 
 fn raw_entries(m: &dyn Module) -> Vec<(String, Vec<usize>, Vec<u8>, safetensors::Dtype)> {
-    bits(m).into_iter().zip(m.state_dict()).map(|((k, b), e)| {
-        let d = if e.tensor.dtype() == DType::I64 { safetensors::Dtype::I64 } else { safetensors::Dtype::F32 };
-        (k, e.tensor.dims().to_vec(), b, d)
-    }).collect()
+    bits(m)
+        .into_iter()
+        .zip(m.state_dict())
+        .map(|((k, b), e)| {
+            let d = if e.tensor.dtype() == DType::I64 { safetensors::Dtype::I64 } else { safetensors::Dtype::F32 };
+            (k, e.tensor.dims().to_vec(), b, d)
+        })
+        .collect()
 }
 
 #[test]

@@ -94,7 +94,8 @@ fn override_config_sets_nested_keys_with_type_checks() {
 
 #[test]
 fn model_info_prints_tree_count_and_keys() {
-    let args = ModelInfoArgs { config: conf("train_conformer.yaml"), override_config: vec!["output_dim 100".into(), "encoder_conf.num_blocks 2".into()], keys: true };
+    let args =
+        ModelInfoArgs { config: conf("train_conformer.yaml"), override_config: vec!["output_dim 100".into(), "encoder_conf.num_blocks 2".into()], keys: true };
     let out = run_model_info(&args).unwrap();
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 2 * 40 + 6 * 26 + 19);
@@ -108,7 +109,8 @@ fn model_info_prints_tree_count_and_keys() {
     // embed 640 + 36,928 + 77,888; 2 blocks × (attention 20,864 + 2 FFN 66,176 + conv 13,120 + norms 640);
     // after_norm 128; decoder 4,096 + 2 × 66,752 + 128 + 4,160; ctc 4,160.
     assert!(tiny.trim_end().ends_with("the number of model params: 463,232"), "{}", tiny.lines().last().unwrap());
-    let e = run_model_info(&ModelInfoArgs { config: conf("tiny.yaml"), override_config: vec!["encoder_conf.nope 1".into()], keys: true }).unwrap_err().to_string();
+    let e =
+        run_model_info(&ModelInfoArgs { config: conf("tiny.yaml"), override_config: vec!["encoder_conf.nope 1".into()], keys: true }).unwrap_err().to_string();
     assert!(e.contains("`encoder_conf.nope`"), "{e}");
     let e = run_model_info(&ModelInfoArgs { config: conf("absent.yaml"), override_config: vec![], keys: true }).unwrap_err().to_string();
     assert!(e.contains("absent.yaml"), "{e}");

@@ -1,10 +1,7 @@
 //! CTC greedy and prefix beam search against hand-computed posteriors and
 //! against brute-force enumeration of every alignment on tiny inputs.
 
-use asrforge::decode::ctc::{
-    ctc_greedy_search, ctc_greedy_search_tensor, ctc_prefix_beam_search, ctc_prefix_beam_search_tensor,
-    remove_duplicates_and_blank,
-};
+use asrforge::decode::ctc::{ctc_greedy_search, ctc_greedy_search_tensor, ctc_prefix_beam_search, ctc_prefix_beam_search_tensor, remove_duplicates_and_blank};
 use asrforge::{Device, Error, Tensor};
 
 /// A small deterministic generator so the tests need nothing beyond std.

@@ -109,14 +109,8 @@ fn binary_ops() -> Vec<(&'static str, Box<OpFn>, Kind)> {
 #[test]
 fn binary_with_broadcasting_and_its_gradient_reduction() {
     let Some(dev) = gpu("binary_with_broadcasting_and_its_gradient_reduction") else { return };
-    let cases: [(&[usize], &[usize]); 6] = [
-        (&[4099], &[4099]),
-        (&[2, 3, 5], &[3, 1]),
-        (&[5], &[2, 3, 5]),
-        (&[2, 1, 5], &[1, 4, 1]),
-        (&[3, 4], &[]),
-        (&[6, 1, 7, 2], &[6, 3, 1, 2]),
-    ];
+    let cases: [(&[usize], &[usize]); 6] =
+        [(&[4099], &[4099]), (&[2, 3, 5], &[3, 1]), (&[5], &[2, 3, 5]), (&[2, 1, 5], &[1, 4, 1]), (&[3, 4], &[]), (&[6, 1, 7, 2], &[6, 3, 1, 2])];
     for (sa, sb) in cases {
         for (name, f, kind) in binary_ops() {
             cmp(name, &*f, &[sa, sb], kind, true, DType::F32, 1e-5, &dev);

@@ -33,7 +33,11 @@ fn seed() -> u64 {
 }
 
 fn rtol(dt: DType) -> f64 {
-    if dt == DType::F64 { 1e-10 } else { 1e-5 }
+    if dt == DType::F64 {
+        1e-10
+    } else {
+        1e-5
+    }
 }
 
 fn assert_close(what: &str, got: &[f64], want: &[f64], rtol: f64) {
@@ -151,7 +155,8 @@ fn adam_step_matches_the_cpu() {
         let cfg = AdamConfig { lr: 1e-2, weight_decay: wd, decoupled, ..Default::default() };
         let mut result = vec![];
         for dev in [Device::Cpu, gpu] {
-            let params: Vec<(String, Tensor)> = shapes.iter().zip(&init).enumerate().map(|(i, (s, v))| (format!("p{i}"), on(&dev, v, s, dt).requires_grad_())).collect();
+            let params: Vec<(String, Tensor)> =
+                shapes.iter().zip(&init).enumerate().map(|(i, (s, v))| (format!("p{i}"), on(&dev, v, s, dt).requires_grad_())).collect();
             let mut adam = Adam::new(params.clone(), cfg).unwrap();
             for step in &grads {
                 for ((_, p), g) in params.iter().zip(step) {

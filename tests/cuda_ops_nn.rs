@@ -54,7 +54,9 @@ fn compare(name: &str, dev: &Device, dtype: DType, tol: f64, inputs: &[Input], f
     // Round the inputs to the dtype once, so both devices see the same numbers.
     let vals: Vec<(Vec<f64>, Vec<usize>)> = vals.into_iter().map(|(v, s)| (common::tensor(&v, &s, dtype, &Device::Cpu).to_f64_vec().unwrap(), s)).collect();
     let mask: Vec<bool> = inputs.iter().map(|i| i.2).collect();
-    let n_out = asrforge::autograd::no_grad(|| f(&vals.iter().map(|(v, s)| common::tensor(v, s, dtype, &Device::Cpu)).collect::<Vec<_>>())).expect("cpu forward").elem_count();
+    let n_out = asrforge::autograd::no_grad(|| f(&vals.iter().map(|(v, s)| common::tensor(v, s, dtype, &Device::Cpu)).collect::<Vec<_>>()))
+        .expect("cpu forward")
+        .elem_count();
     let r = rng.normal(n_out.max(1));
     let (out_c, grads_c) = run_with_grads(f, &vals, &mask, &r, dtype, &Device::Cpu);
     let (out_g, grads_g) = run_with_grads(f, &vals, &mask, &r, dtype, dev);
@@ -119,9 +121,12 @@ fn layer_norm_matches_the_cpu() {
     let Some(dev) = gpu("layer_norm_matches_the_cpu") else { return };
     // Rows of 1 (zero variance), 7, 1000 and 4097; 300 rows spans several
     // chunks of the weight/bias column sums.
-    let cases: [(&'static [usize], &'static [usize]); 5] = [(&[3, 1], &[1]), (&[300, 7], &[7]), (&[2, 3, 1000], &[1000]), (&[2, 4097], &[4097]), (&[129, 64], &[64])];
+    let cases: [(&'static [usize], &'static [usize]); 5] =
+        [(&[3, 1], &[1]), (&[300, 7], &[7]), (&[2, 3, 1000], &[1000]), (&[2, 4097], &[4097]), (&[129, 64], &[64])];
     for (x, p) in cases {
-        both(&format!("layer_norm affine {x:?}"), &dev, &[(x, Normal, true), (p, Normal, true), (p, Normal, true)], &move |t| ops::layer_norm(&t[0], Some(&t[1]), Some(&t[2]), 1e-5));
+        both(&format!("layer_norm affine {x:?}"), &dev, &[(x, Normal, true), (p, Normal, true), (p, Normal, true)], &move |t| {
+            ops::layer_norm(&t[0], Some(&t[1]), Some(&t[2]), 1e-5)
+        });
         both(&format!("layer_norm plain {x:?}"), &dev, &[(x, Normal, true)], &move |t| ops::layer_norm(&t[0], None, None, 1e-5));
     }
 }
@@ -189,9 +194,13 @@ fn layer_norm_weight_gradient_is_reproducible() {
 #[test]
 fn depthwise_conv1d_matches_the_cpu() {
     let Some(dev) = gpu("depthwise_conv1d_matches_the_cpu") else { return };
-    both("depthwise k3 p1 with bias", &dev, &[(&[2, 3, 7], Normal, true), (&[3, 1, 3], Normal, true), (&[3], Normal, true)], &move |x| ops::conv1d_depthwise(&x[0], &x[1], Some(&x[2]), 1));
+    both("depthwise k3 p1 with bias", &dev, &[(&[2, 3, 7], Normal, true), (&[3, 1, 3], Normal, true), (&[3], Normal, true)], &move |x| {
+        ops::conv1d_depthwise(&x[0], &x[1], Some(&x[2]), 1)
+    });
     // The Conformer module's kernel 15, "same" padding, 1000 frames.
-    both("depthwise k15 p7 with bias", &dev, &[(&[2, 5, 1000], Normal, true), (&[5, 1, 15], Normal, true), (&[5], Normal, true)], &move |x| ops::conv1d_depthwise(&x[0], &x[1], Some(&x[2]), 7));
+    both("depthwise k15 p7 with bias", &dev, &[(&[2, 5, 1000], Normal, true), (&[5, 1, 15], Normal, true), (&[5], Normal, true)], &move |x| {
+        ops::conv1d_depthwise(&x[0], &x[1], Some(&x[2]), 7)
+    });
     both("depthwise k5 p0 no bias", &dev, &[(&[1, 4, 4097], Normal, true), (&[4, 1, 5], Normal, true)], &move |x| ops::conv1d_depthwise(&x[0], &x[1], None, 0));
     both("depthwise k1 frame", &dev, &[(&[3, 2, 1], Normal, true), (&[2, 1, 1], Normal, true)], &move |x| ops::conv1d_depthwise(&x[0], &x[1], None, 0));
 }
@@ -200,16 +209,24 @@ fn depthwise_conv1d_matches_the_cpu() {
 fn conv2d_matches_the_cpu() {
     let Some(dev) = gpu("conv2d_matches_the_cpu") else { return };
     // The subsampling front end: 3x3 stride 2 on (B, 1, T, 80) features, then on its channels.
-    both("conv2d stride 2", &dev, &[(&[2, 1, 37, 80], Normal, true), (&[4, 1, 3, 3], Normal, true), (&[4], Normal, true)], &move |x| ops::conv2d(&x[0], &x[1], Some(&x[2]), 2, 0));
-    both("conv2d 4 channels stride 2", &dev, &[(&[2, 4, 18, 39], Normal, true), (&[3, 4, 3, 3], Normal, true), (&[3], Normal, true)], &move |x| ops::conv2d(&x[0], &x[1], Some(&x[2]), 2, 0));
+    both("conv2d stride 2", &dev, &[(&[2, 1, 37, 80], Normal, true), (&[4, 1, 3, 3], Normal, true), (&[4], Normal, true)], &move |x| {
+        ops::conv2d(&x[0], &x[1], Some(&x[2]), 2, 0)
+    });
+    both("conv2d 4 channels stride 2", &dev, &[(&[2, 4, 18, 39], Normal, true), (&[3, 4, 3, 3], Normal, true), (&[3], Normal, true)], &move |x| {
+        ops::conv2d(&x[0], &x[1], Some(&x[2]), 2, 0)
+    });
     both("conv2d pad 1 no bias", &dev, &[(&[1, 3, 9, 7], Normal, true), (&[2, 3, 3, 3], Normal, true)], &move |x| ops::conv2d(&x[0], &x[1], None, 1, 1));
-    both("conv2d 5x5 stride 3", &dev, &[(&[2, 2, 23, 17], Normal, true), (&[3, 2, 5, 5], Normal, true), (&[3], Normal, true)], &move |x| ops::conv2d(&x[0], &x[1], Some(&x[2]), 3, 1));
+    both("conv2d 5x5 stride 3", &dev, &[(&[2, 2, 23, 17], Normal, true), (&[3, 2, 5, 5], Normal, true), (&[3], Normal, true)], &move |x| {
+        ops::conv2d(&x[0], &x[1], Some(&x[2]), 3, 1)
+    });
 }
 
 #[test]
 fn pointwise_conv1d_matches_the_cpu() {
     let Some(dev) = gpu("pointwise_conv1d_matches_the_cpu") else { return };
-    both("pointwise", &dev, &[(&[2, 7, 1000], Normal, true), (&[5, 7, 1], Normal, true), (&[5], Normal, true)], &move |x| ops::conv1d_pointwise(&x[0], &x[1], Some(&x[2])));
+    both("pointwise", &dev, &[(&[2, 7, 1000], Normal, true), (&[5, 7, 1], Normal, true), (&[5], Normal, true)], &move |x| {
+        ops::conv1d_pointwise(&x[0], &x[1], Some(&x[2]))
+    });
 }
 
 // ---- indexing ----
@@ -329,7 +346,10 @@ fn dropout_masks_equal_the_cpu_bit_for_bit() {
             for dt in [DType::F32, DType::F64] {
                 let (want, st_c) = mask_on(&Device::Cpu, dt, n, p, seed);
                 let (got, st_g) = mask_on(&dev, dt, n, p, seed);
-                assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "dropout n {n} p {p} {dt:?}: GPU mask differs from the CPU's (seed {seed})");
+                assert!(
+                    got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "dropout n {n} p {p} {dt:?}: GPU mask differs from the CPU's (seed {seed})"
+                );
                 assert_eq!(st_g, st_c, "the generator advances the same on both devices");
             }
         }

@@ -17,20 +17,8 @@ fn bin() -> Command {
 }
 
 fn features(wav: &str) -> (usize, Vec<f32>) {
-    let w = decode_wav(
-        std::io::BufReader::new(std::fs::File::open(wav).unwrap()),
-        None,
-        None,
-    )
-    .unwrap();
-    let fb = Fbank::new(
-        &FbankConf {
-            num_mel_bins: 20,
-            ..Default::default()
-        },
-        16000,
-    )
-    .unwrap();
+    let w = decode_wav(std::io::BufReader::new(std::fs::File::open(wav).unwrap()), None, None).unwrap();
+    let fb = Fbank::new(&FbankConf { num_mel_bins: 20, ..Default::default() }, 16000).unwrap();
     let f = fb.compute(&w.samples, &mut Rng::new(0));
     (f.len() / 20, f)
 }
@@ -41,10 +29,7 @@ fn setup(name: &str) -> (std::path::PathBuf, Vec<String>) {
     // One 8 kHz file: resampled to 16 kHz before fbank.
     let low = dir.join("low.wav");
     data_common::write_wav(&low, &data_common::sine(300.0, 8000, 0.5, 0.3), 8000, 16);
-    lines.push(format!(
-        r#"{{"key": "low", "wav": "{}", "txt": "A"}}"#,
-        low.display()
-    ));
+    lines.push(format!(r#"{{"key": "low", "wav": "{}", "txt": "A"}}"#, low.display()));
     lines.push(r#"{"key": "gone", "wav": "/no/such.wav", "txt": "A"}"#.into());
     std::fs::write(dir.join("data.list"), lines.join("\n")).unwrap();
     std::fs::write(dir.join("train.yaml"), YAML).unwrap();
@@ -111,8 +96,7 @@ fn compute_cmvn_without_the_bad_and_low_rate_lines_is_exact() {
         .output()
         .unwrap();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     let mut mean = [0.0f64; 20];
     let mut var = [0.0f64; 20];
     let mut frames = 0;
@@ -128,20 +112,9 @@ fn compute_cmvn_without_the_bad_and_low_rate_lines_is_exact() {
     }
     assert_eq!(v["frame_num"].as_u64().unwrap() as usize, frames);
     for d in 0..20 {
-        let (m, s) = (
-            v["mean_stat"][d].as_f64().unwrap(),
-            v["var_stat"][d].as_f64().unwrap(),
-        );
-        assert!(
-            (m - mean[d]).abs() <= 1e-9 * mean[d].abs().max(1.0),
-            "mean {d}: {m} vs {}",
-            mean[d]
-        );
-        assert!(
-            (s - var[d]).abs() <= 1e-9 * var[d].abs().max(1.0),
-            "var {d}: {s} vs {}",
-            var[d]
-        );
+        let (m, s) = (v["mean_stat"][d].as_f64().unwrap(), v["var_stat"][d].as_f64().unwrap());
+        assert!((m - mean[d]).abs() <= 1e-9 * mean[d].abs().max(1.0), "mean {d}: {m} vs {}", mean[d]);
+        assert!((s - var[d]).abs() <= 1e-9 * var[d].abs().max(1.0), "var {d}: {s} vs {}", var[d]);
     }
 }
 
@@ -161,11 +134,7 @@ fn compute_feats_dumps_every_utterance() {
         .unwrap();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let feats = read_feats(&out).unwrap();
-    assert_eq!(
-        feats.len(),
-        7,
-        "six 16 kHz files and the resampled one; the missing one skipped"
-    );
+    assert_eq!(feats.len(), 7, "six 16 kHz files and the resampled one; the missing one skipped");
     for (i, line) in lines[..6].iter().enumerate() {
         let (t, f) = features(&wav_of(line));
         let (frames, dim, got) = &feats[&format!("utt{i:03}")];
@@ -177,16 +146,7 @@ fn compute_feats_dumps_every_utterance() {
 
 #[test]
 fn errors_are_one_line_and_exit_1() {
-    let r = bin()
-        .args([
-            "compute-cmvn",
-            "--train_config",
-            "/no/such.yaml",
-            "--in_scp",
-            "/no/scp",
-        ])
-        .output()
-        .unwrap();
+    let r = bin().args(["compute-cmvn", "--train_config", "/no/such.yaml", "--in_scp", "/no/scp"]).output().unwrap();
     assert_eq!(r.status.code(), Some(1));
     let err = String::from_utf8_lossy(&r.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -195,28 +155,13 @@ fn errors_are_one_line_and_exit_1() {
     assert_eq!(r.status.code(), Some(1));
     let err = String::from_utf8_lossy(&r.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(
-        err.starts_with("error: ") && err.contains("--bogus"),
-        "{err}"
-    );
+    assert!(err.starts_with("error: ") && err.contains("--bogus"), "{err}");
     // A config that is not what it should be says where and what.
     let dir = data_common::tmpdir("cli-badconf");
     let yaml = dir.join("t.yaml");
-    std::fs::write(
-        &yaml,
-        "dataset_conf:\n  batch_conf:\n    batch_type: elastic\n",
-    )
-    .unwrap();
-    let r = bin()
-        .args(["compute-feats", "--config"])
-        .arg(&yaml)
-        .args(["--data_list", "/x", "--out", "/y"])
-        .output()
-        .unwrap();
+    std::fs::write(&yaml, "dataset_conf:\n  batch_conf:\n    batch_type: elastic\n").unwrap();
+    let r = bin().args(["compute-feats", "--config"]).arg(&yaml).args(["--data_list", "/x", "--out", "/y"]).output().unwrap();
     assert_eq!(r.status.code(), Some(1));
     let err = String::from_utf8_lossy(&r.stderr);
-    assert!(
-        err.contains("batch_type") && err.contains("elastic"),
-        "{err}"
-    );
+    assert!(err.contains("batch_type") && err.contains("elastic"), "{err}");
 }

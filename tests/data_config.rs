@@ -60,10 +60,7 @@ fn wenet_train_yaml_is_read() {
     assert_eq!(d.batch_conf.batch_type, "dynamic");
     assert_eq!(d.batch_conf.max_frames_in_batch, 12000);
     assert_eq!(c.tokenizer.as_deref(), Some("char"));
-    assert_eq!(
-        c.tokenizer_conf.symbol_table_path.as_deref(),
-        Some("data/dict/lang_char.txt")
-    );
+    assert_eq!(c.tokenizer_conf.symbol_table_path.as_deref(), Some("data/dict/lang_char.txt"));
     let cv = d.for_cv();
     assert!(!cv.speed_perturb && !cv.spec_aug && !cv.shuffle && !cv.list_shuffle);
     assert_eq!(cv.fbank_conf.dither, 0.0);
@@ -72,22 +69,10 @@ fn wenet_train_yaml_is_read() {
 
 #[test]
 fn bad_values_name_the_field() {
-    let e = DataConfig::from_yaml_str(
-        "dataset_conf:\n  batch_conf:\n    batch_size: 0\n",
-        "t.yaml",
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(
-        e.contains("t.yaml") && e.contains("batch_size") && e.contains("found 0"),
-        "{e}"
-    );
-    let e = DataConfig::from_yaml_str("dataset_conf:\n  feats_type: mfcc\n", "t.yaml")
-        .unwrap_err()
-        .to_string();
+    let e = DataConfig::from_yaml_str("dataset_conf:\n  batch_conf:\n    batch_size: 0\n", "t.yaml").unwrap_err().to_string();
+    assert!(e.contains("t.yaml") && e.contains("batch_size") && e.contains("found 0"), "{e}");
+    let e = DataConfig::from_yaml_str("dataset_conf:\n  feats_type: mfcc\n", "t.yaml").unwrap_err().to_string();
     assert!(e.contains("`mfcc`"), "{e}");
-    let e = DataConfig::from_yaml_str("dataset_conf: [1, 2", "t.yaml")
-        .unwrap_err()
-        .to_string();
+    let e = DataConfig::from_yaml_str("dataset_conf: [1, 2", "t.yaml").unwrap_err().to_string();
     assert!(e.contains("invalid YAML"), "{e}");
 }

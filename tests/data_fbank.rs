@@ -32,10 +32,7 @@ fn fbank_matches_torchaudio_reference() {
             frame_shift: case["frame_shift"].as_f64().unwrap(),
             dither: 0.0,
             energy_floor: case["energy_floor"].as_f64().unwrap(),
-            use_energy: case
-                .get("use_energy")
-                .and_then(|v| v.as_bool())
-                .unwrap_or(false),
+            use_energy: case.get("use_energy").and_then(|v| v.as_bool()).unwrap_or(false),
         };
         let fb = Fbank::new(&conf, sr).unwrap();
         let frames = case["frames"].as_u64().unwrap() as usize;
@@ -50,11 +47,7 @@ fn fbank_matches_torchaudio_reference() {
                 let want = v.as_f64().unwrap();
                 let rel = (got[t * dim + d] as f64 - want).abs() / want.abs().max(1.0);
                 worst = worst.max(rel);
-                assert!(
-                    rel <= 1e-4,
-                    "{wav} frame {t} bin {d}: got {} want {want} (rel {rel:e})",
-                    got[t * dim + d]
-                );
+                assert!(rel <= 1e-4, "{wav} frame {t} bin {d}: got {} want {want} (rel {rel:e})", got[t * dim + d]);
             }
         }
         eprintln!("{wav}: worst relative error {worst:e}");
@@ -63,14 +56,7 @@ fn fbank_matches_torchaudio_reference() {
 
 #[test]
 fn frame_count_follows_snip_edges() {
-    let fb = Fbank::new(
-        &FbankConf {
-            num_mel_bins: 80,
-            ..Default::default()
-        },
-        16000,
-    )
-    .unwrap();
+    let fb = Fbank::new(&FbankConf { num_mel_bins: 80, ..Default::default() }, 16000).unwrap();
     // 25 ms window = 400 samples, 10 ms hop = 160.
     assert_eq!(fb.num_frames(399), 0);
     assert_eq!(fb.num_frames(400), 1);
@@ -82,23 +68,8 @@ fn frame_count_follows_snip_edges() {
 #[test]
 fn dither_is_seeded_and_small() {
     let x = data_common::sine(440.0, 16000, 0.5, 0.3);
-    let plain = Fbank::new(
-        &FbankConf {
-            num_mel_bins: 40,
-            ..Default::default()
-        },
-        16000,
-    )
-    .unwrap();
-    let dithered = Fbank::new(
-        &FbankConf {
-            num_mel_bins: 40,
-            dither: 1.0,
-            ..Default::default()
-        },
-        16000,
-    )
-    .unwrap();
+    let plain = Fbank::new(&FbankConf { num_mel_bins: 40, ..Default::default() }, 16000).unwrap();
+    let dithered = Fbank::new(&FbankConf { num_mel_bins: 40, dither: 1.0, ..Default::default() }, 16000).unwrap();
     let a = dithered.compute(&x, &mut Rng::new(5));
     let b = dithered.compute(&x, &mut Rng::new(5));
     let c = dithered.compute(&x, &mut Rng::new(6));
@@ -106,14 +77,6 @@ fn dither_is_seeded_and_small() {
     assert_eq!(a, b, "same seed, same features");
     assert_ne!(a, c, "another seed, other noise");
     // Dither of 1 (int16 units) on a 0.3-amplitude tone barely moves the loud bins.
-    let max_loud_diff = a
-        .iter()
-        .zip(&p)
-        .filter(|(_, q)| **q > 10.0)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0f32, f32::max);
-    assert!(
-        max_loud_diff < 0.05,
-        "dither moved a loud bin by {max_loud_diff}"
-    );
+    let max_loud_diff = a.iter().zip(&p).filter(|(_, q)| **q > 10.0).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+    assert!(max_loud_diff < 0.05, "dither moved a loud bin by {max_loud_diff}");
 }

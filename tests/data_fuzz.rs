@@ -14,22 +14,14 @@ use asrforge::data::tokenizer::{SymbolTable, TokenizeMode, Tokenizer};
 use asrforge::tensor::rng::Rng;
 
 fn bytes(rng: &mut Rng, n: usize) -> Vec<u8> {
-    rng.uniform(n)
-        .into_iter()
-        .map(|u| (u * 256.0) as u8)
-        .collect()
+    rng.uniform(n).into_iter().map(|u| (u * 256.0) as u8).collect()
 }
 
 #[test]
 fn random_and_mutated_wav_bytes_never_panic() {
     let dir = data_common::tmpdir("fuzz-wav");
     let good = dir.join("g.wav");
-    data_common::write_wav(
-        &good,
-        &data_common::sine(440.0, 16000, 0.05, 0.3),
-        16000,
-        16,
-    );
+    data_common::write_wav(&good, &data_common::sine(440.0, 16000, 0.05, 0.3), 16000, 16);
     let valid = std::fs::read(&good).unwrap();
     let mut rng = Rng::new(42);
     let (mut ok, mut err) = (0, 0);
@@ -63,10 +55,7 @@ fn random_and_mutated_wav_bytes_never_panic() {
         }
     }
     assert_eq!(ok + err, 2000);
-    assert!(
-        err > 1000,
-        "most random inputs are rejected: {ok} ok, {err} errors"
-    );
+    assert!(err > 1000, "most random inputs are rejected: {ok} ok, {err} errors");
 }
 
 #[test]
@@ -74,10 +63,8 @@ fn random_list_lines_never_panic() {
     let dir = data_common::tmpdir("fuzz-list");
     let mut lines = data_common::make_corpus(&dir, 5, 16000);
     let mut rng = Rng::new(7);
-    let pieces = [
-        "{", "}", "\"key\"", "\"wav\"", "\"txt\"", ":", ",", "\"", "null", "1e999", "-3", "[", "]",
-        " ", "\u{2581}", "é", "\\", "start", "end", "/tmp",
-    ];
+    let pieces =
+        ["{", "}", "\"key\"", "\"wav\"", "\"txt\"", ":", ",", "\"", "null", "1e999", "-3", "[", "]", " ", "\u{2581}", "é", "\\", "start", "end", "/tmp"];
     for _ in 0..300 {
         let n = rng.below(12);
         let line: String = (0..n).map(|_| pieces[rng.below(pieces.len())]).collect();
@@ -96,22 +83,10 @@ fn random_list_lines_never_panic() {
     c.fbank_conf.num_mel_bins = 10;
     let list = DataList::from_lines("fuzz.list", ListFormat::Raw, lines.clone());
     let n_lines = list.len();
-    let l = DataLoader::new(
-        list,
-        Processor::new(&c, Some(tok)).unwrap(),
-        LoaderConf {
-            log: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let l = DataLoader::new(list, Processor::new(&c, Some(tok)).unwrap(), LoaderConf { log: false, ..Default::default() }).unwrap();
     let mut it = l.epoch(0);
     let got: usize = it.by_ref().map(|b| b.len()).sum();
     let s = it.summary().unwrap();
     assert_eq!(got, 5, "the five real utterances survive");
-    assert_eq!(
-        got + s.skips.total(),
-        n_lines,
-        "every other line is one counted skip"
-    );
+    assert_eq!(got + s.skips.total(), n_lines, "every other line is one counted skip");
 }

@@ -13,13 +13,7 @@ use asrforge::data::tokenizer::{SymbolTable, TokenizeMode, Tokenizer};
 use asrforge::data::Batch;
 
 fn conf() -> DatasetConf {
-    let mut c = DatasetConf {
-        filter_conf: FilterConf {
-            min_length: 5.0,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
+    let mut c = DatasetConf { filter_conf: FilterConf { min_length: 5.0, ..Default::default() }, ..Default::default() };
     c.fbank_conf.num_mel_bins = 20;
     c.fbank_conf.dither = 0.1;
     c.speed_perturb = true;
@@ -28,49 +22,22 @@ fn conf() -> DatasetConf {
     c.spec_trim = true;
     c.shuffle_conf.shuffle_size = 7;
     c.sort_conf.sort_size = 5;
-    c.batch_conf = BatchConf {
-        batch_type: "static".into(),
-        batch_size: 4,
-        ..Default::default()
-    };
+    c.batch_conf = BatchConf { batch_type: "static".into(), batch_size: 4, ..Default::default() };
     c
 }
 
 fn tokenizer() -> std::sync::Arc<Tokenizer> {
-    std::sync::Arc::new(Tokenizer::new(
-        SymbolTable::parse(data_common::UNITS, "units").unwrap(),
-        TokenizeMode::Char,
-        vec![],
-    ))
+    std::sync::Arc::new(Tokenizer::new(SymbolTable::parse(data_common::UNITS, "units").unwrap(), TokenizeMode::Char, vec![]))
 }
 
 fn loader(lines: &[String], dconf: &DatasetConf, lconf: LoaderConf) -> DataLoader {
     let list = DataList::from_lines("test.list", ListFormat::Raw, lines.to_vec());
-    DataLoader::new(
-        list,
-        Processor::new(dconf, Some(tokenizer())).unwrap(),
-        LoaderConf {
-            log: false,
-            ..lconf
-        },
-    )
-    .unwrap()
+    DataLoader::new(list, Processor::new(dconf, Some(tokenizer())).unwrap(), LoaderConf { log: false, ..lconf }).unwrap()
 }
 
 fn fingerprint(b: &Batch) -> (Vec<String>, Vec<usize>, Vec<u32>, Vec<i64>) {
-    let f = b
-        .feats
-        .to_vec::<f32>()
-        .unwrap()
-        .iter()
-        .map(|v| v.to_bits())
-        .collect();
-    (
-        b.keys.clone(),
-        b.feats_lengths.clone(),
-        f,
-        b.target.to_vec::<i64>().unwrap(),
-    )
+    let f = b.feats.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect();
+    (b.keys.clone(), b.feats_lengths.clone(), f, b.target.to_vec::<i64>().unwrap())
 }
 
 #[test]
@@ -80,16 +47,7 @@ fn same_batches_for_any_thread_count() {
     let runs: Vec<Vec<_>> = [1, 2, 3]
         .iter()
         .map(|&n| {
-            let l = loader(
-                &lines,
-                &conf(),
-                LoaderConf {
-                    num_workers: n,
-                    prefetch: 2,
-                    seed: 5,
-                    ..Default::default()
-                },
-            );
+            let l = loader(&lines, &conf(), LoaderConf { num_workers: n, prefetch: 2, seed: 5, ..Default::default() });
             l.epoch(3).map(|b| fingerprint(&b)).collect()
         })
         .collect();
@@ -97,15 +55,7 @@ fn same_batches_for_any_thread_count() {
     assert_eq!(runs[0], runs[1]);
     assert_eq!(runs[0], runs[2]);
     // Another epoch reshuffles.
-    let l = loader(
-        &lines,
-        &conf(),
-        LoaderConf {
-            num_workers: 2,
-            seed: 5,
-            ..Default::default()
-        },
-    );
+    let l = loader(&lines, &conf(), LoaderConf { num_workers: 2, seed: 5, ..Default::default() });
     let other: Vec<_> = l.epoch(4).map(|b| fingerprint(&b)).collect();
     assert_ne!(runs[0], other);
 }
@@ -118,11 +68,7 @@ fn batches_are_sorted_and_summarised() {
     let mut it = l.epoch(0);
     let mut n = 0;
     for b in it.by_ref() {
-        assert!(
-            b.feats_lengths.windows(2).all(|w| w[0] >= w[1]),
-            "{:?}",
-            b.feats_lengths
-        );
+        assert!(b.feats_lengths.windows(2).all(|w| w[0] >= w[1]), "{:?}", b.feats_lengths);
         assert_eq!(b.feats.dims()[0], b.len());
         assert_eq!(b.feats.dims()[1], b.feats_lengths[0]);
         assert_eq!(b.feats.dims()[2], 20);
@@ -141,16 +87,7 @@ fn partition_covers_every_utterance_once() {
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut per_rank = Vec::new();
     for rank in 0..3 {
-        let l = loader(
-            &lines,
-            &conf(),
-            LoaderConf {
-                rank,
-                world_size: 3,
-                num_workers: 2,
-                ..Default::default()
-            },
-        );
+        let l = loader(&lines, &conf(), LoaderConf { rank, world_size: 3, num_workers: 2, ..Default::default() });
         let keys: Vec<String> = l.epoch(1).flat_map(|b| b.keys).collect();
         per_rank.push(keys.len());
         for k in keys {
@@ -163,16 +100,7 @@ fn partition_covers_every_utterance_once() {
     // cv: not partitioned, every rank gets everything.
     let cv = conf().for_cv();
     for rank in 0..3 {
-        let l = loader(
-            &lines,
-            &cv,
-            LoaderConf {
-                rank,
-                world_size: 3,
-                partition: false,
-                ..Default::default()
-            },
-        );
+        let l = loader(&lines, &cv, LoaderConf { rank, world_size: 3, partition: false, ..Default::default() });
         assert_eq!(l.epoch(1).map(|b| b.len()).sum::<usize>(), 25);
     }
 }
@@ -198,14 +126,7 @@ fn cycle_repeats_the_list() {
 fn resume_skips_exactly_the_yielded_batches() {
     let dir = data_common::tmpdir("loader-resume");
     let lines = data_common::make_corpus(&dir, 30, 16000);
-    let l = loader(
-        &lines,
-        &conf(),
-        LoaderConf {
-            num_workers: 2,
-            ..Default::default()
-        },
-    );
+    let l = loader(&lines, &conf(), LoaderConf { num_workers: 2, ..Default::default() });
     let full: Vec<_> = l.epoch(2).map(|b| fingerprint(&b)).collect();
     // Stop after 3 batches, as a crash would; the position says where to restart.
     let mut it = l.epoch(2);
@@ -232,8 +153,7 @@ fn shards_give_the_same_utterances_as_raw() {
         for line in chunk {
             let v: serde_json::Value = serde_json::from_str(line).unwrap();
             let key = v["key"].as_str().unwrap();
-            tar.append_path_with_name(v["wav"].as_str().unwrap(), format!("{key}.wav"))
-                .unwrap();
+            tar.append_path_with_name(v["wav"].as_str().unwrap(), format!("{key}.wav")).unwrap();
             let txt = v["txt"].as_str().unwrap().as_bytes();
             let mut h = tar::Header::new_gnu();
             h.set_size(txt.len() as u64);
@@ -249,15 +169,7 @@ fn shards_give_the_same_utterances_as_raw() {
     c.batch_conf.batch_size = 100;
     let raw = loader(&lines, &c, LoaderConf::default());
     let list = DataList::from_lines("shards.list", ListFormat::Shard, shard_lines);
-    let sharded = DataLoader::new(
-        list,
-        Processor::new(&c, Some(tokenizer())).unwrap(),
-        LoaderConf {
-            log: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let sharded = DataLoader::new(list, Processor::new(&c, Some(tokenizer())).unwrap(), LoaderConf { log: false, ..Default::default() }).unwrap();
     let a: Vec<_> = raw.epoch(0).map(|b| fingerprint(&b)).collect();
     let b: Vec<_> = sharded.epoch(0).map(|b| fingerprint(&b)).collect();
     assert_eq!(a.len(), 1);

@@ -10,9 +10,7 @@ use data_common::sine;
 fn max_err_mid(y: &[f32], freq: f64, sr: u32, amp: f64) -> f64 {
     let ideal = sine(freq, sr, y.len() as f64 / sr as f64, amp);
     let (a, b) = (y.len() / 10, y.len() * 9 / 10);
-    (a..b)
-        .map(|i| (y[i] as f64 - ideal[i] as f64).abs())
-        .fold(0.0, f64::max)
+    (a..b).map(|i| (y[i] as f64 - ideal[i] as f64).abs()).fold(0.0, f64::max)
 }
 
 /// Least-squares fit of `amp * sin(2π f (i - delay) / sr)` over the middle:
@@ -28,9 +26,7 @@ fn fit_tone(y: &[f32], freq: f64, sr: u32) -> (f64, f64, f64) {
     let m = (b - a) as f64;
     let (c, s) = (2.0 * c / m, 2.0 * s / m);
     let amp = (c * c + s * s).sqrt();
-    let resid = (a..b)
-        .map(|i| (y[i] as f64 - s * (w * i as f64).sin() - c * (w * i as f64).cos()).abs())
-        .fold(0.0, f64::max);
+    let resid = (a..b).map(|i| (y[i] as f64 - s * (w * i as f64).sin() - c * (w * i as f64).cos()).abs()).fold(0.0, f64::max);
     (amp, -c.atan2(s) / w, resid)
 }
 
@@ -48,12 +44,7 @@ fn tone_keeps_amplitude_and_shape_at_odd_ratios() {
     // For ratios like 441:160 the FFT resampler's output is a perfect tone
     // delayed by half an input sample (a constant 11-45 microseconds); check
     // shape and amplitude exactly and bound the delay.
-    for (from, to, freq) in [
-        (44100u32, 16000u32, 1000.0),
-        (22050, 16000, 1000.0),
-        (11025, 16000, 1000.0),
-        (14400, 16000, 3000.0),
-    ] {
+    for (from, to, freq) in [(44100u32, 16000u32, 1000.0), (22050, 16000, 1000.0), (11025, 16000, 1000.0), (14400, 16000, 3000.0)] {
         let x = sine(freq, from, 1.0, 0.5);
         let y = resample(&x, from, to).unwrap();
         assert_eq!(y.len(), to as usize, "{from} -> {to}");
@@ -61,10 +52,7 @@ fn tone_keeps_amplitude_and_shape_at_odd_ratios() {
         assert!((amp - 0.5).abs() < 1e-4, "{from} -> {to}: amplitude {amp}");
         assert!(resid < 1e-4, "{from} -> {to}: residual {resid}");
         let half_input = 0.5 * to as f64 / from as f64;
-        assert!(
-            delay.abs() <= half_input + 1e-3,
-            "{from} -> {to}: delay {delay} output samples"
-        );
+        assert!(delay.abs() <= half_input + 1e-3, "{from} -> {to}: delay {delay} output samples");
     }
 }
 
@@ -84,10 +72,7 @@ fn tone_above_new_nyquist_is_removed() {
     let y = resample(&x, 44100, 16000).unwrap();
     let (a, b) = (y.len() / 10, y.len() * 9 / 10);
     let rms = ((a..b).map(|i| (y[i] as f64).powi(2)).sum::<f64>() / (b - a) as f64).sqrt();
-    assert!(
-        rms < 1e-3,
-        "rms {rms} of an out-of-band tone (input rms 0.354)"
-    );
+    assert!(rms < 1e-3, "rms {rms} of an out-of-band tone (input rms 0.354)");
 }
 
 #[test]
@@ -104,11 +89,7 @@ fn speed_perturb_lengths_and_choices() {
     for _ in 0..60 {
         let (speed, y) = speed_perturb(&x, 16000, &mut rng).unwrap();
         let want = (x.len() as f64 / speed).ceil() as usize;
-        assert!(
-            (y.len() as i64 - want as i64).abs() <= 1,
-            "speed {speed}: {} samples, expected {want}",
-            y.len()
-        );
+        assert!((y.len() as i64 - want as i64).abs() <= 1, "speed {speed}: {} samples, expected {want}", y.len());
         let k = [0.9, 1.0, 1.1].iter().position(|&s| s == speed).unwrap();
         seen[k] += 1;
         if speed == 1.0 {

@@ -13,11 +13,7 @@ use asrforge::data::SkipReason as R;
 use data_common::{sine, write_wav};
 
 fn tok() -> Arc<Tokenizer> {
-    Arc::new(Tokenizer::new(
-        SymbolTable::parse(data_common::UNITS, "units").unwrap(),
-        TokenizeMode::Char,
-        vec![],
-    ))
+    Arc::new(Tokenizer::new(SymbolTable::parse(data_common::UNITS, "units").unwrap(), TokenizeMode::Char, vec![]))
 }
 
 fn conf() -> DatasetConf {
@@ -31,19 +27,12 @@ fn conf() -> DatasetConf {
         max_output_input_ratio: 0.5,
     };
     c.fbank_conf.num_mel_bins = 20;
-    c.batch_conf = BatchConf {
-        batch_type: "dynamic".into(),
-        max_frames_in_batch: 130,
-        ..Default::default()
-    };
+    c.batch_conf = BatchConf { batch_type: "dynamic".into(), max_frames_in_batch: 130, ..Default::default() };
     c
 }
 
 fn json(key: &str, wav: &std::path::Path, txt: &str) -> String {
-    format!(
-        r#"{{"key": "{key}", "wav": "{}", "txt": "{txt}"}}"#,
-        wav.display()
-    )
+    format!(r#"{{"key": "{key}", "wav": "{}", "txt": "{txt}"}}"#, wav.display())
 }
 
 #[test]
@@ -56,11 +45,7 @@ fn every_bad_input_kind_is_skipped_and_counted() {
     };
     let mut lines = Vec::new();
     for i in 0..3 {
-        lines.push(json(
-            &format!("good{i}"),
-            &wav(&format!("good{i}"), 0.5),
-            "ABC",
-        ));
+        lines.push(json(&format!("good{i}"), &wav(&format!("good{i}"), 0.5), "ABC"));
     }
     lines.push(r#"{"key": "broken", "wav": }"#.into()); // malformed JSON
     lines.push(r#"{"wav": "/x.wav", "txt": "A"}"#.into()); // JSON without key
@@ -84,15 +69,7 @@ fn every_bad_input_kind_is_skipped_and_counted() {
     lines.push(json("ratiolow", &wav("ratiolow", 1.45), "AB"));
     lines.push(json("overbudget", &wav("overbudget", 1.4), "ABCDE"));
     let list = DataList::from_lines("bad.list", ListFormat::Raw, lines);
-    let l = DataLoader::new(
-        list,
-        Processor::new(&conf(), Some(tok())).unwrap(),
-        LoaderConf {
-            log: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let l = DataLoader::new(list, Processor::new(&conf(), Some(tok())).unwrap(), LoaderConf { log: false, ..Default::default() }).unwrap();
     let mut it = l.epoch(0);
     let keys: Vec<String> = it.by_ref().flat_map(|b| b.keys).collect();
     let mut sorted = keys.clone();
@@ -120,23 +97,10 @@ fn every_bad_input_kind_is_skipped_and_counted() {
     // The first skips are kept with their key and what was wrong.
     assert_eq!(s.first().len(), 5);
     assert_eq!(s.first()[0].key, "line 4");
-    assert!(
-        s.first()[0].detail.contains("invalid JSON"),
-        "{}",
-        s.first()[0].detail
-    );
+    assert!(s.first()[0].detail.contains("invalid JSON"), "{}", s.first()[0].detail);
     assert_eq!(s.first()[3].key, "missing");
-    assert!(
-        s.first()[3].detail.contains("nope.wav"),
-        "{}",
-        s.first()[3].detail
-    );
-    assert!(
-        s.summary()
-            .starts_with("skipped 16 (malformed_line 3, missing_file 1"),
-        "{}",
-        s.summary()
-    );
+    assert!(s.first()[3].detail.contains("nope.wav"), "{}", s.first()[3].detail);
+    assert!(s.summary().starts_with("skipped 16 (malformed_line 3, missing_file 1"), "{}", s.summary());
 }
 
 #[test]
@@ -154,8 +118,7 @@ fn bad_shards_are_skipped_and_the_good_part_kept() {
                 h.set_size(3);
                 h.set_mode(0o644);
                 h.set_cksum();
-                tar.append_data(&mut h, format!("{k}.txt"), &b"ABC"[..])
-                    .unwrap();
+                tar.append_data(&mut h, format!("{k}.txt"), &b"ABC"[..]).unwrap();
             }
         }
         tar.finish().unwrap();
@@ -170,22 +133,11 @@ fn bad_shards_are_skipped_and_the_good_part_kept() {
     std::fs::write(&trunc, &bytes[..bytes.len() * 3 / 4]).unwrap();
     let garbage = dir.join("garbage.tar");
     std::fs::write(&garbage, vec![0x5a; 1500]).unwrap();
-    let lines = [&good, &notxt, &trunc, &garbage, &dir.join("absent.tar")]
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect();
+    let lines = [&good, &notxt, &trunc, &garbage, &dir.join("absent.tar")].iter().map(|p| p.display().to_string()).collect();
     let list = DataList::from_lines("shards", ListFormat::Shard, lines);
     let mut c = conf();
     c.batch_conf = BatchConf::default();
-    let l = DataLoader::new(
-        list,
-        Processor::new(&c, Some(tok())).unwrap(),
-        LoaderConf {
-            log: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let l = DataLoader::new(list, Processor::new(&c, Some(tok())).unwrap(), LoaderConf { log: false, ..Default::default() }).unwrap();
     let mut it = l.epoch(0);
     let mut keys: Vec<String> = it.by_ref().flat_map(|b| b.keys).collect();
     keys.sort();

@@ -7,12 +7,7 @@ use asrforge::tensor::rng::Rng;
 #[test]
 fn masks_have_configured_counts_and_widths() {
     let (t, f) = (200, 80);
-    let conf = SpecAugConf {
-        num_t_mask: 2,
-        num_f_mask: 3,
-        max_t: 50,
-        max_f: 10,
-    };
+    let conf = SpecAugConf { num_t_mask: 2, num_f_mask: 3, max_t: 50, max_f: 10 };
     for seed in 0..50 {
         let mut x = vec![1.0f32; t * f];
         let masks = spec_aug(&mut x, t, f, &conf, &mut Rng::new(seed));
@@ -20,22 +15,13 @@ fn masks_have_configured_counts_and_widths() {
         assert_eq!(masks.iter().filter(|m| m.time).count(), 2);
         for m in &masks {
             let (limit, max) = if m.time { (t, 50) } else { (f, 10) };
-            assert!(
-                m.start < limit && m.end <= limit && m.end > m.start,
-                "{m:?}"
-            );
+            assert!(m.start < limit && m.end <= limit && m.end > m.start, "{m:?}");
             assert!(m.end - m.start <= max, "{m:?} wider than {max}");
         }
         // Exactly the masked cells are zero.
         for ti in 0..t {
             for fi in 0..f {
-                let masked = masks.iter().any(|m| {
-                    if m.time {
-                        (m.start..m.end).contains(&ti)
-                    } else {
-                        (m.start..m.end).contains(&fi)
-                    }
-                });
+                let masked = masks.iter().any(|m| if m.time { (m.start..m.end).contains(&ti) } else { (m.start..m.end).contains(&fi) });
                 assert_eq!(x[ti * f + fi] == 0.0, masked, "cell ({ti},{fi})");
             }
         }
@@ -45,12 +31,7 @@ fn masks_have_configured_counts_and_widths() {
 #[test]
 fn mask_widths_cover_the_range() {
     // Over many draws away from the edges, widths 1..=max_f all occur (randint includes both ends).
-    let conf = SpecAugConf {
-        num_t_mask: 0,
-        num_f_mask: 1,
-        max_t: 1,
-        max_f: 4,
-    };
+    let conf = SpecAugConf { num_t_mask: 0, num_f_mask: 1, max_t: 1, max_f: 4 };
     let mut seen = [0usize; 5];
     let mut rng = Rng::new(1);
     for _ in 0..2000 {
@@ -70,24 +51,11 @@ fn spec_sub_copies_earlier_frames() {
     // Row i holds the value i, so each replaced row must hold an earlier-or-equal index.
     let orig: Vec<f32> = (0..t * f).map(|i| (i / f) as f32).collect();
     let mut x = orig.clone();
-    spec_sub(
-        &mut x,
-        t,
-        f,
-        &SpecSubConf {
-            max_t: 20,
-            num_t_sub: 3,
-        },
-        &mut Rng::new(4),
-    );
+    spec_sub(&mut x, t, f, &SpecSubConf { max_t: 20, num_t_sub: 3 }, &mut Rng::new(4));
     for ti in 0..t {
         let row = &x[ti * f..(ti + 1) * f];
         assert!(row.iter().all(|&v| v == row[0]), "row {ti} is one frame");
-        assert!(
-            row[0] <= ti as f32,
-            "row {ti} took frame {} (from the future)",
-            row[0]
-        );
+        assert!(row[0] <= ti as f32, "row {ti} took frame {} (from the future)", row[0]);
     }
 }
 
@@ -96,13 +64,7 @@ fn spec_trim_drops_under_half() {
     let f = 3;
     for seed in 0..30 {
         let mut x = vec![1.0f32; 100 * f];
-        let kept = spec_trim(
-            &mut x,
-            100,
-            f,
-            &SpecTrimConf { max_t: 20 },
-            &mut Rng::new(seed),
-        );
+        let kept = spec_trim(&mut x, 100, f, &SpecTrimConf { max_t: 20 }, &mut Rng::new(seed));
         assert!((80..100).contains(&kept), "kept {kept}");
         assert_eq!(x.len(), kept * f);
     }

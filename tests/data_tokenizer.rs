@@ -35,13 +35,8 @@ fn wordpiece_is_greedy_longest_match() {
 
 #[test]
 fn malformed_tables_are_errors_with_line_numbers() {
-    let e = SymbolTable::parse("A 1\nB x\n", "u.txt")
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("u.txt") && e.contains("line 2") && e.contains("`x`"),
-        "{e}"
-    );
+    let e = SymbolTable::parse("A 1\nB x\n", "u.txt").unwrap_err().to_string();
+    assert!(e.contains("u.txt") && e.contains("line 2") && e.contains("`x`"), "{e}");
     let e = SymbolTable::parse("\n\n", "u.txt").unwrap_err().to_string();
     assert!(e.contains("found none"), "{e}");
 }

@@ -50,7 +50,9 @@ fn shipped_confs_parse_cleanly_and_match_the_digits_train_yaml() {
 
 #[test]
 fn unknown_keys_are_warned_one_line_per_path() {
-    let (c, w) = parse(r#"{"zero_optimization": {"stage": 2, "foo": 1}, "bar": {"x": 1}, "fp16": {"enabled": false, "lossscale": 0}, "wall_clock_breakdown": false}"#).expect("parse");
+    let (c, w) =
+        parse(r#"{"zero_optimization": {"stage": 2, "foo": 1}, "bar": {"x": 1}, "fp16": {"enabled": false, "lossscale": 0}, "wall_clock_breakdown": false}"#)
+            .expect("parse");
     assert_eq!(c.zero.stage, 2);
     assert_eq!(
         w,

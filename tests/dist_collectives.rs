@@ -103,7 +103,13 @@ fn assert_close(name: &str, got: &[f64], want: &[f64], scale: &[f64], rel: f64) 
     assert_eq!(got.len(), want.len(), "{name}: length");
     for i in 0..got.len() {
         let err = (got[i] - want[i]).abs();
-        assert!(err <= rel * scale[i], "{name}: element {i} is {} but the single-process answer is {} (error {err:e}, allowed {:e})", got[i], want[i], rel * scale[i]);
+        assert!(
+            err <= rel * scale[i],
+            "{name}: element {i} is {} but the single-process answer is {} (error {err:e}, allowed {:e})",
+            got[i],
+            want[i],
+            rel * scale[i]
+        );
     }
 }
 

@@ -97,7 +97,14 @@ fn max_rel_diff(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
 }
 
 fn worker_args(w: &dist_common::Worker) -> TrainArgs {
-    TrainArgs { dist_backend: "gloo".into(), timeout: 30, device: "cpu".into(), train_engine: "torch_ddp".into(), seed: 7 + w.rank as u64, ..Default::default() }
+    TrainArgs {
+        dist_backend: "gloo".into(),
+        timeout: 30,
+        device: "cpu".into(),
+        train_engine: "torch_ddp".into(),
+        seed: 7 + w.rank as u64,
+        ..Default::default()
+    }
 }
 
 /// A worker: a model seeded by rank, the DDP engine over init_distributed's

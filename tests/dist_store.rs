@@ -103,11 +103,13 @@ fn a_peer_without_the_token_is_refused_and_the_store_keeps_serving() {
     let rs = run_ok("a_peer_without_the_token_is_refused_and_the_store_keeps_serving", 2, &[]);
     let refused = &rs[1].lines_with("REFUSED ")[0];
     assert!(
-        refused.contains("the store at 127.0.0.1:") && refused.contains("refused this process's job token; every worker of a job must share ASRFORGE_RDZV_TOKEN"),
+        refused.contains("the store at 127.0.0.1:")
+            && refused.contains("refused this process's job token; every worker of a job must share ASRFORGE_RDZV_TOKEN"),
         "client error: {refused}"
     );
     let log = rs[0].stderr();
-    let line = log.lines().find(|l| l.starts_with("rendezvous store: refused a connection from 127.0.0.1:")).unwrap_or_else(|| panic!("no refusal logged:\n{log}"));
+    let line =
+        log.lines().find(|l| l.starts_with("rendezvous store: refused a connection from 127.0.0.1:")).unwrap_or_else(|| panic!("no refusal logged:\n{log}"));
     assert!(line.ends_with(": wrong job token"), "{line}");
     assert_eq!(log.matches("refused a connection").count(), 1, "one refusal expected:\n{log}");
 }
@@ -118,7 +120,10 @@ fn a_master_that_never_appears_is_a_clear_error_after_the_timeout() {
     let t0 = Instant::now();
     let err = Store::connect(&format!("127.0.0.1:{port}"), "t", 1, Duration::from_secs(2)).unwrap_err().to_string();
     let took = t0.elapsed();
-    assert_eq!(err, format!("distributed rendezvous on rank 1: no rendezvous store at 127.0.0.1:{port} after 2 s (MASTER_ADDR/MASTER_PORT; is rank 0 running?)"));
+    assert_eq!(
+        err,
+        format!("distributed rendezvous on rank 1: no rendezvous store at 127.0.0.1:{port} after 2 s (MASTER_ADDR/MASTER_PORT; is rank 0 running?)")
+    );
     assert!(took >= Duration::from_secs(2) && took < Duration::from_millis(3500), "gave up after {took:?} for a 2 s timeout");
 }
 

@@ -14,7 +14,9 @@ mod train_common;
 
 use asrforge::engine::SingleProcess;
 use asrforge::nn::Module;
-use asrforge::train::{init_dataset_and_dataloader, init_model, init_optimizer_and_scheduler, parse_train_config, read_config, run_train, DistInfo, Executor, Position, Resume};
+use asrforge::train::{
+    init_dataset_and_dataloader, init_model, init_optimizer_and_scheduler, parse_train_config, read_config, run_train, DistInfo, Executor, Position, Resume,
+};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -100,9 +102,14 @@ fn uneven_ranks_end_each_epoch_together_and_cv_is_reduced() {
     // Only rank 0 wrote: one TensorBoard file; the checkpoints of init and both epochs.
     let exp = dir.join("exp");
     train_common::event_file(&exp.join("tb"));
-    let mut files: Vec<String> = std::fs::read_dir(&exp).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|f| f != "tb").collect();
+    let mut files: Vec<String> =
+        std::fs::read_dir(&exp).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|f| f != "tb").collect();
     files.sort();
-    let want: Vec<String> = ["epoch_0", "epoch_1", "init"].iter().flat_map(|t| [format!("{t}.safetensors"), format!("{t}.state.safetensors"), format!("{t}.yaml")]).chain(["train.yaml".to_string()]).collect();
+    let want: Vec<String> = ["epoch_0", "epoch_1", "init"]
+        .iter()
+        .flat_map(|t| [format!("{t}.safetensors"), format!("{t}.state.safetensors"), format!("{t}.yaml")])
+        .chain(["train.yaml".to_string()])
+        .collect();
     let mut want = want;
     want.sort();
     assert_eq!(files, want);
@@ -219,8 +226,30 @@ fn asrforge_launch_stops_the_job_when_a_training_worker_is_killed() {
     let a = worker_args(&dir, 0, TIMEOUT);
     let port = dist_common::free_port().to_string();
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_asrforge"));
-    cmd.args(["launch", "--nproc_per_node", "3", "--master_port", &port, "--grace_period", "3", "train", "--dist_backend", "gloo", "--num_workers", "1", "--timeout", &TIMEOUT.to_string()]);
-    for (flag, p) in [("--config", &a.config), ("--model_dir", &a.model_dir), ("--tensorboard_dir", &a.tensorboard_dir), ("--train_data", &dir.join("train.list")), ("--cv_data", &a.cv_data), ("--symbol_table", &dir.join("units.txt"))] {
+    cmd.args([
+        "launch",
+        "--nproc_per_node",
+        "3",
+        "--master_port",
+        &port,
+        "--grace_period",
+        "3",
+        "train",
+        "--dist_backend",
+        "gloo",
+        "--num_workers",
+        "1",
+        "--timeout",
+        &TIMEOUT.to_string(),
+    ]);
+    for (flag, p) in [
+        ("--config", &a.config),
+        ("--model_dir", &a.model_dir),
+        ("--tensorboard_dir", &a.tensorboard_dir),
+        ("--train_data", &dir.join("train.list")),
+        ("--cv_data", &a.cv_data),
+        ("--symbol_table", &dir.join("units.txt")),
+    ] {
         cmd.arg(flag).arg(p);
     }
     cmd.env_remove("ASRFORGE_RDZV_TOKEN").stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
@@ -238,7 +267,11 @@ fn asrforge_launch_stops_the_job_when_a_training_worker_is_killed() {
     let out = launcher.wait_with_output().unwrap();
     let secs = killed.elapsed().as_secs_f64();
     let err = String::from_utf8_lossy(&out.stderr);
-    println!("launcher exited {:?} {secs:.1} s after the kill; {}", out.status, err.lines().filter(|l| l.contains("asrforge launch")).collect::<Vec<_>>().join(" | "));
+    println!(
+        "launcher exited {:?} {secs:.1} s after the kill; {}",
+        out.status,
+        err.lines().filter(|l| l.contains("asrforge launch")).collect::<Vec<_>>().join(" | ")
+    );
     assert!(!out.status.success());
     assert!(secs < (TIMEOUT + 5) as f64, "the launcher took {secs} s");
     // The launcher names the cause: rank 2, killed by SIGKILL (a survivor

@@ -127,7 +127,11 @@ fn zero_1_and_2_equal_ddp_and_one_process_at_3_ranks() {
 fn fp16_overflow_on_one_rank_skips_the_step_on_every_rank() {
     if let Some(w) = worker() {
         let (_server, s) = store(&w);
-        let (ds, _) = parse_deepspeed_config(r#"{"fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 8, "loss_scale_window": 1000, "hysteresis": 1, "min_loss_scale": 1}}"#, "t.json").expect("config");
+        let (ds, _) = parse_deepspeed_config(
+            r#"{"fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 8, "loss_scale_window": 1000, "hysteresis": 1, "min_loss_scale": 1}}"#,
+            "t.json",
+        )
+        .expect("config");
         for stage in [1u8, 2] {
             let mut e = zero(&s, &w, &format!("fp16_{stage}"), opts(stage, 8));
             let mut scaler = GradScaler::new(ds.scaler_config().expect("fp16"));
@@ -166,7 +170,15 @@ fn save(dir: &Path, e: &ZeroEngine, w: &Worker) -> PathBuf {
     save_optimizer_shard(&ckpt, w.rank, &e.optimizer_state().expect("state")).expect("save shard");
     if w.rank == 0 {
         std::fs::write(dir.join("params.txt"), bits(&flat_values(e.parameters()))).expect("params");
-        let st = TrainState { position: Position::default(), optimizer: Vec::new(), optimizer_shards: Some(w.world_size), scheduler_steps: 0, scaler: None, rng: Rng::new(0), rank_rngs: Vec::new() };
+        let st = TrainState {
+            position: Position::default(),
+            optimizer: Vec::new(),
+            optimizer_shards: Some(w.world_size),
+            scheduler_steps: 0,
+            scaler: None,
+            rng: Rng::new(0),
+            rank_rngs: Vec::new(),
+        };
         save_state(&state_path(&ckpt), &st).expect("save state");
     }
     ckpt
@@ -264,13 +276,19 @@ mod train_common;
 fn ds_json(dir: &Path, stage: u8) -> PathBuf {
     // The tiny train.yaml has accum_grad 1, grad_clip 5, log_interval 1000.
     let p = dir.join(format!("ds_stage{stage}.json"));
-    let text = format!(r#"{{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 5, "steps_per_print": 1000, "zero_optimization": {{"stage": {stage}, "reduce_bucket_size": 1000, "allgather_bucket_size": 777}}}}"#);
+    let text = format!(
+        r#"{{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 5, "steps_per_print": 1000, "zero_optimization": {{"stage": {stage}, "reduce_bucket_size": 1000, "allgather_bucket_size": 777}}}}"#
+    );
     std::fs::write(&p, text).expect("write ds json");
     p
 }
 
 fn state_files(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir).expect("model dir").map(|e| e.expect("entry").file_name().to_string_lossy().into_owned()).filter(|n| n.contains(".state")).collect();
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .expect("model dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".state"))
+        .collect();
     v.sort();
     v
 }
@@ -344,7 +362,9 @@ fn deepspeed_stage_1_and_2_in_run_train_over_2_processes_equal_torch_ddp() {
     let lines: Vec<String> = std::fs::read_to_string(dir.join("data.list")).expect("list").lines().step_by(5).map(str::to_string).cycle().take(12).collect();
     std::fs::write(dir.join("train.list"), lines.join("\n") + "\n").expect("train list");
     let name = "deepspeed_stage_1_and_2_in_run_train_over_2_processes_equal_torch_ddp";
-    let job = |engine: &str, save: &str| run_ok(name, 2, &[("JOB_DIR", dir.display().to_string()), ("JOB_ENGINE", engine.to_string()), ("JOB_SAVE", save.to_string())]);
+    let job = |engine: &str, save: &str| {
+        run_ok(name, 2, &[("JOB_DIR", dir.display().to_string()), ("JOB_ENGINE", engine.to_string()), ("JOB_SAVE", save.to_string())])
+    };
     let ddp = job("torch_ddp", "");
     check_identical(&ddp, 1);
     let want = unbits(&line(&ddp[0], "PARAMS0"));

@@ -110,7 +110,8 @@ fn assert_none_alive(pids: &[u32]) {
 /// A worker that records its pid and its child's in `$DIR/rank$RANK.pid`,
 /// then runs `tail` (shell code; the child `sleep 1000` runs meanwhile).
 fn sleeper(dir: &Path, tail: &str) -> PathBuf {
-    let body = format!("sleep 1000 &\necho \"$$ $!\" > {}/rank$RANK.tmp\nmv {}/rank$RANK.tmp {}/rank$RANK.pid\n{tail}", dir.display(), dir.display(), dir.display());
+    let body =
+        format!("sleep 1000 &\necho \"$$ $!\" > {}/rank$RANK.tmp\nmv {}/rank$RANK.tmp {}/rank$RANK.pid\n{tail}", dir.display(), dir.display(), dir.display());
     script(dir, "worker.sh", &body)
 }
 
@@ -137,10 +138,26 @@ fn workers_get_torchruns_variables_and_prefixed_output() {
     assert!(stderr.contains("asrforge launch: starting 3 workers (ranks 0..2 of 3) on node 0, master 127.0.0.1:29500"), "{stderr}");
 
     // Node 1 of 2, two workers each: ranks 2 and 3 of 4; the given token and flags with hyphens.
-    let child = launch(&dir, &["--nnodes", "2", "--node-rank", "1", "--nproc_per_node=2", "--master_addr", "10.0.0.9", "--master-port", "1234", "sh", "-c", "echo $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR $MASTER_PORT $ASRFORGE_RDZV_TOKEN $TORCHELASTIC_RUN_ID"])
-        .env("ASRFORGE_RDZV_TOKEN", "tok42")
-        .spawn()
-        .expect("spawn launcher");
+    let child = launch(
+        &dir,
+        &[
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--nproc_per_node=2",
+            "--master_addr",
+            "10.0.0.9",
+            "--master-port",
+            "1234",
+            "sh",
+            "-c",
+            "echo $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR $MASTER_PORT $ASRFORGE_RDZV_TOKEN $TORCHELASTIC_RUN_ID",
+        ],
+    )
+    .env("ASRFORGE_RDZV_TOKEN", "tok42")
+    .spawn()
+    .expect("spawn launcher");
     let (out, _) = wait_within(child, Duration::from_secs(30));
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -267,7 +284,11 @@ fn a_failure_on_a_remote_node_stops_the_job() {
     let ssh = script(&dir, "ssh", "shift\nexec sh -c \"$1\"");
     std::fs::write(dir.join("hosts"), "h0 slots=1\nh1 slots=2\n").expect("hostfile");
     let w = sleeper(&dir, "if [ \"$RANK\" = 2 ]; then sleep 0.3; exit 5; fi\nsleep 1000");
-    let child = launch(&dir, &["--hostfile", "hosts", "--master_addr", "127.0.0.1", "--grace_period", "3"]).arg(&w).env("ASRFORGE_SSH", &ssh).spawn().expect("spawn launcher");
+    let child = launch(&dir, &["--hostfile", "hosts", "--master_addr", "127.0.0.1", "--grace_period", "3"])
+        .arg(&w)
+        .env("ASRFORGE_SSH", &ssh)
+        .spawn()
+        .expect("spawn launcher");
     let pids = wait_for_pids(&dir, 3);
     let (out, _) = wait_within(child, Duration::from_secs(20));
     let stderr = text(&out.stderr);
@@ -290,7 +311,9 @@ fn several_nodes_without_a_token_is_a_clear_error() {
     assert!(!stderr.contains("starting"), "no worker starts: {stderr}");
     // With --rdzv_id both nodes derive the same token.
     let tok = |node: &str| {
-        let child = launch(&dir, &["--nnodes", "2", "--node_rank", node, "--rdzv_id", "job7", "sh", "-c", "echo $ASRFORGE_RDZV_TOKEN $TORCHELASTIC_RUN_ID"]).spawn().expect("spawn");
+        let child = launch(&dir, &["--nnodes", "2", "--node_rank", node, "--rdzv_id", "job7", "sh", "-c", "echo $ASRFORGE_RDZV_TOKEN $TORCHELASTIC_RUN_ID"])
+            .spawn()
+            .expect("spawn");
         let (out, _) = wait_within(child, Duration::from_secs(20));
         assert!(out.status.success(), "{}", text(&out.stderr));
         text(&out.stdout).split(": ").nth(1).unwrap_or("").trim().to_string()

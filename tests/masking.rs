@@ -58,12 +58,19 @@ fn check_encoder(yaml: &str) {
 fn conformer_encoder_ignores_padding() {
     check_encoder(common::TINY_F64_YAML);
     // The layer-norm convolution module and abs positions too.
-    check_encoder(&common::TINY_F64_YAML.replace("  cnn_module_kernel: 3\n", "  cnn_module_kernel: 3\n  cnn_module_norm: layer_norm\n").replace("pos_enc_layer_type: rel_pos", "pos_enc_layer_type: abs_pos"));
+    check_encoder(
+        &common::TINY_F64_YAML
+            .replace("  cnn_module_kernel: 3\n", "  cnn_module_kernel: 3\n  cnn_module_norm: layer_norm\n")
+            .replace("pos_enc_layer_type: rel_pos", "pos_enc_layer_type: abs_pos"),
+    );
 }
 
 #[test]
 fn transformer_encoder_ignores_padding() {
-    let yaml = common::TINY_F64_YAML.replace("encoder: conformer", "encoder: transformer").replace("pos_enc_layer_type: rel_pos", "pos_enc_layer_type: abs_pos").replace("selfattention_layer_type: rel_selfattn", "selfattention_layer_type: selfattn");
+    let yaml = common::TINY_F64_YAML
+        .replace("encoder: conformer", "encoder: transformer")
+        .replace("pos_enc_layer_type: rel_pos", "pos_enc_layer_type: abs_pos")
+        .replace("selfattention_layer_type: rel_selfattn", "selfattention_layer_type: selfattn");
     let m = model(&yaml);
     assert!(m.encoder.encoders[0].conv_module.is_none() && m.encoder.encoders[0].feed_forward_macaron.is_none());
     assert!(m.state_dict().iter().any(|e| e.name == "encoder.encoders.1.norm2.bias"));

@@ -4,7 +4,7 @@
 
 mod common;
 
-use asrforge::autograd::{backward, tape_saved_bytes, clear_tape};
+use asrforge::autograd::{backward, clear_tape, tape_saved_bytes};
 use asrforge::models::{config::ModelConfig, AsrModel};
 use asrforge::nn::Module;
 use asrforge::tensor::{DType, Device, Rng, Tensor};

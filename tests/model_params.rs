@@ -108,7 +108,10 @@ fn aishell_layer_keys_and_shapes_are_wenets() {
             want.push(format!("decoder.decoders.0.{att}.{lin}.bias 256"));
         }
     }
-    want.extend(["feed_forward.w_1.weight 2048x256", "feed_forward.w_1.bias 2048", "feed_forward.w_2.weight 256x2048", "feed_forward.w_2.bias 256"].map(|s| format!("decoder.decoders.0.{s}")));
+    want.extend(
+        ["feed_forward.w_1.weight 2048x256", "feed_forward.w_1.bias 2048", "feed_forward.w_2.weight 256x2048", "feed_forward.w_2.bias 256"]
+            .map(|s| format!("decoder.decoders.0.{s}")),
+    );
     for n in ["norm1", "norm2", "norm3"] {
         want.push(format!("decoder.decoders.0.{n}.weight 256"));
         want.push(format!("decoder.decoders.0.{n}.bias 256"));
@@ -155,7 +158,8 @@ fn aishell_layer_keys_and_shapes_are_wenets() {
 
 #[test]
 fn parameter_order_is_stable_and_init_is_seeded() {
-    let cfg_root: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/tiny.yaml")).unwrap()).unwrap();
+    let cfg_root: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/tiny.yaml")).unwrap()).unwrap();
     let (cfg, _) = ModelConfig::from_yaml(&cfg_root).unwrap();
     let a = AsrModel::new(&cfg, DType::F32, &mut Rng::new(42)).unwrap();
     let b = AsrModel::new(&cfg, DType::F32, &mut Rng::new(42)).unwrap();

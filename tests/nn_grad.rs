@@ -150,9 +150,9 @@ fn front_end_gradients() {
         let (err, _) = grad_check(&with_input(&sub, &x), &|| weighted_sum(&sub.forward(&x, &[19, 15])?.0, &w), 12, TOL);
         assert!(err < TOL, "{kind:?}");
         let expect: Vec<usize> = match kind {
-            InputLayer::Conv2d => vec![4, 3],   // ((19-1)//2-1)//2 = 4, ((15-1)//2-1)//2 = 3
-            InputLayer::Conv2d6 => vec![2, 1],  // ((19-1)//2-2)//3 = 2, ((15-1)//2-2)//3 = 1
-            InputLayer::Conv2d8 => vec![1, 1],  // (((19-1)//2-1)//2-1)//2 = 1
+            InputLayer::Conv2d => vec![4, 3],  // ((19-1)//2-1)//2 = 4, ((15-1)//2-1)//2 = 3
+            InputLayer::Conv2d6 => vec![2, 1], // ((19-1)//2-2)//3 = 2, ((15-1)//2-2)//3 = 1
+            InputLayer::Conv2d8 => vec![1, 1], // (((19-1)//2-1)//2-1)//2 = 1
             InputLayer::Linear => vec![19, 15],
         };
         assert_eq!(lens, expect, "{kind:?}");

@@ -178,7 +178,12 @@ fn indexing_ops() {
     assert_vec("index_select", &v(ops::index_select(&w, 1, &ids(&[1, 1, 0], &[3]))), &[1.0, 1.0, 0.0, 11.0, 11.0, 10.0, 21.0, 21.0, 20.0], 0.0);
     assert_vec("gather", &v(ops::gather(&w, 1, &ids(&[1, 0, 0], &[3, 1]))), &[1.0, 10.0, 20.0], 0.0);
     let x = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
-    assert_vec("masked_fill", &v(ops::masked_fill(&x, &mask(&[0, 1, 1], &[1, 3]), f64::NEG_INFINITY)), &[1.0, f64::NEG_INFINITY, f64::NEG_INFINITY, 4.0, f64::NEG_INFINITY, f64::NEG_INFINITY], 0.0);
+    assert_vec(
+        "masked_fill",
+        &v(ops::masked_fill(&x, &mask(&[0, 1, 1], &[1, 3]), f64::NEG_INFINITY)),
+        &[1.0, f64::NEG_INFINITY, f64::NEG_INFINITY, 4.0, f64::NEG_INFINITY, f64::NEG_INFINITY],
+        0.0,
+    );
     let y = t(&[-1.0; 6], &[2, 3]);
     assert_vec("where", &v(ops::where_cond(&mask(&[1, 0], &[2, 1]), &x, &y)), &[1.0, 2.0, 3.0, -1.0, -1.0, -1.0], 0.0);
 }

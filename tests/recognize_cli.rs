@@ -53,14 +53,41 @@ fn setup(tag: &str) -> PathBuf {
 
 fn recognize(d: &Path, extra: &[&str]) -> std::process::Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_asrforge"));
-    c.arg("recognize").arg("--config").arg(d.join("train.yaml")).arg("--test_data").arg(d.join("data.list")).arg("--checkpoint").arg(d.join("final.safetensors")).arg("--result_dir").arg(d.join("result"));
+    c.arg("recognize")
+        .arg("--config")
+        .arg(d.join("train.yaml"))
+        .arg("--test_data")
+        .arg(d.join("data.list"))
+        .arg("--checkpoint")
+        .arg(d.join("final.safetensors"))
+        .arg("--result_dir")
+        .arg(d.join("result"));
     c.args(extra).output().unwrap()
 }
 
 #[test]
 fn every_mode_writes_one_line_per_utterance() {
     let d = setup("modes");
-    let out = recognize(&d, &["--beam_size", "3", "--batch_size", "2", "--ctc_weight", "0.5", "--reverse_weight", "0.3", "--decoding_chunk_size", "-1", "--modes", "ctc_greedy_search", "ctc_prefix_beam_search", "attention", "attention_rescoring"]);
+    let out = recognize(
+        &d,
+        &[
+            "--beam_size",
+            "3",
+            "--batch_size",
+            "2",
+            "--ctc_weight",
+            "0.5",
+            "--reverse_weight",
+            "0.3",
+            "--decoding_chunk_size",
+            "-1",
+            "--modes",
+            "ctc_greedy_search",
+            "ctc_prefix_beam_search",
+            "attention",
+            "attention_rescoring",
+        ],
+    );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     for mode in ["ctc_greedy_search", "ctc_prefix_beam_search", "attention", "attention_rescoring"] {
         let text = std::fs::read_to_string(d.join("result").join(mode).join("text")).unwrap();

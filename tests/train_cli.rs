@@ -53,15 +53,35 @@ fn hyphenated_and_repeated_arguments() {
 
 fn base(dir: &Path) -> Vec<String> {
     let p = |f: &str| dir.join(f).display().to_string();
-    ["train", "--config", &p("train.yaml"), "--model_dir", &p("exp"), "--tensorboard_dir", &p("tb"), "--train_data", &p("data.list"), "--cv_data", &p("data.list"), "--symbol_table", &p("units.txt")]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+    [
+        "train",
+        "--config",
+        &p("train.yaml"),
+        "--model_dir",
+        &p("exp"),
+        "--tensorboard_dir",
+        &p("tb"),
+        "--train_data",
+        &p("data.list"),
+        "--cv_data",
+        &p("data.list"),
+        "--symbol_table",
+        &p("units.txt"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 /// Runs the binary; returns (exit code, stderr).
 fn run(args: &[String], env: &[(&str, &str)]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_asrforge")).args(args).env_remove("WORLD_SIZE").env_remove("RANK").envs(env.iter().copied()).output().expect("run the binary");
+    let out = Command::new(env!("CARGO_BIN_EXE_asrforge"))
+        .args(args)
+        .env_remove("WORLD_SIZE")
+        .env_remove("RANK")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run the binary");
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
@@ -114,7 +134,8 @@ fn bad_input_is_one_line_error() {
     let (code, err) = run(&b, &[("WORLD_SIZE", "2"), ("RANK", "0")]);
     assert_one_line_error(code, &err, &["--dist_backend", "nccl needs the CUDA backend; use --dist_backend gloo on the CPU"]);
     let t0 = std::time::Instant::now();
-    let (code, err) = run(&with(&["--dist_backend", "gloo", "--timeout", "1"]), &[("WORLD_SIZE", "2"), ("RANK", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "1")]);
+    let (code, err) =
+        run(&with(&["--dist_backend", "gloo", "--timeout", "1"]), &[("WORLD_SIZE", "2"), ("RANK", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "1")]);
     assert_one_line_error(code, &err, &["127.0.0.1:1", "rank 1"]);
     assert!(t0.elapsed() < std::time::Duration::from_secs(10), "gave up after the 1 s timeout, took {:?}", t0.elapsed());
     let (code, err) = run(&b, &[("RANK", "x")]);

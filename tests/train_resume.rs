@@ -116,7 +116,8 @@ fn enc_init_loads_only_the_named_prefixes() {
     let b = run_train(&r).expect("init only");
     assert!(b.history.is_empty());
     let (pa, pb) = (a.model.named_parameters(), b.model.named_parameters());
-    let same = |n: &str| pa.iter().zip(&pb).filter(|((k, _), _)| k.starts_with(n)).all(|((_, x), (_, y))| x.to_vec::<f32>().unwrap() == y.to_vec::<f32>().unwrap());
+    let same =
+        |n: &str| pa.iter().zip(&pb).filter(|((k, _), _)| k.starts_with(n)).all(|((_, x), (_, y))| x.to_vec::<f32>().unwrap() == y.to_vec::<f32>().unwrap());
     assert!(same("encoder."), "encoder taken from the checkpoint");
     assert!(!same("decoder."), "decoder freshly initialised");
     assert!(r.model_dir.join("init.safetensors").exists());

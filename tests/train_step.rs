@@ -132,7 +132,8 @@ fn overrides_apply_and_bad_ones_name_the_key() {
     let dir = train_common::tmpdir("train-override");
     std::fs::write(dir.join("t.yaml"), train_common::tiny_yaml(0.0, 2, 1, "")).unwrap();
     let p = dir.join("t.yaml");
-    let root = read_config(&p, &["encoder_conf.num_blocks 3".into(), "optim_conf.lr 0.1".into(), "accum_grad 4".into(), "dataset_conf.shuffle false".into()]).unwrap();
+    let root =
+        read_config(&p, &["encoder_conf.num_blocks 3".into(), "optim_conf.lr 0.1".into(), "accum_grad 4".into(), "dataset_conf.shuffle false".into()]).unwrap();
     assert_eq!(root["encoder_conf"]["num_blocks"].as_u64(), Some(3));
     let cfg = parse_train_config(&root).unwrap();
     assert_eq!(cfg.accum_grad, 4);
@@ -169,7 +170,11 @@ fn interrupted_write_leaves_the_previous_checkpoint_loadable() {
     assert_eq!(infos["tag"].as_str(), Some("epoch_0"));
     assert_eq!(infos["config"]["accum_grad"].as_u64(), Some(1));
     // No temp file of our own is left behind.
-    let tmp: Vec<_> = std::fs::read_dir(&dir).unwrap().filter_map(|x| x.ok()).filter(|x| x.file_name().to_string_lossy().contains(".tmp.") && !x.file_name().to_string_lossy().ends_with("99999")).collect();
+    let tmp: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|x| x.ok())
+        .filter(|x| x.file_name().to_string_lossy().contains(".tmp.") && !x.file_name().to_string_lossy().ends_with("99999"))
+        .collect();
     assert!(tmp.is_empty());
     // A truncated state file is a clear error naming it.
     let sp = dir.join("cut.state.safetensors");

@@ -103,10 +103,7 @@ pub fn record(
 
 /// Records a node with several outputs (their ids, already tracked).
 pub(crate) fn push_node(name: &'static str, inputs: &[&Tensor], outputs: Vec<TensorId>, saved: Vec<Tensor>, backward: BackwardFn) {
-    let inputs = inputs
-        .iter()
-        .map(|t| Input { id: t.id(), tracked: t.requires_grad(), leaf: if t.is_leaf() { Some((*t).clone()) } else { None } })
-        .collect();
+    let inputs = inputs.iter().map(|t| Input { id: t.id(), tracked: t.requires_grad(), leaf: if t.is_leaf() { Some((*t).clone()) } else { None } }).collect();
     let node = Node { name, inputs, outputs, saved, backward };
     TAPES.with(|t| {
         if let Some(top) = t.borrow_mut().last_mut() {

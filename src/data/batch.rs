@@ -59,19 +59,12 @@ pub const IGNORE_ID: i64 = -1;
 /// Pads `samples` into a batch sorted by frames, longest first (stable among equals).
 pub fn pad(mut samples: Vec<Sample>) -> Result<Batch> {
     if samples.is_empty() {
-        return Err(Error::invalid(
-            "pad",
-            "expected at least one sample, found none",
-        ));
+        return Err(Error::invalid("pad", "expected at least one sample, found none"));
     }
     samples.sort_by_key(|s| std::cmp::Reverse(s.frames));
     let dim = samples[0].dim;
     if let Some(s) = samples.iter().find(|s| s.dim != dim) {
-        return Err(Error::ShapeMismatch {
-            op: "pad",
-            expected: format!("feature dim {dim}"),
-            got: format!("{} for {}", s.dim, s.key),
-        });
+        return Err(Error::ShapeMismatch { op: "pad", expected: format!("feature dim {dim}"), got: format!("{} for {}", s.dim, s.key) });
     }
     if let Some(s) = samples.iter().find(|s| s.feats.len() < s.frames * s.dim) {
         return Err(Error::ShapeMismatch {
@@ -86,8 +79,7 @@ pub fn pad(mut samples: Vec<Sample>) -> Result<Batch> {
     let mut feats = vec![0.0f32; b * t * dim];
     let mut target = vec![IGNORE_ID; b * l];
     for (i, s) in samples.iter().enumerate() {
-        feats[i * t * dim..i * t * dim + s.frames * dim]
-            .copy_from_slice(&s.feats[..s.frames * dim]);
+        feats[i * t * dim..i * t * dim + s.frames * dim].copy_from_slice(&s.feats[..s.frames * dim]);
         target[i * l..i * l + s.label.len()].copy_from_slice(&s.label);
     }
     Ok(Batch {
@@ -138,11 +130,7 @@ pub struct Batcher {
 impl Batcher {
     /// An empty batcher.
     pub fn new(mode: BatchMode) -> Batcher {
-        Batcher {
-            mode,
-            buf: Vec::new(),
-            longest: 0,
-        }
+        Batcher { mode, buf: Vec::new(), longest: 0 }
     }
 
     /// Adds a sample; returns a full batch when one is complete. In dynamic
@@ -197,11 +185,7 @@ pub struct ShuffleBuffer {
 impl ShuffleBuffer {
     /// A buffer of `size` (at least 1) driven by `rng`.
     pub fn new(size: usize, rng: Rng) -> ShuffleBuffer {
-        ShuffleBuffer {
-            size: size.max(1),
-            buf: Vec::new(),
-            rng,
-        }
+        ShuffleBuffer { size: size.max(1), buf: Vec::new(), rng }
     }
 
     /// Adds a sample; returns the shuffled buffer when full.
@@ -228,10 +212,7 @@ pub struct SortBuffer {
 impl SortBuffer {
     /// A buffer of `size` (at least 1).
     pub fn new(size: usize) -> SortBuffer {
-        SortBuffer {
-            size: size.max(1),
-            buf: Vec::new(),
-        }
+        SortBuffer { size: size.max(1), buf: Vec::new() }
     }
 
     /// Adds a sample; returns the sorted buffer when full.

@@ -73,22 +73,13 @@ pub fn run_compute_cmvn(args: &ComputeCmvnArgs) -> Result<()> {
     let list = match (&args.in_scp, &args.data_list) {
         (Some(scp), _) => DataList::read(scp, ListFormat::Raw)?,
         (None, Some(l)) => DataList::read(l, ListFormat::parse(&args.data_type)?)?,
-        (None, None) => {
-            return Err(Error::invalid(
-                "compute-cmvn",
-                "expected --in_scp or --data_list, found neither",
-            ))
-        }
+        (None, None) => return Err(Error::invalid("compute-cmvn", "expected --in_scp or --data_list, found neither")),
     };
     let (stats, skipped) = compute_cmvn(&list, &proc, args.num_workers)?;
     if stats.frame_num == 0 {
         return Err(Error::Data {
             path: list.path.clone(),
-            msg: format!(
-                "expected at least one usable utterance, found none of {} lines ({})",
-                list.len(),
-                skipped.summary()
-            ),
+            msg: format!("expected at least one usable utterance, found none of {} lines ({})", list.len(), skipped.summary()),
         });
     }
     stats.write(&args.out_cmvn)?;
@@ -111,31 +102,14 @@ pub fn run_compute_feats(args: &ComputeFeatsArgs) -> Result<()> {
     let list = DataList::read(&args.data_list, ListFormat::parse(&args.data_type)?)?;
     let (samples, skipped) = compute_feats(&list, &proc, args.num_workers, args.seed)?;
     let metadata = HashMap::from([
-        (
-            "num_mel_bins".to_string(),
-            dconf.fbank_conf.num_mel_bins.to_string(),
-        ),
-        (
-            "sample_rate".to_string(),
-            dconf.resample_conf.resample_rate.to_string(),
-        ),
-        (
-            "frame_length_ms".to_string(),
-            dconf.fbank_conf.frame_length.to_string(),
-        ),
-        (
-            "frame_shift_ms".to_string(),
-            dconf.fbank_conf.frame_shift.to_string(),
-        ),
+        ("num_mel_bins".to_string(), dconf.fbank_conf.num_mel_bins.to_string()),
+        ("sample_rate".to_string(), dconf.resample_conf.resample_rate.to_string()),
+        ("frame_length_ms".to_string(), dconf.fbank_conf.frame_length.to_string()),
+        ("frame_shift_ms".to_string(), dconf.fbank_conf.frame_shift.to_string()),
         ("dither".to_string(), dconf.fbank_conf.dither.to_string()),
         ("seed".to_string(), args.seed.to_string()),
     ]);
     write_feats(&samples, metadata, &args.out)?;
-    eprintln!(
-        "compute-feats: {} utterances, {}; wrote {}",
-        samples.len(),
-        skipped.summary(),
-        args.out.display()
-    );
+    eprintln!("compute-feats: {} utterances, {}; wrote {}", samples.len(), skipped.summary(), args.out.display());
     Ok(())
 }

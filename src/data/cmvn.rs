@@ -26,11 +26,7 @@ pub struct CmvnStats {
 impl CmvnStats {
     /// Empty statistics of dimension `dim`.
     pub fn new(dim: usize) -> CmvnStats {
-        CmvnStats {
-            mean_stat: vec![0.0; dim],
-            var_stat: vec![0.0; dim],
-            frame_num: 0,
-        }
+        CmvnStats { mean_stat: vec![0.0; dim], var_stat: vec![0.0; dim], frame_num: 0 }
     }
 
     /// Adds `frames` rows of `(frames, dim)` features.
@@ -47,14 +43,8 @@ impl CmvnStats {
 
     /// Adds another set of statistics of the same dimension.
     pub fn merge(&mut self, other: &CmvnStats) {
-        self.mean_stat
-            .iter_mut()
-            .zip(&other.mean_stat)
-            .for_each(|(a, b)| *a += b);
-        self.var_stat
-            .iter_mut()
-            .zip(&other.var_stat)
-            .for_each(|(a, b)| *a += b);
+        self.mean_stat.iter_mut().zip(&other.mean_stat).for_each(|(a, b)| *a += b);
+        self.var_stat.iter_mut().zip(&other.var_stat).for_each(|(a, b)| *a += b);
         self.frame_num += other.frame_num;
     }
 
@@ -63,36 +53,22 @@ impl CmvnStats {
     pub fn mean_istd(&self) -> (Vec<f32>, Vec<f32>) {
         let n = self.frame_num.max(1) as f64;
         let mean: Vec<f64> = self.mean_stat.iter().map(|s| s / n).collect();
-        let istd = self
-            .var_stat
-            .iter()
-            .zip(&mean)
-            .map(|(v, m)| (1.0 / (v / n - m * m).max(1e-20).sqrt()) as f32)
-            .collect();
+        let istd = self.var_stat.iter().zip(&mean).map(|(v, m)| (1.0 / (v / n - m * m).max(1e-20).sqrt()) as f32).collect();
         (mean.into_iter().map(|m| m as f32).collect(), istd)
     }
 
     /// Writes the JSON file.
     pub fn write(&self, path: &Path) -> Result<()> {
-        let text = serde_json::to_string(self)
-            .map_err(|e| Error::Msg(format!("cannot encode CMVN JSON: {e}")))?;
-        std::fs::write(path, text).map_err(|source| Error::Io {
-            path: path.display().to_string(),
-            source,
-        })
+        let text = serde_json::to_string(self).map_err(|e| Error::Msg(format!("cannot encode CMVN JSON: {e}")))?;
+        std::fs::write(path, text).map_err(|source| Error::Io { path: path.display().to_string(), source })
     }
 
     /// Reads a WeNet CMVN JSON file and checks its shape.
     pub fn read(path: &Path) -> Result<CmvnStats> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: shown.clone(),
-            source,
-        })?;
-        let s: CmvnStats = serde_json::from_str(&text).map_err(|e| Error::Data {
-            path: shown.clone(),
-            msg: format!("expected CMVN JSON with mean_stat, var_stat, frame_num: {e}"),
-        })?;
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: shown.clone(), source })?;
+        let s: CmvnStats = serde_json::from_str(&text)
+            .map_err(|e| Error::Data { path: shown.clone(), msg: format!("expected CMVN JSON with mean_stat, var_stat, frame_num: {e}") })?;
         if s.mean_stat.len() != s.var_stat.len() || s.frame_num == 0 {
             return Err(Error::Data {
                 path: shown,
@@ -110,11 +86,7 @@ impl CmvnStats {
 
 /// Statistics over every utterance of `list` (features from `proc.features`,
 /// seed 0 for any dither), on `num_workers` threads; bad input is skipped and counted.
-pub fn compute_cmvn(
-    list: &DataList,
-    proc: &Processor,
-    num_workers: usize,
-) -> Result<(CmvnStats, SkipStats)> {
+pub fn compute_cmvn(list: &DataList, proc: &Processor, num_workers: usize) -> Result<(CmvnStats, SkipStats)> {
     let dim = proc.dim();
     let parts = map_lines(list, num_workers, "cmvn", |i| {
         let mut stats = CmvnStats::new(dim);

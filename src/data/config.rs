@@ -50,9 +50,7 @@ pub struct ResampleConf {
 
 impl Default for ResampleConf {
     fn default() -> Self {
-        ResampleConf {
-            resample_rate: 16000,
-        }
+        ResampleConf { resample_rate: 16000 }
     }
 }
 
@@ -76,14 +74,7 @@ pub struct FbankConf {
 
 impl Default for FbankConf {
     fn default() -> Self {
-        FbankConf {
-            num_mel_bins: 23,
-            frame_length: 25.0,
-            frame_shift: 10.0,
-            dither: 0.0,
-            energy_floor: 0.0,
-            use_energy: false,
-        }
+        FbankConf { num_mel_bins: 23, frame_length: 25.0, frame_shift: 10.0, dither: 0.0, energy_floor: 0.0, use_energy: false }
     }
 }
 
@@ -103,12 +94,7 @@ pub struct SpecAugConf {
 
 impl Default for SpecAugConf {
     fn default() -> Self {
-        SpecAugConf {
-            num_t_mask: 2,
-            num_f_mask: 2,
-            max_t: 50,
-            max_f: 10,
-        }
+        SpecAugConf { num_t_mask: 2, num_f_mask: 2, max_t: 50, max_f: 10 }
     }
 }
 
@@ -124,10 +110,7 @@ pub struct SpecSubConf {
 
 impl Default for SpecSubConf {
     fn default() -> Self {
-        SpecSubConf {
-            max_t: 20,
-            num_t_sub: 3,
-        }
+        SpecSubConf { max_t: 20, num_t_sub: 3 }
     }
 }
 
@@ -155,9 +138,7 @@ pub struct ShuffleConf {
 
 impl Default for ShuffleConf {
     fn default() -> Self {
-        ShuffleConf {
-            shuffle_size: 10000,
-        }
+        ShuffleConf { shuffle_size: 10000 }
     }
 }
 
@@ -189,11 +170,7 @@ pub struct BatchConf {
 
 impl Default for BatchConf {
     fn default() -> Self {
-        BatchConf {
-            batch_type: "static".into(),
-            batch_size: 16,
-            max_frames_in_batch: 12000,
-        }
+        BatchConf { batch_type: "static".into(), batch_size: 16, max_frames_in_batch: 12000 }
     }
 }
 
@@ -282,17 +259,9 @@ impl DatasetConf {
 
     /// Checks values that would make the pipeline meaningless; `path` names the config.
     pub fn validate(&self, path: &str) -> Result<()> {
-        let bad = |msg: String| {
-            Err(Error::ConfigFile {
-                path: path.to_string(),
-                msg,
-            })
-        };
+        let bad = |msg: String| Err(Error::ConfigFile { path: path.to_string(), msg });
         if self.feats_type != "fbank" {
-            return bad(format!(
-                "dataset_conf.feats_type: expected `fbank`, found `{}`",
-                self.feats_type
-            ));
+            return bad(format!("dataset_conf.feats_type: expected `fbank`, found `{}`", self.feats_type));
         }
         if self.fbank_conf.num_mel_bins == 0 {
             return bad("dataset_conf.fbank_conf.num_mel_bins: expected > 0, found 0".into());
@@ -304,18 +273,11 @@ impl DatasetConf {
             ));
         }
         if self.resample_conf.resample_rate < 1000 {
-            return bad(format!(
-                "dataset_conf.resample_conf.resample_rate: expected >= 1000 Hz, found {}",
-                self.resample_conf.resample_rate
-            ));
+            return bad(format!("dataset_conf.resample_conf.resample_rate: expected >= 1000 Hz, found {}", self.resample_conf.resample_rate));
         }
         match self.batch_conf.batch_type.as_str() {
-            "static" if self.batch_conf.batch_size == 0 => {
-                bad("dataset_conf.batch_conf.batch_size: expected > 0, found 0".into())
-            }
-            "dynamic" if self.batch_conf.max_frames_in_batch == 0 => {
-                bad("dataset_conf.batch_conf.max_frames_in_batch: expected > 0, found 0".into())
-            }
+            "static" if self.batch_conf.batch_size == 0 => bad("dataset_conf.batch_conf.batch_size: expected > 0, found 0".into()),
+            "dynamic" if self.batch_conf.max_frames_in_batch == 0 => bad("dataset_conf.batch_conf.max_frames_in_batch: expected > 0, found 0".into()),
             "static" | "dynamic" => Ok(()),
             other => bad(format!("dataset_conf.batch_conf.batch_type: expected `static` or `dynamic`, found `{other}`")),
         }
@@ -354,20 +316,14 @@ pub struct DataConfig {
 impl DataConfig {
     /// Parses YAML text; `path` is used in error messages.
     pub fn from_yaml_str(text: &str, path: &str) -> Result<DataConfig> {
-        let cfg: DataConfig = serde_yaml_ng::from_str(text).map_err(|e| Error::ConfigFile {
-            path: path.to_string(),
-            msg: format!("invalid YAML: {e}"),
-        })?;
+        let cfg: DataConfig = serde_yaml_ng::from_str(text).map_err(|e| Error::ConfigFile { path: path.to_string(), msg: format!("invalid YAML: {e}") })?;
         cfg.dataset_conf.validate(path)?;
         Ok(cfg)
     }
 
     /// Reads and parses a train.yaml.
     pub fn from_yaml_file(path: &Path) -> Result<DataConfig> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
         DataConfig::from_yaml_str(&text, &path.display().to_string())
     }
 }

@@ -48,14 +48,7 @@ pub struct Fbank {
 
 impl std::fmt::Debug for Fbank {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Fbank({} Hz, win {}, shift {}, {} bins)",
-            self.sample_rate,
-            self.win,
-            self.shift,
-            self.filters.len()
-        )
+        write!(f, "Fbank({} Hz, win {}, shift {}, {} bins)", self.sample_rate, self.win, self.shift, self.filters.len())
     }
 }
 
@@ -118,8 +111,7 @@ impl Fbank {
         }
         let window = (0..win)
             .map(|n| {
-                let hann =
-                    0.5 - 0.5 * (2.0 * std::f64::consts::PI * n as f64 / (win - 1) as f64).cos();
+                let hann = 0.5 - 0.5 * (2.0 * std::f64::consts::PI * n as f64 / (win - 1) as f64).cos();
                 hann.powf(0.85) as f32
             })
             .collect();
@@ -142,23 +134,11 @@ impl Fbank {
                     .collect();
                 let start = w.iter().position(|&v| v > 0.0).unwrap_or(0);
                 let end = w.iter().rposition(|&v| v > 0.0).map_or(start, |e| e + 1);
-                MelFilter {
-                    start,
-                    weights: w[start..end].to_vec(),
-                }
+                MelFilter { start, weights: w[start..end].to_vec() }
             })
             .collect();
         let fft = RealFftPlanner::<f32>::new().plan_fft_forward(padded);
-        Ok(Fbank {
-            conf: conf.clone(),
-            sample_rate,
-            win,
-            shift,
-            padded,
-            window,
-            filters,
-            fft,
-        })
+        Ok(Fbank { conf: conf.clone(), sample_rate, win, shift, padded, window, filters, fft })
     }
 
     /// The sample rate this filterbank was built for.
@@ -199,11 +179,7 @@ impl Fbank {
         let mut spec = vec![Complex::new(0.0f32, 0.0); self.padded / 2 + 1];
         let mut scratch = self.fft.make_scratch_vec();
         let mut power = vec![0.0f32; self.padded / 2 + 1];
-        let log_floor = if self.conf.energy_floor > 0.0 {
-            Some((self.conf.energy_floor as f32).ln())
-        } else {
-            None
-        };
+        let log_floor = if self.conf.energy_floor > 0.0 { Some((self.conf.energy_floor as f32).ln()) } else { None };
         for t in 0..frames {
             let frame = &samples[t * self.shift..t * self.shift + self.win];
             let x = &mut buf[..self.win];
@@ -228,24 +204,13 @@ impl Fbank {
             x.iter_mut().zip(&self.window).for_each(|(v, w)| *v *= w);
             buf[self.win..].iter_mut().for_each(|v| *v = 0.0);
             // Lengths always match the plan, so the FFT cannot fail; zeros would be returned if it did.
-            if self
-                .fft
-                .process_with_scratch(&mut buf, &mut spec, &mut scratch)
-                .is_err()
-            {
+            if self.fft.process_with_scratch(&mut buf, &mut spec, &mut scratch).is_err() {
                 continue;
             }
-            power
-                .iter_mut()
-                .zip(&spec)
-                .for_each(|(p, c)| *p = c.norm_sqr());
+            power.iter_mut().zip(&spec).for_each(|(p, c)| *p = c.norm_sqr());
             let mels = &mut row[usize::from(self.conf.use_energy)..];
             for (m, f) in mels.iter_mut().zip(&self.filters) {
-                let e: f32 = power[f.start..f.start + f.weights.len()]
-                    .iter()
-                    .zip(&f.weights)
-                    .map(|(p, w)| p * w)
-                    .sum();
+                let e: f32 = power[f.start..f.start + f.weights.len()].iter().zip(&f.weights).map(|(p, w)| p * w).sum();
                 *m = e.max(EPS).ln();
             }
         }

@@ -47,15 +47,7 @@ pub struct LoaderConf {
 
 impl Default for LoaderConf {
     fn default() -> Self {
-        LoaderConf {
-            num_workers: 2,
-            prefetch: 4,
-            seed: 777,
-            rank: 0,
-            world_size: 1,
-            partition: true,
-            log: true,
-        }
+        LoaderConf { num_workers: 2, prefetch: 4, seed: 777, rank: 0, world_size: 1, partition: true, log: true }
     }
 }
 
@@ -101,19 +93,9 @@ impl DataLoader {
     /// A loader; fails only on inconsistent rank settings.
     pub fn new(list: DataList, processor: Processor, conf: LoaderConf) -> Result<DataLoader> {
         if conf.world_size == 0 || conf.rank >= conf.world_size {
-            return Err(Error::invalid(
-                "DataLoader",
-                format!(
-                    "expected 0 <= rank < world_size, found rank {} of world_size {}",
-                    conf.rank, conf.world_size
-                ),
-            ));
+            return Err(Error::invalid("DataLoader", format!("expected 0 <= rank < world_size, found rank {} of world_size {}", conf.rank, conf.world_size)));
         }
-        Ok(DataLoader {
-            list: Arc::new(list),
-            processor: Arc::new(processor),
-            conf,
-        })
+        Ok(DataLoader { list: Arc::new(list), processor: Arc::new(processor), conf })
     }
 
     /// The units this rank processes in `epoch`, in order.
@@ -123,14 +105,9 @@ impl DataLoader {
         for pass in 0..dconf.cycle.max(1) {
             let mut order: Vec<usize> = (0..self.list.len()).collect();
             if dconf.list_shuffle {
-                shuffle(
-                    &mut order,
-                    &mut stage_rng(self.conf.seed, epoch, 1 + pass as u64),
-                );
+                shuffle(&mut order, &mut stage_rng(self.conf.seed, epoch, 1 + pass as u64));
             }
-            let mine = order.into_iter().enumerate().filter(|(i, _)| {
-                !self.conf.partition || i % self.conf.world_size == self.conf.rank
-            });
+            let mine = order.into_iter().enumerate().filter(|(i, _)| !self.conf.partition || i % self.conf.world_size == self.conf.rank);
             units.extend(mine.map(|(_, line)| Unit { line, pass }));
         }
         units
@@ -150,42 +127,19 @@ impl DataLoader {
         for w in 0..n_workers {
             let (tx, rx) = sync_channel::<WorkerMsg>(WORKER_QUEUE);
             queues.push(rx);
-            let (list, proc, units, seed) = (
-                self.list.clone(),
-                self.processor.clone(),
-                units.clone(),
-                self.conf.seed,
-            );
-            threads.push(std::thread::spawn(move || {
-                worker(&list, &proc, &units, w, n_workers, seed, epoch, &tx)
-            }));
+            let (list, proc, units, seed) = (self.list.clone(), self.processor.clone(), units.clone(), self.conf.seed);
+            threads.push(std::thread::spawn(move || worker(&list, &proc, &units, w, n_workers, seed, epoch, &tx)));
         }
         let (out_tx, out_rx) = sync_channel::<OutMsg>(self.conf.prefetch.max(1));
         let (proc, conf, n_units) = (self.processor.clone(), self.conf.clone(), units.len());
-        threads.push(std::thread::spawn(move || {
-            assemble(&proc, &conf, epoch, n_units, queues, position, &out_tx)
-        }));
-        EpochIter {
-            rx: Some(out_rx),
-            threads,
-            position,
-            summary: None,
-        }
+        threads.push(std::thread::spawn(move || assemble(&proc, &conf, epoch, n_units, queues, position, &out_tx)));
+        EpochIter { rx: Some(out_rx), threads, position, summary: None }
     }
 }
 
 /// Worker `w` of `n`: decodes and featurises units `w, w+n, …`.
 #[allow(clippy::too_many_arguments)]
-fn worker(
-    list: &DataList,
-    proc: &Processor,
-    units: &[Unit],
-    w: usize,
-    n: usize,
-    seed: u64,
-    epoch: u64,
-    tx: &SyncSender<WorkerMsg>,
-) {
+fn worker(list: &DataList, proc: &Processor, units: &[Unit], w: usize, n: usize, seed: u64, epoch: u64, tx: &SyncSender<WorkerMsg>) {
     for unit in units.iter().skip(w).step_by(n) {
         let coord = unit.pass * list.len() + unit.line;
         let mut alive = true;
@@ -237,9 +191,7 @@ impl Stages<'_> {
     fn batch_stage(&mut self, s: Sample) {
         if !self.batcher.fits(&s) {
             let detail = format!("{} frames exceed max_frames_in_batch", s.frames);
-            self.summary
-                .skips
-                .record(Skip::new(SkipReason::OverBatchBudget, s.key, detail));
+            self.summary.skips.record(Skip::new(SkipReason::OverBatchBudget, s.key, detail));
             return;
         }
         if let Some(b) = self.batcher.push(s) {
@@ -273,31 +225,13 @@ impl Stages<'_> {
     }
 }
 
-fn assemble(
-    proc: &Processor,
-    conf: &LoaderConf,
-    epoch: u64,
-    n_units: usize,
-    queues: Vec<Receiver<WorkerMsg>>,
-    skip_batches: usize,
-    out: &SyncSender<OutMsg>,
-) {
+fn assemble(proc: &Processor, conf: &LoaderConf, epoch: u64, n_units: usize, queues: Vec<Receiver<WorkerMsg>>, skip_batches: usize, out: &SyncSender<OutMsg>) {
     let dconf = proc.conf();
     let mut stages = Stages {
-        shuffle: dconf.shuffle.then(|| {
-            ShuffleBuffer::new(
-                dconf.shuffle_conf.shuffle_size,
-                stage_rng(conf.seed, epoch, 1_000_000 + conf.rank as u64),
-            )
-        }),
-        sort: dconf
-            .sort
-            .then(|| SortBuffer::new(dconf.sort_conf.sort_size)),
+        shuffle: dconf.shuffle.then(|| ShuffleBuffer::new(dconf.shuffle_conf.shuffle_size, stage_rng(conf.seed, epoch, 1_000_000 + conf.rank as u64))),
+        sort: dconf.sort.then(|| SortBuffer::new(dconf.sort_conf.sort_size)),
         batcher: Batcher::new(BatchMode::from_conf(&dconf.batch_conf)),
-        summary: EpochSummary {
-            skips: SkipStats::with_log(conf.log),
-            ..Default::default()
-        },
+        summary: EpochSummary { skips: SkipStats::with_log(conf.log), ..Default::default() },
         skip_batches,
         out,
         consumer_gone: false,

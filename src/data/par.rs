@@ -18,17 +18,10 @@ where
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(num_workers.max(1))
         .build()
-        .map_err(|e| {
-            Error::Msg(format!(
-                "cannot start {} worker threads: {e}",
-                num_workers.max(1)
-            ))
-        })?;
+        .map_err(|e| Error::Msg(format!("cannot start {} worker threads: {e}", num_workers.max(1))))?;
     // Drawn only on a terminal: indicatif hides the bar when stderr is redirected.
     let bar = ProgressBar::new(list.len() as u64);
-    if let Ok(style) = ProgressStyle::with_template(
-        "{msg} [{elapsed_precise}] {wide_bar} {pos}/{len} ({per_sec}, eta {eta})",
-    ) {
+    if let Ok(style) = ProgressStyle::with_template("{msg} [{elapsed_precise}] {wide_bar} {pos}/{len} ({per_sec}, eta {eta})") {
         bar.set_style(style);
     }
     bar.set_message(label.to_string());

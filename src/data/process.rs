@@ -64,11 +64,7 @@ impl Processor {
     /// A processor for `conf`; without a tokenizer, labels are empty and token bounds are not checked.
     pub fn new(conf: &DatasetConf, tokenizer: Option<Arc<Tokenizer>>) -> Result<Processor> {
         let fbank = Fbank::new(&conf.fbank_conf, conf.resample_conf.resample_rate)?;
-        Ok(Processor {
-            conf: conf.clone(),
-            tokenizer,
-            fbank,
-        })
+        Ok(Processor { conf: conf.clone(), tokenizer, fbank })
     }
 
     /// The configuration in use.
@@ -87,11 +83,7 @@ impl Processor {
         let label = match &self.tokenizer {
             Some(tok) => {
                 if utt.txt.trim().is_empty() {
-                    return Err(Skip::new(
-                        SkipReason::EmptyTranscript,
-                        key,
-                        "expected a transcript, found an empty one",
-                    ));
+                    return Err(Skip::new(SkipReason::EmptyTranscript, key, "expected a transcript, found an empty one"));
                 }
                 tok.encode(&utt.txt)
             }
@@ -104,18 +96,13 @@ impl Processor {
             fconf.token_min_length = 0;
             fconf.min_output_input_ratio = 0.0;
         }
-        if let Some((reason, detail)) =
-            filter::check(wav.samples.len(), wav.sample_rate, label.len(), &fconf)
-        {
+        if let Some((reason, detail)) = filter::check(wav.samples.len(), wav.sample_rate, label.len(), &fconf) {
             return Err(Skip::new(reason, key, detail));
         }
         let target = self.conf.resample_conf.resample_rate;
-        let mut samples = resample(&wav.samples, wav.sample_rate, target)
-            .map_err(|e| Skip::new(SkipReason::CorruptAudio, key.as_str(), e))?;
+        let mut samples = resample(&wav.samples, wav.sample_rate, target).map_err(|e| Skip::new(SkipReason::CorruptAudio, key.as_str(), e))?;
         if self.conf.speed_perturb {
-            samples = speed_perturb(&samples, target, rng)
-                .map_err(|e| Skip::new(SkipReason::CorruptAudio, key.as_str(), e))?
-                .1;
+            samples = speed_perturb(&samples, target, rng).map_err(|e| Skip::new(SkipReason::CorruptAudio, key.as_str(), e))?.1;
         }
         let dim = self.fbank.dim();
         let mut feats = self.fbank.compute(&samples, rng);
@@ -124,11 +111,7 @@ impl Processor {
             return Err(Skip::new(
                 SkipReason::TooShort,
                 key,
-                format!(
-                    "expected at least one {} ms window, found {} samples",
-                    self.conf.fbank_conf.frame_length,
-                    samples.len()
-                ),
+                format!("expected at least one {} ms window, found {} samples", self.conf.fbank_conf.frame_length, samples.len()),
             ));
         }
         if self.conf.spec_aug {
@@ -140,25 +123,15 @@ impl Processor {
         if self.conf.spec_trim {
             frames = spec_trim(&mut feats, frames, dim, &self.conf.spec_trim_conf, rng);
         }
-        Ok(Sample {
-            key,
-            feats,
-            frames,
-            dim,
-            label,
-        })
+        Ok(Sample { key, feats, frames, dim, label })
     }
 
     /// Only resampling and fbank (dither as configured): the features of a
     /// dump or of CMVN statistics, before any perturbation or augmentation.
     pub fn features(&self, utt: &RawUtt, rng: &mut Rng) -> std::result::Result<Sample, Skip> {
         let wav = load_audio(&utt.key, &utt.audio)?;
-        let samples = resample(
-            &wav.samples,
-            wav.sample_rate,
-            self.conf.resample_conf.resample_rate,
-        )
-        .map_err(|e| Skip::new(SkipReason::CorruptAudio, utt.key.as_str(), e))?;
+        let samples = resample(&wav.samples, wav.sample_rate, self.conf.resample_conf.resample_rate)
+            .map_err(|e| Skip::new(SkipReason::CorruptAudio, utt.key.as_str(), e))?;
         let dim = self.fbank.dim();
         let feats = self.fbank.compute(&samples, rng);
         let frames = feats.len() / dim.max(1);
@@ -166,19 +139,9 @@ impl Processor {
             return Err(Skip::new(
                 SkipReason::TooShort,
                 utt.key.as_str(),
-                format!(
-                    "expected at least one {} ms window, found {} samples",
-                    self.conf.fbank_conf.frame_length,
-                    samples.len()
-                ),
+                format!("expected at least one {} ms window, found {} samples", self.conf.fbank_conf.frame_length, samples.len()),
             ));
         }
-        Ok(Sample {
-            key: utt.key.clone(),
-            feats,
-            frames,
-            dim,
-            label: Vec::new(),
-        })
+        Ok(Sample { key: utt.key.clone(), feats, frames, dim, label: Vec::new() })
     }
 }

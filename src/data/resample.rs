@@ -48,46 +48,31 @@ pub fn resample(samples: &[f32], from: u32, to: u32) -> std::result::Result<Vec<
         // Room for the delay, the expected output and one chunk of overshoot.
         let cap = rs.process_all_needed_output_len(n);
         let mut out = vec![0.0f32; cap];
-        let input =
-            InterleavedSlice::new(samples, 1, n).map_err(|e| format!("resampler input: {e}"))?;
-        let mut output = InterleavedSlice::new_mut(&mut out, 1, cap)
-            .map_err(|e| format!("resampler output: {e}"))?;
+        let input = InterleavedSlice::new(samples, 1, n).map_err(|e| format!("resampler input: {e}"))?;
+        let mut output = InterleavedSlice::new_mut(&mut out, 1, cap).map_err(|e| format!("resampler output: {e}"))?;
         // Our own loop rather than rubato's process_all_into_buffer: its delay
         // trimming (4.0) moves only `delay` frames, leaving stale samples when
         // the first chunks produce more than twice the delay. We trim at the end.
-        let mut idx = Indexing {
-            input_offset: 0,
-            output_offset: 0,
-            active_channels_mask: None,
-            partial_len: None,
-        };
+        let mut idx = Indexing { input_offset: 0, output_offset: 0, active_channels_mask: None, partial_len: None };
         let fail = |e: rubato::ResampleError| format!("resampling {from} -> {to} Hz failed: {e}");
         let mut left = n;
         while left > rs.input_frames_next() {
-            let (nin, nout) = rs
-                .process_into_buffer(&input, &mut output, Some(&idx))
-                .map_err(fail)?;
+            let (nin, nout) = rs.process_into_buffer(&input, &mut output, Some(&idx)).map_err(fail)?;
             left -= nin;
             idx.input_offset += nin;
             idx.output_offset += nout;
         }
         if left > 0 {
             idx.partial_len = Some(left);
-            let (_, nout) = rs
-                .process_into_buffer(&input, &mut output, Some(&idx))
-                .map_err(fail)?;
+            let (_, nout) = rs.process_into_buffer(&input, &mut output, Some(&idx)).map_err(fail)?;
             idx.output_offset += nout;
         }
         // Flush the filter with silence until the delayed tail is out.
         idx.partial_len = Some(0);
         while idx.output_offset < delay + expected {
-            let (_, nout) = rs
-                .process_into_buffer(&input, &mut output, Some(&idx))
-                .map_err(fail)?;
+            let (_, nout) = rs.process_into_buffer(&input, &mut output, Some(&idx)).map_err(fail)?;
             if nout == 0 {
-                return Err(format!(
-                    "resampler {from} -> {to} Hz produced no output while flushing"
-                ));
+                return Err(format!("resampler {from} -> {to} Hz produced no output while flushing"));
             }
             idx.output_offset += nout;
         }
@@ -104,11 +89,7 @@ pub const SPEEDS: [f64; 3] = [0.9, 1.0, 1.1];
 /// signal is read as if recorded at `sr * s` and resampled back to `sr`, so it
 /// plays `s` times faster, with pitch shifted, and has `len / s` samples.
 /// Returns the chosen speed with the new samples.
-pub fn speed_perturb(
-    samples: &[f32],
-    sample_rate: u32,
-    rng: &mut Rng,
-) -> std::result::Result<(f64, Vec<f32>), String> {
+pub fn speed_perturb(samples: &[f32], sample_rate: u32, rng: &mut Rng) -> std::result::Result<(f64, Vec<f32>), String> {
     let speed = SPEEDS[rng.below(SPEEDS.len())];
     if speed == 1.0 {
         return Ok((speed, samples.to_vec()));

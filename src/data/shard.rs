@@ -22,45 +22,22 @@ struct Group {
 impl Group {
     fn finish(self) -> std::result::Result<RawUtt, Skip> {
         match (self.wav, self.txt) {
-            (Some(wav), Some(txt)) => Ok(RawUtt {
-                key: self.key,
-                audio: AudioSource::Bytes(wav),
-                txt,
-            }),
-            (None, _) => Err(Skip::new(
-                SkipReason::CorruptAudio,
-                self.key,
-                "expected a .wav member in the shard, found none",
-            )),
-            (Some(_), None) => Err(Skip::new(
-                SkipReason::EmptyTranscript,
-                self.key,
-                "expected a .txt member in the shard, found none",
-            )),
+            (Some(wav), Some(txt)) => Ok(RawUtt { key: self.key, audio: AudioSource::Bytes(wav), txt }),
+            (None, _) => Err(Skip::new(SkipReason::CorruptAudio, self.key, "expected a .wav member in the shard, found none")),
+            (Some(_), None) => Err(Skip::new(SkipReason::EmptyTranscript, self.key, "expected a .txt member in the shard, found none")),
         }
     }
 }
 
 /// Calls `f` for every utterance (or skip) in the shard at `path`, in tar
 /// order, until `f` returns false.
-pub fn for_each_in_shard(
-    path: &Path,
-    mut f: impl FnMut(std::result::Result<RawUtt, Skip>) -> bool,
-) {
+pub fn for_each_in_shard(path: &Path, mut f: impl FnMut(std::result::Result<RawUtt, Skip>) -> bool) {
     let shown = path.display().to_string();
     let file = match File::open(path) {
         Ok(file) => file,
         Err(e) => {
-            let reason = if e.kind() == std::io::ErrorKind::NotFound {
-                SkipReason::MissingFile
-            } else {
-                SkipReason::UnreadableFile
-            };
-            f(Err(Skip::new(
-                reason,
-                shown,
-                format!("cannot open shard: {e}"),
-            )));
+            let reason = if e.kind() == std::io::ErrorKind::NotFound { SkipReason::MissingFile } else { SkipReason::UnreadableFile };
+            f(Err(Skip::new(reason, shown, format!("cannot open shard: {e}"))));
             return;
         }
     };
@@ -68,11 +45,7 @@ pub fn for_each_in_shard(
 }
 
 /// Reads a tar stream; `name` labels skips; stops when `f` returns false.
-pub fn read_tar<R: Read>(
-    reader: R,
-    name: &str,
-    f: &mut dyn FnMut(std::result::Result<RawUtt, Skip>) -> bool,
-) {
+pub fn read_tar<R: Read>(reader: R, name: &str, f: &mut dyn FnMut(std::result::Result<RawUtt, Skip>) -> bool) {
     let bad = |detail: String| Skip::new(SkipReason::BadShard, name.to_string(), detail);
     let mut archive = tar::Archive::new(reader);
     let entries = match archive.entries() {
@@ -117,11 +90,7 @@ pub fn read_tar<R: Read>(
                     return;
                 }
             }
-            group = Some(Group {
-                key: prefix.to_string(),
-                wav: None,
-                txt: None,
-            });
+            group = Some(Group { key: prefix.to_string(), wav: None, txt: None });
         }
         if let Some(g) = group.as_mut() {
             match ext {

@@ -85,11 +85,7 @@ pub struct Skip {
 impl Skip {
     /// A skip for `key` with a human-readable detail.
     pub fn new(reason: SkipReason, key: impl Into<String>, detail: impl Into<String>) -> Self {
-        Skip {
-            reason,
-            key: key.into(),
-            detail: detail.into(),
-        }
+        Skip { reason, key: key.into(), detail: detail.into() }
     }
 }
 
@@ -116,10 +112,7 @@ impl SkipStats {
 
     /// An empty tally that logs its first skips only when `log` is set.
     pub fn with_log(log: bool) -> Self {
-        SkipStats {
-            log,
-            ..Default::default()
-        }
+        SkipStats { log, ..Default::default() }
     }
 
     /// Counts one skip; the first few are kept (and logged when `log` is set).
@@ -158,11 +151,7 @@ impl SkipStats {
         if self.counts.is_empty() {
             return "skipped 0".to_string();
         }
-        let parts: Vec<String> = self
-            .counts
-            .iter()
-            .map(|(r, n)| format!("{r} {n}"))
-            .collect();
+        let parts: Vec<String> = self.counts.iter().map(|(r, n)| format!("{r} {n}")).collect();
         format!("skipped {} ({})", self.total(), parts.join(", "))
     }
 }

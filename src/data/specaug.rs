@@ -33,13 +33,7 @@ pub struct Mask {
 }
 
 /// Applies `num_f_mask` frequency then `num_t_mask` time masks to `feats`; returns the masks.
-pub fn spec_aug(
-    feats: &mut [f32],
-    frames: usize,
-    bins: usize,
-    conf: &SpecAugConf,
-    rng: &mut Rng,
-) -> Vec<Mask> {
+pub fn spec_aug(feats: &mut [f32], frames: usize, bins: usize, conf: &SpecAugConf, rng: &mut Rng) -> Vec<Mask> {
     let frames = held_frames(feats.len(), frames, bins);
     let mut masks = Vec::with_capacity(conf.num_f_mask + conf.num_t_mask);
     if frames == 0 || bins == 0 {
@@ -52,24 +46,14 @@ pub fn spec_aug(
         for row in feats.chunks_exact_mut(bins) {
             row[start..end].iter_mut().for_each(|v| *v = 0.0);
         }
-        masks.push(Mask {
-            time: false,
-            start,
-            end,
-        });
+        masks.push(Mask { time: false, start, end });
     }
     for _ in 0..conf.num_t_mask {
         let start = randint(rng, 0, frames - 1);
         let len = randint(rng, 1, conf.max_t.max(1));
         let end = (start + len).min(frames);
-        feats[start * bins..end * bins]
-            .iter_mut()
-            .for_each(|v| *v = 0.0);
-        masks.push(Mask {
-            time: true,
-            start,
-            end,
-        });
+        feats[start * bins..end * bins].iter_mut().for_each(|v| *v = 0.0);
+        masks.push(Mask { time: true, start, end });
     }
     masks
 }
@@ -86,19 +70,12 @@ pub fn spec_sub(feats: &mut [f32], frames: usize, bins: usize, conf: &SpecSubCon
         let len = randint(rng, 1, conf.max_t.max(1));
         let end = (start + len).min(frames);
         let pos = randint(rng, 0, start);
-        feats[start * bins..end * bins]
-            .copy_from_slice(&orig[(start - pos) * bins..(end - pos) * bins]);
+        feats[start * bins..end * bins].copy_from_slice(&orig[(start - pos) * bins..(end - pos) * bins]);
     }
 }
 
 /// Drops `randint(1, max_t)` trailing frames when that is under half the utterance; returns the new frame count.
-pub fn spec_trim(
-    feats: &mut Vec<f32>,
-    frames: usize,
-    bins: usize,
-    conf: &SpecTrimConf,
-    rng: &mut Rng,
-) -> usize {
+pub fn spec_trim(feats: &mut Vec<f32>, frames: usize, bins: usize, conf: &SpecTrimConf, rng: &mut Rng) -> usize {
     let frames = held_frames(feats.len(), frames, bins);
     let len = randint(rng, 1, conf.max_t.max(1));
     if (len as f64) < frames as f64 / 2.0 {

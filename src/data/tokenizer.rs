@@ -37,22 +37,13 @@ impl SymbolTable {
             }
             let mut parts = line.split_whitespace();
             let (Some(tok), Some(id), None) = (parts.next(), parts.next(), parts.next()) else {
-                return Err(Error::Data {
-                    path: path.into(),
-                    msg: format!("line {}: expected `token id`, found `{line}`", n + 1),
-                });
+                return Err(Error::Data { path: path.into(), msg: format!("line {}: expected `token id`, found `{line}`", n + 1) });
             };
-            let id: i64 = id.parse().map_err(|_| Error::Data {
-                path: path.into(),
-                msg: format!("line {}: expected an integer id, found `{id}`", n + 1),
-            })?;
+            let id: i64 = id.parse().map_err(|_| Error::Data { path: path.into(), msg: format!("line {}: expected an integer id, found `{id}`", n + 1) })?;
             ids.insert(tok.to_string(), id);
         }
         if ids.is_empty() {
-            return Err(Error::Data {
-                path: path.into(),
-                msg: "expected `token id` lines, found none".into(),
-            });
+            return Err(Error::Data { path: path.into(), msg: "expected `token id` lines, found none".into() });
         }
         let longest = ids.keys().map(|k| k.chars().count()).max().unwrap_or(1);
         Ok(SymbolTable { ids, longest })
@@ -60,10 +51,7 @@ impl SymbolTable {
 
     /// Reads a symbol table file.
     pub fn read(path: &Path) -> Result<SymbolTable> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
         SymbolTable::parse(&text, &path.display().to_string())
     }
 
@@ -112,51 +100,29 @@ impl Tokenizer {
     /// A tokenizer over `table`; `non_lang` symbols are matched whole before splitting.
     pub fn new(table: SymbolTable, mode: TokenizeMode, non_lang: Vec<String>) -> Tokenizer {
         let unk = table.get("<unk>");
-        Tokenizer {
-            table,
-            mode,
-            non_lang,
-            unk,
-        }
+        Tokenizer { table, mode, non_lang, unk }
     }
 
     /// Builds the tokenizer a train.yaml describes; `symbol_table` overrides
     /// `tokenizer_conf.symbol_table_path` (WeNet's `--symbol_table`).
-    pub fn from_conf(
-        kind: Option<&str>,
-        conf: &TokenizerConf,
-        symbol_table: Option<&Path>,
-    ) -> Result<Tokenizer> {
-        let bad = |msg: String| Error::ConfigFile {
-            path: "tokenizer_conf".into(),
-            msg,
-        };
+    pub fn from_conf(kind: Option<&str>, conf: &TokenizerConf, symbol_table: Option<&Path>) -> Result<Tokenizer> {
+        let bad = |msg: String| Error::ConfigFile { path: "tokenizer_conf".into(), msg };
         if kind == Some("bpe") || conf.bpe_path.is_some() {
-            return Err(bad(
-                "sentencepiece models (`tokenizer: bpe` / `bpe_path`) are not read by asrforge; \
+            return Err(bad("sentencepiece models (`tokenizer: bpe` / `bpe_path`) are not read by asrforge; \
                  use `tokenizer: char` with `mode: wordpiece` over the model's units.txt"
-                    .into(),
-            ));
+                .into()));
         }
         let path = match (symbol_table, conf.symbol_table_path.as_deref()) {
             (Some(p), _) => p.to_path_buf(),
             (None, Some(p)) => Path::new(p).to_path_buf(),
-            (None, None) => {
-                return Err(bad(
-                    "expected `symbol_table_path` (or --symbol_table), found none".into(),
-                ))
-            }
+            (None, None) => return Err(bad("expected `symbol_table_path` (or --symbol_table), found none".into())),
         };
         let table = SymbolTable::read(&path)?;
         let mode = match (conf.mode.as_deref(), conf.split_with_space) {
             (Some("word"), _) | (None, true) => TokenizeMode::Word,
             (Some("wordpiece"), _) => TokenizeMode::WordPiece,
             (Some("char"), _) | (None, false) => TokenizeMode::Char,
-            (Some(other), _) => {
-                return Err(bad(format!(
-                    "mode: expected `char`, `word` or `wordpiece`, found `{other}`"
-                )))
-            }
+            (Some(other), _) => return Err(bad(format!("mode: expected `char`, `word` or `wordpiece`, found `{other}`"))),
         };
         let non_lang = match &conf.non_lang_syms_path {
             Some(p) => read_non_lang_syms(Path::new(p))?,
@@ -179,18 +145,8 @@ impl Tokenizer {
                 continue;
             }
             match self.mode {
-                TokenizeMode::Char => out.extend(part.chars().map(|c| {
-                    if c == ' ' {
-                        SPACE.to_string()
-                    } else {
-                        c.to_string()
-                    }
-                })),
-                TokenizeMode::Word => out.extend(
-                    part.split(' ')
-                        .filter(|w| !w.is_empty())
-                        .map(str::to_string),
-                ),
+                TokenizeMode::Char => out.extend(part.chars().map(|c| if c == ' ' { SPACE.to_string() } else { c.to_string() })),
+                TokenizeMode::Word => out.extend(part.split(' ').filter(|w| !w.is_empty()).map(str::to_string)),
                 TokenizeMode::WordPiece => {
                     for word in part.split_whitespace() {
                         self.pieces(&format!("{SPACE}{word}"), &mut out);
@@ -222,10 +178,7 @@ impl Tokenizer {
 
     /// Token ids for `text`; unknown tokens become `<unk>`, or are dropped when the table has none (as WeNet).
     pub fn encode(&self, text: &str) -> Vec<i64> {
-        self.tokens(text)
-            .iter()
-            .filter_map(|t| self.table.get(t).or(self.unk))
-            .collect()
+        self.tokens(text).iter().filter_map(|t| self.table.get(t).or(self.unk)).collect()
     }
 }
 
@@ -237,10 +190,7 @@ fn split_non_lang<'a>(text: &'a str, syms: &[String]) -> Vec<(&'a str, bool)> {
     let mut out = Vec::new();
     let mut rest = text;
     while !rest.is_empty() {
-        let hit = syms
-            .iter()
-            .filter_map(|s| rest.find(s.as_str()).map(|i| (i, s.len())))
-            .min();
+        let hit = syms.iter().filter_map(|s| rest.find(s.as_str()).map(|i| (i, s.len()))).min();
         match hit {
             Some((i, len)) if len > 0 => {
                 let before = rest[..i].trim();
@@ -264,14 +214,6 @@ fn split_non_lang<'a>(text: &'a str, syms: &[String]) -> Vec<(&'a str, bool)> {
 
 /// Reads a non-language symbol file (one symbol per line).
 pub fn read_non_lang_syms(path: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    Ok(text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(str::to_string)
-        .collect())
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
+    Ok(text.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect())
 }

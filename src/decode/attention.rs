@@ -33,7 +33,11 @@ pub struct AttentionResult {
 /// Checks that `enc_out` is one utterance (1, T, D) with `enc_len <= T`.
 fn check_single(op: &'static str, enc_out: &Tensor, enc_len: usize) -> Result<()> {
     if enc_out.rank() != 3 || enc_out.dims()[0] != 1 || enc_len > enc_out.dims()[1] || enc_len == 0 {
-        return Err(Error::ShapeMismatch { op, expected: format!("one encoder output (1, T, D) with 0 < {enc_len} <= T"), got: format!("{}", enc_out.shape()) });
+        return Err(Error::ShapeMismatch {
+            op,
+            expected: format!("one encoder output (1, T, D) with 0 < {enc_len} <= T"),
+            got: format!("{}", enc_out.shape()),
+        });
     }
     Ok(())
 }
@@ -118,13 +122,10 @@ pub fn attention_beam_search(model: &AsrModel, enc_out: &Tensor, enc_len: usize,
         cands.truncate(beam_size);
         beams = cands;
     }
-    let best = beams
-        .iter()
-        .map(|b| finish(&b.ys, b.score, sos, eos, length_penalty))
-        .fold(None::<AttentionResult>, |acc, r| match acc {
-            Some(a) if a.score >= r.score => Some(a),
-            _ => Some(r),
-        });
+    let best = beams.iter().map(|b| finish(&b.ys, b.score, sos, eos, length_penalty)).fold(None::<AttentionResult>, |acc, r| match acc {
+        Some(a) if a.score >= r.score => Some(a),
+        _ => Some(r),
+    });
     best.ok_or_else(|| Error::invalid(OP, "no hypothesis survived"))
 }
 
@@ -151,7 +152,11 @@ pub fn attention_greedy_search(model: &AsrModel, enc_out: &Tensor, enc_len: usiz
 pub fn sequence_score(rows: &[f64], vocab: usize, hyp: &[usize], eos: usize, reversed: bool) -> Result<f64> {
     let need = (hyp.len() + 1) * vocab;
     if rows.len() < need || hyp.iter().chain([&eos]).any(|&t| t >= vocab) {
-        return Err(Error::ShapeMismatch { op: "sequence_score", expected: format!("{} rows of {vocab} log-probabilities and token ids < {vocab}", hyp.len() + 1), got: format!("{} values, tokens {hyp:?}, eos {eos}", rows.len()) });
+        return Err(Error::ShapeMismatch {
+            op: "sequence_score",
+            expected: format!("{} rows of {vocab} log-probabilities and token ids < {vocab}", hyp.len() + 1),
+            got: format!("{} values, tokens {hyp:?}, eos {eos}", rows.len()),
+        });
     }
     let n = hyp.len();
     let mut s = 0.0;
@@ -164,9 +169,25 @@ pub fn sequence_score(rows: &[f64], vocab: usize, hyp: &[usize], eos: usize, rev
 
 /// Picks the best of `nbest` given each hypothesis' left-to-right (and
 /// optionally right-to-left) decoder rows; returns its index and total score.
-pub fn rescore(nbest: &[Hypothesis], left: &[Vec<f64>], right: Option<&[Vec<f64>]>, vocab: usize, eos: usize, ctc_weight: f64, reverse_weight: f64) -> Result<(usize, f64)> {
+pub fn rescore(
+    nbest: &[Hypothesis],
+    left: &[Vec<f64>],
+    right: Option<&[Vec<f64>]>,
+    vocab: usize,
+    eos: usize,
+    ctc_weight: f64,
+    reverse_weight: f64,
+) -> Result<(usize, f64)> {
     if nbest.is_empty() || left.len() != nbest.len() || right.is_some_and(|r| r.len() != nbest.len()) {
-        return Err(Error::invalid("rescore", format!("expected decoder rows for each of {} hypotheses (at least one), found {} left and {:?} right", nbest.len(), left.len(), right.map(<[Vec<f64>]>::len))));
+        return Err(Error::invalid(
+            "rescore",
+            format!(
+                "expected decoder rows for each of {} hypotheses (at least one), found {} left and {:?} right",
+                nbest.len(),
+                left.len(),
+                right.map(<[Vec<f64>]>::len)
+            ),
+        ));
     }
     let mut best = (0, f64::NEG_INFINITY);
     for (i, h) in nbest.iter().enumerate() {
@@ -191,7 +212,14 @@ fn per_hyp_rows(log_probs: &Tensor, lens: &[usize]) -> Result<Vec<Vec<f64>>> {
 }
 
 /// Attention rescoring of a CTC n-best list over one utterance's encoder output (1, T, D).
-pub fn attention_rescoring(model: &AsrModel, enc_out: &Tensor, enc_len: usize, nbest: &[Hypothesis], ctc_weight: f64, reverse_weight: f64) -> Result<AttentionResult> {
+pub fn attention_rescoring(
+    model: &AsrModel,
+    enc_out: &Tensor,
+    enc_len: usize,
+    nbest: &[Hypothesis],
+    ctc_weight: f64,
+    reverse_weight: f64,
+) -> Result<AttentionResult> {
     check_single("attention_rescoring", enc_out, enc_len)?;
     if nbest.is_empty() {
         return Ok(AttentionResult { tokens: Vec::new(), score: f64::NEG_INFINITY });

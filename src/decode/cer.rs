@@ -60,16 +60,7 @@ impl Counts {
 impl fmt::Display for Counts {
     /// `6.07 % N=104765 C=98565 S=6042 D=158 I=158`, the tail of WeNet's lines.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{:4.2} % N={} C={} S={} D={} I={}",
-            self.error_rate(),
-            self.n,
-            self.c,
-            self.s,
-            self.d,
-            self.i
-        )
+        write!(f, "{:4.2} % N={} C={} S={} D={} I={}", self.error_rate(), self.n, self.c, self.s, self.d, self.i)
     }
 }
 
@@ -242,11 +233,7 @@ fn parse_text(contents: &str, path: &str, char_mode: bool) -> Result<Vec<Entry>>
         };
         if let Some(first) = seen.insert(key.to_string(), line) {
             // Scoring a key twice would silently double its weight in the total.
-            return Err(Error::Parse {
-                path: path.to_string(),
-                line,
-                msg: format!("expected each key once, found `{key}` again (first on line {first})"),
-            });
+            return Err(Error::Parse { path: path.to_string(), line, msg: format!("expected each key once, found `{key}` again (first on line {first})") });
         }
         out.push(Entry { key: key.to_string(), tokens: tokenize(text, char_mode) });
     }
@@ -262,8 +249,7 @@ pub fn compute_cer_str(reference: &str, ref_name: &str, hypothesis: &str, hyp_na
     let refs = parse_text(reference, ref_name, char_mode)?;
     let hyps = parse_text(hypothesis, hyp_name, char_mode)?;
     let ref_keys: std::collections::HashSet<&str> = refs.iter().map(|e| e.key.as_str()).collect();
-    let skipped_hyp_keys: Vec<String> =
-        hyps.iter().filter(|h| !ref_keys.contains(h.key.as_str())).map(|h| h.key.clone()).collect();
+    let skipped_hyp_keys: Vec<String> = hyps.iter().filter(|h| !ref_keys.contains(h.key.as_str())).map(|h| h.key.clone()).collect();
     let mut hyp_map: HashMap<String, Entry> = hyps.into_iter().map(|h| (h.key.clone(), h)).collect();
 
     let mut utterances = Vec::with_capacity(refs.len());

@@ -51,20 +51,14 @@ fn frames(op: &'static str, log_probs: &[f32], vocab: usize, blank: usize) -> Re
         return Err(Error::invalid(op, "expected a vocabulary of at least 1 token, got 0"));
     }
     if log_probs.len() % vocab != 0 {
-        return Err(Error::invalid(
-            op,
-            format!("expected T × {vocab} log-probabilities, got {} (not a multiple of {vocab})", log_probs.len()),
-        ));
+        return Err(Error::invalid(op, format!("expected T × {vocab} log-probabilities, got {} (not a multiple of {vocab})", log_probs.len())));
     }
     if blank >= vocab {
         return Err(Error::IndexOutOfRange { op, index: blank as i64, size: vocab });
     }
     // A NaN would silently win or lose every comparison; say where it is instead.
     if let Some(pos) = log_probs.iter().position(|x| x.is_nan()) {
-        return Err(Error::invalid(
-            op,
-            format!("expected log-probabilities, found NaN at frame {} token {}", pos / vocab, pos % vocab),
-        ));
+        return Err(Error::invalid(op, format!("expected log-probabilities, found NaN at frame {} token {}", pos / vocab, pos % vocab)));
     }
     Ok(log_probs.len() / vocab)
 }

@@ -102,7 +102,12 @@ impl Detokenizer {
     pub fn text(&self, ids: &[usize]) -> Result<String> {
         let parts = ids
             .iter()
-            .map(|i| self.tokens.get(i).map(String::as_str).ok_or_else(|| Error::invalid("recognize", format!("token id {i} is not in the symbol table ({} entries)", self.tokens.len()))))
+            .map(|i| {
+                self.tokens
+                    .get(i)
+                    .map(String::as_str)
+                    .ok_or_else(|| Error::invalid("recognize", format!("token id {i} is not in the symbol table ({} entries)", self.tokens.len())))
+            })
             .collect::<Result<Vec<&str>>>()?;
         Ok(parts.join(self.join).replace(SPACE, " ").split_whitespace().collect::<Vec<_>>().join(" "))
     }
@@ -114,7 +119,10 @@ fn check_args(args: &RecognizeArgs) -> Result<()> {
         return Err(Error::invalid("recognize", format!("--device: expected cpu, found `{}`", args.device)));
     }
     if args.decoding_chunk_size != -1 {
-        return Err(Error::invalid("recognize", format!("--decoding_chunk_size: expected -1 (full context; streaming is not supported), found {}", args.decoding_chunk_size)));
+        return Err(Error::invalid(
+            "recognize",
+            format!("--decoding_chunk_size: expected -1 (full context; streaming is not supported), found {}", args.decoding_chunk_size),
+        ));
     }
     if let Some(m) = args.modes.iter().find(|m| !MODES.contains(&m.as_str())) {
         return Err(Error::invalid("recognize", format!("--modes: expected some of {}, found `{m}`", MODES.join(", "))));
@@ -142,7 +150,15 @@ pub fn load_model(root: &serde_yaml_ng::Value, checkpoint: &Path) -> Result<AsrM
 pub type ModeResults = Vec<(String, Vec<usize>)>;
 
 /// Decodes one batch in every mode: for each mode, `(key, token ids)` per utterance.
-pub fn decode_batch(model: &AsrModel, batch: &Batch, modes: &[String], beam_size: usize, penalty: f64, ctc_weight: f64, reverse_weight: f64) -> Result<Vec<ModeResults>> {
+pub fn decode_batch(
+    model: &AsrModel,
+    batch: &Batch,
+    modes: &[String],
+    beam_size: usize,
+    penalty: f64,
+    ctc_weight: f64,
+    reverse_weight: f64,
+) -> Result<Vec<ModeResults>> {
     autograd::no_grad(|| {
         let (enc, enc_lens) = model.encode(&batch.feats, &batch.feats_lengths)?;
         let lp = model.ctc_log_probs(&enc)?;
@@ -186,7 +202,8 @@ pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
     for o in &args.override_config {
         apply_override(&mut root, o)?;
     }
-    let text = serde_yaml_ng::to_string(&root).map_err(|e| Error::ConfigFile { path: args.config.display().to_string(), msg: format!("cannot re-serialize: {e}") })?;
+    let text =
+        serde_yaml_ng::to_string(&root).map_err(|e| Error::ConfigFile { path: args.config.display().to_string(), msg: format!("cannot re-serialize: {e}") })?;
     let data_cfg = DataConfig::from_yaml_str(&text, &args.config.display().to_string())?;
     let model = load_model(&root, &args.checkpoint)?;
 

@@ -77,7 +77,10 @@ impl TcpCommunicator {
         let silent: Vec<String> = heard.iter().enumerate().filter(|(_, &h)| !h).map(|(j, _)| j.to_string()).collect();
         let t = secs(self.timeout);
         match silent.len() {
-            0 => format!("rank {waited_for} did not answer within {t}, yet every rank is alive: the ranks are probably waiting in different collectives (group '{}')", self.prefix),
+            0 => format!(
+                "rank {waited_for} did not answer within {t}, yet every rank is alive: the ranks are probably waiting in different collectives (group '{}')",
+                self.prefix
+            ),
             1 => format!("rank {} did not answer within {t}", silent[0]),
             _ => format!("ranks {} did not answer within {t}", silent.join(", ")),
         }

@@ -60,7 +60,9 @@ pub(crate) fn rop_name(code: u8) -> &'static str {
 pub(crate) fn check_reducible(name: &'static str, dtype: DType, op: ReduceOp) -> Result<()> {
     match dtype {
         DType::F32 | DType::F64 | DType::F16 | DType::BF16 => Ok(()),
-        DType::I64 if op == ReduceOp::Avg => Err(Error::invalid(name, "ReduceOp::Avg on an i64 tensor would truncate; reduce with Sum and divide in a float dtype")),
+        DType::I64 if op == ReduceOp::Avg => {
+            Err(Error::invalid(name, "ReduceOp::Avg on an i64 tensor would truncate; reduce with Sum and divide in a float dtype"))
+        }
         DType::I64 => Ok(()),
         DType::U8 => Err(Error::UnsupportedDType { op: name, dtype, supported: REDUCIBLE }),
     }

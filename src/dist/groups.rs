@@ -49,7 +49,14 @@ pub fn init_process_groups(rank: usize, world_size: usize, master_addr: &str, ma
 }
 
 /// [`init_process_groups`] with every choice spelled out.
-pub fn init_process_groups_with(rank: usize, world_size: usize, master_addr: &str, master_port: u16, token: &str, opts: &GroupOptions) -> Result<ProcessGroups> {
+pub fn init_process_groups_with(
+    rank: usize,
+    world_size: usize,
+    master_addr: &str,
+    master_port: u16,
+    token: &str,
+    opts: &GroupOptions,
+) -> Result<ProcessGroups> {
     let server = if rank == 0 && opts.rank0_hosts_store { Some(StoreServer::start(&format!("0.0.0.0:{master_port}"), token)?) } else { None };
     let store = Store::connect(&format!("{master_addr}:{master_port}"), token, rank, opts.timeout)?;
     let comm = TcpCommunicator::new(&store, DEFAULT_PREFIX, rank, world_size, opts.timeout)?;

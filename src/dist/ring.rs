@@ -170,7 +170,15 @@ impl TcpCommunicator {
     /// One ring step: send `buf[send]` to the next rank while receiving the
     /// previous rank's `recv` segment into `buf[recv]`, reducing it into
     /// what is there when `reduce` is given.
-    fn ring_step(&self, call: &Call, buf: &mut [u8], send: Range<usize>, recv: Range<usize>, reduce: Option<ReduceOp>, scratch: &mut Aligned) -> Result<(), Fail> {
+    fn ring_step(
+        &self,
+        call: &Call,
+        buf: &mut [u8],
+        send: Range<usize>,
+        recv: Range<usize>,
+        reduce: Option<ReduceOp>,
+        scratch: &mut Aligned,
+    ) -> Result<(), Fail> {
         let (next, prev) = (self.next(), self.prev());
         let (to, from) = (self.link(next)?, self.link(prev)?);
         let chunk = self.chunk_bytes;

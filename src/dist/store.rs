@@ -108,7 +108,11 @@ impl Store {
         stream.set_read_timeout(Some(timeout.max(Duration::from_secs(1)) + REPLY_MARGIN)).map_err(io)?;
         proto::send(&stream, &Writer::new(proto::HELLO).bytes(token.as_bytes()).u64(rank as u64).0).map_err(io)?;
         let refused = || {
-            Error::dist("rendezvous", rank, format!("the store at {addr} refused this process's job token; every worker of a job must share ASRFORGE_RDZV_TOKEN"))
+            Error::dist(
+                "rendezvous",
+                rank,
+                format!("the store at {addr} refused this process's job token; every worker of a job must share ASRFORGE_RDZV_TOKEN"),
+            )
         };
         match proto::recv(&stream) {
             Ok(b) if b.first() == Some(&proto::OK) => {}
@@ -185,7 +189,9 @@ impl Store {
         let mut r = Reader(&reply);
         match r.u8() {
             Ok(proto::OK) => r.bytes().map(<[u8]>::to_vec).map_err(|_| self.bad_reply("store get")),
-            Ok(proto::TIMEOUT) => Err(Error::dist("store get", self.rank, format!("key '{key}' did not appear in the store at {} within {}", self.addr, secs(timeout)))),
+            Ok(proto::TIMEOUT) => {
+                Err(Error::dist("store get", self.rank, format!("key '{key}' did not appear in the store at {} within {}", self.addr, secs(timeout))))
+            }
             _ => Err(self.bad_reply("store get")),
         }
     }
@@ -232,7 +238,9 @@ impl Store {
         let reply = self.call("store wait", &Self::keys_request(proto::WAIT, keys).u64(timeout.as_millis() as u64).0, timeout)?;
         match self.missing("store wait", &reply)? {
             None => Ok(()),
-            Some(m) => Err(Error::dist("store wait", self.rank, format!("keys {} did not appear in the store at {} within {}", quoted(&m), self.addr, secs(timeout)))),
+            Some(m) => {
+                Err(Error::dist("store wait", self.rank, format!("keys {} did not appear in the store at {} within {}", quoted(&m), self.addr, secs(timeout))))
+            }
         }
     }
 

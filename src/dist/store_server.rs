@@ -47,9 +47,8 @@ impl StoreServer {
     /// Binds `bind_addr` (`host:port`; port 0 picks a free one) and serves
     /// clients that present `token` on a background thread.
     pub fn start(bind_addr: &str, token: &str) -> Result<StoreServer> {
-        let listener = TcpListener::bind(bind_addr).map_err(|e| {
-            Error::dist("store server", 0, format!("cannot listen on {bind_addr}: {e} (is another job using MASTER_PORT?)"))
-        })?;
+        let listener = TcpListener::bind(bind_addr)
+            .map_err(|e| Error::dist("store server", 0, format!("cannot listen on {bind_addr}: {e} (is another job using MASTER_PORT?)")))?;
         let addr = listener.local_addr().map_err(|e| Error::dist("store server", 0, format!("{bind_addr}: {e}")))?;
         let shared = Arc::new(Shared {
             map: Mutex::new(HashMap::new()),
@@ -209,9 +208,10 @@ fn handle(req: &[u8], shared: &Shared) -> std::io::Result<Writer> {
             let mut map = shared.map();
             let old = match map.get(&key) {
                 None => 0,
-                Some(v) => std::str::from_utf8(v).ok().and_then(|s| s.parse::<i64>().ok()).ok_or_else(|| {
-                    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("add: key '{key}' holds a value that is not an integer"))
-                })?,
+                Some(v) => std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|s| s.parse::<i64>().ok())
+                    .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("add: key '{key}' holds a value that is not an integer")))?,
             };
             let new = old.wrapping_add(delta);
             map.insert(key, new.to_string().into_bytes());

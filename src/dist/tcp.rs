@@ -142,9 +142,9 @@ impl TcpCommunicator {
         let token = store.token();
         for j in 0..rank {
             let left = deadline.saturating_duration_since(Instant::now());
-            let addr = store.get_timeout(&format!("{prefix}/addr/{j}"), left).map_err(|_| {
-                Error::dist(OP, rank, format!("rank {j} did not publish its address under '{prefix}/addr/{j}' within {}", secs(timeout)))
-            })?;
+            let addr = store
+                .get_timeout(&format!("{prefix}/addr/{j}"), left)
+                .map_err(|_| Error::dist(OP, rank, format!("rank {j} did not publish its address under '{prefix}/addr/{j}' within {}", secs(timeout))))?;
             let addr: SocketAddr = String::from_utf8_lossy(&addr).parse().map_err(|_| {
                 Error::dist(OP, rank, format!("rank {j} published '{}' under '{prefix}/addr/{j}', expected host:port", String::from_utf8_lossy(&addr)))
             })?;

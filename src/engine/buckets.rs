@@ -7,8 +7,8 @@
 //! gradient, and one some ranks did gets the average over all ranks (the
 //! others counting as zero, as `find_unused_parameters` does).
 
-use crate::error::{Error, Result};
 use crate::backend::cpu::WithDType;
+use crate::error::{Error, Result};
 use crate::tensor::{DType, Device, Tensor};
 
 /// One bucket: indices into the engine's parameter list.

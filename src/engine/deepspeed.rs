@@ -46,7 +46,16 @@ pub struct Fp16Config {
 
 impl Default for Fp16Config {
     fn default() -> Self {
-        Fp16Config { enabled: false, auto_cast: false, loss_scale: 0.0, initial_scale_power: 16, loss_scale_window: 1000, hysteresis: 2, consecutive_hysteresis: false, min_loss_scale: 1.0 }
+        Fp16Config {
+            enabled: false,
+            auto_cast: false,
+            loss_scale: 0.0,
+            initial_scale_power: 16,
+            loss_scale_window: 1000,
+            hysteresis: 2,
+            consecutive_hysteresis: false,
+            min_loss_scale: 1.0,
+        }
     }
 }
 
@@ -71,7 +80,15 @@ pub struct ZeroSection {
 
 impl Default for ZeroSection {
     fn default() -> Self {
-        ZeroSection { stage: 0, reduce_bucket_size: 500_000_000, allgather_bucket_size: 500_000_000, overlap_comm: false, contiguous_gradients: true, reduce_scatter: true, allgather_partitions: true }
+        ZeroSection {
+            stage: 0,
+            reduce_bucket_size: 500_000_000,
+            allgather_bucket_size: 500_000_000,
+            overlap_comm: false,
+            contiguous_gradients: true,
+            reduce_scatter: true,
+            allgather_partitions: true,
+        }
     }
 }
 
@@ -187,7 +204,11 @@ fn kind_of(v: &Value) -> String {
 }
 
 fn join(prefix: &str, key: &str) -> String {
-    if prefix.is_empty() { key.to_string() } else { format!("{prefix}.{key}") }
+    if prefix.is_empty() {
+        key.to_string()
+    } else {
+        format!("{prefix}.{key}")
+    }
 }
 
 impl<'a> Reader<'a> {
@@ -261,7 +282,18 @@ impl<'a> Reader<'a> {
 pub fn parse_deepspeed_config(text: &str, path: &str) -> Result<(DeepSpeedConfig, Vec<String>)> {
     let root: Value = serde_json::from_str(text).map_err(|e| Error::ConfigFile { path: path.to_string(), msg: format!("not valid JSON: {e}") })?;
     let mut r = Reader { path, warnings: Vec::new() };
-    const TOP: [&str; 10] = ["train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping", "steps_per_print", "zero_optimization", "fp16", "bf16", "optimizer", "scheduler", "bfloat16"];
+    const TOP: [&str; 10] = [
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "gradient_clipping",
+        "steps_per_print",
+        "zero_optimization",
+        "fp16",
+        "bf16",
+        "optimizer",
+        "scheduler",
+        "bfloat16",
+    ];
     let top = match &root {
         Value::Object(m) => m,
         other => return Err(Error::ConfigFile { path: path.to_string(), msg: format!("expected a JSON object at the top level, found {}", kind_of(other)) }),
@@ -274,7 +306,18 @@ pub fn parse_deepspeed_config(text: &str, path: &str) -> Result<(DeepSpeedConfig
         }
     }
     let t = Some(top);
-    let zk = ["stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients", "reduce_scatter", "allgather_partitions", "offload_optimizer", "offload_param", "round_robin_gradients"];
+    let zk = [
+        "stage",
+        "reduce_bucket_size",
+        "allgather_bucket_size",
+        "overlap_comm",
+        "contiguous_gradients",
+        "reduce_scatter",
+        "allgather_partitions",
+        "offload_optimizer",
+        "offload_param",
+        "round_robin_gradients",
+    ];
     let zm = r.object(top.get("zero_optimization"), "zero_optimization", &zk)?;
     let mut zero = ZeroSection::default();
     if let Some(stage) = r.count(zm, "zero_optimization", "stage", false)? {
@@ -313,14 +356,21 @@ pub fn parse_deepspeed_config(text: &str, path: &str) -> Result<(DeepSpeedConfig
         enabled: r.bool(fm, "fp16", "enabled", false)?,
         auto_cast: r.bool(fm, "fp16", "auto_cast", false)?,
         loss_scale: f16n(&r, "loss_scale", d.loss_scale)?,
-        initial_scale_power: u32::try_from(f16c(&r, "initial_scale_power", d.initial_scale_power as u64)?).map_err(|_| r.err("fp16.initial_scale_power", "expected at most 127".into()))?,
+        initial_scale_power: u32::try_from(f16c(&r, "initial_scale_power", d.initial_scale_power as u64)?)
+            .map_err(|_| r.err("fp16.initial_scale_power", "expected at most 127".into()))?,
         loss_scale_window: f16c(&r, "loss_scale_window", d.loss_scale_window)?,
         hysteresis: f16c(&r, "hysteresis", d.hysteresis)?,
         consecutive_hysteresis: r.bool(fm, "fp16", "consecutive_hysteresis", false)?,
         min_loss_scale: f16n(&r, "min_loss_scale", d.min_loss_scale)?,
     };
     if fp16.loss_scale < 0.0 || fp16.initial_scale_power > 127 || fp16.loss_scale_window == 0 {
-        return Err(r.err("fp16", format!("expected loss_scale >= 0, initial_scale_power <= 127 and loss_scale_window >= 1, found {}, {} and {}", fp16.loss_scale, fp16.initial_scale_power, fp16.loss_scale_window)));
+        return Err(r.err(
+            "fp16",
+            format!(
+                "expected loss_scale >= 0, initial_scale_power <= 127 and loss_scale_window >= 1, found {}, {} and {}",
+                fp16.loss_scale, fp16.initial_scale_power, fp16.loss_scale_window
+            ),
+        ));
     }
     let mut bf16 = false;
     for key in ["bf16", "bfloat16"] {
@@ -339,7 +389,9 @@ pub fn parse_deepspeed_config(text: &str, path: &str) -> Result<(DeepSpeedConfig
             let betas = match pm.and_then(|p| p.get("betas")) {
                 None | Some(Value::Null) => None,
                 Some(Value::String(s)) if s == "auto" => Some(Setting::Auto),
-                Some(Value::Array(a)) if a.len() == 2 && a.iter().all(Value::is_number) => Some(Setting::Value((a[0].as_f64().unwrap_or(0.9), a[1].as_f64().unwrap_or(0.999)))),
+                Some(Value::Array(a)) if a.len() == 2 && a.iter().all(Value::is_number) => {
+                    Some(Setting::Value((a[0].as_f64().unwrap_or(0.9), a[1].as_f64().unwrap_or(0.999))))
+                }
                 Some(other) => return Err(r.err("optimizer.params.betas", format!("expected a list of two numbers or \"auto\", found {}", kind_of(other)))),
             };
             Some(OptimizerSection {
@@ -363,7 +415,8 @@ pub fn parse_deepspeed_config(text: &str, path: &str) -> Result<(DeepSpeedConfig
             if kind != "WarmupLR" {
                 return Err(r.err("scheduler.type", format!("expected WarmupLR, found {kind:?}")));
             }
-            let pm = r.object(m.get("params"), "scheduler.params", &["warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"])?;
+            let pm =
+                r.object(m.get("params"), "scheduler.params", &["warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"])?;
             let warmup_type = r.string(pm, "scheduler.params", "warmup_type")?;
             if let Some(w) = &warmup_type {
                 if w != "log" && w != "linear" {
@@ -409,10 +462,16 @@ impl DeepSpeedConfig {
     /// WeNet's checks against train.yaml (`train_path` names it in errors).
     pub fn check_against(&self, yaml: &TrainYamlKeys, train_path: &str) -> Result<()> {
         let p = &self.path;
-        let mismatch = |ds: &str, dv: String, key: &str, tv: String| Error::ConfigFile { path: p.clone(), msg: format!("{ds} is {dv} in {p} but {key} is {tv} in {train_path}; they must be equal") };
+        let mismatch = |ds: &str, dv: String, key: &str, tv: String| Error::ConfigFile {
+            path: p.clone(),
+            msg: format!("{ds} is {dv} in {p} but {key} is {tv} in {train_path}; they must be equal"),
+        };
         if let Some(Setting::Value(b)) = self.train_micro_batch_size_per_gpu {
             if b != 1 {
-                return Err(Error::ConfigFile { path: p.clone(), msg: format!("train_micro_batch_size_per_gpu: expected 1 (batches come from dataset_conf.batch_conf in {train_path}), found {b}") });
+                return Err(Error::ConfigFile {
+                    path: p.clone(),
+                    msg: format!("train_micro_batch_size_per_gpu: expected 1 (batches come from dataset_conf.batch_conf in {train_path}), found {b}"),
+                });
             }
         }
         if let Some(Setting::Value(g)) = self.gradient_accumulation_steps {
@@ -461,7 +520,15 @@ impl DeepSpeedConfig {
                 min_scale: f.min_loss_scale,
             }
         } else {
-            ScalerConfig { init_scale: f.loss_scale, growth_factor: 1.0, backoff_factor: 1.0, growth_interval: u64::MAX, hysteresis: 1, consecutive_hysteresis: false, min_scale: 0.0 }
+            ScalerConfig {
+                init_scale: f.loss_scale,
+                growth_factor: 1.0,
+                backoff_factor: 1.0,
+                growth_interval: u64::MAX,
+                hysteresis: 1,
+                consecutive_hysteresis: false,
+                min_scale: 0.0,
+            }
         })
     }
 

@@ -129,8 +129,14 @@ impl FlatLayout {
                     v.copy_from_slice(src);
                     Ok(())
                 }
-                Storage::Cpu(other) => Err(Error::invalid("zero all-gather", format!("parameter {}: expected f32 storage of {} elements, found {:?} of {}", e.name, e.numel, other.dtype(), other.len()))),
-                Storage::Cuda(_) => Err(Error::invalid("zero all-gather", format!("parameter {}: the ZeRO engine keeps parameters on the CPU (its GPU path comes with the NCCL communicator)", e.name))),
+                Storage::Cpu(other) => Err(Error::invalid(
+                    "zero all-gather",
+                    format!("parameter {}: expected f32 storage of {} elements, found {:?} of {}", e.name, e.numel, other.dtype(), other.len()),
+                )),
+                Storage::Cuda(_) => Err(Error::invalid(
+                    "zero all-gather",
+                    format!("parameter {}: the ZeRO engine keeps parameters on the CPU (its GPU path comes with the NCCL communicator)", e.name),
+                )),
             })?;
         }
         Ok(())
@@ -161,7 +167,10 @@ pub fn with_f32<R>(t: &Tensor, name: &str, f: impl FnOnce(&[f32]) -> R) -> Resul
     match &*t.storage() {
         Storage::Cpu(CpuStorage::F32(v)) => Ok(f(v)),
         Storage::Cpu(other) => Err(Error::invalid("zero", format!("parameter {name}: expected f32 data, found {:?}", other.dtype()))),
-        Storage::Cuda(_) => Err(Error::invalid("zero", format!("parameter {name}: the ZeRO engine keeps parameters on the CPU (its GPU path comes with the NCCL communicator)"))),
+        Storage::Cuda(_) => Err(Error::invalid(
+            "zero",
+            format!("parameter {name}: the ZeRO engine keeps parameters on the CPU (its GPU path comes with the NCCL communicator)"),
+        )),
     }
 }
 

@@ -34,7 +34,10 @@ pub fn load_adam_state(adam: &mut Adam, saved: &[OptimizerState]) -> Result<()> 
         [one] => adam.load_state(&one.tensors, one.step),
         other => Err(Error::Checkpoint {
             path: "optimizer state".into(),
-            msg: format!("expected the one optimizer state a replicated engine saves, found {} (sharded states from a ZeRO run cannot resume torch_ddp)", other.len()),
+            msg: format!(
+                "expected the one optimizer state a replicated engine saves, found {} (sharded states from a ZeRO run cannot resume torch_ddp)",
+                other.len()
+            ),
         }),
     }
 }

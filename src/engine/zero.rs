@@ -80,7 +80,9 @@ impl ZeroEngine {
         if opts.stage != 1 && opts.stage != 2 {
             return Err(Error::config("zero_optimization.stage", format!("the ZeRO engine runs stage 1 or 2, found {}", opts.stage)));
         }
-        for (key, v) in [("zero_optimization.reduce_bucket_size", opts.reduce_bucket_size), ("zero_optimization.allgather_bucket_size", opts.allgather_bucket_size)] {
+        for (key, v) in
+            [("zero_optimization.reduce_bucket_size", opts.reduce_bucket_size), ("zero_optimization.allgather_bucket_size", opts.allgather_bucket_size)]
+        {
             if v == 0 {
                 return Err(Error::config(key, "expected a bucket of at least 1 element, found 0"));
             }
@@ -91,7 +93,8 @@ impl ZeroEngine {
             }
         }
         let layout = FlatLayout::of_params(&params, comm.world_size())?;
-        let mut engine = ZeroEngine { params, comm, opts, adam, step: 0, master: Vec::new(), exp_avg: Vec::new(), exp_avg_sq: Vec::new(), shard_grad: None, layout };
+        let mut engine =
+            ZeroEngine { params, comm, opts, adam, step: 0, master: Vec::new(), exp_avg: Vec::new(), exp_avg_sq: Vec::new(), shard_grad: None, layout };
         for (name, p) in &engine.params {
             engine.comm.broadcast(p, 0).map_err(|e| Error::dist("broadcast", rank, format!("initial parameter {name}: {e}")))?;
         }
@@ -153,7 +156,9 @@ impl ZeroEngine {
             }
             let input = f32_tensor(input)?;
             let output = f32_tensor(vec![0.0; n])?;
-            self.comm.reduce_scatter(&input, &output, ReduceOp::Avg).map_err(|e| Error::dist("reduce_scatter", rank, format!("gradient bucket {k} ({} elements): {e}", world * n)))?;
+            self.comm
+                .reduce_scatter(&input, &output, ReduceOp::Avg)
+                .map_err(|e| Error::dist("reduce_scatter", rank, format!("gradient bucket {k} ({} elements): {e}", world * n)))?;
             drop(input);
             let part = output.to_vec::<f32>()?;
             for (a, g) in acc[lo..lo + n].iter_mut().zip(&part) {
@@ -182,7 +187,9 @@ impl ZeroEngine {
             let n = chunk.min(s - lo);
             let input = f32_tensor(self.master[lo..lo + n].to_vec())?;
             let output = f32_tensor(vec![0.0; world * n])?;
-            self.comm.all_gather(&input, &output).map_err(|e| Error::dist("all_gather", rank, format!("parameter bucket at shard offset {lo} ({} elements): {e}", world * n)))?;
+            self.comm
+                .all_gather(&input, &output)
+                .map_err(|e| Error::dist("all_gather", rank, format!("parameter bucket at shard offset {lo} ({} elements): {e}", world * n)))?;
             let got = output.to_vec::<f32>()?;
             for r in 0..world {
                 flat[r * s + lo..r * s + lo + n].copy_from_slice(&got[r * n..(r + 1) * n]);
@@ -317,8 +324,6 @@ impl Engine for ZeroEngine {
         Ok(())
     }
 }
-
-
 
 /// The group of one process: reductions, broadcasts and gathers leave the data as it is.
 struct SoloComm;

@@ -13,7 +13,10 @@ use crate::error::{Error, Result};
 pub const SHARD_TENSORS: [&str; 3] = ["exp_avg", "exp_avg_sq", "master"];
 
 fn meta<'a>(s: &'a OptimizerState, i: usize, key: &str) -> Result<&'a str> {
-    s.meta.get(key).map(String::as_str).ok_or_else(|| Error::checkpoint(format!("optimizer state of rank {i}"), format!("missing metadata key {key} (was it written by the ZeRO engine?)")))
+    s.meta
+        .get(key)
+        .map(String::as_str)
+        .ok_or_else(|| Error::checkpoint(format!("optimizer state of rank {i}"), format!("missing metadata key {key} (was it written by the ZeRO engine?)")))
 }
 
 fn meta_num(s: &OptimizerState, i: usize, key: &str) -> Result<usize> {
@@ -67,7 +70,10 @@ pub fn reshard(saved: &[OptimizerState], layout: &FlatLayout, rank: usize) -> Re
             let t = s.tensors.iter().find(|(n, _)| n == name).ok_or_else(|| Error::checkpoint(&who, format!("missing tensor {name}")))?;
             let v = t.1.to_vec::<f32>().map_err(|e| Error::checkpoint(&who, format!("tensor {name}: {e}")))?;
             if v.len() != old_shard {
-                return Err(Error::checkpoint(&who, format!("tensor {name}: expected {old_shard} elements (padded {padded} / world {old_world}), found {}", v.len())));
+                return Err(Error::checkpoint(
+                    &who,
+                    format!("tensor {name}: expected {old_shard} elements (padded {padded} / world {old_world}), found {}", v.len()),
+                ));
             }
             *slot = v;
         }

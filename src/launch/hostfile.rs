@@ -29,9 +29,7 @@ pub fn parse_hostfile(path: &Path, text: &str) -> Result<Vec<Host>> {
         let [name, slots] = fields[..] else {
             return Err(err(i + 1, format!("expected `hostname slots=N`, found {line:?}")));
         };
-        let n = slots
-            .strip_prefix("slots=")
-            .ok_or_else(|| err(i + 1, format!("expected `slots=N` after the host name, found {slots:?}")))?;
+        let n = slots.strip_prefix("slots=").ok_or_else(|| err(i + 1, format!("expected `slots=N` after the host name, found {slots:?}")))?;
         let slots: usize = n.parse().map_err(|_| err(i + 1, format!("expected a positive integer after `slots=`, found {n:?}")))?;
         if slots == 0 {
             return Err(err(i + 1, format!("expected at least one slot on host {name}, found slots=0")));

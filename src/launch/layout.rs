@@ -38,7 +38,9 @@ impl NodePlan {
         if self.node_rank >= self.nnodes {
             return Err(Error::config("--node_rank", format!("expected 0 <= node_rank < nnodes ({}), found {}", self.nnodes, self.node_rank)));
         }
-        let end = self.rank_offset.checked_add(self.nproc).ok_or_else(|| Error::config("--rank_offset", format!("expected a job that fits in this machine's integers, found ranks from {}", self.rank_offset)))?;
+        let end = self.rank_offset.checked_add(self.nproc).ok_or_else(|| {
+            Error::config("--rank_offset", format!("expected a job that fits in this machine's integers, found ranks from {}", self.rank_offset))
+        })?;
         if end > self.world_size {
             return Err(Error::config(
                 "--world_size",
@@ -76,9 +78,7 @@ impl NodePlan {
 pub fn random_token() -> Result<String> {
     use std::io::Read;
     let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|source| Error::Io { path: "/dev/urandom".into(), source })?;
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).map_err(|source| Error::Io { path: "/dev/urandom".into(), source })?;
     Ok(hex(&bytes))
 }
 
@@ -126,7 +126,17 @@ mod tests {
     use super::*;
 
     fn plan(node_rank: usize) -> NodePlan {
-        NodePlan { nnodes: 2, node_rank, nproc: 3, rank_offset: 3 * node_rank, world_size: 6, master_addr: "h0".into(), master_port: 1234, run_id: "none".into(), token: "t".into() }
+        NodePlan {
+            nnodes: 2,
+            node_rank,
+            nproc: 3,
+            rank_offset: 3 * node_rank,
+            world_size: 6,
+            master_addr: "h0".into(),
+            master_port: 1234,
+            run_id: "none".into(),
+            token: "t".into(),
+        }
     }
 
     #[test]

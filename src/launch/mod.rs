@@ -66,7 +66,10 @@ fn grace(args: &LaunchArgs) -> Result<Duration> {
     let (secs, key) = match args.grace_period {
         Some(s) => (s, "--grace_period"),
         None => match std::env::var("ASRFORGE_GRACE_PERIOD") {
-            Ok(v) => (v.trim().parse::<f64>().map_err(|_| Error::config("ASRFORGE_GRACE_PERIOD", format!("expected seconds (a number >= 0), found {v:?}")))?, "ASRFORGE_GRACE_PERIOD"),
+            Ok(v) => (
+                v.trim().parse::<f64>().map_err(|_| Error::config("ASRFORGE_GRACE_PERIOD", format!("expected seconds (a number >= 0), found {v:?}")))?,
+                "ASRFORGE_GRACE_PERIOD",
+            ),
             Err(_) => (DEFAULT_GRACE_SECS, "--grace_period"),
         },
     };
@@ -95,7 +98,13 @@ fn local_workers(plan: &NodePlan, program: &(OsString, Vec<OsString>), omp: bool
             if omp {
                 env.push(("OMP_NUM_THREADS".into(), "1".into()));
             }
-            ChildSpec { role: Role::Worker { rank: plan.rank_offset + local_rank, local_rank }, program: program.0.clone(), args: program.1.clone(), env, stdin_pipe: false }
+            ChildSpec {
+                role: Role::Worker { rank: plan.rank_offset + local_rank, local_rank },
+                program: program.0.clone(),
+                args: program.1.clone(),
+                env,
+                stdin_pipe: false,
+            }
         })
         .collect()
 }
@@ -122,7 +131,9 @@ fn plan_job(args: &LaunchArgs) -> Result<(NodePlan, Vec<ChildSpec>)> {
         let nnodes = args.nnodes.unwrap_or(1);
         let node_rank = args.node_rank.unwrap_or(0);
         let nproc = args.nproc_per_node.unwrap_or(1);
-        let times = |a: usize, b: usize, key: &str| a.checked_mul(b).ok_or_else(|| Error::config(key, format!("expected a job that fits in this machine's integers, found {a} * {nproc} ranks")));
+        let times = |a: usize, b: usize, key: &str| {
+            a.checked_mul(b).ok_or_else(|| Error::config(key, format!("expected a job that fits in this machine's integers, found {a} * {nproc} ranks")))
+        };
         let plan = NodePlan {
             nnodes,
             node_rank,
@@ -156,22 +167,36 @@ fn plan_job(args: &LaunchArgs) -> Result<(NodePlan, Vec<ChildSpec>)> {
     let token = job_token(env_token, hosts.len(), true, args.rdzv_id.as_deref())?;
     let grace = grace(args)?;
     let exe = std::env::current_exe().map_err(|source| Error::Io { path: "the asrforge executable (current_exe)".into(), source })?;
-    let exe = exe.to_str().ok_or_else(|| Error::config("--hostfile", format!("expected the asrforge executable's path in UTF-8 to pass over ssh, found {exe:?}")))?.to_string();
+    let exe = exe
+        .to_str()
+        .ok_or_else(|| Error::config("--hostfile", format!("expected the asrforge executable's path in UTF-8 to pass over ssh, found {exe:?}")))?
+        .to_string();
     let cwd = std::env::current_dir().map_err(|source| Error::Io { path: "the current directory".into(), source })?;
-    let cwd = cwd.to_str().ok_or_else(|| Error::config("--hostfile", format!("expected the current directory in UTF-8 to pass over ssh, found {cwd:?}")))?.to_string();
+    let cwd = cwd
+        .to_str()
+        .ok_or_else(|| Error::config("--hostfile", format!("expected the current directory in UTF-8 to pass over ssh, found {cwd:?}")))?
+        .to_string();
     let ssh = ssh_program(std::env::var("ASRFORGE_SSH").ok());
     let mut remotes = Vec::new();
     let mut offset = hosts[0].slots;
     for (index, host) in hosts.iter().enumerate().skip(1) {
         let mut launch = vec![
-            "--nnodes".to_string(), hosts.len().to_string(),
-            "--node_rank".into(), index.to_string(),
-            "--nproc_per_node".into(), host.slots.to_string(),
-            "--master_addr".into(), master_addr.clone(),
-            "--master_port".into(), args.master_port.to_string(),
-            "--rank_offset".into(), offset.to_string(),
-            "--world_size".into(), world_size.to_string(),
-            "--grace_period".into(), grace.as_secs_f64().to_string(),
+            "--nnodes".to_string(),
+            hosts.len().to_string(),
+            "--node_rank".into(),
+            index.to_string(),
+            "--nproc_per_node".into(),
+            host.slots.to_string(),
+            "--master_addr".into(),
+            master_addr.clone(),
+            "--master_port".into(),
+            args.master_port.to_string(),
+            "--rank_offset".into(),
+            offset.to_string(),
+            "--world_size".into(),
+            world_size.to_string(),
+            "--grace_period".into(),
+            grace.as_secs_f64().to_string(),
             "--stop_on_stdin_eof".into(),
         ];
         if let Some(id) = &args.rdzv_id {
@@ -183,7 +208,17 @@ fn plan_job(args: &LaunchArgs) -> Result<(NodePlan, Vec<ChildSpec>)> {
         remotes.push(ChildSpec { role: Role::Node { index, host: host.name.clone() }, program: OsString::from(&ssh), args, env: Vec::new(), stdin_pipe: true });
         offset += host.slots;
     }
-    let plan = NodePlan { nnodes: hosts.len(), node_rank: 0, nproc: hosts[0].slots, rank_offset: 0, world_size, master_addr, master_port: args.master_port, run_id, token };
+    let plan = NodePlan {
+        nnodes: hosts.len(),
+        node_rank: 0,
+        nproc: hosts[0].slots,
+        rank_offset: 0,
+        world_size,
+        master_addr,
+        master_port: args.master_port,
+        run_id,
+        token,
+    };
     plan.validate()?;
     Ok((plan, remotes))
 }
@@ -198,7 +233,9 @@ pub fn run_launch(args: &LaunchArgs, subcommands: &[String]) -> Result<i32> {
     // As torchrun: one OpenMP thread per worker when several share the node.
     let omp = std::env::var_os("OMP_NUM_THREADS").is_none() && plan.nproc > 1;
     if omp {
-        eprintln!("asrforge launch: setting OMP_NUM_THREADS=1 for each worker (as torchrun does) to keep the node from being overloaded; set it yourself to tune it");
+        eprintln!(
+            "asrforge launch: setting OMP_NUM_THREADS=1 for each worker (as torchrun does) to keep the node from being overloaded; set it yourself to tune it"
+        );
     }
     summary(&plan);
     let mut children = local_workers(&plan, &program, omp);

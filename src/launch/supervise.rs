@@ -222,7 +222,8 @@ fn cause(children: &[Child], sig: usize) -> Option<i32> {
     // The cause: a worker killed by a signal before one that exited with an
     // error (survivors of a killed peer fail within milliseconds and are
     // often reaped in the same tick), then the first to end.
-    let failed = children.iter().filter(|c| matches!(c.exit, Some(e) if e != Exit::Code(0))).min_by_key(|c| (!matches!(c.exit, Some(Exit::Signal(_))), c.reaped))?;
+    let failed =
+        children.iter().filter(|c| matches!(c.exit, Some(e) if e != Exit::Code(0))).min_by_key(|c| (!matches!(c.exit, Some(Exit::Signal(_))), c.reaped))?;
     let exit = failed.exit.unwrap_or(Exit::Code(1));
     eprintln!("asrforge launch: {} {}", failed.role.label(Some(failed.pid)), exit.describe());
     Some(exit.status())

@@ -78,13 +78,21 @@ pub fn add_sos_eos(seqs: &[Vec<i64>], sos: i64, eos: i64, ignore_id: i64) -> Res
         yo.extend(std::iter::repeat_n(ignore_id, l - 1 - s.len()));
     }
     let cpu = Device::Cpu;
-    Ok(SosEos { ys_in: Tensor::from_vec(yi, [seqs.len(), l], &cpu)?, ys_out: Tensor::from_vec(yo, [seqs.len(), l], &cpu)?, lens: seqs.iter().map(|s| s.len() + 1).collect() })
+    Ok(SosEos {
+        ys_in: Tensor::from_vec(yi, [seqs.len(), l], &cpu)?,
+        ys_out: Tensor::from_vec(yo, [seqs.len(), l], &cpu)?,
+        lens: seqs.iter().map(|s| s.len() + 1).collect(),
+    })
 }
 
 /// The first `lens[b]` tokens of each row of a padded (B, L) i64 target.
 pub fn unpad_targets(target: &Tensor, lens: &[usize]) -> Result<Vec<Vec<i64>>> {
     if target.rank() != 2 || target.dims()[0] != lens.len() || target.dtype() != DType::I64 {
-        return Err(Error::ShapeMismatch { op: "AsrModel", expected: format!("an i64 target (B, L) for {} lengths", lens.len()), got: format!("{} {:?}", target.shape(), target.dtype()) });
+        return Err(Error::ShapeMismatch {
+            op: "AsrModel",
+            expected: format!("an i64 target (B, L) for {} lengths", lens.len()),
+            got: format!("{} {:?}", target.shape(), target.dtype()),
+        });
     }
     let l = target.dims()[1];
     let v = target.to_vec::<i64>()?;
@@ -140,7 +148,10 @@ impl AsrModel {
     pub fn with_cmvn(cfg: &ModelConfig, cmvn: Option<GlobalCmvn>, dtype: DType, rng: &mut Rng) -> Result<Self> {
         if let Some(c) = &cmvn {
             if c.mean.elem_count() != cfg.input_dim {
-                return Err(Error::config("cmvn_conf.cmvn_file", format!("statistics for {} features, but input_dim is {}", c.mean.elem_count(), cfg.input_dim)));
+                return Err(Error::config(
+                    "cmvn_conf.cmvn_file",
+                    format!("statistics for {} features, but input_dim is {}", c.mean.elem_count(), cfg.input_dim),
+                ));
             }
         }
         let encoder = Encoder::new(cfg.encoder, &cfg.encoder_conf, cfg.input_dim, cmvn, dtype, rng)?;
@@ -199,7 +210,11 @@ impl AsrModel {
     /// Features → losses. `feats` (B, T, F), `target` (B, L) i64 padded with −1.
     pub fn forward(&self, feats: &Tensor, feats_lengths: &[usize], target: &Tensor, target_lengths: &[usize]) -> Result<LossDict> {
         if feats_lengths.len() != target_lengths.len() {
-            return Err(Error::ShapeMismatch { op: "AsrModel", expected: format!("{} target lengths", feats_lengths.len()), got: format!("{}", target_lengths.len()) });
+            return Err(Error::ShapeMismatch {
+                op: "AsrModel",
+                expected: format!("{} target lengths", feats_lengths.len()),
+                got: format!("{}", target_lengths.len()),
+            });
         }
         let (enc, enc_lens) = self.encode(feats, feats_lengths)?;
         let loss_ctc = if self.ctc_weight != 0.0 { Some(self.ctc.loss(&enc, &enc_lens, target, target_lengths)?) } else { None };

@@ -98,7 +98,9 @@ pub fn select(mut candidates: Vec<Candidate>, num: usize, val_best: bool, min_ep
     candidates.retain(|c| c.epoch >= min_epoch && c.epoch <= max_epoch);
     if val_best {
         candidates.retain(|c| c.cv_loss.is_some_and(f64::is_finite));
-        candidates.sort_by(|a, b| a.cv_loss.unwrap_or(f64::INFINITY).total_cmp(&b.cv_loss.unwrap_or(f64::INFINITY)).then(a.epoch.cmp(&b.epoch)).then(a.step.cmp(&b.step)));
+        candidates.sort_by(|a, b| {
+            a.cv_loss.unwrap_or(f64::INFINITY).total_cmp(&b.cv_loss.unwrap_or(f64::INFINITY)).then(a.epoch.cmp(&b.epoch)).then(a.step.cmp(&b.step))
+        });
         candidates.truncate(num);
     } else {
         candidates.sort_by(|a, b| a.epoch.cmp(&b.epoch).then(a.step.cmp(&b.step)));
@@ -107,7 +109,10 @@ pub fn select(mut candidates: Vec<Candidate>, num: usize, val_best: bool, min_ep
     }
     if candidates.len() != num || num == 0 {
         let what = if val_best { "with a cv_loss in their YAML" } else { "with a known epoch" };
-        return Err(Error::Data { path: dir.to_string(), msg: format!("expected {num} checkpoints {what} in epochs {min_epoch}..={max_epoch}, found {}", candidates.len()) });
+        return Err(Error::Data {
+            path: dir.to_string(),
+            msg: format!("expected {num} checkpoints {what} in epochs {min_epoch}..={max_epoch}, found {}", candidates.len()),
+        });
     }
     Ok(candidates)
 }
@@ -175,11 +180,17 @@ pub fn average_files(paths: &[PathBuf], dst: &Path) -> Result<()> {
             let unsupported = || Error::checkpoint(&p, format!("key {name}: unsupported dtype {d:?}"));
             if k == 0 {
                 let n: usize = shape.iter().product();
-                accs.push((name.clone(), Acc { dtype: d, shape: shape.clone(), float: vec![0.0; if is_int(d) { 0 } else { n }], int: vec![0; if is_int(d) { n } else { 0 }] }));
+                accs.push((
+                    name.clone(),
+                    Acc { dtype: d, shape: shape.clone(), float: vec![0.0; if is_int(d) { 0 } else { n }], int: vec![0; if is_int(d) { n } else { 0 }] },
+                ));
             }
             let acc = &mut accs[i].1;
             if acc.dtype != d || acc.shape != shape {
-                return Err(Error::checkpoint(&p, format!("key {name}: expected {:?} {:?} as in {}, found {d:?} {shape:?}", acc.dtype, acc.shape, paths[0].display())));
+                return Err(Error::checkpoint(
+                    &p,
+                    format!("key {name}: expected {:?} {:?} as in {}, found {d:?} {shape:?}", acc.dtype, acc.shape, paths[0].display()),
+                ));
             }
             if is_int(d) {
                 for (a, x) in acc.int.iter_mut().zip(decode_int(d, data).ok_or_else(unsupported)?) {
@@ -197,7 +208,8 @@ pub fn average_files(paths: &[PathBuf], dst: &Path) -> Result<()> {
     for (name, acc) in &accs {
         let float: Vec<f64> = acc.float.iter().map(|s| s / n as f64).collect();
         let int: Vec<i128> = acc.int.iter().map(|s| s.div_euclid(n as i128)).collect();
-        let bytes = encode(acc.dtype, &float, &int).ok_or_else(|| Error::checkpoint(dst.display().to_string(), format!("key {name}: unsupported dtype {:?}", acc.dtype)))?;
+        let bytes = encode(acc.dtype, &float, &int)
+            .ok_or_else(|| Error::checkpoint(dst.display().to_string(), format!("key {name}: unsupported dtype {:?}", acc.dtype)))?;
         blobs.push((name.clone(), acc.dtype, acc.shape.clone(), bytes));
     }
     let views = blobs

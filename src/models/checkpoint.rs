@@ -103,7 +103,8 @@ pub fn save_checkpoint(model: &dyn Module, path: &Path, infos: &Value) -> Result
         .map_err(|e| Error::checkpoint(path.display().to_string(), format!("cannot describe a tensor: {e}")))?;
     let bytes = safetensors::serialize(views, None).map_err(|e| Error::checkpoint(path.display().to_string(), format!("cannot serialize: {e}")))?;
     write_atomic(path, &bytes)?;
-    let yaml = serde_yaml_ng::to_string(infos).map_err(|e| Error::checkpoint(infos_path(path).display().to_string(), format!("cannot write the infos: {e}")))?;
+    let yaml =
+        serde_yaml_ng::to_string(infos).map_err(|e| Error::checkpoint(infos_path(path).display().to_string(), format!("cannot write the infos: {e}")))?;
     write_atomic(&infos_path(path), yaml.as_bytes())
 }
 
@@ -155,9 +156,13 @@ fn load(model: &dyn Module, path: &Path, sel: Select) -> Result<LoadReport> {
             }
         };
         if view.shape() != e.tensor.dims() {
-            return Err(Error::checkpoint(&p, format!("key {}: expected shape {}, found {}", e.name, format_shape(e.tensor.dims()), format_shape(view.shape()))));
+            return Err(Error::checkpoint(
+                &p,
+                format!("key {}: expected shape {}, found {}", e.name, format_shape(e.tensor.dims()), format_shape(view.shape())),
+            ));
         }
-        let data = from_le_bytes(view.dtype(), view.data()).ok_or_else(|| Error::checkpoint(&p, format!("key {}: unsupported dtype {:?}", e.name, view.dtype())))?;
+        let data =
+            from_le_bytes(view.dtype(), view.data()).ok_or_else(|| Error::checkpoint(&p, format!("key {}: unsupported dtype {:?}", e.name, view.dtype())))?;
         let want = e.tensor.dtype();
         if data.dtype().is_float() != want.is_float() {
             return Err(Error::checkpoint(&p, format!("key {}: expected dtype {}, found {}", e.name, want.as_str(), data.dtype().as_str())));

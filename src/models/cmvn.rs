@@ -23,7 +23,11 @@ impl GlobalCmvn {
     /// From a mean and an inverse standard deviation of equal length.
     pub fn new(mean: &[f64], istd: &[f64], dtype: DType) -> Result<Self> {
         if mean.len() != istd.len() {
-            return Err(Error::ShapeMismatch { op: "GlobalCmvn", expected: format!("istd of {} values like the mean", mean.len()), got: format!("{} values", istd.len()) });
+            return Err(Error::ShapeMismatch {
+                op: "GlobalCmvn",
+                expected: format!("istd of {} values like the mean", mean.len()),
+                got: format!("{} values", istd.len()),
+            });
         }
         let t = |v: &[f64]| -> Result<Tensor> { crate::ops::to_dtype(&Tensor::from_vec(v.to_vec(), [v.len()], &Device::Cpu)?, dtype) };
         Ok(GlobalCmvn { mean: t(mean)?, istd: t(istd)? })
@@ -45,7 +49,10 @@ impl GlobalCmvn {
         let (sum, sq) = (list("mean_stat")?, list("var_stat")?);
         let n = v.get("frame_num").and_then(|x| x.as_f64()).ok_or_else(|| Error::config(format!("{path}: frame_num"), "missing, expected a number"))?;
         if sum.len() != sq.len() || n <= 0.0 {
-            return Err(Error::config(path, format!("expected mean_stat and var_stat of one length and frame_num > 0, found {}, {} and {n}", sum.len(), sq.len())));
+            return Err(Error::config(
+                path,
+                format!("expected mean_stat and var_stat of one length and frame_num > 0, found {}, {} and {n}", sum.len(), sq.len()),
+            ));
         }
         let mean: Vec<f64> = sum.iter().map(|s| s / n).collect();
         let istd: Vec<f64> = sq.iter().zip(&mean).map(|(q, m)| 1.0 / (q / n - m * m).max(VAR_FLOOR).sqrt()).collect();

@@ -5,17 +5,47 @@
 //! skipped silently, unknown keys produce warnings, and a wrong type is an
 //! error naming the key. Defaults are WeNet's.
 
-pub use super::yaml::{apply_override, describe, load_yaml};
 use super::yaml::Section;
+pub use super::yaml::{apply_override, describe, load_yaml};
 use crate::error::{Error, Result};
 use serde_yaml_ng::Value;
 
 /// Top-level keys that belong to other parts of the trainer.
 const OTHER_PARTS: &[&str] = &[
-    "dataset", "dataset_conf", "optim", "optim_conf", "scheduler", "scheduler_conf", "grad_clip", "accum_grad", "max_epoch",
-    "log_interval", "save_interval", "train_engine", "tokenizer", "tokenizer_conf", "save_states", "use_amp", "dtype",
-    "deepspeed_config", "ds_dtype", "init_infos", "enable_validation", "precision", "ipu_conf", "vocab_size", "ctc",
-    "model_dir", "checkpoint", "tensorboard_dir", "train_data", "cv_data", "lora_conf", "use_lora", "seed", "timeout",
+    "dataset",
+    "dataset_conf",
+    "optim",
+    "optim_conf",
+    "scheduler",
+    "scheduler_conf",
+    "grad_clip",
+    "accum_grad",
+    "max_epoch",
+    "log_interval",
+    "save_interval",
+    "train_engine",
+    "tokenizer",
+    "tokenizer_conf",
+    "save_states",
+    "use_amp",
+    "dtype",
+    "deepspeed_config",
+    "ds_dtype",
+    "init_infos",
+    "enable_validation",
+    "precision",
+    "ipu_conf",
+    "vocab_size",
+    "ctc",
+    "model_dir",
+    "checkpoint",
+    "tensorboard_dir",
+    "train_data",
+    "cv_data",
+    "lora_conf",
+    "use_lora",
+    "seed",
+    "timeout",
 ];
 
 /// A pointwise nonlinearity.
@@ -283,9 +313,8 @@ impl ModelConfig {
         top.raw("decoder_conf");
         let model_conf = parse_model_conf(root, &mut w)?;
         top.raw("model_conf");
-        let special = |name: &str| {
-            root.get("tokenizer_conf").and_then(|t| t.get("special_tokens")).and_then(|s| s.get(name)).and_then(Value::as_u64).map(|n| n as usize)
-        };
+        let special =
+            |name: &str| root.get("tokenizer_conf").and_then(|t| t.get("special_tokens")).and_then(|s| s.get(name)).and_then(Value::as_u64).map(|n| n as usize);
         let last = output_dim.checked_sub(1).ok_or_else(|| Error::config("output_dim", "expected at least 1 output symbol, found 0"))?;
         let (sos, eos) = (special("<sos>").unwrap_or(last), special("<eos>").unwrap_or(last));
         for (k, id) in [("<sos>", sos), ("<eos>", eos), ("ctc_blank_id", ctc_blank_id)] {
@@ -356,17 +385,20 @@ fn parse_encoder(root: &Value, kind: EncoderType, w: &mut Vec<String>) -> Result
     if c.use_cnn_module && !c.causal && c.cnn_module_kernel % 2 == 0 {
         return Err(Error::config(s.key("cnn_module_kernel"), format!("expected an odd kernel for a non-causal convolution, found {}", c.cnn_module_kernel)));
     }
-    check_only(&mut s, &[
-        ("layer_norm_type", Value::from("layer_norm")),
-        ("query_bias", Value::Bool(true)),
-        ("key_bias", Value::Bool(true)),
-        ("value_bias", Value::Bool(true)),
-        ("conv_bias", Value::Bool(true)),
-        ("positionwise_conv_kernel_size", Value::from(1)),
-        ("conv_inner_factor", Value::from(2)),
-        ("mlp_type", Value::from("position_wise_feed_forward")),
-        ("mlp_bias", Value::Bool(true)),
-    ])?;
+    check_only(
+        &mut s,
+        &[
+            ("layer_norm_type", Value::from("layer_norm")),
+            ("query_bias", Value::Bool(true)),
+            ("key_bias", Value::Bool(true)),
+            ("value_bias", Value::Bool(true)),
+            ("conv_bias", Value::Bool(true)),
+            ("positionwise_conv_kernel_size", Value::from(1)),
+            ("conv_inner_factor", Value::from(2)),
+            ("mlp_type", Value::from("position_wise_feed_forward")),
+            ("mlp_bias", Value::Bool(true)),
+        ],
+    )?;
     s.ignored("use_dynamic_chunk", w, "dynamic chunk masks are not implemented; attention sees the full context");
     s.ignored("use_dynamic_left_chunk", w, "dynamic chunk masks are not implemented");
     s.ignored("static_chunk_size", w, "chunk masks are not implemented; attention sees the full context");
@@ -392,21 +424,24 @@ fn parse_decoder(root: &Value, w: &mut Vec<String>) -> Result<DecoderConfig> {
         gradient_checkpointing: s.bool_or("gradient_checkpointing", false)?,
         norm_eps: s.f64_or("norm_eps", 1e-5)?,
     };
-    check_only(&mut s, &[
-        ("input_layer", Value::from("embed")),
-        ("use_output_layer", Value::Bool(true)),
-        ("src_attention", Value::Bool(true)),
-        ("tie_word_embedding", Value::Bool(false)),
-        ("layer_norm_type", Value::from("layer_norm")),
-        ("query_bias", Value::Bool(true)),
-        ("key_bias", Value::Bool(true)),
-        ("value_bias", Value::Bool(true)),
-        ("src_query_bias", Value::Bool(true)),
-        ("src_key_bias", Value::Bool(true)),
-        ("src_value_bias", Value::Bool(true)),
-        ("mlp_type", Value::from("position_wise_feed_forward")),
-        ("mlp_bias", Value::Bool(true)),
-    ])?;
+    check_only(
+        &mut s,
+        &[
+            ("input_layer", Value::from("embed")),
+            ("use_output_layer", Value::Bool(true)),
+            ("src_attention", Value::Bool(true)),
+            ("tie_word_embedding", Value::Bool(false)),
+            ("layer_norm_type", Value::from("layer_norm")),
+            ("query_bias", Value::Bool(true)),
+            ("key_bias", Value::Bool(true)),
+            ("value_bias", Value::Bool(true)),
+            ("src_query_bias", Value::Bool(true)),
+            ("src_key_bias", Value::Bool(true)),
+            ("src_value_bias", Value::Bool(true)),
+            ("mlp_type", Value::from("position_wise_feed_forward")),
+            ("mlp_bias", Value::Bool(true)),
+        ],
+    )?;
     s.ignored("use_sdpa", w, "attention always runs the explicit kernel (same result)");
     s.finish(&["n_expert", "n_expert_activated", "n_kv_head", "head_dim"], w);
     Ok(c)

@@ -94,7 +94,11 @@ impl ConvolutionModule {
             return Ok(m.clone());
         }
         if m.rank() != 3 {
-            return Err(crate::error::Error::ShapeMismatch { op: "ConvolutionModule", expected: "a frame mask (B, 1, T)".into(), got: format!("{}", m.shape()) });
+            return Err(crate::error::Error::ShapeMismatch {
+                op: "ConvolutionModule",
+                expected: "a frame mask (B, 1, T)".into(),
+                got: format!("{}", m.shape()),
+            });
         }
         let (b, t) = (m.dims()[0], m.dims()[2]);
         let v = m.to_vec::<u8>()?;

@@ -115,13 +115,27 @@ impl TransformerDecoder {
                 normalize_before: c.normalize_before,
             });
         }
-        Ok(TransformerDecoder { embed, pos_enc, after_norm, output_layer, decoders, normalize_before: c.normalize_before, gradient_checkpointing: c.gradient_checkpointing, training: true })
+        Ok(TransformerDecoder {
+            embed,
+            pos_enc,
+            after_norm,
+            output_layer,
+            decoders,
+            normalize_before: c.normalize_before,
+            gradient_checkpointing: c.gradient_checkpointing,
+            training: true,
+        })
     }
 
     /// Logits (B, L, V) for input tokens `ys_in` (B, L) i64 with lengths, over
     /// `memory` (B, T, D) with lengths.
     pub fn forward(&self, memory: &Tensor, mem_lens: &[usize], ys_in: &Tensor, ys_lens: &[usize]) -> Result<Tensor> {
-        if memory.rank() != 3 || ys_in.rank() != 2 || ys_in.dims()[0] != memory.dims()[0] || ys_lens.len() != ys_in.dims()[0] || mem_lens.len() != memory.dims()[0] {
+        if memory.rank() != 3
+            || ys_in.rank() != 2
+            || ys_in.dims()[0] != memory.dims()[0]
+            || ys_lens.len() != ys_in.dims()[0]
+            || mem_lens.len() != memory.dims()[0]
+        {
             return Err(Error::ShapeMismatch {
                 op: "TransformerDecoder",
                 expected: format!("tokens (B, L) and lengths for the {} sequences of memory {}", memory.dims()[0], memory.shape()),
@@ -153,8 +167,12 @@ impl Module for TransformerDecoder {
         "TransformerDecoder".into()
     }
     fn children(&self) -> Vec<(String, &dyn Module)> {
-        let mut v: Vec<(String, &dyn Module)> =
-            vec![("embed.0".into(), &self.embed), ("embed.1".into(), &self.pos_enc), ("after_norm".into(), &self.after_norm), ("output_layer".into(), &self.output_layer)];
+        let mut v: Vec<(String, &dyn Module)> = vec![
+            ("embed.0".into(), &self.embed),
+            ("embed.1".into(), &self.pos_enc),
+            ("after_norm".into(), &self.after_norm),
+            ("output_layer".into(), &self.output_layer),
+        ];
         for (i, l) in self.decoders.iter().enumerate() {
             v.push((format!("decoders.{i}"), l));
         }
@@ -198,7 +216,14 @@ impl Decoder {
 
     /// Left-to-right logits, and right-to-left logits for `r_ys_in` when
     /// given and this is a bidirectional decoder.
-    pub fn forward(&self, memory: &Tensor, mem_lens: &[usize], ys_in: &Tensor, ys_lens: &[usize], r_ys_in: Option<&Tensor>) -> Result<(Tensor, Option<Tensor>)> {
+    pub fn forward(
+        &self,
+        memory: &Tensor,
+        mem_lens: &[usize],
+        ys_in: &Tensor,
+        ys_lens: &[usize],
+        r_ys_in: Option<&Tensor>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         match self {
             Decoder::Transformer(d) => Ok((d.forward(memory, mem_lens, ys_in, ys_lens)?, None)),
             Decoder::Bi { left_decoder, right_decoder } => {

@@ -102,7 +102,11 @@ impl Encoder {
     /// feats (B, T, F) with lengths → (encoder output (B, T', D), output lengths).
     pub fn forward(&self, feats: &Tensor, lens: &[usize]) -> Result<(Tensor, Vec<usize>)> {
         if feats.rank() != 3 || feats.dims()[0] != lens.len() {
-            return Err(Error::ShapeMismatch { op: "Encoder", expected: format!("feats (B, T, F) for {} lengths", lens.len()), got: format!("{}", feats.shape()) });
+            return Err(Error::ShapeMismatch {
+                op: "Encoder",
+                expected: format!("feats (B, T, F) for {} lengths", lens.len()),
+                got: format!("{}", feats.shape()),
+            });
         }
         if let Some(&l) = lens.iter().find(|&&l| l > feats.dims()[1]) {
             return Err(Error::invalid("Encoder", format!("a length of {l} exceeds the {} frames of the batch", feats.dims()[1])));

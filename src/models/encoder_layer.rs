@@ -115,7 +115,11 @@ impl EncoderLayer {
 
 impl Module for EncoderLayer {
     fn describe(&self) -> String {
-        if self.transformer_names { "TransformerEncoderLayer".into() } else { "ConformerEncoderLayer".into() }
+        if self.transformer_names {
+            "TransformerEncoderLayer".into()
+        } else {
+            "ConformerEncoderLayer".into()
+        }
     }
     fn children(&self) -> Vec<(String, &dyn Module)> {
         let mut v: Vec<(String, &dyn Module)> = vec![("self_attn".into(), self.self_attn.module()), ("feed_forward".into(), &self.feed_forward)];

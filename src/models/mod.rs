@@ -21,10 +21,10 @@ pub mod subsampling;
 pub mod summary;
 mod yaml;
 
-pub use cmvn::GlobalCmvn;
-pub use encoder::Encoder;
 pub use asr_model::{AsrModel, LossDict};
+pub use checkpoint::{load_checkpoint, load_prefixes, save_checkpoint, LoadReport};
+pub use cmvn::GlobalCmvn;
 pub use config::ModelConfig;
 pub use ctc::Ctc;
 pub use decoder::{Decoder, TransformerDecoder};
-pub use checkpoint::{load_checkpoint, load_prefixes, save_checkpoint, LoadReport};
+pub use encoder::Encoder;

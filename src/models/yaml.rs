@@ -105,7 +105,9 @@ impl<'a> Section<'a> {
     pub fn usize_or(&mut self, key: &str, default: usize) -> Result<usize> {
         match self.raw(key) {
             None => Ok(default),
-            Some(v) => v.as_u64().map(|n| n as usize).ok_or_else(|| Error::config(self.key(key), format!("expected a non-negative integer, found {}", describe(v)))),
+            Some(v) => {
+                v.as_u64().map(|n| n as usize).ok_or_else(|| Error::config(self.key(key), format!("expected a non-negative integer, found {}", describe(v))))
+            }
         }
     }
 
@@ -113,7 +115,9 @@ impl<'a> Section<'a> {
     pub fn usize_req(&mut self, key: &str) -> Result<usize> {
         match self.raw(key) {
             None => Err(Error::config(self.key(key), "missing (expected a non-negative integer)")),
-            Some(v) => v.as_u64().map(|n| n as usize).ok_or_else(|| Error::config(self.key(key), format!("expected a non-negative integer, found {}", describe(v)))),
+            Some(v) => {
+                v.as_u64().map(|n| n as usize).ok_or_else(|| Error::config(self.key(key), format!("expected a non-negative integer, found {}", describe(v))))
+            }
         }
     }
 

@@ -187,8 +187,8 @@ impl RelPositionMultiHeadedAttention {
         let b = q.dims()[0];
         let p = self.linear_pos.forward(pos_emb)?;
         let p = MultiHeadedAttention::heads_first(&a.split(&p)?)?; // (1, H, T2, d_k)
-        // The matmul batches over equal batch dims only, so the one table is
-        // repeated per sequence; its gradient is summed back by `cat`.
+                                                                   // The matmul batches over equal batch dims only, so the one table is
+                                                                   // repeated per sequence; its gradient is summed back by `cat`.
         let p = if p.dims()[0] == b {
             p
         } else if p.dims()[0] == 1 {

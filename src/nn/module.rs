@@ -62,11 +62,7 @@ pub trait Module {
 
     /// Every tensor of the tree under `prefix`, own tensors before children's.
     fn state_dict_with_prefix(&self, prefix: &str) -> Vec<NamedTensor> {
-        let mut out: Vec<NamedTensor> = self
-            .own_tensors()
-            .into_iter()
-            .map(|(n, tensor, kind)| NamedTensor { name: join(prefix, n), tensor, kind })
-            .collect();
+        let mut out: Vec<NamedTensor> = self.own_tensors().into_iter().map(|(n, tensor, kind)| NamedTensor { name: join(prefix, n), tensor, kind }).collect();
         for (name, child) in self.children() {
             out.extend(child.state_dict_with_prefix(&join(prefix, &name)));
         }

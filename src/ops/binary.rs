@@ -30,14 +30,10 @@ fn binary(op: Binary, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let (ga, gb) = match op {
             Binary::Add => (needs[0].then(|| g.clone()), needs[1].then(|| g.clone())),
             Binary::Sub => (needs[0].then(|| g.clone()), if needs[1] { Some(super::neg(g)?) } else { None }),
-            Binary::Mul => (
-                if needs[0] { Some(mul(g, &bd)?) } else { None },
-                if needs[1] { Some(mul(g, &ad)?) } else { None },
-            ),
-            Binary::Div => (
-                if needs[0] { Some(div(g, &bd)?) } else { None },
-                if needs[1] { Some(super::neg(&div(&mul(g, &ad)?, &mul(&bd, &bd)?)?)?) } else { None },
-            ),
+            Binary::Mul => (if needs[0] { Some(mul(g, &bd)?) } else { None }, if needs[1] { Some(mul(g, &ad)?) } else { None }),
+            Binary::Div => {
+                (if needs[0] { Some(div(g, &bd)?) } else { None }, if needs[1] { Some(super::neg(&div(&mul(g, &ad)?, &mul(&bd, &bd)?)?)?) } else { None })
+            }
         };
         Ok(vec![ga.map(|g| sum_to_shape(&g, &sa)).transpose()?, gb.map(|g| sum_to_shape(&g, &sb)).transpose()?])
     }))

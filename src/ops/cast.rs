@@ -2,8 +2,8 @@
 //! back), so a layer can run one step (softmax) in f32 on half inputs.
 
 use super::out_storage;
-use crate::backend::{cuda, Storage};
 use crate::autograd::record;
+use crate::backend::{cuda, Storage};
 use crate::error::Result;
 use crate::tensor::{DType, Tensor};
 

@@ -93,7 +93,11 @@ pub fn conv2d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, stride: usize, padd
     same_kind("conv2d", x, w)?;
     let (xd, wd) = (x.dims(), w.dims());
     if xd[1] != wd[1] {
-        return Err(Error::ShapeMismatch { op: "conv2d", expected: format!("{} input channels as the weight {}", wd[1], w.shape()), got: format!("input {}", x.shape()) });
+        return Err(Error::ShapeMismatch {
+            op: "conv2d",
+            expected: format!("{} input channels as the weight {}", wd[1], w.shape()),
+            got: format!("input {}", x.shape()),
+        });
     }
     if stride == 0 {
         return Err(Error::invalid("conv2d", "stride must be at least 1, got 0"));

@@ -25,7 +25,11 @@ fn t(s: Storage, shape: impl Into<Shape>) -> Tensor {
 }
 
 /// Runs the CPU or the GPU form of a one-operand kernel on `x`'s storage.
-fn on(x: &Tensor, c: impl FnOnce(&crate::backend::cpu::CpuStorage) -> Result<crate::backend::cpu::CpuStorage>, g: impl FnOnce(&crate::backend::cuda::CudaStorage) -> Result<crate::backend::cuda::CudaStorage>) -> Result<Storage> {
+fn on(
+    x: &Tensor,
+    c: impl FnOnce(&crate::backend::cpu::CpuStorage) -> Result<crate::backend::cpu::CpuStorage>,
+    g: impl FnOnce(&crate::backend::cuda::CudaStorage) -> Result<crate::backend::cuda::CudaStorage>,
+) -> Result<Storage> {
     Ok(match &*x.storage() {
         Storage::Cpu(s) => Storage::Cpu(c(s)?),
         Storage::Cuda(s) => Storage::Cuda(g(s)?),
@@ -51,7 +55,11 @@ pub fn index_select(x: &Tensor, dim: isize, idx: &Tensor) -> Result<Tensor> {
 pub fn gather(x: &Tensor, dim: isize, index: &Tensor) -> Result<Tensor> {
     let d = x.shape().dim("gather", dim)?;
     if index.rank() != x.rank() || index.dims().iter().zip(x.dims()).enumerate().any(|(j, (a, b))| j != d && a > b) {
-        return Err(Error::ShapeMismatch { op: "gather", expected: format!("an index of rank {} no larger than {} off dim {dim}", x.rank(), x.shape()), got: format!("{}", index.shape()) });
+        return Err(Error::ShapeMismatch {
+            op: "gather",
+            expected: format!("an index of rank {} no larger than {} off dim {dim}", x.rank(), x.shape()),
+            got: format!("{}", index.shape()),
+        });
     }
     let ids = i64s("gather", index)?;
     let (xd, id) = (x.dims().to_vec(), index.dims().to_vec());

@@ -11,7 +11,12 @@ use crate::error::{Error, Result};
 use crate::tensor::{Shape, Tensor};
 
 /// The copy kernel's output on the input's device, as a fresh tensor.
-fn copy(x: &Tensor, shape: Vec<usize>, c: impl FnOnce(&crate::backend::cpu::CpuStorage) -> Result<crate::backend::cpu::CpuStorage>, g: impl FnOnce(&crate::backend::cuda::CudaStorage) -> Result<crate::backend::cuda::CudaStorage>) -> Result<Tensor> {
+fn copy(
+    x: &Tensor,
+    shape: Vec<usize>,
+    c: impl FnOnce(&crate::backend::cpu::CpuStorage) -> Result<crate::backend::cpu::CpuStorage>,
+    g: impl FnOnce(&crate::backend::cuda::CudaStorage) -> Result<crate::backend::cuda::CudaStorage>,
+) -> Result<Tensor> {
     let s = match &*x.storage() {
         Storage::Cpu(s) => Storage::Cpu(c(s)?),
         Storage::Cuda(s) => Storage::Cuda(g(s)?),
@@ -126,7 +131,11 @@ pub fn cat(xs: &[&Tensor], dim: isize) -> Result<Tensor> {
         super::same_kind("cat", first, t)?;
         let ok = t.rank() == first.rank() && t.dims().iter().zip(first.dims()).enumerate().all(|(j, (a, b))| j == d || a == b);
         if !ok {
-            return Err(Error::ShapeMismatch { op: "cat", expected: format!("shapes like {} except at dim {dim}", first.shape()), got: format!("{}", t.shape()) });
+            return Err(Error::ShapeMismatch {
+                op: "cat",
+                expected: format!("shapes like {} except at dim {dim}", first.shape()),
+                got: format!("{}", t.shape()),
+            });
         }
     }
     let (o, _, i) = first.shape().split_at_dim(d);

@@ -7,9 +7,9 @@
 //! a shared operand.
 
 use super::{mixed, out_storage, same_kind};
-use crate::backend::{cuda, Storage};
 use crate::autograd::record;
 use crate::backend::cpu::matmul::{self as k, MatmulDims};
+use crate::backend::{cuda, Storage};
 use crate::error::{Error, Result};
 use crate::tensor::{Shape, Tensor};
 
@@ -119,7 +119,11 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     if let Some(b) = bias {
         if w.rank() != 2 || b.dims() != [w.dims()[0]] {
-            return Err(Error::ShapeMismatch { op: "linear", expected: format!("w of rank 2 and bias of shape [{}]", w.dims().first().copied().unwrap_or(0)), got: format!("w {}, bias {}", w.shape(), b.shape()) });
+            return Err(Error::ShapeMismatch {
+                op: "linear",
+                expected: format!("w of rank 2 and bias of shape [{}]", w.dims().first().copied().unwrap_or(0)),
+                got: format!("w {}, bias {}", w.shape(), b.shape()),
+            });
         }
         same_kind("linear", x, b)?;
         // Under autocast the product runs in half precision through matmul_t.

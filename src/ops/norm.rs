@@ -128,7 +128,8 @@ fn bn_backward(x: &Tensor, w: &Tensor, mean: &Tensor, rstd: &Tensor, g: &Tensor,
             (Storage::Cpu(gx), Storage::Cpu(gw), Storage::Cpu(gb))
         }
         Storage::Cuda(s) => {
-            let (gx, gw, gb) = gpu::batch_norm_backward(s, as_gpu(op, &wg, s)?, as_gpu(op, &mg, s)?, as_gpu(op, &rg, s)?, as_gpu(op, &gg, s)?, bs, c, tt, train)?;
+            let (gx, gw, gb) =
+                gpu::batch_norm_backward(s, as_gpu(op, &wg, s)?, as_gpu(op, &mg, s)?, as_gpu(op, &rg, s)?, as_gpu(op, &gg, s)?, bs, c, tt, train)?;
             (Storage::Cuda(gx), Storage::Cuda(gw), Storage::Cuda(gb))
         }
     })

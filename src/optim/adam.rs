@@ -68,7 +68,10 @@ impl Adam {
                     self.v[i].with_storage_mut(|vs| match (ps, &*gs, ms, vs) {
                         (Storage::Cpu(ps), Storage::Cpu(gs), Storage::Cpu(ms), Storage::Cpu(vs)) => k::adam(ps, gs, ms, vs, &h),
                         (Storage::Cuda(ps), Storage::Cuda(gs), Storage::Cuda(ms), Storage::Cuda(vs)) => crate::backend::cuda::optim::adam(ps, gs, ms, vs, &h),
-                        _ => Err(Error::invalid("adam", format!("expected the parameter, its gradient and moments on one device, found the gradient on {gdev:?}"))),
+                        _ => Err(Error::invalid(
+                            "adam",
+                            format!("expected the parameter, its gradient and moments on one device, found the gradient on {gdev:?}"),
+                        )),
                     })
                 })
             })

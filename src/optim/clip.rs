@@ -2,8 +2,8 @@
 //! norm over every gradient, accumulated in f64 in parameter order (the same
 //! on every run); gradients scaled by max_norm/(norm + 1e-6) when above it.
 
-use crate::error::Result;
 use crate::backend::Storage;
+use crate::error::Result;
 use crate::tensor::{Device, Tensor};
 
 /// The global L2 norm of the parameters' gradients (0 when none has one).

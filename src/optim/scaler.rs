@@ -32,7 +32,15 @@ pub struct ScalerConfig {
 
 impl Default for ScalerConfig {
     fn default() -> Self {
-        ScalerConfig { init_scale: 65536.0, growth_factor: 2.0, backoff_factor: 0.5, growth_interval: 2000, hysteresis: 1, consecutive_hysteresis: false, min_scale: 0.0 }
+        ScalerConfig {
+            init_scale: 65536.0,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 2000,
+            hysteresis: 1,
+            consecutive_hysteresis: false,
+            min_scale: 0.0,
+        }
     }
 }
 

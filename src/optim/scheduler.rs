@@ -38,7 +38,11 @@ impl Scheduler for WarmupLR {
             return (self.base_lr * n.powf(-0.5)).max(self.min_lr);
         }
         let lr = self.base_lr * w.sqrt() * n.powf(-0.5).min(n * w.powf(-1.5));
-        if n < w { lr } else { lr.max(self.min_lr) }
+        if n < w {
+            lr
+        } else {
+            lr.max(self.min_lr)
+        }
     }
     fn step(&mut self) {
         self.steps += 1;
@@ -67,7 +71,16 @@ pub struct NoamHoldAnnealing {
 impl NoamHoldAnnealing {
     /// From WeNet's scheduler_conf: warmup and hold given as steps or as ratios of `max_steps`.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(base_lr: f64, max_steps: u64, warmup_steps: Option<u64>, warmup_ratio: f64, hold_steps: Option<u64>, hold_ratio: f64, decay_rate: f64, min_lr: f64) -> Self {
+    pub fn new(
+        base_lr: f64,
+        max_steps: u64,
+        warmup_steps: Option<u64>,
+        warmup_ratio: f64,
+        hold_steps: Option<u64>,
+        hold_ratio: f64,
+        decay_rate: f64,
+        min_lr: f64,
+    ) -> Self {
         let warmup = warmup_steps.unwrap_or((warmup_ratio * max_steps as f64) as u64);
         let hold = hold_steps.unwrap_or((hold_ratio * max_steps as f64) as u64);
         NoamHoldAnnealing { base_lr, max_steps, warmup_steps: warmup, hold_until: warmup + hold, decay_rate, min_lr, steps: 0 }

@@ -123,14 +123,7 @@ impl Tensor {
 
     fn view(cell: Arc<Cell>, shape: Shape, tracked: bool, leaf: bool) -> Tensor {
         let dtype = cell.storage.read().unwrap_or_else(|e| e.into_inner()).dtype();
-        Tensor(Arc::new(Inner {
-            id: TensorId::fresh(),
-            cell,
-            shape,
-            dtype,
-            tracked,
-            grad: if leaf { Some(Mutex::new(None)) } else { None },
-        }))
+        Tensor(Arc::new(Inner { id: TensorId::fresh(), cell, shape, dtype, tracked, grad: if leaf { Some(Mutex::new(None)) } else { None } }))
     }
 
     /// A tensor over CPU storage; the element count must match the shape.

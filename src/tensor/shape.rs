@@ -85,7 +85,11 @@ impl Shape {
                     0
                 } else {
                     let j = i + self.rank() - r;
-                    if self.0[j] == 1 && target.0[i] != 1 { 0 } else { own[j] }
+                    if self.0[j] == 1 && target.0[i] != 1 {
+                        0
+                    } else {
+                        own[j]
+                    }
                 }
             })
             .collect()

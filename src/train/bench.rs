@@ -5,7 +5,9 @@
 //! last step's loss, frames per second and peak memory. It is how the GPU
 //! check compares f32, fp16-AMP and bf16 training with the CPU.
 
-use super::{amp_dtype, init_device, init_optimizer_and_scheduler, parse_train_config, read_config, DistInfo, Executor, Position, Resume, SingleProcess, TrainArgs};
+use super::{
+    amp_dtype, init_device, init_optimizer_and_scheduler, parse_train_config, read_config, DistInfo, Executor, Position, Resume, SingleProcess, TrainArgs,
+};
 use crate::autograd::no_grad;
 use crate::data::batch::IGNORE_ID;
 use crate::data::Batch;
@@ -93,7 +95,10 @@ impl BenchReport {
 /// it, and random tokens (never blank, unk or sos/eos) about one per 40 frames.
 pub fn synthetic_batch(batch_size: usize, frames: usize, input_dim: usize, vocab: usize, seed: u64) -> Result<Batch> {
     if batch_size == 0 || frames < 16 || vocab < 4 {
-        return Err(Error::invalid("bench-train", format!("expected batch_size >= 1, frames >= 16 and a vocabulary of >= 4, found {batch_size}, {frames} and {vocab}")));
+        return Err(Error::invalid(
+            "bench-train",
+            format!("expected batch_size >= 1, frames >= 16 and a vocabulary of >= 4, found {batch_size}, {frames} and {vocab}"),
+        ));
     }
     let mut rng = Rng::new(seed);
     let lens: Vec<usize> = (0..batch_size).map(|i| frames - (frames / 4) * i / batch_size.max(2).saturating_sub(1).max(1)).collect();
@@ -135,7 +140,9 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
     let batch = synthetic_batch(a.batch_size, a.frames, mcfg.input_dim, mcfg.output_dim, a.seed + 1)?.to_device(&device)?;
     crate::tensor::rng::manual_seed(a.seed);
     model.train(false);
-    let init_loss = no_grad(|| crate::ops::autocast(autocast, || model.forward(&batch.feats, &batch.feats_lengths, &batch.target, &batch.target_lengths)))?.loss.to_scalar()?;
+    let init_loss = no_grad(|| crate::ops::autocast(autocast, || model.forward(&batch.feats, &batch.feats_lengths, &batch.target, &batch.target_lengths)))?
+        .loss
+        .to_scalar()?;
     model.train(true);
     let params = model.named_parameters();
     let optim = init_optimizer_and_scheduler(&cfg, &Resume::default())?;

@@ -200,7 +200,9 @@ pub fn load_state(path: &Path) -> Result<TrainState> {
             None => Vec::new(),
             Some(_) => {
                 let n: usize = get(&m, "rank_rngs", &p)?;
-                (0..n).map(|r| Ok(Rng { seed: get(&m, &format!("rng_seed.rank{r}"), &p)?, offset: get(&m, &format!("rng_offset.rank{r}"), &p)? })).collect::<Result<_>>()?
+                (0..n)
+                    .map(|r| Ok(Rng { seed: get(&m, &format!("rng_seed.rank{r}"), &p)?, offset: get(&m, &format!("rng_offset.rank{r}"), &p)? }))
+                    .collect::<Result<_>>()?
             }
         },
     })

@@ -56,7 +56,8 @@ pub fn read_config(path: &Path, overrides: &[String]) -> Result<Value> {
 
 /// Reads the training keys of a (resolved) config.
 pub fn parse_train_config(root: &Value) -> Result<TrainConfig> {
-    let data: DataConfig = serde_yaml_ng::from_value(root.clone()).map_err(|e| Error::ConfigFile { path: "train.yaml".into(), msg: format!("dataset_conf / tokenizer_conf: {e}") })?;
+    let data: DataConfig = serde_yaml_ng::from_value(root.clone())
+        .map_err(|e| Error::ConfigFile { path: "train.yaml".into(), msg: format!("dataset_conf / tokenizer_conf: {e}") })?;
     data.dataset_conf.validate("train.yaml")?;
     let accum_grad = count(root, "accum_grad", 1)? as usize;
     if accum_grad == 0 {

@@ -18,7 +18,10 @@ pub fn is_deepspeed(args: &TrainArgs) -> bool {
 
 /// Reads and parses `--deepspeed_config`, with its warnings.
 pub fn read_deepspeed_config(args: &TrainArgs) -> Result<(DeepSpeedConfig, Vec<String>)> {
-    let path = args.deepspeed_config.as_ref().ok_or_else(|| Error::config("--deepspeed_config", "--train_engine deepspeed needs a DeepSpeed JSON config, found none"))?;
+    let path = args
+        .deepspeed_config
+        .as_ref()
+        .ok_or_else(|| Error::config("--deepspeed_config", "--train_engine deepspeed needs a DeepSpeed JSON config, found none"))?;
     let p = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: p.clone(), source })?;
     parse_deepspeed_config(&text, &p)
@@ -46,7 +49,10 @@ pub fn check_deepspeed_config(args: &TrainArgs, cfg: &TrainConfig, dist: &DistIn
     }
     let (ds, warnings) = read_deepspeed_config(args)?;
     saves_optimizer_state(args)?;
-    ds.check_against(&TrainYamlKeys { accum_grad: cfg.accum_grad, grad_clip: cfg.grad_clip, log_interval: cfg.log_interval }, &args.config.display().to_string())?;
+    ds.check_against(
+        &TrainYamlKeys { accum_grad: cfg.accum_grad, grad_clip: cfg.grad_clip, log_interval: cfg.log_interval },
+        &args.config.display().to_string(),
+    )?;
     if dist.is_main() {
         warnings.iter().for_each(|w| eprintln!("warning: {w}"));
         if args.use_amp {
@@ -64,13 +70,22 @@ pub fn deepspeed_engine(model: &AsrModel, args: &TrainArgs, dist: &mut Distribut
     let (ds, _) = read_deepspeed_config(args)?;
     let opts = ds.zero_options();
     if opts.stage == 0 {
-        return Err(Error::ConfigFile { path: ds.path.clone(), msg: "zero_optimization.stage 0 (no ZeRO) is plain data parallelism: use --train_engine torch_ddp, or stage 1 or 2".into() });
+        return Err(Error::ConfigFile {
+            path: ds.path.clone(),
+            msg: "zero_optimization.stage 0 (no ZeRO) is plain data parallelism: use --train_engine torch_ddp, or stage 1 or 2".into(),
+        });
     }
     let adam = ds.adam_config(adam);
     Ok(match dist.comm.take() {
         Some(comm) => Box::new(ZeroEngine::new(model.named_parameters(), comm, opts, adam)?),
         None if dist.info.world_size == 1 => Box::new(ZeroEngine::single(model.named_parameters(), opts, adam)?),
-        None => return Err(Error::dist("wrap_model", dist.info.rank, format!("deepspeed over {} processes needs the communicator init_distributed opens (was it taken already?)", dist.info.world_size))),
+        None => {
+            return Err(Error::dist(
+                "wrap_model",
+                dist.info.rank,
+                format!("deepspeed over {} processes needs the communicator init_distributed opens (was it taken already?)", dist.info.world_size),
+            ))
+        }
     })
 }
 

@@ -145,7 +145,10 @@ fn open_mpi(get: Get) -> Result<DistInfo> {
     let world_size: usize = required(get, "OMPI_COMM_WORLD_SIZE", "the number of processes")?;
     let local_world_size = var(get, "OMPI_COMM_WORLD_LOCAL_SIZE", world_size)?;
     let master_addr = get("MASTER_ADDR").ok_or_else(|| {
-        Error::config("MASTER_ADDR", "expected the rendezvous host (the host of rank 0) when started by Open MPI's mpirun, found it unset; pass it with `mpirun -x MASTER_ADDR=<host>`")
+        Error::config(
+            "MASTER_ADDR",
+            "expected the rendezvous host (the host of rank 0) when started by Open MPI's mpirun, found it unset; pass it with `mpirun -x MASTER_ADDR=<host>`",
+        )
     })?;
     Ok(DistInfo {
         world_size,

@@ -7,13 +7,13 @@
 //! (rank 0 only; every rank waits at a barrier after a save).
 
 use super::checkpoint::{checkpoint_path, save_model, save_optimizer_shard, Position, TrainState};
-use crate::engine::Engine;
 use super::setup::Optim;
 use super::TrainConfig;
 use crate::autograd;
 use crate::data::loader::DataLoader;
 use crate::data::Batch;
 use crate::dist::JoinGroup;
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::models::AsrModel;
 use crate::nn::Module;
@@ -112,14 +112,44 @@ pub struct Executor {
 
 fn mean(xs: impl Iterator<Item = Option<f64>>) -> Option<f64> {
     let v: Vec<f64> = xs.flatten().collect();
-    if v.is_empty() { None } else { Some(v.iter().sum::<f64>() / v.len() as f64) }
+    if v.is_empty() {
+        None
+    } else {
+        Some(v.iter().sum::<f64>() / v.len() as f64)
+    }
 }
 
 impl Executor {
     /// An executor continuing from `position`.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(model: AsrModel, engine: Box<dyn Engine>, optim: Optim, scaler: Option<GradScaler>, writer: Option<SummaryWriter>, cfg: TrainConfig, model_dir: PathBuf, position: Position) -> Self {
-        Executor { model, engine, optim, scaler, writer, cfg, model_dir, position, skipped_steps: 0, history: Vec::new(), join: None, save_optimizer_state: true, pending: Vec::new(), last_batch: None, device: Device::Cpu, autocast: None }
+    pub fn new(
+        model: AsrModel,
+        engine: Box<dyn Engine>,
+        optim: Optim,
+        scaler: Option<GradScaler>,
+        writer: Option<SummaryWriter>,
+        cfg: TrainConfig,
+        model_dir: PathBuf,
+        position: Position,
+    ) -> Self {
+        Executor {
+            model,
+            engine,
+            optim,
+            scaler,
+            writer,
+            cfg,
+            model_dir,
+            position,
+            skipped_steps: 0,
+            history: Vec::new(),
+            join: None,
+            save_optimizer_state: true,
+            pending: Vec::new(),
+            last_batch: None,
+            device: Device::Cpu,
+            autocast: None,
+        }
     }
 
     /// The executor with the job's join group (none on one process).
@@ -153,7 +183,14 @@ impl Executor {
         let sync = self.pending.len() + 1 >= self.cfg.accum_grad;
         self.engine.backward(&loss, sync)?;
         let value = |t: &Option<crate::tensor::Tensor>| t.as_ref().map(|t| t.to_scalar()).transpose();
-        let bl = BatchLoss { loss: out.loss.to_scalar()?, loss_ctc: value(&out.loss_ctc)?, loss_att: value(&out.loss_att)?, acc: out.th_accuracy, utts: b.len(), frames: b.feats_lengths.iter().sum() };
+        let bl = BatchLoss {
+            loss: out.loss.to_scalar()?,
+            loss_ctc: value(&out.loss_ctc)?,
+            loss_att: value(&out.loss_att)?,
+            acc: out.th_accuracy,
+            utts: b.len(),
+            frames: b.feats_lengths.iter().sum(),
+        };
         self.pending.push(bl);
         self.last_batch = Some(bl);
         Ok(bl)
@@ -305,7 +342,11 @@ impl Executor {
                 }
                 Err(e) if self.engine.world_size() > 1 => {
                     // The other ranks are already in this batch's collectives: skipping it here would desynchronise them.
-                    return Err(Error::dist("train_batch", self.engine.rank(), format!("epoch {epoch} batch {}: {e} (a failed batch ends a distributed run)", it.position())));
+                    return Err(Error::dist(
+                        "train_batch",
+                        self.engine.rank(),
+                        format!("epoch {epoch} batch {}: {e} (a failed batch ends a distributed run)", it.position()),
+                    ));
                 }
                 Err(e) => {
                     eprintln!("warning: epoch {epoch} batch {}: skipped, {e}", it.position());
@@ -351,7 +392,11 @@ impl Executor {
         }
         let secs = start.elapsed().as_secs_f64().max(1e-9);
         if self.is_main() {
-            eprintln!("epoch {epoch}: trained {ok} batches ({failed} failed, {} steps skipped so far) in {secs:.1} s, {:.0} frames/s", self.skipped_steps, frames as f64 / secs);
+            eprintln!(
+                "epoch {epoch}: trained {ok} batches ({failed} failed, {} steps skipped so far) in {secs:.1} s, {:.0} frames/s",
+                self.skipped_steps,
+                frames as f64 / secs
+            );
         }
         Ok(())
     }
@@ -387,7 +432,13 @@ impl Executor {
             return Err(Error::Msg("cv: the cv data produced no batch".into()));
         }
         let n = sums[4];
-        let r = CvResult { loss: sums[0] / n, loss_ctc: (sums[5] > 0.0).then_some(sums[1] / n), loss_att: (sums[6] > 0.0).then_some(sums[2] / n), acc: (sums[7] > 0.0).then_some(sums[3] / n), utts };
+        let r = CvResult {
+            loss: sums[0] / n,
+            loss_ctc: (sums[5] > 0.0).then_some(sums[1] / n),
+            loss_att: (sums[6] > 0.0).then_some(sums[2] / n),
+            acc: (sums[7] > 0.0).then_some(sums[3] / n),
+            utts,
+        };
         if let Some(w) = self.writer.as_mut() {
             let e = self.position.epoch as i64;
             w.add_scalar("cv/loss", r.loss as f32, e)?;

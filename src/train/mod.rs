@@ -1,8 +1,8 @@
 //! The training pipeline's steps and the services they use (logging, checkpoints, config).
 
 pub mod args;
-pub mod checkpoint;
 pub mod bench;
+pub mod checkpoint;
 pub mod config;
 pub mod deepspeed;
 pub mod device;
@@ -13,13 +13,13 @@ pub mod setup;
 pub mod tensorboard;
 pub mod wrap;
 
+pub use crate::engine::{Engine, SingleProcess};
 pub use args::TrainArgs;
 pub use checkpoint::{save_model, Position, TrainState};
 pub use config::{check_modify_and_save_config, parse_train_config, read_config, TrainConfig};
-pub use crate::engine::{Engine, SingleProcess};
-pub use dist::{init_distributed, DistInfo, Distributed};
 pub use device::{amp_dtype, init_device};
+pub use dist::{init_distributed, DistInfo, Distributed};
 pub use executor::{BatchLoss, CvResult, Executor, StepReport};
 pub use run::run_train;
-pub use wrap::wrap_model;
 pub use setup::{init_dataset_and_dataloader, init_model, init_optimizer_and_scheduler, init_scaler, init_summary_writer, print_model, Optim, Resume};
+pub use wrap::wrap_model;

@@ -33,7 +33,15 @@ pub struct Optim {
 pub fn init_dataset_and_dataloader(args: &TrainArgs, cfg: &TrainConfig, dist: &DistInfo) -> Result<(DataLoader, DataLoader)> {
     let format = ListFormat::parse(&args.data_type)?;
     let tok = Arc::new(Tokenizer::from_conf(cfg.data.tokenizer.as_deref(), &cfg.data.tokenizer_conf, args.symbol_table.as_deref())?);
-    let base = LoaderConf { num_workers: args.num_workers, prefetch: args.prefetch, seed: args.seed, rank: dist.rank, world_size: dist.world_size, partition: true, log: dist.is_main() };
+    let base = LoaderConf {
+        num_workers: args.num_workers,
+        prefetch: args.prefetch,
+        seed: args.seed,
+        rank: dist.rank,
+        world_size: dist.world_size,
+        partition: true,
+        log: dist.is_main(),
+    };
     let train_conf = &cfg.data.dataset_conf;
     let train = DataLoader::new(DataList::read(&args.train_data, format)?, Processor::new(train_conf, Some(tok.clone()))?, base.clone())?;
     let cv = DataLoader::new(DataList::read(&args.cv_data, format)?, Processor::new(&train_conf.for_cv(), Some(tok))?, base)?;
@@ -110,7 +118,9 @@ pub fn init_summary_writer(args: &TrainArgs, dist: &DistInfo) -> Result<Option<S
 
 fn conf_f64(conf: Option<&Value>, section: &str, key: &str, default: Option<f64>) -> Result<f64> {
     match conf.and_then(|c| c.get(key)) {
-        Some(v) => v.as_f64().ok_or_else(|| Error::config(format!("{section}.{key}"), format!("expected a number, found {}", crate::models::config::describe(v)))),
+        Some(v) => {
+            v.as_f64().ok_or_else(|| Error::config(format!("{section}.{key}"), format!("expected a number, found {}", crate::models::config::describe(v))))
+        }
         None => default.ok_or_else(|| Error::config(format!("{section}.{key}"), "missing")),
     }
 }
@@ -118,7 +128,10 @@ fn conf_f64(conf: Option<&Value>, section: &str, key: &str, default: Option<f64>
 fn conf_steps(conf: Option<&Value>, section: &str, key: &str) -> Result<Option<u64>> {
     match conf.and_then(|c| c.get(key)) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| Error::config(format!("{section}.{key}"), format!("expected a step count, found {}", crate::models::config::describe(v)))),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| Error::config(format!("{section}.{key}"), format!("expected a step count, found {}", crate::models::config::describe(v)))),
     }
 }
 
@@ -139,9 +152,15 @@ pub fn init_optimizer_and_scheduler(cfg: &TrainConfig, resume: &Resume) -> Resul
     let adam = AdamConfig { lr, weight_decay, decoupled, ..Default::default() };
     let sc = root.get("scheduler_conf");
     let mut scheduler: Box<dyn Scheduler> = match root.get("scheduler").and_then(Value::as_str).unwrap_or("warmuplr") {
-        "warmuplr" => Box::new(WarmupLR { base_lr: lr, warmup_steps: conf_f64(sc, "scheduler_conf", "warmup_steps", Some(25000.0))?, min_lr: conf_f64(sc, "scheduler_conf", "min_lr", Some(0.0))?, steps: 0 }),
+        "warmuplr" => Box::new(WarmupLR {
+            base_lr: lr,
+            warmup_steps: conf_f64(sc, "scheduler_conf", "warmup_steps", Some(25000.0))?,
+            min_lr: conf_f64(sc, "scheduler_conf", "min_lr", Some(0.0))?,
+            steps: 0,
+        }),
         "NoamHoldAnnealing" => {
-            let max_steps = conf_steps(sc, "scheduler_conf", "max_steps")?.ok_or_else(|| Error::config("scheduler_conf.max_steps", "missing (NoamHoldAnnealing needs it)"))?;
+            let max_steps = conf_steps(sc, "scheduler_conf", "max_steps")?
+                .ok_or_else(|| Error::config("scheduler_conf.max_steps", "missing (NoamHoldAnnealing needs it)"))?;
             Box::new(NoamHoldAnnealing::new(
                 lr,
                 max_steps,

@@ -95,13 +95,14 @@ fn now() -> f64 {
 /// The host name for the file name, from the kernel or the environment, else `localhost`.
 fn hostname() -> String {
     let from_file = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string());
-    let name = from_file("/proc/sys/kernel/hostname")
-        .or_else(|| from_file("/etc/hostname"))
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_default();
+    let name = from_file("/proc/sys/kernel/hostname").or_else(|| from_file("/etc/hostname")).or_else(|| std::env::var("HOSTNAME").ok()).unwrap_or_default();
     // Keep the name a single path component.
     let clean: String = name.chars().filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')).collect();
-    if clean.is_empty() { "localhost".to_string() } else { clean }
+    if clean.is_empty() {
+        "localhost".to_string()
+    } else {
+        clean
+    }
 }
 
 /// Writes scalar summaries to `events.out.tfevents.{unix_seconds}.{hostname}` in a directory.
@@ -146,9 +147,7 @@ impl SummaryWriter {
 
     fn write_event(&mut self, event: &[u8]) -> Result<()> {
         let rec = frame_record(event);
-        self.out
-            .write_all(&rec)
-            .map_err(|source| Error::Io { path: self.path.display().to_string(), source })
+        self.out.write_all(&rec).map_err(|source| Error::Io { path: self.path.display().to_string(), source })
     }
 
     /// Records `value` under `tag` at `step`, stamped with the current time.
@@ -194,9 +193,8 @@ impl<'a> Reader<'a> {
     }
 
     fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| {
-            format!("expected {n} more bytes, found {}", self.buf.len() - self.pos)
-        })?;
+        let end =
+            self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| format!("expected {n} more bytes, found {}", self.buf.len() - self.pos))?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -290,9 +288,7 @@ pub fn read_scalars(path: impl AsRef<Path>) -> Result<Vec<(String, i64, f32)>> {
         if stored != computed {
             return Err(corrupt(start, format!("length CRC expected {computed:#010x}, found {stored:#010x}")));
         }
-        let len = u64::from_le_bytes([
-            len_bytes[0], len_bytes[1], len_bytes[2], len_bytes[3], len_bytes[4], len_bytes[5], len_bytes[6], len_bytes[7],
-        ]);
+        let len = u64::from_le_bytes([len_bytes[0], len_bytes[1], len_bytes[2], len_bytes[3], len_bytes[4], len_bytes[5], len_bytes[6], len_bytes[7]]);
         pos += 12;
         let remaining = (bytes.len() - pos) as u64;
         if len.saturating_add(4) > remaining {

@@ -16,7 +16,13 @@ pub fn wrap_model(model: &AsrModel, args: &TrainArgs, dist: &mut Distributed, ad
     let mut engine: Box<dyn Engine> = match args.train_engine.as_str() {
         "torch_ddp" if world == 1 => Box::new(SingleProcess::new(model.named_parameters(), adam)?),
         "torch_ddp" => {
-            let comm = dist.comm.take().ok_or_else(|| Error::dist("wrap_model", dist.info.rank, format!("torch_ddp over {world} processes needs the communicator init_distributed opens (was it taken already?)")))?;
+            let comm = dist.comm.take().ok_or_else(|| {
+                Error::dist(
+                    "wrap_model",
+                    dist.info.rank,
+                    format!("torch_ddp over {world} processes needs the communicator init_distributed opens (was it taken already?)"),
+                )
+            })?;
             Box::new(Ddp::new(model.named_parameters(), &model.named_buffers(), adam, comm, DEFAULT_BUCKET_BYTES)?)
         }
         "deepspeed" => super::deepspeed::deepspeed_engine(model, args, dist, adam)?,

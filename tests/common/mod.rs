@@ -74,19 +74,31 @@ fn weighted(f: &OpFn, xs: &[Tensor], r: &[f64]) -> Result<Tensor> {
 }
 
 /// Output and input gradients of `f` on `dev` in `dtype` (grads only for `grad_mask` inputs).
-pub fn run_with_grads(f: &OpFn, vals: &[(Vec<f64>, Vec<usize>)], grad_mask: &[bool], r: &[f64], dtype: DType, dev: &Device) -> (Vec<f64>, Vec<Option<Vec<f64>>>) {
+pub fn run_with_grads(
+    f: &OpFn,
+    vals: &[(Vec<f64>, Vec<usize>)],
+    grad_mask: &[bool],
+    r: &[f64],
+    dtype: DType,
+    dev: &Device,
+) -> (Vec<f64>, Vec<Option<Vec<f64>>>) {
     let xs: Vec<Tensor> = vals
         .iter()
         .zip(grad_mask)
         .map(|((v, s), &g)| {
             let t = tensor(v, s, dtype, dev);
-            if g { t.requires_grad_() } else { t }
+            if g {
+                t.requires_grad_()
+            } else {
+                t
+            }
         })
         .collect();
     let out = autograd::no_grad(|| f(&xs)).expect("forward").to_f64_vec().expect("read output");
     let loss = weighted(f, &xs, r).expect("loss");
     autograd::backward(&loss).expect("backward");
-    let grads = xs.iter().zip(grad_mask).map(|(x, &g)| if g { Some(x.grad().expect("a gradient reached the input").to_f64_vec().unwrap()) } else { None }).collect();
+    let grads =
+        xs.iter().zip(grad_mask).map(|(x, &g)| if g { Some(x.grad().expect("a gradient reached the input").to_f64_vec().unwrap()) } else { None }).collect();
     assert_eq!(autograd::tape_len(), 0, "backward must empty the tape");
     (out, grads)
 }
@@ -139,7 +151,17 @@ pub fn check_grad(name: &str, f: &OpFn, vals: Vec<(Vec<f64>, Vec<usize>)>, grad_
 
 /// The op on `dev` in f32 against the CPU's f64 results.
 #[allow(clippy::too_many_arguments)]
-fn compare_device(name: &str, f: &OpFn, vals: &[(Vec<f64>, Vec<usize>)], mask: &[bool], r: &[f64], out: &[f64], grads: &[Option<Vec<f64>>], dev: &Device, seed: u64) {
+fn compare_device(
+    name: &str,
+    f: &OpFn,
+    vals: &[(Vec<f64>, Vec<usize>)],
+    mask: &[bool],
+    r: &[f64],
+    out: &[f64],
+    grads: &[Option<Vec<f64>>],
+    dev: &Device,
+    seed: u64,
+) {
     let (o, g) = run_with_grads(f, vals, mask, r, DType::F32, dev);
     assert_close(&format!("{name} on {dev:?} output"), &o, out, 1e-5, seed);
     for (a, b) in g.iter().zip(grads) {

@@ -23,18 +23,10 @@ pub fn write_wav_channels(path: &Path, samples: &[f32], sr: u32, bits: u16, chan
         channels,
         sample_rate: sr,
         bits_per_sample: if float { 32 } else { bits },
-        sample_format: if float {
-            hound::SampleFormat::Float
-        } else {
-            hound::SampleFormat::Int
-        },
+        sample_format: if float { hound::SampleFormat::Float } else { hound::SampleFormat::Int },
     };
     let mut w = hound::WavWriter::create(path, spec).expect("create wav");
-    let full = if float {
-        1.0
-    } else {
-        (1u64 << (bits - 1)) as f64
-    };
+    let full = if float { 1.0 } else { (1u64 << (bits - 1)) as f64 };
     for &s in samples {
         for c in 0..channels {
             let v = if c == 0 { s } else { -s };
@@ -52,21 +44,15 @@ pub fn write_wav_channels(path: &Path, samples: &[f32], sr: u32, bits: u16, chan
 /// A sine of `freq` Hz, `secs` long, amplitude `amp`.
 pub fn sine(freq: f64, sr: u32, secs: f64, amp: f64) -> Vec<f32> {
     let n = (secs * sr as f64).round() as usize;
-    (0..n)
-        .map(|i| (amp * (2.0 * std::f64::consts::PI * freq * i as f64 / sr as f64).sin()) as f32)
-        .collect()
+    (0..n).map(|i| (amp * (2.0 * std::f64::consts::PI * freq * i as f64 / sr as f64).sin()) as f32).collect()
 }
 
 /// Deterministic uniform noise in [-amp, amp) from a 64-bit LCG.
 pub fn noise(n: usize, amp: f32, seed: u64) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * amp
         })
         .collect()
@@ -91,11 +77,7 @@ pub fn make_corpus(dir: &Path, n: usize, sr: u32) -> Vec<String> {
             let path = dir.join(format!("{key}.wav"));
             write_wav(&path, &x, sr, 16);
             let txt: Vec<&str> = (0..1 + i % 5).map(|k| letters[(i + k) % 5]).collect();
-            format!(
-                r#"{{"key": "{key}", "wav": "{}", "txt": "{}"}}"#,
-                path.display(),
-                txt.join(" ")
-            )
+            format!(r#"{{"key": "{key}", "wav": "{}", "txt": "{}"}}"#, path.display(), txt.join(" "))
         })
         .collect()
 }

@@ -105,7 +105,12 @@ pub fn spawn(test_name: &str, world_size: usize, extra: &[(&str, String)], per_r
 
 /// Starts the workers of [`spawn`] without waiting for them (a test that
 /// kills one of them mid-run); stdout and stderr are piped.
-pub fn start_workers(test_name: &str, world_size: usize, extra: &[(&str, String)], per_rank: &dyn Fn(usize) -> Vec<(String, String)>) -> Vec<(usize, std::process::Child)> {
+pub fn start_workers(
+    test_name: &str,
+    world_size: usize,
+    extra: &[(&str, String)],
+    per_rank: &dyn Fn(usize) -> Vec<(String, String)>,
+) -> Vec<(usize, std::process::Child)> {
     let exe = std::env::current_exe().expect("current_exe");
     let port = free_port();
     let token = format!("test-token-{}-{port}", std::process::id());

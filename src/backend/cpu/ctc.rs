@@ -150,10 +150,8 @@ pub fn ctc_loss(lp: &CpuStorage, targets: &[i64], il: &[usize], tl: &[usize], d:
                 .collect();
             (nll, Some(Float::store(grad)))
         } else {
-            let nll: Vec<f64> = (0..d.b)
-                .into_par_iter()
-                .map(|b| one(&lp[b * per..(b + 1) * per], d.v, il[b], &targets[b * d.s..b * d.s + tl[b]], d.blank, None))
-                .collect();
+            let nll: Vec<f64> =
+                (0..d.b).into_par_iter().map(|b| one(&lp[b * per..(b + 1) * per], d.v, il[b], &targets[b * d.s..b * d.s + tl[b]], d.blank, None)).collect();
             (nll, None)
         }
     }))

@@ -43,27 +43,7 @@ fn gemm_one<T: Float>(d: &MatmulDims, a: &[T], b: &[T], c: &mut [T], par: Parall
     // gemm reads or writes lies inside its slice, and `c` is borrowed mutably
     // and alone. T is f32 or f64, types gemm implements.
     unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            a.as_ptr(),
-            a_cs,
-            a_rs,
-            b.as_ptr(),
-            b_cs,
-            b_rs,
-            T::zero(),
-            T::one(),
-            false,
-            false,
-            false,
-            par,
-        )
+        gemm::gemm(m, n, k, c.as_mut_ptr(), 1, n as isize, false, a.as_ptr(), a_cs, a_rs, b.as_ptr(), b_cs, b_rs, T::zero(), T::one(), false, false, false, par)
     }
 }
 

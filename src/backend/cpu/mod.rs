@@ -154,9 +154,7 @@ pub fn unsupported(op: &'static str, dtype: DType) -> Error {
 }
 
 /// The element types the CPU kernels compute in.
-pub trait Float:
-    num_traits::Float + num_traits::FromPrimitive + Send + Sync + Default + std::fmt::Debug + std::iter::Sum + 'static
-{
+pub trait Float: num_traits::Float + num_traits::FromPrimitive + Send + Sync + Default + std::fmt::Debug + std::iter::Sum + 'static {
     /// This type's dtype.
     const DTYPE: DType;
     /// Lossy conversion from f64.
@@ -249,9 +247,7 @@ macro_rules! float_match {
         match ($s1, $s2) {
             ($crate::backend::cpu::CpuStorage::F32($x), $crate::backend::cpu::CpuStorage::F32($y)) => $body,
             ($crate::backend::cpu::CpuStorage::F64($x), $crate::backend::cpu::CpuStorage::F64($y)) => $body,
-            (a, b) if a.dtype() != b.dtype() => {
-                return Err($crate::error::Error::DTypeMismatch { op: $op, expected: a.dtype(), got: b.dtype() })
-            }
+            (a, b) if a.dtype() != b.dtype() => return Err($crate::error::Error::DTypeMismatch { op: $op, expected: a.dtype(), got: b.dtype() }),
             (a, _) => return Err($crate::backend::cpu::unsupported($op, a.dtype())),
         }
     };
@@ -261,7 +257,7 @@ macro_rules! float_match {
             ($crate::backend::cpu::CpuStorage::F64($x), $crate::backend::cpu::CpuStorage::F64($y), $crate::backend::cpu::CpuStorage::F64($z)) => $body,
             (a, b, c) if a.dtype() != b.dtype() || a.dtype() != c.dtype() => {
                 let got = if a.dtype() != b.dtype() { b.dtype() } else { c.dtype() };
-                return Err($crate::error::Error::DTypeMismatch { op: $op, expected: a.dtype(), got })
+                return Err($crate::error::Error::DTypeMismatch { op: $op, expected: a.dtype(), got });
             }
             (a, _, _) => return Err($crate::backend::cpu::unsupported($op, a.dtype())),
         }

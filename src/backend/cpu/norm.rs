@@ -19,27 +19,25 @@ fn ln_fwd<T: Float>(x: &[T], w: Option<&[T]>, b: Option<&[T]>, n: usize, eps: f6
     let mut y = vec![T::zero(); x.len()];
     let mut mean = vec![T::zero(); rows];
     let mut rstd = vec![T::zero(); rows];
-    y.par_chunks_mut(n.max(1)).zip(mean.par_iter_mut()).zip(rstd.par_iter_mut()).enumerate().with_min_len(64).for_each(
-        |(r, ((yr, m), rs))| {
-            let xr = &x[r * n..(r + 1) * n];
-            let nn = T::of(n as f64);
-            let mu = xr.iter().fold(T::zero(), |a, &v| a + v) / nn;
-            let var = xr.iter().fold(T::zero(), |a, &v| a + (v - mu) * (v - mu)) / nn;
-            let inv = T::one() / (var + T::of(eps)).sqrt();
-            for i in 0..n {
-                let mut v = (xr[i] - mu) * inv;
-                if let Some(w) = w {
-                    v = v * w[i];
-                }
-                if let Some(b) = b {
-                    v = v + b[i];
-                }
-                yr[i] = v;
+    y.par_chunks_mut(n.max(1)).zip(mean.par_iter_mut()).zip(rstd.par_iter_mut()).enumerate().with_min_len(64).for_each(|(r, ((yr, m), rs))| {
+        let xr = &x[r * n..(r + 1) * n];
+        let nn = T::of(n as f64);
+        let mu = xr.iter().fold(T::zero(), |a, &v| a + v) / nn;
+        let var = xr.iter().fold(T::zero(), |a, &v| a + (v - mu) * (v - mu)) / nn;
+        let inv = T::one() / (var + T::of(eps)).sqrt();
+        for i in 0..n {
+            let mut v = (xr[i] - mu) * inv;
+            if let Some(w) = w {
+                v = v * w[i];
             }
-            *m = mu;
-            *rs = inv;
-        },
-    );
+            if let Some(b) = b {
+                v = v + b[i];
+            }
+            yr[i] = v;
+        }
+        *m = mu;
+        *rs = inv;
+    });
     (y, mean, rstd)
 }
 
@@ -189,7 +187,17 @@ fn bn_bwd<T: Float>(x: &[T], w: &[T], m: &[T], r: &[T], g: &[T], b: usize, c: us
 /// Batch norm backward over (B, C, T): `(gx, gw, gb)`. With `train` the
 /// statistics were the batch's (their gradient flows); else they were constants.
 #[allow(clippy::too_many_arguments)]
-pub fn batch_norm_backward(x: &CpuStorage, w: &CpuStorage, mean: &CpuStorage, rstd: &CpuStorage, g: &CpuStorage, b: usize, c: usize, t: usize, train: bool) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+pub fn batch_norm_backward(
+    x: &CpuStorage,
+    w: &CpuStorage,
+    mean: &CpuStorage,
+    rstd: &CpuStorage,
+    g: &CpuStorage,
+    b: usize,
+    c: usize,
+    t: usize,
+    train: bool,
+) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
     Ok(float_match!("batch_norm_backward", (x, w, g), |x, w, g| {
         let (gx, gw, gb) = bn_bwd(x, w, super::slice_as(mean, x)?, super::slice_as(rstd, x)?, g, b, c, t, train);
         (Float::store(gx), Float::store(gw), Float::store(gb))

@@ -45,7 +45,12 @@ pub fn adam(p: &mut CpuStorage, g: &CpuStorage, m: &mut CpuStorage, v: &mut CpuS
     match (p, g, m, v) {
         (CpuStorage::F32(p), CpuStorage::F32(g), CpuStorage::F32(m), CpuStorage::F32(v)) => adam_t(p, g, m, v, h),
         (CpuStorage::F64(p), CpuStorage::F64(g), CpuStorage::F64(m), CpuStorage::F64(v)) => adam_t(p, g, m, v, h),
-        (p, g, _, _) => return Err(Error::invalid("adam", format!("expected f32 or f64 parameter, gradient and moments of one dtype, got {:?} and {:?}", p.dtype(), g.dtype()))),
+        (p, g, _, _) => {
+            return Err(Error::invalid(
+                "adam",
+                format!("expected f32 or f64 parameter, gradient and moments of one dtype, got {:?} and {:?}", p.dtype(), g.dtype()),
+            ))
+        }
     }
     Ok(())
 }

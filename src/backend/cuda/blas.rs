@@ -101,9 +101,24 @@ pub fn matmul(d: &MatmulDims, a: &CudaStorage, b: &CudaStorage) -> Result<CudaSt
             // read during the call.
             unsafe {
                 cr::dgemm_strided_batched(
-                    h, op(d.trans_b), op(d.trans_a), n, m, k, &alpha,
-                    b.ptr() as *const f64, ldb, sb, a.ptr() as *const f64, lda, sa,
-                    &beta, c.ptr() as *mut f64, n, sc, batch,
+                    h,
+                    op(d.trans_b),
+                    op(d.trans_a),
+                    n,
+                    m,
+                    k,
+                    &alpha,
+                    b.ptr() as *const f64,
+                    ldb,
+                    sb,
+                    a.ptr() as *const f64,
+                    lda,
+                    sa,
+                    &beta,
+                    c.ptr() as *mut f64,
+                    n,
+                    sc,
+                    batch,
                 )
             }
             .map_err(|e| blas_err("dgemm_strided_batched", e))?;
@@ -121,13 +136,29 @@ pub fn matmul(d: &MatmulDims, a: &CudaStorage, b: &CudaStorage) -> Result<CudaSt
             // are f32 host scalars.
             unsafe {
                 cr::gemm_strided_batched_ex(
-                    h, op(d.trans_b), op(d.trans_a), n, m, k,
+                    h,
+                    op(d.trans_b),
+                    op(d.trans_a),
+                    n,
+                    m,
+                    k,
                     &alpha as *const f32 as *const c_void,
-                    b.ptr() as *const c_void, ty, ldb, sb,
-                    a.ptr() as *const c_void, ty, lda, sa,
+                    b.ptr() as *const c_void,
+                    ty,
+                    ldb,
+                    sb,
+                    a.ptr() as *const c_void,
+                    ty,
+                    lda,
+                    sa,
                     &beta as *const f32 as *const c_void,
-                    c.ptr() as *mut c_void, ty, n, sc, batch,
-                    compute, cs::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                    c.ptr() as *mut c_void,
+                    ty,
+                    n,
+                    sc,
+                    batch,
+                    compute,
+                    cs::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
                 )
             }
             .map_err(|e| blas_err("gemm_strided_batched_ex", e))?;

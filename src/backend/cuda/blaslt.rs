@@ -101,8 +101,13 @@ pub fn linear_bias(x: &CudaStorage, w: &CudaStorage, bias: &CudaStorage, m: usiz
         lr::set_matmul_desc_attribute(desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &op_t as *const i32 as *const c_void, 4).map_err(|e| lt_err("TRANSA", e))?;
         lr::set_matmul_desc_attribute(desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &op_n as *const i32 as *const c_void, 4).map_err(|e| lt_err("TRANSB", e))?;
         lr::set_matmul_desc_attribute(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi as *const u32 as *const c_void, 4).map_err(|e| lt_err("EPILOGUE", e))?;
-        lr::set_matmul_desc_attribute(desc, A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr as *const *const c_void as *const c_void, std::mem::size_of::<*const c_void>())
-            .map_err(|e| lt_err("BIAS_POINTER", e))?;
+        lr::set_matmul_desc_attribute(
+            desc,
+            A::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+            &bias_ptr as *const *const c_void as *const c_void,
+            std::mem::size_of::<*const c_void>(),
+        )
+        .map_err(|e| lt_err("BIAS_POINTER", e))?;
     }
     let a_l = lr::create_matrix_layout(ty, k64, n64, k as i64).map_err(|e| lt_err("layout A", e))?;
     d.layouts.push(a_l);
@@ -115,8 +120,13 @@ pub fn linear_bias(x: &CudaStorage, w: &CudaStorage, bias: &CudaStorage, m: usiz
     let ws: usize = 0;
     // SAFETY: the buffer is a live usize; the handles were created above.
     let heur = unsafe {
-        lr::set_matmul_pref_attribute(pref, ls::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws as *const usize as *const c_void, std::mem::size_of::<usize>())
-            .map_err(|e| lt_err("MAX_WORKSPACE_BYTES", e))?;
+        lr::set_matmul_pref_attribute(
+            pref,
+            ls::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            &ws as *const usize as *const c_void,
+            std::mem::size_of::<usize>(),
+        )
+        .map_err(|e| lt_err("MAX_WORKSPACE_BYTES", e))?;
         lr::get_matmul_algo_heuristic(h, desc, a_l, b_l, d_l, d_l, pref).map_err(|e| lt_err("AlgoGetHeuristic", e))?
     };
     let (a32, b32) = (1.0f32, 0.0f32);
@@ -132,12 +142,21 @@ pub fn linear_bias(x: &CudaStorage, w: &CudaStorage, bias: &CudaStorage, m: usiz
     // ordered on the compute stream, which keeps the buffers alive.
     unsafe {
         lr::matmul(
-            h, desc, alpha, beta,
-            w.ptr() as *const c_void, a_l,
-            x.ptr() as *const c_void, b_l,
-            y.ptr() as *const c_void, d_l,
-            y.ptr() as *mut c_void, d_l,
-            &heur.algo, std::ptr::null_mut(), 0,
+            h,
+            desc,
+            alpha,
+            beta,
+            w.ptr() as *const c_void,
+            a_l,
+            x.ptr() as *const c_void,
+            b_l,
+            y.ptr() as *const c_void,
+            d_l,
+            y.ptr() as *mut c_void,
+            d_l,
+            &heur.algo,
+            std::ptr::null_mut(),
+            0,
             dev.cu_stream() as ls::cudaStream_t,
         )
     }

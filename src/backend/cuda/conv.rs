@@ -8,7 +8,13 @@ use crate::backend::cpu::conv::{Conv2d, Dw1d};
 use crate::error::Result;
 
 fn dw_args(op: &'static str, g: &Dw1d) -> Result<[u32; 5]> {
-    Ok([u32_arg(op, "channels", g.c)?, u32_arg(op, "frames", g.t)?, u32_arg(op, "kernel size", g.k)?, u32_arg(op, "padding", g.pad)?, u32_arg(op, "output frames", g.t_out())?])
+    Ok([
+        u32_arg(op, "channels", g.c)?,
+        u32_arg(op, "frames", g.t)?,
+        u32_arg(op, "kernel size", g.k)?,
+        u32_arg(op, "padding", g.pad)?,
+        u32_arg(op, "output frames", g.t_out())?,
+    ])
 }
 
 /// Depthwise conv1d forward: x (B, C, T), w (C, 1, K), bias (C) → (B, C, To).
@@ -26,7 +32,19 @@ pub fn depthwise_conv1d(x: &CudaStorage, w: &CudaStorage, bias: Option<&CudaStor
     let dev = x.device();
     let n = g.b * g.c * g.t_out();
     let y = dev.alloc(x.dtype(), n)?;
-    let args = [Arg::Ptr(x), Arg::Ptr(w), Arg::Ptr(bias.unwrap_or(w)), Arg::Ptr(&y), Arg::U64((g.b * g.c) as u64), Arg::U32(c), Arg::U32(t), Arg::U32(k), Arg::U32(pad), Arg::U32(to), Arg::U32(bias.is_some() as u32)];
+    let args = [
+        Arg::Ptr(x),
+        Arg::Ptr(w),
+        Arg::Ptr(bias.unwrap_or(w)),
+        Arg::Ptr(&y),
+        Arg::U64((g.b * g.c) as u64),
+        Arg::U32(c),
+        Arg::U32(t),
+        Arg::U32(k),
+        Arg::U32(pad),
+        Arg::U32(to),
+        Arg::U32(bias.is_some() as u32),
+    ];
     launch(dev, "conv", "depthwise_conv1d_fwd", x.dtype(), n, elems(n), &args)?;
     Ok(y)
 }
@@ -56,7 +74,18 @@ pub fn depthwise_conv1d_backward(x: &CudaStorage, w: &CudaStorage, gy: &CudaStor
 
 fn geom_args(op: &'static str, g: &Conv2d) -> Result<Vec<Arg<'static>>> {
     let (ho, wo) = g.out_hw();
-    let vals = [(g.b, "batch"), (g.ci, "input channels"), (g.h, "height"), (g.w, "width"), (g.kh, "kernel height"), (g.kw, "kernel width"), (g.stride, "stride"), (g.pad, "padding"), (ho, "output height"), (wo, "output width")];
+    let vals = [
+        (g.b, "batch"),
+        (g.ci, "input channels"),
+        (g.h, "height"),
+        (g.w, "width"),
+        (g.kh, "kernel height"),
+        (g.kw, "kernel width"),
+        (g.stride, "stride"),
+        (g.pad, "padding"),
+        (ho, "output height"),
+        (wo, "output width"),
+    ];
     vals.iter().map(|&(v, what)| u32_arg(op, what, v).map(Arg::U32)).collect()
 }
 

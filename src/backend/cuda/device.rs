@@ -113,7 +113,9 @@ impl CudaDevice {
     /// allocator (all bytes 0xFF, a NaN in every float type, when
     /// `ASRFORGE_CUDA_POISON=1`).
     pub fn alloc(self: &Arc<Self>, dtype: DType, len: usize) -> Result<CudaStorage> {
-        let bytes = len.checked_mul(dtype.size_in_bytes()).ok_or_else(|| Error::invalid("cuda alloc", format!("{len} elements of {dtype:?} overflow the address space")))?;
+        let bytes = len
+            .checked_mul(dtype.size_in_bytes())
+            .ok_or_else(|| Error::invalid("cuda alloc", format!("{len} elements of {dtype:?} overflow the address space")))?;
         let block = self.alloc_block(bytes)?;
         let s = CudaStorage::new(block, dtype, len, self.clone());
         if poison_enabled() {

@@ -49,7 +49,16 @@ fn add_back(op: &'static str, g: &CudaStorage, outer: usize, n: usize, inner: us
     let m = outer * n * inner;
     let out = dev.alloc(g.dtype(), m)?;
     let (offs, pos) = (upload_i64(dev, &offs)?, upload_i64(dev, &pos)?);
-    let args = [Arg::Ptr(g), Arg::Ptr(&offs), Arg::Ptr(&pos), Arg::Ptr(&out), Arg::U64(outer as u64), Arg::U64(n as u64), Arg::U64(inner as u64), Arg::U64(idx.len() as u64)];
+    let args = [
+        Arg::Ptr(g),
+        Arg::Ptr(&offs),
+        Arg::Ptr(&pos),
+        Arg::Ptr(&out),
+        Arg::U64(outer as u64),
+        Arg::U64(n as u64),
+        Arg::U64(inner as u64),
+        Arg::U64(idx.len() as u64),
+    ];
     launch(dev, "index", "index_add", g.dtype(), m, elems(m), &args)?;
     Ok(out)
 }
@@ -69,7 +78,15 @@ pub fn index_add(g: &CudaStorage, outer: usize, n: usize, inner: usize, idx: &[i
 
 fn flat_offsets(xdims: &[usize], idims: &[usize], dim: usize, index: &[i64]) -> Result<Vec<i64>> {
     if xdims.len() != idims.len() || dim >= xdims.len() || index.len() != idims.iter().product::<usize>() {
-        return Err(Error::invalid("gather", format!("expected an index of rank {} with {} values, got dims {idims:?} with {} values along dim {dim}", xdims.len(), idims.iter().product::<usize>(), index.len())));
+        return Err(Error::invalid(
+            "gather",
+            format!(
+                "expected an index of rank {} with {} values, got dims {idims:?} with {} values along dim {dim}",
+                xdims.len(),
+                idims.iter().product::<usize>(),
+                index.len()
+            ),
+        ));
     }
     Ok(gather_offsets(xdims, idims, dim, index)?.into_iter().map(|o| o as i64).collect())
 }

@@ -78,7 +78,8 @@ pub fn cat(xs: &[&CudaStorage], outer: usize, ns: &[usize], inner: usize) -> Res
     // Each input writes its own slab; together they cover y exactly once.
     let mut start = 0;
     for (x, &n) in xs.iter().zip(ns) {
-        let args = [Arg::Ptr(x), Arg::Ptr(&y), Arg::U64(outer as u64), Arg::U64(n as u64), Arg::U64(inner as u64), Arg::U64(total as u64), Arg::U64(start as u64)];
+        let args =
+            [Arg::Ptr(x), Arg::Ptr(&y), Arg::U64(outer as u64), Arg::U64(n as u64), Arg::U64(inner as u64), Arg::U64(total as u64), Arg::U64(start as u64)];
         launch(dev, "layout", "cat_part", first.dtype(), x.len(), elems(x.len()), &args)?;
         start += n;
     }

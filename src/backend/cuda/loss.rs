@@ -47,7 +47,17 @@ pub fn label_smoothing(x: &CudaStorage, target: &[i64], v: usize, smoothing: f64
         "loss",
         &format!("label_smoothing_{}", dtype_suffix(dt)),
         LaunchConfig::rows(rows, THREADS),
-        &[Arg::Ptr(x), Arg::Ptr(&tg), Arg::Ptr(&kl), Arg::Ptr(g), Arg::I64(rows as i64), Arg::I64(v as i64), Arg::F64(smoothing), Arg::I64(ignore), Arg::I32(want_grad as i32)],
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(&tg),
+            Arg::Ptr(&kl),
+            Arg::Ptr(g),
+            Arg::I64(rows as i64),
+            Arg::I64(v as i64),
+            Arg::F64(smoothing),
+            Arg::I64(ignore),
+            Arg::I32(want_grad as i32),
+        ],
     )?;
     match kl.to_cpu()? {
         CpuStorage::F64(k) => Ok((k.iter().sum(), valid, grad)),

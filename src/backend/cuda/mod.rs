@@ -13,12 +13,12 @@
 
 pub mod cast;
 pub mod ctc;
-pub mod loss;
-pub mod optim;
 pub mod elementwise;
 pub mod info;
 pub mod kernels;
 pub mod launch;
+pub mod loss;
+pub mod optim;
 pub mod reduce;
 
 #[cfg(feature = "cuda")]
@@ -147,7 +147,10 @@ pub fn device(ordinal: usize) -> Result<Arc<CudaDevice>> {
         o => o,
     })?;
     if ordinal >= n {
-        return Err(Error::CudaUnavailable(format!("cannot open cuda:{ordinal}: {n} GPU(s) visible (CUDA_VISIBLE_DEVICES={:?})", std::env::var("CUDA_VISIBLE_DEVICES").ok())));
+        return Err(Error::CudaUnavailable(format!(
+            "cannot open cuda:{ordinal}: {n} GPU(s) visible (CUDA_VISIBLE_DEVICES={:?})",
+            std::env::var("CUDA_VISIBLE_DEVICES").ok()
+        )));
     }
     let d = CudaDevice::open(ordinal)?;
     if devs.len() <= ordinal {

@@ -62,11 +62,32 @@ pub fn layer_norm_backward(
     }
     let (dt, dev) = (x.dtype(), x.device());
     let gx = dev.alloc(dt, x.len())?;
-    let args = [Arg::Ptr(x), Arg::Ptr(w.unwrap_or(x)), Arg::Ptr(mean), Arg::Ptr(rstd), Arg::Ptr(g), Arg::Ptr(&gx), Arg::U64(r as u64), Arg::U32(nn), Arg::U32(w.is_some() as u32)];
+    let args = [
+        Arg::Ptr(x),
+        Arg::Ptr(w.unwrap_or(x)),
+        Arg::Ptr(mean),
+        Arg::Ptr(rstd),
+        Arg::Ptr(g),
+        Arg::Ptr(&gx),
+        Arg::U64(r as u64),
+        Arg::U32(nn),
+        Arg::U32(w.is_some() as u32),
+    ];
     launch(dev, "norm", "layer_norm_bwd_dx", dt, x.len(), rows(r), &args)?;
     let chunks = r.div_ceil(LN_CHUNK);
     let (pw, pb) = (dev.alloc(dt, (chunks * n).max(1))?, dev.alloc(dt, (chunks * n).max(1))?);
-    let args = [Arg::Ptr(x), Arg::Ptr(mean), Arg::Ptr(rstd), Arg::Ptr(g), Arg::Ptr(&pw), Arg::Ptr(&pb), Arg::U64(r as u64), Arg::U32(nn), Arg::U64(chunks as u64), Arg::U32(LN_CHUNK as u32)];
+    let args = [
+        Arg::Ptr(x),
+        Arg::Ptr(mean),
+        Arg::Ptr(rstd),
+        Arg::Ptr(g),
+        Arg::Ptr(&pw),
+        Arg::Ptr(&pb),
+        Arg::U64(r as u64),
+        Arg::U32(nn),
+        Arg::U64(chunks as u64),
+        Arg::U32(LN_CHUNK as u32),
+    ];
     launch(dev, "norm", "layer_norm_bwd_wb_partial", dt, chunks * n, elems(chunks * n), &args)?;
     let (gw, gb) = (dev.alloc(dt, n)?, dev.alloc(dt, n)?);
     // With no rows the final pass writes zeros (an empty sum).
@@ -92,7 +113,15 @@ pub fn batch_norm_stats(x: &CudaStorage, b: usize, c: usize, t: usize) -> Result
 }
 
 /// `y = (x − mean[c])·rstd[c]·w[c] + b[c]` over (B, C, T).
-pub fn batch_norm_apply(x: &CudaStorage, mean: &CudaStorage, rstd: &CudaStorage, w: &CudaStorage, bias: &CudaStorage, c: usize, t: usize) -> Result<CudaStorage> {
+pub fn batch_norm_apply(
+    x: &CudaStorage,
+    mean: &CudaStorage,
+    rstd: &CudaStorage,
+    w: &CudaStorage,
+    bias: &CudaStorage,
+    c: usize,
+    t: usize,
+) -> Result<CudaStorage> {
     let op = "batch_norm";
     expect_dtype(op, x, F32_F64)?;
     let cc = u32_arg(op, "channel count", c)?;
@@ -102,7 +131,8 @@ pub fn batch_norm_apply(x: &CudaStorage, mean: &CudaStorage, rstd: &CudaStorage,
     }
     let dev = x.device();
     let y = dev.alloc(x.dtype(), x.len())?;
-    let args = [Arg::Ptr(x), Arg::Ptr(mean), Arg::Ptr(rstd), Arg::Ptr(w), Arg::Ptr(bias), Arg::Ptr(&y), Arg::U64(x.len() as u64), Arg::U32(cc), Arg::U64(t as u64)];
+    let args =
+        [Arg::Ptr(x), Arg::Ptr(mean), Arg::Ptr(rstd), Arg::Ptr(w), Arg::Ptr(bias), Arg::Ptr(&y), Arg::U64(x.len() as u64), Arg::U32(cc), Arg::U64(t as u64)];
     launch(dev, "norm", "batch_norm_apply", x.dtype(), x.len(), elems(x.len()), &args)?;
     Ok(y)
 }
@@ -110,7 +140,17 @@ pub fn batch_norm_apply(x: &CudaStorage, mean: &CudaStorage, rstd: &CudaStorage,
 /// Batch norm backward over (B, C, T): `(gx, gw, gb)`. With `train` the
 /// statistics were the batch's (their gradient flows); else they were constants.
 #[allow(clippy::too_many_arguments)]
-pub fn batch_norm_backward(x: &CudaStorage, w: &CudaStorage, mean: &CudaStorage, rstd: &CudaStorage, g: &CudaStorage, b: usize, c: usize, t: usize, train: bool) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+pub fn batch_norm_backward(
+    x: &CudaStorage,
+    w: &CudaStorage,
+    mean: &CudaStorage,
+    rstd: &CudaStorage,
+    g: &CudaStorage,
+    b: usize,
+    c: usize,
+    t: usize,
+    train: bool,
+) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
     let op = "batch_norm_backward";
     let cc = bn_dims(op, x, b, c, t)?;
     for (s, what, len) in [(w, "weight", c), (mean, "mean", c), (rstd, "rstd", c), (g, "the output gradient", x.len())] {

@@ -36,7 +36,10 @@ pub fn adam(p: &mut CudaStorage, g: &CudaStorage, m: &mut CudaStorage, v: &mut C
     let dt = float_dtype("adam", p)?;
     for (what, s) in [("gradient", g), ("exp_avg", &*m), ("exp_avg_sq", &*v)] {
         if s.dtype() != dt || s.len() != p.len() {
-            return Err(Error::invalid("adam", format!("expected the {what} as {} {dt:?} elements like the parameter, got {} {:?}", p.len(), s.len(), s.dtype())));
+            return Err(Error::invalid(
+                "adam",
+                format!("expected the {what} as {} {dt:?} elements like the parameter, got {} {:?}", p.len(), s.len(), s.dtype()),
+            ));
         }
         same_device("adam", p, s)?;
     }
@@ -86,7 +89,12 @@ pub fn sum_squares(xs: &[&CudaStorage]) -> Result<f64> {
         let dt = float_dtype("grad_norm", x)?;
         let blocks = partial_blocks(x.len());
         let cfg = LaunchConfig { grid: (blocks as u32, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 };
-        dev.launch("optim", &format!("sumsq_partial_{}", dtype_suffix(dt)), cfg, &[Arg::Ptr(x), Arg::U64(x.len() as u64), Arg::Ptr(&partials), Arg::U64(offset as u64)])?;
+        dev.launch(
+            "optim",
+            &format!("sumsq_partial_{}", dtype_suffix(dt)),
+            cfg,
+            &[Arg::Ptr(x), Arg::U64(x.len() as u64), Arg::Ptr(&partials), Arg::U64(offset as u64)],
+        )?;
         offset += blocks;
     }
     let out = dev.alloc(DType::F64, 1)?;
@@ -110,7 +118,12 @@ pub fn unscale_many(gs: &[&CudaStorage], inv_scale: f64) -> Result<(Vec<CudaStor
         let dt = float_dtype("unscale", g)?;
         let o = dev.alloc(dt, g.len())?;
         if !g.is_empty() {
-            dev.launch("optim", &format!("unscale_{}", dtype_suffix(dt)), LaunchConfig::for_elems(g.len()), &[Arg::Ptr(g), Arg::Ptr(&o), Arg::U64(g.len() as u64), Arg::F64(inv_scale), Arg::Ptr(&flag)])?;
+            dev.launch(
+                "optim",
+                &format!("unscale_{}", dtype_suffix(dt)),
+                LaunchConfig::for_elems(g.len()),
+                &[Arg::Ptr(g), Arg::Ptr(&o), Arg::U64(g.len() as u64), Arg::F64(inv_scale), Arg::Ptr(&flag)],
+            )?;
         }
         out.push(o);
     }

@@ -78,7 +78,10 @@ impl PinnedBuffer {
     pub fn upload(&mut self, c: &CpuStorage) -> Result<CudaStorage> {
         let src = c.as_bytes();
         if c.dtype() != self.dtype || src.len() > self.bytes {
-            return Err(Error::invalid("pinned buffer", format!("expected at most {} elements of {:?}, got {} of {:?}", self.len, self.dtype, c.len(), c.dtype())));
+            return Err(Error::invalid(
+                "pinned buffer",
+                format!("expected at most {} elements of {:?}, got {} of {:?}", self.len, self.dtype, c.len(), c.dtype()),
+            ));
         }
         self.as_bytes_mut()?[..src.len()].copy_from_slice(src);
         let s = self.dev.alloc(self.dtype, c.len())?;

@@ -142,7 +142,15 @@ impl CudaStorage {
         if src.dtype != self.dtype || src.len != self.len || src.ordinal() != self.ordinal() {
             return Err(Error::invalid(
                 "cuda copy_from",
-                format!("expected {} elements of {:?} on cuda:{}, got {} of {:?} on cuda:{}", self.len, self.dtype, self.ordinal(), src.len, src.dtype, src.ordinal()),
+                format!(
+                    "expected {} elements of {:?} on cuda:{}, got {} of {:?} on cuda:{}",
+                    self.len,
+                    self.dtype,
+                    self.ordinal(),
+                    src.len,
+                    src.dtype,
+                    src.ordinal()
+                ),
             ));
         }
         let n = self.size_in_bytes();
