@@ -212,7 +212,8 @@ fn casts_to_f16_and_bf16_round_once_to_nearest_even() {
     xs.extend([0.0, -0.0, 65504.0, 65519.99, 65520.0, 1e-8, 3e-8, 2.98e-8, f64::INFINITY, f64::NEG_INFINITY, f64::NAN, 3.4e38, 3.3961e38]);
     let n = xs.len() as i64;
     let xf: Vec<f32> = xs.iter().map(|&v| v as f32).collect();
-    for (kernel, from_f32, bf) in [("cast_f64_f16", false, false), ("cast_f64_bf16", false, true), ("cast_f32_f16", true, false), ("cast_f32_bf16", true, true)] {
+    for (kernel, from_f32, bf) in [("cast_f64_f16", false, false), ("cast_f64_bf16", false, true), ("cast_f32_f16", true, false), ("cast_f32_bf16", true, true)]
+    {
         let mut y = vec![0x1234u16; xs.len()];
         let yp = y.as_mut_ptr();
         let (xp, xfp) = (xs.as_ptr(), xf.as_ptr());
@@ -368,7 +369,11 @@ fn partial_barriers_warps_and_asserts_are_errors_naming_the_kernel() {
         m.launch("partial_syncthreads", (2, 1, 1), (128, 1, 1), 0, &[p(&op), p(&all)]).unwrap();
         assert!(out.iter().all(|&v| v == 1.0));
         let some = 100u32;
-        expect_err(m.launch("partial_syncthreads", (2, 1, 1), (128, 1, 1), 0, &[p(&op), p(&some)]), "partial_syncthreads", &["__syncthreads", "emu_selftest.cu", "100 of 128"]);
+        expect_err(
+            m.launch("partial_syncthreads", (2, 1, 1), (128, 1, 1), 0, &[p(&op), p(&some)]),
+            "partial_syncthreads",
+            &["__syncthreads", "emu_selftest.cu", "100 of 128"],
+        );
         expect_err(m.launch("partial_shfl", (1, 1, 1), (64, 1, 1), 0, &[p(&op)]), "partial_shfl", &["__shfl_xor_sync", "part of warp"]);
         let good = vec![1i32, 2, 3, 4, 5];
         let bad = vec![1i32, 2, -3, 4, 5];
@@ -395,7 +400,8 @@ fn warp_intrinsics_exchange_values_between_lanes() {
         set_schedule(s, sd);
         let (mut xs, mut ds, mut bc, mut sc) = (vec![f32::NAN; 100], vec![f32::NAN; 4], vec![f32::NAN; 100], vec![f32::NAN; 100]);
         let (mut bal, mut aa) = (vec![0u32; 4], vec![-1i32; 8]);
-        let (xp, xsp, dsp, bcp, scp, balp, aap) = (x.as_ptr(), xs.as_mut_ptr(), ds.as_mut_ptr(), bc.as_mut_ptr(), sc.as_mut_ptr(), bal.as_mut_ptr(), aa.as_mut_ptr());
+        let (xp, xsp, dsp, bcp, scp, balp, aap) =
+            (x.as_ptr(), xs.as_mut_ptr(), ds.as_mut_ptr(), bc.as_mut_ptr(), sc.as_mut_ptr(), bal.as_mut_ptr(), aa.as_mut_ptr());
         m.launch("warp_ops", (2, 1, 1), (64, 1, 1), 0, &[p(&xp), p(&xsp), p(&dsp), p(&bcp), p(&scp), p(&balp), p(&aap), p(&n)]).unwrap();
         for w in 0..4 {
             // Sums of multiples of 1/64 below 32: exact in f32 in any order.
