@@ -93,6 +93,10 @@ struct Worker {
     std::vector<unsigned> order;
     // The block being run.
     Launch* launch = nullptr;
+    size_t pos = 0;        // the scheduler's position in `order`
+    bool straight = true;  // no thread has synchronised yet in this block
+    unsigned n_bar = 0, n_warp = 0, n_done = 0;
+    Thr* last = nullptr;  // the thread whose fiber switched back last
     uint3 bid{0, 0, 0};
     bool failed = false;
     std::string err;
@@ -121,7 +125,8 @@ std::string base_name(const char* f) {
     return s ? s + 1 : f;
 }
 
-StackHdr* hdr() { return reinterpret_cast<StackHdr*>(stack_region()); }
+StackHdr* hdr_of(const char* stack) { return reinterpret_cast<StackHdr*>(stack_header(reinterpret_cast<uintptr_t>(stack))); }
+StackHdr* hdr() { return reinterpret_cast<StackHdr*>(stack_header(stack_region())); }
 
 // ---- context switch --------------------------------------------------------------
 #if defined(__x86_64__)
@@ -162,11 +167,12 @@ asrforge_emu_fiber_entry:
     .size asrforge_emu_fiber_entry, .-asrforge_emu_fiber_entry
 )");
 
+size_t stack_color(const Worker& w, const char* stack);
 void to_fiber(Worker& w, Thr& t) { asrforge_emu_switch(&w.sched_sp, t.sp); }
 void to_scheduler(Worker& w, Thr& t) { asrforge_emu_switch(&t.sp, w.sched_sp); }
 void start_fiber(Worker& w, Thr& t) {
     // Registers popped by the first switch: r15 = &t, then the return address.
-    uintptr_t top = reinterpret_cast<uintptr_t>(t.stack) + kStackSize;
+    uintptr_t top = reinterpret_cast<uintptr_t>(t.stack) + kStackSize - stack_color(w, t.stack);
     uintptr_t* s = reinterpret_cast<uintptr_t*>(top - 72);
     for (int i = 0; i < 6; ++i) s[i] = 0;
     s[0] = reinterpret_cast<uintptr_t>(&t);
@@ -180,13 +186,14 @@ extern "C" [[noreturn]] void asrforge_emu_fiber_main(Thr* t) __attribute__((visi
 void fiber_tramp(unsigned hi, unsigned lo) {
     asrforge_emu_fiber_main(reinterpret_cast<Thr*>((static_cast<uintptr_t>(hi) << 32) | lo));
 }
+size_t stack_color(const Worker& w, const char* stack);
 void to_fiber(Worker& w, Thr& t) { swapcontext(&w.sched_uc, &t.uc); }
 void to_scheduler(Worker& w, Thr& t) { swapcontext(&t.uc, &w.sched_uc); }
 void start_fiber(Worker& w, Thr& t) {
     getcontext(&t.uc);
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
     t.uc.uc_stack.ss_sp = t.stack + 2 * page;
-    t.uc.uc_stack.ss_size = kStackSize - 2 * page;
+    t.uc.uc_stack.ss_size = kStackSize - 2 * page - stack_color(w, t.stack);
     t.uc.uc_link = nullptr;
     const uintptr_t p = reinterpret_cast<uintptr_t>(&t);
     makecontext(&t.uc, reinterpret_cast<void (*)()>(fiber_tramp), 2, (unsigned)(p >> 32), (unsigned)p);
@@ -273,6 +280,13 @@ Worker& worker() {
     }
     pthread_setspecific(worker_key, w);
     return *w;
+}
+
+// Stacks aligned to 256 KiB would put every fiber's frames in the same cache
+// sets; each starts at a different offset below its top instead.
+size_t stack_color(const Worker& w, const char* stack) {
+    const size_t idx = (size_t)(stack - w.region) / kStackSize;
+    return (idx * 1088) % 65536;
 }
 
 char* take_stack(Worker& w) {
@@ -464,9 +478,11 @@ void run_block(Worker& w, Launch& L, uint64_t b) {
     fill_shared(w, L.dyn);
     uint64_t phase = 0;
     make_order(w, L, b, phase);
+    w.straight = true;
+    w.n_bar = w.n_warp = w.n_done = 0;
     for (;;) {
-        for (unsigned idx : w.order) {
-            Thr& t = w.thr[idx];
+        for (w.pos = 0; w.pos < n; ++w.pos) {
+            Thr& t = w.thr[w.order[w.pos]];
             if (t.state != kRunnable) continue;
             if (!t.started) {
                 t.stack = take_stack(w);
@@ -474,7 +490,7 @@ void run_block(Worker& w, Launch& L, uint64_t b) {
                     fail(w, "cannot map a fiber stack (out of memory?)");
                     break;
                 }
-                StackHdr* h = reinterpret_cast<StackHdr*>(t.stack);
+                StackHdr* h = hdr_of(t.stack);
                 h->cur = &t.ctx;
                 h->thr = &t;
                 h->worker = &w;
@@ -483,34 +499,31 @@ void run_block(Worker& w, Launch& L, uint64_t b) {
             } else {
                 to_fiber(w, t);
             }
-            if (t.state == kDone) release_stack(w, t);
+            // Straight through, the fiber may have run later threads on the same
+            // stack (advancing w.pos): the one it ran last owns the stack now.
+            Thr& last = *w.last;
+            if (last.state == kDone) release_stack(w, last);
             if (w.failed) break;
         }
         if (w.failed) break;
-        unsigned at_bar = 0, at_warp = 0, done = 0;
-        const Thr* exited = nullptr;
-        const Thr* waiting = nullptr;
-        for (const Thr& t : w.thr) {
-            if (t.state == kAtBarrier) {
-                ++at_bar;
-                waiting = &t;
-            } else if (t.state == kAtWarp) {
-                ++at_warp;
-            } else if (t.state == kDone) {
-                ++done;
-                if (!exited) exited = &t;
-            }
-        }
-        if (at_warp) {
+        if (w.n_warp) {
             resolve_warps(w);
             if (w.failed) break;
+            w.n_warp = 0;
+            for (const Thr& t : w.thr) w.n_warp += t.state == kAtWarp;
             continue;
         }
-        if (at_bar) {
-            if (done) {
+        if (w.n_bar) {
+            if (w.n_done) {
+                const Thr* exited = nullptr;
+                const Thr* waiting = nullptr;
+                for (const Thr& t : w.thr) {
+                    if (t.state == kDone && !exited) exited = &t;
+                    if (t.state == kAtBarrier && !waiting) waiting = &t;
+                }
                 char bb[400];
                 snprintf(bb, sizeof bb, "__syncthreads (%s:%d) reached by %u of %u threads; %s had exited without reaching it",
-                         base_name(waiting->bar_file).c_str(), waiting->bar_line, at_bar, n, tname(*exited).c_str());
+                         base_name(waiting->bar_file).c_str(), waiting->bar_line, w.n_bar, n, tname(*exited).c_str());
                 fail(w, bb);
                 break;
             }
@@ -520,7 +533,9 @@ void run_block(Worker& w, Launch& L, uint64_t b) {
                 t.bar_result = t.bar_kind == kBarCount ? cnt : t.bar_kind == kBarAnd ? (cnt == (int)n) : t.bar_kind == kBarOr ? (cnt > 0) : 0;
                 t.state = kRunnable;
             }
-            make_order(w, L, b, ++phase);
+            w.n_bar = 0;
+            ++phase;
+            if (L.schedule == kRandom) make_order(w, L, b, phase);
             continue;
         }
         break;  // every thread has finished
@@ -609,7 +624,11 @@ int put_err(char* err, size_t len, const std::string& msg) {
 int barrier(int kind, int pred, const char* file, int line) {
     StackHdr* h = hdr();
     Thr& t = *h->thr;
+    Worker& w = *h->worker;
+    w.straight = false;
+    ++w.n_bar;
     t.state = kAtBarrier;
+    w.last = &t;
     t.bar_kind = kind;
     t.bar_pred = pred;
     t.bar_file = file;
@@ -621,7 +640,11 @@ int barrier(int kind, int pred, const char* file, int line) {
 uint64_t warp(int op, unsigned mask, uint64_t value, int arg, int width) {
     StackHdr* h = hdr();
     Thr& t = *h->thr;
+    Worker& w = *h->worker;
+    w.straight = false;
+    ++w.n_warp;
     t.state = kAtWarp;
+    w.last = &t;
     t.wop = op;
     t.wmask = mask;
     t.wval = value;
@@ -642,6 +665,7 @@ void trap(const char* what, const char* file, int line) {
     char b[512];
     snprintf(b, sizeof b, "%s failed at %s:%d in %s", what, base_name(file).c_str(), line, tname(t).c_str());
     fail(*h->worker, b);
+    h->worker->last = &t;
     to_scheduler(*h->worker, t);
     __builtin_unreachable();
 }
@@ -651,9 +675,26 @@ void trap(const char* what, const char* file, int line) {
 using namespace asrforge_emu;
 
 extern "C" [[noreturn]] void asrforge_emu_fiber_main(Thr* t) {
-    Worker& w = *reinterpret_cast<StackHdr*>(stack_region())->worker;
-    kKernels[w.launch->kernel].tramp(w.launch->args);
-    t->state = kDone;
+    StackHdr* h = hdr();
+    Worker& w = *h->worker;
+    for (;;) {
+        kKernels[w.launch->kernel].tramp(w.launch->args);
+        t->state = kDone;
+        ++w.n_done;
+        // No thread of the block has synchronised: run the next one in order on
+        // this stack, without a switch (a later barrier is an error anyway).
+        if (!w.straight || w.pos + 1 >= w.thr.size()) break;
+        Thr* next = &w.thr[w.order[w.pos + 1]];
+        if (next->started || next->state != kRunnable) break;
+        ++w.pos;
+        next->started = true;
+        next->stack = t->stack;
+        t->stack = nullptr;
+        h->cur = &next->ctx;
+        h->thr = next;
+        t = next;
+    }
+    w.last = t;
     to_scheduler(w, *t);
     __builtin_unreachable();
 }
