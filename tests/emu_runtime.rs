@@ -426,7 +426,7 @@ fn warp_intrinsics_exchange_values_between_lanes() {
 }
 
 #[test]
-fn atomics_and_3d_launches() {
+fn atomics_voting_barriers_and_3d_launches() {
     let _g = ENV.lock().unwrap_or_else(|e| e.into_inner());
     std::env::set_var("ASRFORGE_EMU_THREADS", "4");
     let m = Module::open("testdata/libemu_selftest.so");
@@ -436,6 +436,12 @@ fn atomics_and_3d_launches() {
         let (cp, fp, dp, up, kp) = (&mut count as *mut i32, &mut fsum as *mut f32, &mut dsum as *mut f64, &mut umax as *mut u32, &mut cas as *mut u64);
         m.launch("atomics", (37, 1, 1), (96, 1, 1), 0, &[p(&cp), p(&fp), p(&dp), p(&up), p(&kp)]).unwrap();
         assert_eq!((count, fsum, dsum, umax, cas), (3552, 3552.0, 1776.0, 3551, 3552), "atomics under {s}/{sd}");
+        let mut votes = vec![-1i32; 5 * 2 * 100];
+        let vp = votes.as_mut_ptr();
+        m.launch("sync_votes", (2, 1, 1), (100, 1, 1), 0, &[p(&vp)]).unwrap();
+        for (t, r) in votes.chunks(5).enumerate() {
+            assert_eq!(r, &[34, 1, 0, 1, 0], "__syncthreads_count/and/or seen by thread {t} under {s}/{sd}");
+        }
         let (g, b) = ((3u32, 2u32, 2u32), (4u32, 3u32, 2u32));
         let total = (g.0 * g.1 * g.2 * b.0 * b.1 * b.2) as usize;
         let mut out = vec![u32::MAX; 6 * total];

@@ -25,7 +25,7 @@
 #include "abi.h"
 #include "table.h"
 
-#if !defined(__x86_64__)
+#if !defined(__x86_64__) || defined(ASRFORGE_EMU_UCONTEXT)
 #include <ucontext.h>
 #endif
 
@@ -52,7 +52,7 @@ struct Thr {
     bool started = false;
     void* sp = nullptr;
     char* stack = nullptr;
-#if !defined(__x86_64__)
+#if !defined(__x86_64__) || defined(ASRFORGE_EMU_UCONTEXT)
     ucontext_t uc;
 #endif
     int bar_kind = 0, bar_pred = 0, bar_result = 0;
@@ -77,7 +77,7 @@ struct Range {
 
 struct Worker {
     void* sched_sp = nullptr;
-#if !defined(__x86_64__)
+#if !defined(__x86_64__) || defined(ASRFORGE_EMU_UCONTEXT)
     ucontext_t sched_uc;
 #endif
     char* region = nullptr;  // kMaxThreads stacks, aligned to kStackSize
@@ -129,7 +129,7 @@ StackHdr* hdr_of(const char* stack) { return reinterpret_cast<StackHdr*>(stack_h
 StackHdr* hdr() { return reinterpret_cast<StackHdr*>(stack_header(stack_region())); }
 
 // ---- context switch --------------------------------------------------------------
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(ASRFORGE_EMU_UCONTEXT)
 extern "C" void asrforge_emu_switch(void** save_sp, void* to_sp) __attribute__((visibility("hidden")));
 extern "C" void asrforge_emu_fiber_entry() __attribute__((visibility("hidden")));
 extern "C" [[noreturn]] void asrforge_emu_fiber_main(Thr* t) __attribute__((visibility("hidden")));
@@ -170,6 +170,7 @@ asrforge_emu_fiber_entry:
 size_t stack_color(const Worker& w, const char* stack);
 void to_fiber(Worker& w, Thr& t) { asrforge_emu_switch(&w.sched_sp, t.sp); }
 void to_scheduler(Worker& w, Thr& t) { asrforge_emu_switch(&t.sp, w.sched_sp); }
+void fiber_to_fiber(Thr& from, Thr& to) { asrforge_emu_switch(&from.sp, to.sp); }
 void start_fiber(Worker& w, Thr& t) {
     // Registers popped by the first switch: r15 = &t, then the return address.
     uintptr_t top = reinterpret_cast<uintptr_t>(t.stack) + kStackSize - stack_color(w, t.stack);
@@ -189,6 +190,7 @@ void fiber_tramp(unsigned hi, unsigned lo) {
 size_t stack_color(const Worker& w, const char* stack);
 void to_fiber(Worker& w, Thr& t) { swapcontext(&w.sched_uc, &t.uc); }
 void to_scheduler(Worker& w, Thr& t) { swapcontext(&t.uc, &w.sched_uc); }
+void fiber_to_fiber(Thr& from, Thr& to) { swapcontext(&from.uc, &to.uc); }
 void start_fiber(Worker& w, Thr& t) {
     getcontext(&t.uc);
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
@@ -618,6 +620,26 @@ int put_err(char* err, size_t len, const std::string& msg) {
     return 1;
 }
 
+// A thread that waits hands over to the next runnable, started thread of this
+// pass directly (one switch instead of two through the scheduler); at the end
+// of the pass, or before a thread that still needs a stack, to the scheduler.
+void switch_away(Worker& w, Thr& t) {
+    const size_t n = w.order.size();
+    while (w.pos + 1 < n) {
+        Thr& nx = w.thr[w.order[w.pos + 1]];
+        if (nx.state != kRunnable) {
+            ++w.pos;
+            continue;
+        }
+        if (!nx.started) break;
+        ++w.pos;
+        fiber_to_fiber(t, nx);
+        return;
+    }
+    w.last = &t;
+    to_scheduler(w, t);
+}
+
 }  // namespace
 
 // ---- called from kernel code (inside a fiber) ------------------------------------------
@@ -628,12 +650,11 @@ int barrier(int kind, int pred, const char* file, int line) {
     w.straight = false;
     ++w.n_bar;
     t.state = kAtBarrier;
-    w.last = &t;
     t.bar_kind = kind;
     t.bar_pred = pred;
     t.bar_file = file;
     t.bar_line = line;
-    to_scheduler(*h->worker, t);
+    switch_away(w, t);
     return t.bar_result;
 }
 
@@ -644,13 +665,12 @@ uint64_t warp(int op, unsigned mask, uint64_t value, int arg, int width) {
     w.straight = false;
     ++w.n_warp;
     t.state = kAtWarp;
-    w.last = &t;
     t.wop = op;
     t.wmask = mask;
     t.wval = value;
     t.warg = arg;
     t.wwidth = width;
-    to_scheduler(*h->worker, t);
+    switch_away(w, t);
     return t.wres;
 }
 

@@ -160,3 +160,18 @@ extern "C" __global__ void wmma_partial(const __half* a) {
         wmma::load_matrix_sync(fa, a, 16);
     }
 }
+
+// Barriers that vote: count, and, or over the block.
+extern "C" __global__ void sync_votes(int* out) {
+    const int c = __syncthreads_count(threadIdx.x % 3 == 0);
+    const int a = __syncthreads_and(threadIdx.x < 1000);
+    const int a2 = __syncthreads_and(threadIdx.x != 7);
+    const int o = __syncthreads_or(threadIdx.x == 5);
+    const int o2 = __syncthreads_or(threadIdx.x > 1000);
+    int* r = out + 5 * (blockIdx.x * blockDim.x + threadIdx.x);
+    r[0] = c;
+    r[1] = a;
+    r[2] = a2;
+    r[3] = o;
+    r[4] = o2;
+}
