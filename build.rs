@@ -331,6 +331,7 @@ fn scan_cu(text: &str) -> CuScan {
     #[derive(Clone)]
     enum Brace {
         Ns(String),
+        ExternC,
         Other,
     }
     let b = text.as_bytes();
@@ -365,7 +366,8 @@ fn scan_cu(text: &str) -> CuScan {
             } else if word == "namespace" {
                 pending_ns = Some(String::new());
             }
-            if word == "__global__" && text[..i].trim_end().ends_with("extern \"C\"") {
+            let in_extern_c = matches!(stack.last(), Some(Brace::ExternC));
+            if word == "__global__" && (in_extern_c || text[..i].trim_end().ends_with("extern \"C\"")) {
                 if let Some(p) = text[j..].find('(') {
                     let head = text[j..j + p].trim_end();
                     let name: String =
@@ -393,7 +395,14 @@ fn scan_cu(text: &str) -> CuScan {
             continue;
         }
         match c {
-            b'{' => stack.push(pending_ns.take().map(Brace::Ns).unwrap_or(Brace::Other)),
+            b'{' => {
+                let brace = match pending_ns.take() {
+                    Some(ns) => Brace::Ns(ns),
+                    None if text[..i].trim_end().ends_with("extern \"C\"") => Brace::ExternC,
+                    None => Brace::Other,
+                };
+                stack.push(brace)
+            }
             b'}' => {
                 stack.pop();
             }

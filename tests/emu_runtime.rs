@@ -442,6 +442,10 @@ fn atomics_voting_barriers_and_3d_launches() {
         for (t, r) in votes.chunks(5).enumerate() {
             assert_eq!(r, &[34, 1, 0, 1, 0], "__syncthreads_count/and/or seen by thread {t} under {s}/{sd}");
         }
+        let mut tripled = vec![-1i32; 40];
+        let tp = tripled.as_mut_ptr();
+        m.launch("in_extern_c_block", (1, 1, 1), (40, 1, 1), 0, &[p(&tp)]).unwrap();
+        assert!(tripled.iter().enumerate().all(|(i, &v)| v == 3 * i as i32), "in_extern_c_block: {tripled:?}");
         let (g, b) = ((3u32, 2u32, 2u32), (4u32, 3u32, 2u32));
         let total = (g.0 * g.1 * g.2 * b.0 * b.1 * b.2) as usize;
         let mut out = vec![u32::MAX; 6 * total];

@@ -175,3 +175,8 @@ extern "C" __global__ void sync_votes(int* out) {
     r[3] = o;
     r[4] = o2;
 }
+
+// A kernel declared inside an extern "C" block (the table generator must list it).
+extern "C" {
+__global__ void in_extern_c_block(int* out) { out[threadIdx.x] = (int)threadIdx.x * 3; }
+}
