@@ -206,14 +206,22 @@ fn build_emu(out_dir: &Path, src_dir: &Path, sources: &[PathBuf]) -> EmuBuild {
         panic!("cannot create {}: {e}", dir.display());
     }
     let emu_src = src_dir.join("emu");
-    let runtime_obj = dir.join("runtime.o");
+    // The runtime (every cuda/emu/*.cpp), compiled once and linked into every module.
+    let mut runtime_objs = Vec::new();
     let mut jobs = Vec::new();
-    {
-        let (cxx, emu_src, obj) = (cxx.clone(), emu_src.clone(), runtime_obj.clone());
+    let mut rt_sources: Vec<PathBuf> = std::fs::read_dir(&emu_src)
+        .map(|rd| rd.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "cpp")).collect())
+        .unwrap_or_default();
+    rt_sources.sort();
+    for src in rt_sources {
+        let stem = src.file_stem().and_then(|s| s.to_str()).unwrap_or("runtime").to_string();
+        let obj = dir.join(format!("rt_{stem}.o"));
+        runtime_objs.push(obj.clone());
+        let (cxx, emu_src) = (cxx.clone(), emu_src.clone());
         jobs.push(std::thread::spawn(move || {
             let mut cmd = emu_cxx(&cxx, &emu_src);
-            cmd.arg("-c").arg("-o").arg(&obj).arg(emu_src.join("runtime.cpp"));
-            run_cxx(cmd, "cuda/emu/runtime.cpp").map(|_| None)
+            cmd.arg("-c").arg("-o").arg(&obj).arg(&src);
+            run_cxx(cmd, &src.display().to_string()).map(|_| None)
         }));
     }
     // The project's modules, plus test-only kernels (tests/emu_runtime.rs) in emu/testdata.
@@ -248,10 +256,10 @@ fn build_emu(out_dir: &Path, src_dir: &Path, sources: &[PathBuf]) -> EmuBuild {
     let links: Vec<_> = built
         .iter()
         .map(|(stem, out)| {
-            let (cxx, out, rt, stem) = (cxx.clone(), out.clone(), runtime_obj.clone(), stem.clone());
+            let (cxx, out, rt, stem) = (cxx.clone(), out.clone(), runtime_objs.clone(), stem.clone());
             std::thread::spawn(move || {
                 let mut cmd = Command::new(&cxx);
-                cmd.args(["-shared", "-fPIC", "-o"]).arg(out.join(format!("lib{stem}.so"))).arg(out.join(format!("{stem}.o"))).arg(&rt);
+                cmd.args(["-shared", "-fPIC", "-o"]).arg(out.join(format!("lib{stem}.so"))).arg(out.join(format!("{stem}.o"))).args(&rt);
                 cmd.args(["-ldl", "-lpthread"]);
                 run_cxx(cmd, &format!("lib{stem}.so"))
             })
