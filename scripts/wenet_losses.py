@@ -51,8 +51,35 @@ def main():
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args()
     sys.path.insert(0, args.wenet)
+    # wenet/__init__.py pulls in the CLI (librosa, torchaudio); only the model
+    # classes are needed, so the package is registered without running it.
+    import types
+    pkg = types.ModuleType("wenet")
+    pkg.__path__ = [os.path.join(args.wenet, "wenet")]
+    sys.modules["wenet"] = pkg
+    # Modules WeNet imports at load time for features the losses never use
+    # (whisper's language table, torchaudio's forced alignment): empty
+    # stand-ins when they are not installed.
+    for parent, child, attrs in (("whisper", "tokenizer", {"LANGUAGES": {}}), ("torchaudio", "functional", {})):
+        try:
+            __import__(f"{parent}.{child}")
+        except ImportError:
+            p, c = types.ModuleType(parent), types.ModuleType(f"{parent}.{child}")
+            for k, v in attrs.items():
+                setattr(c, k, v)
+            setattr(p, child, c)
+            sys.modules[parent], sys.modules[f"{parent}.{child}"] = p, c
     import torch
     import yaml
+    # WeNet's squeezeformer (imported by its class tables) takes typing names
+    # from torch.nn.modules.conv, which newer PyTorch no longer re-exports.
+    import typing
+    import torch.nn.modules.conv as _conv
+    for name in ("Union", "Optional"):
+        if not hasattr(_conv, name):
+            setattr(_conv, name, getattr(typing, name))
+    if not hasattr(_conv, "Tensor"):
+        _conv.Tensor = torch.Tensor
     from safetensors.torch import save_file
     from wenet.models.transformer.asr_model import ASRModel
     from wenet.models.transformer.ctc import CTC

@@ -118,3 +118,15 @@ fn model_info_prints_tree_count_and_keys() {
     let e = run_model_info(&ModelInfoArgs { config: conf("absent.yaml"), override_config: vec![], keys: true }).unwrap_err().to_string();
     assert!(e.contains("absent.yaml"), "{e}");
 }
+
+#[test]
+fn u2pp_config_parses_as_a_causal_dynamic_chunk_conformer_with_a_bidirectional_decoder() {
+    let root = load_yaml(&conf("train_u2++_conformer.yaml")).unwrap();
+    let (c, w) = ModelConfig::from_yaml(&root).unwrap();
+    assert!(w.is_empty(), "{w:?}");
+    let e = &c.encoder_conf;
+    assert!(e.causal && e.use_dynamic_chunk && !e.use_dynamic_left_chunk);
+    assert_eq!((e.cnn_module_kernel, e.cnn_module_norm, e.static_chunk_size), (8, ConvNorm::LayerNorm, 0));
+    assert_eq!((c.decoder, c.decoder_conf.num_blocks, c.decoder_conf.r_num_blocks), (DecoderType::BiTransformer, 3, 3));
+    assert_eq!((c.model_conf.ctc_weight, c.model_conf.reverse_weight, c.model_conf.lsm_weight), (0.3, 0.3, 0.1));
+}

@@ -11,7 +11,7 @@ use asrforge::tensor::{DType, Rng};
 const CONFIG: &str = "input_dim: 40
 output_dim: 6
 encoder: conformer
-encoder_conf: {output_size: 32, attention_heads: 2, linear_units: 64, num_blocks: 1, input_layer: conv2d, cnn_module_kernel: 3, pos_enc_layer_type: rel_pos, selfattention_layer_type: rel_selfattn}
+encoder_conf: {output_size: 32, attention_heads: 2, linear_units: 64, num_blocks: 1, input_layer: conv2d, cnn_module_kernel: 3, pos_enc_layer_type: rel_pos, selfattention_layer_type: rel_selfattn, causal: false, use_dynamic_chunk: false}
 decoder: bitransformer
 decoder_conf: {attention_heads: 2, linear_units: 64, num_blocks: 1, r_num_blocks: 1}
 model_conf: {ctc_weight: 0.3, lsm_weight: 0.1, reverse_weight: 0.3}
