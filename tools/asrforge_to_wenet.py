@@ -22,7 +22,7 @@ What it does: every tensor keeps its key and value; each batch norm gets the
 ignores) when the file lacks it; `--dtype float32` casts floating tensors
 (default: keep them as saved). The infos YAML beside the checkpoint
 (`x.safetensors` → `x.yaml`) is copied beside the output as WeNet pairs
-`x.pt` with `x.yaml`.
+`x.pt` with `x.yaml` (in the same folder with the same name it is already there).
 
 With `--wenet PATH` (a WeNet checkout) the result is also loaded into WeNet's
 own model class built from `--config` with a strict load_state_dict, which
@@ -47,9 +47,10 @@ def convert(src, dst, dtype=None):
         target = getattr(torch, dtype)
         sd = {k: v.to(target) if v.is_floating_point() else v for k, v in sd.items()}
     torch.save(sd, dst)
-    infos = os.path.splitext(src)[0] + ".yaml"
-    if os.path.exists(infos):
-        shutil.copyfile(infos, os.path.splitext(dst)[0] + ".yaml")
+    infos, dst_infos = os.path.splitext(src)[0] + ".yaml", os.path.splitext(dst)[0] + ".yaml"
+    # final.safetensors → final.pt in the same folder shares final.yaml.
+    if os.path.exists(infos) and os.path.abspath(infos) != os.path.abspath(dst_infos):
+        shutil.copyfile(infos, dst_infos)
     return sd
 
 
