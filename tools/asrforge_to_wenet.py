@@ -17,6 +17,11 @@ then, as with any WeNet model directory (asrforge writes train.yaml there):
     python3 wenet/bin/export_jit.py --config exp/run/train.yaml \\
         --checkpoint exp/run/final.pt --output_file final.zip
 
+One asrforge-only key has no WeNet counterpart: if train.yaml sets
+`encoder_conf.wenet_conv_masking`, delete that line before handing the file
+to WeNet (its ConformerEncoder rejects unknown options). WeNet's own
+masking is what `wenet_conv_masking: true` reproduces.
+
 What it does: every tensor keeps its key and value; each batch norm gets the
 `num_batches_tracked` counter PyTorch's BatchNorm1d has (0, which eval mode
 ignores) when the file lacks it; `--dtype float32` casts floating tensors
