@@ -168,7 +168,13 @@ pub fn decode_batch(
     simulate_streaming: bool,
 ) -> Result<Vec<ModeResults>> {
     autograd::no_grad(|| {
-        let (enc, enc_lens) = model.encode_with(&batch.feats, &batch.feats_lengths, chunk, simulate_streaming)?;
+        let (enc, enc_lens) = model.encode_with(&batch.feats, &batch.feats_lengths, chunk, simulate_streaming).map_err(|e| {
+            if simulate_streaming {
+                Error::invalid("recognize", format!("streaming the batch of {}: {e}", batch.keys.join(", ")))
+            } else {
+                e
+            }
+        })?;
         let lp = model.ctc_log_probs(&enc)?;
         let (t, v) = (lp.dims()[1], lp.dims()[2]);
         let flat: Vec<f32> = lp.to_f64_vec()?.into_iter().map(|x| x as f32).collect();
