@@ -24,6 +24,7 @@ use crate::decode::attention::{attention_beam_search, attention_rescoring};
 use crate::decode::ctc::{ctc_greedy_search, ctc_prefix_beam_search, Hypothesis};
 use crate::error::{Error, Result};
 use crate::models::config::{apply_override, load_yaml};
+use crate::models::mask::ChunkRequest;
 use crate::models::{load_checkpoint, AsrModel, ModelConfig};
 use crate::nn::Module;
 use crate::ops;
@@ -71,9 +72,15 @@ pub struct RecognizeArgs {
     /// Weight of the right-to-left decoder in attention rescoring.
     #[arg(long = "reverse_weight", alias = "reverse-weight", default_value_t = 0.0)]
     pub reverse_weight: f64,
-    /// Chunk size of streaming decoding; only -1 (full context) is supported.
+    /// Chunk size (output frames) of chunked decoding; -1 is full context.
     #[arg(long = "decoding_chunk_size", alias = "decoding-chunk-size", default_value_t = -1, allow_hyphen_values = true)]
     pub decoding_chunk_size: i64,
+    /// Left chunks each chunk sees when decoding by chunks; -1 is all.
+    #[arg(long = "num_decoding_left_chunks", alias = "num-decoding-left-chunks", default_value_t = -1, allow_hyphen_values = true)]
+    pub num_decoding_left_chunks: i64,
+    /// Encode chunk by chunk with the attention and convolution caches, as a streaming runtime does.
+    #[arg(long = "simulate_streaming", alias = "simulate-streaming")]
+    pub simulate_streaming: bool,
     /// The symbol table (units.txt); defaults to the config's tokenizer_conf.symbol_table_path.
     #[arg(long = "symbol_table", alias = "dict")]
     pub symbol_table: Option<PathBuf>,
@@ -118,11 +125,8 @@ fn check_args(args: &RecognizeArgs) -> Result<()> {
     if args.device != "cpu" {
         return Err(Error::invalid("recognize", format!("--device: expected cpu, found `{}`", args.device)));
     }
-    if args.decoding_chunk_size != -1 {
-        return Err(Error::invalid(
-            "recognize",
-            format!("--decoding_chunk_size: expected -1 (full context; streaming is not supported), found {}", args.decoding_chunk_size),
-        ));
+    if args.decoding_chunk_size == 0 {
+        return Err(Error::invalid("recognize", "--decoding_chunk_size: expected -1 (full context) or a chunk size >= 1, found 0"));
     }
     if let Some(m) = args.modes.iter().find(|m| !MODES.contains(&m.as_str())) {
         return Err(Error::invalid("recognize", format!("--modes: expected some of {}, found `{m}`", MODES.join(", "))));
@@ -150,6 +154,8 @@ pub fn load_model(root: &serde_yaml_ng::Value, checkpoint: &Path) -> Result<AsrM
 pub type ModeResults = Vec<(String, Vec<usize>)>;
 
 /// Decodes one batch in every mode: for each mode, `(key, token ids)` per utterance.
+// The arguments are recognize.py's decoding flags, one for one.
+#[allow(clippy::too_many_arguments)]
 pub fn decode_batch(
     model: &AsrModel,
     batch: &Batch,
@@ -158,9 +164,17 @@ pub fn decode_batch(
     penalty: f64,
     ctc_weight: f64,
     reverse_weight: f64,
+    chunk: ChunkRequest,
+    simulate_streaming: bool,
 ) -> Result<Vec<ModeResults>> {
     autograd::no_grad(|| {
-        let (enc, enc_lens) = model.encode(&batch.feats, &batch.feats_lengths)?;
+        let (enc, enc_lens) = model.encode_with(&batch.feats, &batch.feats_lengths, chunk, simulate_streaming).map_err(|e| {
+            if simulate_streaming {
+                Error::invalid("recognize", format!("streaming the batch of {}: {e}", batch.keys.join(", ")))
+            } else {
+                e
+            }
+        })?;
         let lp = model.ctc_log_probs(&enc)?;
         let (t, v) = (lp.dims()[1], lp.dims()[2]);
         let flat: Vec<f32> = lp.to_f64_vec()?.into_iter().map(|x| x as f32).collect();
@@ -232,7 +246,9 @@ pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
     let mut utts = 0usize;
     for batch in loader.epoch(0) {
         utts += batch.len();
-        let results = decode_batch(&model, &batch, &args.modes, args.beam_size, args.penalty, args.ctc_weight, args.reverse_weight)?;
+        let chunk = ChunkRequest { decoding_chunk_size: args.decoding_chunk_size, num_decoding_left_chunks: args.num_decoding_left_chunks };
+        let results =
+            decode_batch(&model, &batch, &args.modes, args.beam_size, args.penalty, args.ctc_weight, args.reverse_weight, chunk, args.simulate_streaming)?;
         for (m, res) in results.iter().enumerate() {
             for (key, ids) in res {
                 let line = format!("{key} {}\n", detok.text(ids)?);

@@ -283,6 +283,22 @@ impl Executor {
         Ok(path)
     }
 
+    /// Saves the trained model as `final.safetensors` with its YAML (WeNet's
+    /// `final.pt`): the weights only, no resume state.
+    pub fn save_final(&mut self) -> Result<PathBuf> {
+        let path = if self.is_main() {
+            let mut infos = Mapping::new();
+            infos.insert("epoch".into(), Value::from(self.position.epoch));
+            infos.insert("step".into(), Value::from(self.position.step));
+            infos.insert("lr".into(), Value::from(self.optim.scheduler.lr()));
+            save_model(&self.model, &self.model_dir, "final", infos, &self.cfg.root, None)?
+        } else {
+            checkpoint_path(&self.model_dir, "final")
+        };
+        self.barrier()?;
+        Ok(path)
+    }
+
     /// Every rank's default generator, in rank order (empty on one
     /// process): each rank puts its seed and offset, as 32-bit halves (exact
     /// in f64), into its own slot of a sum over ranks.
