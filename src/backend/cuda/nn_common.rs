@@ -102,8 +102,8 @@ pub(crate) fn value_bits(dtype: DType, v: f64) -> u64 {
     match dtype {
         DType::F32 => (v as f32).to_bits() as u64,
         DType::F64 => v.to_bits(),
-        DType::F16 => half::f16::from_f64(v).to_bits() as u64,
-        DType::BF16 => half::bf16::from_f64(v).to_bits() as u64,
+        DType::F16 => crate::tensor::halfconv::f16_from_f64(v).to_bits() as u64,
+        DType::BF16 => crate::tensor::halfconv::bf16_from_f64(v).to_bits() as u64,
         DType::I64 => (v as i64) as u64,
         DType::U8 => (v as u8) as u64,
     }
