@@ -157,6 +157,11 @@ fn write_index(out_dir: &Path, built: &[(String, PathBuf)], archs: &str) {
     }
     s.push_str("];\n");
     s.push_str(&format!("/// The architectures the kernels were compiled for (`80,90`), empty without nvcc.\npub static ARCHS: &str = {archs:?};\n"));
+    let emu = out_dir.join("emu");
+    s.push_str(&format!(
+        "/// Where the emulated kernel modules are.\npub const EMU_DIR: &str = {:?};\n/// The emulated modules built.\npub const EMU_MODULES: &[&str] = &[];\n/// Why none was built.\npub const EMU_PROBLEM: &str = \"this build.rs does not build the emulated modules yet\";\n",
+        emu.display().to_string()
+    ));
     let dst = out_dir.join("kernels.rs");
     std::fs::write(&dst, s).unwrap_or_else(|e| panic!("cannot write {}: {e}", dst.display()));
 }
