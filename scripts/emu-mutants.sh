@@ -34,12 +34,12 @@ rm -f "$JSON"
 [ ${#BINS[@]} -eq ${#SUITES[@]} ] || { echo "emu-mutants: expected ${#SUITES[@]} test binaries, found ${#BINS[@]}" >&2; exit 1; }
 
 # The emulated modules of this build (build.rs's $OUT_DIR/emu).
-EMU=$(ls -dt target/release/build/asrforge-*/out/emu 2>/dev/null | while read -r d; do [ -f "$d/runtime.o" ] && echo "$d"; done | head -1)
+EMU=$(ls -dt "$ROOT"/target/release/build/asrforge-*/out/emu 2>/dev/null | while read -r d; do [ -f "$d/runtime.o" ] && echo "$d"; done | head -1)
 [ -n "$EMU" ] || { echo "emu-mutants: no emulated modules under target/release/build (is g++ >= 12 installed?)" >&2; exit 1; }
 CXX=${CXX:-g++}
 FLAGS=(-std=c++17 -O2 -fPIC -fvisibility=hidden -fno-extern-tls-init -ffp-contract=off -fno-math-errno -w)
 WORK=$(mktemp -d /tmp/asrforge-mutants.XXXX)
-trap 'rm -rf "$WORK"' EXIT
+trap '[ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
 
 # Rebuilds, from the mutated copy $1/cuda, every module whose preprocessed
 # source includes a changed file, into $1/emu (the others are linked from $EMU).

@@ -98,11 +98,20 @@ pub fn gpu(test: &str) -> Option<Device> {
 /// `got` against `want` element by element: |g − w| ≤ tol·(|w| + rms(want)).
 /// NaN or inf on either side fails. Prints the seed and the worst element.
 pub fn assert_close(what: &str, got: &[f64], want: &[f64], tol: f64, seed: u64) {
+    assert_close_floor(what, got, want, tol, 0.0, seed)
+}
+
+/// `assert_close` with the absolute part of the tolerance at least `floor`:
+/// |g − w| ≤ tol·(|w| + max(rms(want), floor)). For a sum of n terms of RMS
+/// σ the rounding errors of either side grow with the terms, not with the
+/// (possibly cancelled) result: the floor is then √n·σ, the typical
+/// magnitude of such a sum (n·σ would be the worst-case bound).
+pub fn assert_close_floor(what: &str, got: &[f64], want: &[f64], tol: f64, floor: f64, seed: u64) {
     assert_eq!(got.len(), want.len(), "{what}: got {} elements, want {} (seed {seed})", got.len(), want.len());
     if let Some(i) = want.iter().position(|w| !w.is_finite()) {
         panic!("{what}: the reference itself is {} at element {i} (seed {seed})", want[i]);
     }
-    let rms = (want.iter().map(|w| w * w).sum::<f64>() / want.len().max(1) as f64).sqrt();
+    let rms = (want.iter().map(|w| w * w).sum::<f64>() / want.len().max(1) as f64).sqrt().max(floor);
     let mut worst: Option<(usize, f64)> = None;
     let mut failed = 0usize;
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
@@ -119,7 +128,7 @@ pub fn assert_close(what: &str, got: &[f64], want: &[f64], tol: f64, seed: u64) 
     if failed > 0 {
         let (i, ratio) = worst.expect("a failure has a worst element");
         panic!(
-            "{what}: {failed} of {} elements out of tolerance {tol:e}·(|want| + rms {rms:.3e}); worst element {i}: got {}, want {} ({ratio:.3} × the tolerance) (seed {seed})",
+            "{what}: {failed} of {} elements out of tolerance {tol:e}·(|want| + {rms:.3e}); worst element {i}: got {}, want {} ({ratio:.3} × the tolerance) (seed {seed})",
             got.len(),
             got[i],
             want[i]
