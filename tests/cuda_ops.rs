@@ -13,7 +13,7 @@ use asrforge::backend::cuda::{self, Arg, LaunchConfig};
 use asrforge::ops;
 use asrforge::tensor::Rng;
 use asrforge::{DType, Device, Result, Tensor};
-use common::gpu::{self, assert_close, gpu};
+use common::gpu::{self, gpu};
 use common::{draw, fresh_seed, run_with_grads, tensor, Kind};
 
 type OpFn = dyn Fn(&[Tensor]) -> Result<Tensor>;
@@ -37,9 +37,36 @@ fn cmp_floor(name: &str, f: &OpFn, shapes: &[&[usize]], kind: Kind, grads: bool,
     gpu::assert_close_floor(&format!("{name} {dtype:?} forward"), &yg, &yc, tol, floor, seed);
     for (i, (a, b)) in gg.iter().zip(&gc).enumerate() {
         if let (Some(a), Some(b)) = (a, b) {
-            assert_close(&format!("{name} {dtype:?} grad of input {i}"), a, b, tol, seed);
+            let floor = broadcast_grad_floor(f, &vals, i, &r, y.dims());
+            gpu::assert_close_floor(&format!("{name} {dtype:?} grad of input {i}"), a, b, tol, floor, seed);
         }
     }
+}
+
+/// The gradient of an input broadcast over n output elements is a sum of n
+/// terms (one per output element): its floor is √n times their RMS (see
+/// `gpu::assert_close_floor`). The terms are the gradient of the same op
+/// with that input expanded to the output's shape, in f64 on the CPU. 0
+/// where the input is not broadcast (or the op does not broadcast).
+fn broadcast_grad_floor(f: &OpFn, vals: &[(Vec<f64>, Vec<usize>)], i: usize, r: &[f64], y_dims: &[usize]) -> f64 {
+    let y_n: usize = y_dims.iter().product();
+    let x_n: usize = vals[i].1.iter().product();
+    if x_n == 0 || y_n <= x_n {
+        return 0.0;
+    }
+    let mut xs: Vec<Tensor> = vals.iter().map(|(v, s)| tensor(v, s, DType::F64, &Device::Cpu)).collect();
+    let Ok(full) = ops::add(&xs[i], &Tensor::zeros(y_dims.to_vec(), DType::F64, &Device::Cpu).unwrap()) else { return 0.0 };
+    if full.dims() != y_dims {
+        return 0.0;
+    }
+    let leaf = tensor(&full.to_f64_vec().unwrap(), y_dims, DType::F64, &Device::Cpu).requires_grad_();
+    xs[i] = leaf.clone();
+    let Ok(y) = f(&xs) else { return 0.0 };
+    let loss = ops::sum_all(&ops::mul(&y, &tensor(&r[..y.elem_count()], y.dims(), DType::F64, &Device::Cpu)).unwrap()).unwrap();
+    asrforge::autograd::backward(&loss).unwrap();
+    let terms = leaf.grad().map(|g| g.to_f64_vec().unwrap()).unwrap_or_default();
+    let rms = (terms.iter().map(|t| t * t).sum::<f64>() / terms.len().max(1) as f64).sqrt();
+    ((y_n / x_n) as f64).sqrt() * rms
 }
 
 /// `f` on the GPU in a half dtype against `f` on the CPU in f32 over the
