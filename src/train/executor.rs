@@ -15,7 +15,7 @@ use crate::data::Batch;
 use crate::dist::JoinGroup;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::models::AsrModel;
+use crate::models::{AsrModel, LossDict};
 use crate::nn::Module;
 use crate::optim::GradScaler;
 use crate::tensor::rng::{self, Rng};
@@ -167,15 +167,23 @@ impl Executor {
         r
     }
 
-    fn forward_backward(&mut self, b: &Batch) -> Result<BatchLoss> {
+    /// The model's forward on one batch, as train and cv both run it: the
+    /// batch moved to the model's device (`self.device`) when it is not
+    /// there already, under the run's autocast. Gradients are recorded
+    /// unless the caller is inside `no_grad`.
+    pub fn forward(&self, b: &Batch) -> Result<LossDict> {
         let moved;
-        let b = if b.feats.device() == self.device {
+        let b = if b.feats.device() == self.device && b.target.device() == self.device {
             b
         } else {
             moved = b.to_device(&self.device)?;
             &moved
         };
-        let out = crate::ops::autocast(self.autocast, || self.model.forward(&b.feats, &b.feats_lengths, &b.target, &b.target_lengths))?;
+        crate::ops::autocast(self.autocast, || self.model.forward(&b.feats, &b.feats_lengths, &b.target, &b.target_lengths))
+    }
+
+    fn forward_backward(&mut self, b: &Batch) -> Result<BatchLoss> {
+        let out = self.forward(b)?;
         let mut loss = crate::ops::mul_scalar(&out.loss, 1.0 / self.cfg.accum_grad as f64)?;
         if let Some(s) = &self.scaler {
             loss = s.scale_loss(&loss)?;
@@ -471,7 +479,7 @@ impl Executor {
     fn cv_sums(&mut self, loader: &DataLoader) -> Result<Vec<f64>> {
         let mut sums = vec![0.0; 8];
         for b in loader.epoch(self.position.epoch) {
-            let out = autograd::no_grad(|| self.model.forward(&b.feats, &b.feats_lengths, &b.target, &b.target_lengths))?;
+            let out = autograd::no_grad(|| self.forward(&b))?;
             let n = b.len() as f64;
             sums[0] += out.loss.to_scalar()? * n;
             if let Some(c) = &out.loss_ctc {
