@@ -206,25 +206,44 @@ fn build_emu(out_dir: &Path, src_dir: &Path, sources: &[PathBuf]) -> EmuBuild {
         panic!("cannot create {}: {e}", dir.display());
     }
     let emu_src = src_dir.join("emu");
-    let runtime_obj = dir.join("runtime.o");
+    // The runtime (every cuda/emu/*.cpp), compiled once and linked into every module.
+    let mut runtime_objs = Vec::new();
     let mut jobs = Vec::new();
-    {
-        let (cxx, emu_src, obj) = (cxx.clone(), emu_src.clone(), runtime_obj.clone());
+    let mut rt_sources: Vec<PathBuf> = std::fs::read_dir(&emu_src)
+        .map(|rd| rd.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "cpp")).collect())
+        .unwrap_or_default();
+    rt_sources.sort();
+    for src in rt_sources {
+        let stem = src.file_stem().and_then(|s| s.to_str()).unwrap_or("runtime").to_string();
+        let obj = dir.join(format!("rt_{stem}.o"));
+        runtime_objs.push(obj.clone());
+        let (cxx, emu_src) = (cxx.clone(), emu_src.clone());
         jobs.push(std::thread::spawn(move || {
             let mut cmd = emu_cxx(&cxx, &emu_src);
-            cmd.arg("-c").arg("-o").arg(&obj).arg(emu_src.join("runtime.cpp"));
-            run_cxx(cmd, "cuda/emu/runtime.cpp").map(|_| None)
+            cmd.arg("-c").arg("-o").arg(&obj).arg(&src);
+            run_cxx(cmd, &src.display().to_string()).map(|_| None)
         }));
     }
-    for src in sources {
-        let (cxx, emu_src, src_dir, dir, src) = (cxx.clone(), emu_src.clone(), src_dir.to_path_buf(), dir.clone(), src.clone());
-        jobs.push(std::thread::spawn(move || emu_module(&cxx, &emu_src, &src_dir, &dir, &src).map(Some)));
+    // The project's modules, plus test-only kernels (tests/emu_runtime.rs) in emu/testdata.
+    let mut units: Vec<(PathBuf, PathBuf)> = sources.iter().map(|s| (s.clone(), dir.clone())).collect();
+    let test_dir = dir.join("testdata");
+    if let Ok(rd) = std::fs::read_dir(emu_src.join("testdata")) {
+        if let Err(e) = std::fs::create_dir_all(&test_dir) {
+            panic!("cannot create {}: {e}", test_dir.display());
+        }
+        let mut extra: Vec<PathBuf> = rd.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "cu")).collect();
+        extra.sort();
+        units.extend(extra.into_iter().map(|p| (p, test_dir.clone())));
     }
-    let mut stems = Vec::new();
+    for (src, out) in &units {
+        let (cxx, emu_src, src_dir, out, src) = (cxx.clone(), emu_src.clone(), src_dir.to_path_buf(), out.clone(), src.clone());
+        jobs.push(std::thread::spawn(move || emu_module(&cxx, &emu_src, &src_dir, &out, &src).map(|stem| Some((stem, out)))));
+    }
+    let mut built = Vec::new();
     let mut failures = Vec::new();
     for j in jobs {
         match j.join() {
-            Ok(Ok(Some(stem))) => stems.push(stem),
+            Ok(Ok(Some(b))) => built.push(b),
             Ok(Ok(None)) => {}
             Ok(Err(msg)) => failures.push(msg),
             Err(_) => failures.push("a g++ worker thread panicked".to_string()),
@@ -234,13 +253,13 @@ fn build_emu(out_dir: &Path, src_dir: &Path, sources: &[PathBuf]) -> EmuBuild {
         eprintln!("{}", failures.join("\n\n"));
         panic!("g++ failed on {} emulated kernel file(s); its messages are above", failures.len());
     }
-    let links: Vec<_> = stems
+    let links: Vec<_> = built
         .iter()
-        .map(|stem| {
-            let (cxx, dir, rt, stem) = (cxx.clone(), dir.clone(), runtime_obj.clone(), stem.clone());
+        .map(|(stem, out)| {
+            let (cxx, out, rt, stem) = (cxx.clone(), out.clone(), runtime_objs.clone(), stem.clone());
             std::thread::spawn(move || {
                 let mut cmd = Command::new(&cxx);
-                cmd.args(["-shared", "-fPIC", "-o"]).arg(dir.join(format!("lib{stem}.so"))).arg(dir.join(format!("{stem}.o"))).arg(&rt);
+                cmd.args(["-shared", "-fPIC", "-o"]).arg(out.join(format!("lib{stem}.so"))).arg(out.join(format!("{stem}.o"))).args(&rt);
                 cmd.args(["-ldl", "-lpthread"]);
                 run_cxx(cmd, &format!("lib{stem}.so"))
             })
@@ -257,6 +276,7 @@ fn build_emu(out_dir: &Path, src_dir: &Path, sources: &[PathBuf]) -> EmuBuild {
         eprintln!("{}", failures.join("\n\n"));
         panic!("linking {} emulated kernel module(s) failed; the messages are above", failures.len());
     }
+    let mut stems: Vec<String> = built.into_iter().filter(|(_, out)| *out == dir).map(|(s, _)| s).collect();
     stems.sort();
     EmuBuild { dir, modules: stems, problem: String::new() }
 }
@@ -319,6 +339,7 @@ fn scan_cu(text: &str) -> CuScan {
     #[derive(Clone)]
     enum Brace {
         Ns(String),
+        ExternC,
         Other,
     }
     let b = text.as_bytes();
@@ -353,7 +374,8 @@ fn scan_cu(text: &str) -> CuScan {
             } else if word == "namespace" {
                 pending_ns = Some(String::new());
             }
-            if word == "__global__" && text[..i].trim_end().ends_with("extern \"C\"") {
+            let in_extern_c = matches!(stack.last(), Some(Brace::ExternC));
+            if word == "__global__" && (in_extern_c || text[..i].trim_end().ends_with("extern \"C\"")) {
                 if let Some(p) = text[j..].find('(') {
                     let head = text[j..j + p].trim_end();
                     let name: String =
@@ -381,7 +403,14 @@ fn scan_cu(text: &str) -> CuScan {
             continue;
         }
         match c {
-            b'{' => stack.push(pending_ns.take().map(Brace::Ns).unwrap_or(Brace::Other)),
+            b'{' => {
+                let brace = match pending_ns.take() {
+                    Some(ns) => Brace::Ns(ns),
+                    None if text[..i].trim_end().ends_with("extern \"C\"") => Brace::ExternC,
+                    None => Brace::Other,
+                };
+                stack.push(brace)
+            }
             b'}' => {
                 stack.pop();
             }

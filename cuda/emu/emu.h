@@ -67,9 +67,9 @@ struct dim3 {
 
 // ---- the runtime's side (runtime.cpp) ----------------------------------------
 namespace asrforge_emu {
-// Fiber stacks are kStackSize bytes, aligned to their size; the first word of
-// a stack region points at the running thread's context, so the built-ins are
-// found from the stack pointer without any thread-local variable.
+// Fiber stacks are kStackSize bytes, aligned to their size; a header in the
+// first page of a stack region points at the running thread's context, so the
+// built-ins are found from the stack pointer without any thread-local variable.
 constexpr uintptr_t kStackSize = uintptr_t(1) << 18;
 // Every `extern __shared__` array has room for the largest dynamic shared
 // memory a GPU of this project offers (227 KiB on sm_90) plus a guard zone.
@@ -94,7 +94,10 @@ inline uintptr_t stack_region() {
 #endif
     return sp & ~(kStackSize - 1);
 }
-inline ThreadCtx* ctx() { return *reinterpret_cast<ThreadCtx**>(stack_region()); }
+// The header of a stack region sits in its first page, at an offset that
+// differs between regions so that headers do not all share one cache set.
+inline uintptr_t stack_header(uintptr_t region) { return region + (((region / kStackSize) & 63) << 6); }
+inline ThreadCtx* ctx() { return *reinterpret_cast<ThreadCtx**>(stack_header(stack_region())); }
 enum BarrierKind { kBarPlain = 0, kBarCount = 1, kBarAnd = 2, kBarOr = 3 };
 enum WarpOp { kWarpSync = 0, kShflIdx, kShflUp, kShflDown, kShflXor, kBallot, kAny, kAll };
 // __syncthreads and friends: waits for every thread of the block.

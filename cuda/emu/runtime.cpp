@@ -1,17 +1,12 @@
 // The CUDA-on-CPU runtime linked into every emulated module (lib<stem>.so):
-// the threads of a block run as fibers on one OS thread, handing off at
-// barriers and warp intrinsics; blocks spread over a pool of OS threads.
+// the threads of a block run as fibers (fiber.cpp) on one OS thread, handing
+// off at barriers and warp intrinsics, which this file checks and resolves;
+// blocks spread over a pool of OS threads; the ABI entry points.
 // See cuda/README.md, "The emulator", and cuda/emu/abi.h for the entry points.
 //
 // No thread_local here: the module's TLS block is the block's shared memory
 // (NaN-filled at every block start), so it must hold nothing else.
 #include "emu.h"
-
-#include <dlfcn.h>
-#include <link.h>
-#include <pthread.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -23,95 +18,13 @@
 #include <vector>
 
 #include "abi.h"
-#include "table.h"
-
-#if !defined(__x86_64__)
-#include <ucontext.h>
-#endif
+#include "rt.h"
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace asrforge_emu {
+using namespace rt;
 namespace {
-
-constexpr unsigned kMaxThreads = 1024;
-constexpr unsigned char kNanByte = 0xFF;
-constexpr unsigned char kGuardByte = 0xA5;
-constexpr size_t kDefaultDynLimit = 48 * 1024;  // without cuFuncSetAttribute, as on a GPU
-
-enum State : unsigned char { kRunnable, kAtBarrier, kAtWarp, kDone };
-enum Schedule { kAsc, kDesc, kRandom };
-
-struct Worker;
-struct Launch;
-
-struct Thr {
-    ThreadCtx ctx;  // first: the stack header points here
-    unsigned lin = 0, lane = 0, warp_id = 0;
-    State state = kRunnable;
-    bool started = false;
-    void* sp = nullptr;
-    char* stack = nullptr;
-#if !defined(__x86_64__)
-    ucontext_t uc;
-#endif
-    int bar_kind = 0, bar_pred = 0, bar_result = 0;
-    const char* bar_file = nullptr;
-    int bar_line = 0;
-    int wop = 0, warg = 0, wwidth = 32;
-    unsigned wmask = 0;
-    uint64_t wval = 0, wres = 0;
-};
-
-// The first bytes of every fiber stack region (ctx() reads `cur`).
-struct StackHdr {
-    ThreadCtx* cur;
-    Thr* thr;
-    Worker* worker;
-};
-
-struct Range {
-    char* p;
-    size_t n;
-};
-
-struct Worker {
-    void* sched_sp = nullptr;
-#if !defined(__x86_64__)
-    ucontext_t sched_uc;
-#endif
-    char* region = nullptr;  // kMaxThreads stacks, aligned to kStackSize
-    size_t region_len = 0;
-    char* region_map = nullptr;
-    unsigned stacks_made = 0;
-    std::vector<char*> free_stacks;
-    char* tls = nullptr;  // this thread's TLS block of the module
-    size_t tls_len = 0;
-    std::vector<char*> dyn;     // this thread's `extern __shared__` arrays
-    std::vector<Range> statics;  // the TLS block minus the dyn arrays
-    std::vector<Thr> thr;
-    std::vector<unsigned> order;
-    // The block being run.
-    Launch* launch = nullptr;
-    uint3 bid{0, 0, 0};
-    bool failed = false;
-    std::string err;
-};
-
-struct Launch {
-    size_t kernel;
-    dim3 grid, block;
-    unsigned dyn;
-    void** args;
-    Schedule schedule;
-    uint64_t seed;
-    uint64_t total;
-    std::atomic<uint64_t> next{0};
-    std::atomic<bool> stop{false};
-    int users = 0;  // pool threads inside run_blocks (under Pool::mu)
-    std::string err;  // the first failing block's message (under Pool::mu)
-    std::condition_variable idle;
-};
 
 const char* kernel_name(size_t i) { return kKernels[i].name; }
 
@@ -121,175 +34,6 @@ std::string base_name(const char* f) {
     return s ? s + 1 : f;
 }
 
-StackHdr* hdr() { return reinterpret_cast<StackHdr*>(stack_region()); }
-
-// ---- context switch --------------------------------------------------------------
-#if defined(__x86_64__)
-extern "C" void asrforge_emu_switch(void** save_sp, void* to_sp) __attribute__((visibility("hidden")));
-extern "C" void asrforge_emu_fiber_entry() __attribute__((visibility("hidden")));
-extern "C" [[noreturn]] void asrforge_emu_fiber_main(Thr* t) __attribute__((visibility("hidden")));
-// Saves the callee-saved registers on the current stack, stores the stack
-// pointer in *save_sp, switches to to_sp and restores the registers there.
-__asm__(R"(
-    .text
-    .globl asrforge_emu_switch
-    .hidden asrforge_emu_switch
-    .type asrforge_emu_switch,@function
-asrforge_emu_switch:
-    pushq %rbp
-    pushq %rbx
-    pushq %r12
-    pushq %r13
-    pushq %r14
-    pushq %r15
-    movq %rsp, (%rdi)
-    movq %rsi, %rsp
-    popq %r15
-    popq %r14
-    popq %r13
-    popq %r12
-    popq %rbx
-    popq %rbp
-    ret
-    .size asrforge_emu_switch, .-asrforge_emu_switch
-    .globl asrforge_emu_fiber_entry
-    .hidden asrforge_emu_fiber_entry
-    .type asrforge_emu_fiber_entry,@function
-asrforge_emu_fiber_entry:
-    movq %r15, %rdi
-    call asrforge_emu_fiber_main
-    ud2
-    .size asrforge_emu_fiber_entry, .-asrforge_emu_fiber_entry
-)");
-
-void to_fiber(Worker& w, Thr& t) { asrforge_emu_switch(&w.sched_sp, t.sp); }
-void to_scheduler(Worker& w, Thr& t) { asrforge_emu_switch(&t.sp, w.sched_sp); }
-void start_fiber(Worker& w, Thr& t) {
-    // Registers popped by the first switch: r15 = &t, then the return address.
-    uintptr_t top = reinterpret_cast<uintptr_t>(t.stack) + kStackSize;
-    uintptr_t* s = reinterpret_cast<uintptr_t*>(top - 72);
-    for (int i = 0; i < 6; ++i) s[i] = 0;
-    s[0] = reinterpret_cast<uintptr_t>(&t);
-    s[6] = reinterpret_cast<uintptr_t>(&asrforge_emu_fiber_entry);
-    t.sp = s;
-    to_fiber(w, t);
-}
-#else
-// Portable fallback (about 15x slower per switch: swapcontext saves the signal mask).
-extern "C" [[noreturn]] void asrforge_emu_fiber_main(Thr* t) __attribute__((visibility("hidden")));
-void fiber_tramp(unsigned hi, unsigned lo) {
-    asrforge_emu_fiber_main(reinterpret_cast<Thr*>((static_cast<uintptr_t>(hi) << 32) | lo));
-}
-void to_fiber(Worker& w, Thr& t) { swapcontext(&w.sched_uc, &t.uc); }
-void to_scheduler(Worker& w, Thr& t) { swapcontext(&t.uc, &w.sched_uc); }
-void start_fiber(Worker& w, Thr& t) {
-    getcontext(&t.uc);
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    t.uc.uc_stack.ss_sp = t.stack + 2 * page;
-    t.uc.uc_stack.ss_size = kStackSize - 2 * page;
-    t.uc.uc_link = nullptr;
-    const uintptr_t p = reinterpret_cast<uintptr_t>(&t);
-    makecontext(&t.uc, reinterpret_cast<void (*)()>(fiber_tramp), 2, (unsigned)(p >> 32), (unsigned)p);
-    to_fiber(w, t);
-}
-#endif
-
-// ---- per-OS-thread worker state -------------------------------------------------------
-struct Module {
-    void* handle = nullptr;
-    size_t tls_len = 0;
-};
-
-int phdr_cb(struct dl_phdr_info* info, size_t, void* data) {
-    auto* want = static_cast<std::pair<ElfW(Addr), size_t>*>(data);
-    if (info->dlpi_addr != want->first) return 0;
-    for (int i = 0; i < info->dlpi_phnum; ++i)
-        if (info->dlpi_phdr[i].p_type == PT_TLS) want->second = info->dlpi_phdr[i].p_memsz;
-    return 1;
-}
-
-Module& module() {
-    static Module* m = [] {
-        auto* mod = new Module;
-        Dl_info di;
-        if (dladdr(reinterpret_cast<void*>(&asrforge_emu_abi), &di) && di.dli_fname) {
-            // Never unloaded: pool threads sleep inside this library's code.
-            mod->handle = dlopen(di.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
-        }
-        if (mod->handle) {
-            struct link_map* lm = nullptr;
-            if (dlinfo(mod->handle, RTLD_DI_LINKMAP, &lm) == 0 && lm) {
-                std::pair<ElfW(Addr), size_t> want(lm->l_addr, 0);
-                dl_iterate_phdr(phdr_cb, &want);
-                mod->tls_len = want.second;
-            }
-        }
-        return mod;
-    }();
-    return *m;
-}
-
-pthread_key_t worker_key;
-pthread_once_t worker_once = PTHREAD_ONCE_INIT;
-
-void free_worker(void* p) {
-    Worker* w = static_cast<Worker*>(p);
-    if (w->region_map) munmap(w->region_map, w->region_len);
-    delete w;
-}
-
-Worker& worker() {
-    pthread_once(&worker_once, [] { pthread_key_create(&worker_key, free_worker); });
-    if (void* p = pthread_getspecific(worker_key)) return *static_cast<Worker*>(p);
-    Worker* w = new Worker;
-    // Stacks: reserved once (no memory until touched), made usable one by one.
-    w->region_len = (size_t)kMaxThreads * kStackSize + kStackSize;
-    void* m = mmap(nullptr, w->region_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m != MAP_FAILED) {
-        w->region_map = static_cast<char*>(m);
-        w->region = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(m) + kStackSize - 1) & ~(kStackSize - 1));
-    }
-    // This thread's shared memory: the module's TLS block.
-    volatile char* anchor = static_cast<char*>(tls_anchor());
-    (void)*anchor;
-    Module& mod = module();
-    void* tls = nullptr;
-    if (mod.handle && mod.tls_len && dlinfo(mod.handle, RTLD_DI_TLS_DATA, &tls) == 0 && tls) {
-        w->tls = static_cast<char*>(tls);
-        w->tls_len = mod.tls_len;
-    }
-    for (size_t i = 0; i < kDynSharedCount; ++i) w->dyn.push_back(static_cast<char*>(kDynShared[i]()));
-    if (w->tls) {
-        std::vector<char*> d = w->dyn;
-        std::sort(d.begin(), d.end());
-        char* at = w->tls;
-        char* end = w->tls + w->tls_len;
-        for (char* p : d) {
-            if (p < at || p >= end) continue;
-            if (p > at) w->statics.push_back(Range{at, (size_t)(p - at)});
-            at = p + kDynSharedCap + kDynGuard;
-        }
-        if (at < end) w->statics.push_back(Range{at, (size_t)(end - at)});
-    }
-    pthread_setspecific(worker_key, w);
-    return *w;
-}
-
-char* take_stack(Worker& w) {
-    if (!w.free_stacks.empty()) {
-        char* s = w.free_stacks.back();
-        w.free_stacks.pop_back();
-        return s;
-    }
-    if (!w.region || w.stacks_made >= kMaxThreads) return nullptr;
-    char* s = w.region + (size_t)w.stacks_made++ * kStackSize;
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    // [header page][guard page, no access][stack ... top]: an overflow faults.
-    if (mprotect(s, page, PROT_READ | PROT_WRITE) != 0 ||
-        mprotect(s + 2 * page, kStackSize - 2 * page, PROT_READ | PROT_WRITE) != 0)
-        return nullptr;
-    return s;
-}
 
 // ---- one block ------------------------------------------------------------------------
 uint64_t splitmix(uint64_t& x) {
@@ -435,11 +179,6 @@ void check_guards(Worker& w, unsigned dyn) {
     }
 }
 
-void release_stack(Worker& w, Thr& t) {
-    if (t.stack) w.free_stacks.push_back(t.stack);
-    t.stack = nullptr;
-}
-
 void run_block(Worker& w, Launch& L, uint64_t b) {
     const dim3 g = L.grid, bd = L.block;
     w.launch = &L;
@@ -464,9 +203,11 @@ void run_block(Worker& w, Launch& L, uint64_t b) {
     fill_shared(w, L.dyn);
     uint64_t phase = 0;
     make_order(w, L, b, phase);
+    w.straight = true;
+    w.n_bar = w.n_warp = w.n_done = 0;
     for (;;) {
-        for (unsigned idx : w.order) {
-            Thr& t = w.thr[idx];
+        for (w.pos = 0; w.pos < n; ++w.pos) {
+            Thr& t = w.thr[w.order[w.pos]];
             if (t.state != kRunnable) continue;
             if (!t.started) {
                 t.stack = take_stack(w);
@@ -474,7 +215,7 @@ void run_block(Worker& w, Launch& L, uint64_t b) {
                     fail(w, "cannot map a fiber stack (out of memory?)");
                     break;
                 }
-                StackHdr* h = reinterpret_cast<StackHdr*>(t.stack);
+                StackHdr* h = hdr_of(t.stack);
                 h->cur = &t.ctx;
                 h->thr = &t;
                 h->worker = &w;
@@ -483,34 +224,31 @@ void run_block(Worker& w, Launch& L, uint64_t b) {
             } else {
                 to_fiber(w, t);
             }
-            if (t.state == kDone) release_stack(w, t);
+            // Straight through, the fiber may have run later threads on the same
+            // stack (advancing w.pos): the one it ran last owns the stack now.
+            Thr& last = *w.last;
+            if (last.state == kDone) release_stack(w, last);
             if (w.failed) break;
         }
         if (w.failed) break;
-        unsigned at_bar = 0, at_warp = 0, done = 0;
-        const Thr* exited = nullptr;
-        const Thr* waiting = nullptr;
-        for (const Thr& t : w.thr) {
-            if (t.state == kAtBarrier) {
-                ++at_bar;
-                waiting = &t;
-            } else if (t.state == kAtWarp) {
-                ++at_warp;
-            } else if (t.state == kDone) {
-                ++done;
-                if (!exited) exited = &t;
-            }
-        }
-        if (at_warp) {
+        if (w.n_warp) {
             resolve_warps(w);
             if (w.failed) break;
+            w.n_warp = 0;
+            for (const Thr& t : w.thr) w.n_warp += t.state == kAtWarp;
             continue;
         }
-        if (at_bar) {
-            if (done) {
+        if (w.n_bar) {
+            if (w.n_done) {
+                const Thr* exited = nullptr;
+                const Thr* waiting = nullptr;
+                for (const Thr& t : w.thr) {
+                    if (t.state == kDone && !exited) exited = &t;
+                    if (t.state == kAtBarrier && !waiting) waiting = &t;
+                }
                 char bb[400];
                 snprintf(bb, sizeof bb, "__syncthreads (%s:%d) reached by %u of %u threads; %s had exited without reaching it",
-                         base_name(waiting->bar_file).c_str(), waiting->bar_line, at_bar, n, tname(*exited).c_str());
+                         base_name(waiting->bar_file).c_str(), waiting->bar_line, w.n_bar, n, tname(*exited).c_str());
                 fail(w, bb);
                 break;
             }
@@ -520,7 +258,9 @@ void run_block(Worker& w, Launch& L, uint64_t b) {
                 t.bar_result = t.bar_kind == kBarCount ? cnt : t.bar_kind == kBarAnd ? (cnt == (int)n) : t.bar_kind == kBarOr ? (cnt > 0) : 0;
                 t.state = kRunnable;
             }
-            make_order(w, L, b, ++phase);
+            w.n_bar = 0;
+            ++phase;
+            if (L.schedule == kRandom) make_order(w, L, b, phase);
             continue;
         }
         break;  // every thread has finished
@@ -603,31 +343,57 @@ int put_err(char* err, size_t len, const std::string& msg) {
     return 1;
 }
 
+// A thread that waits hands over to the next runnable, started thread of this
+// pass directly (one switch instead of two through the scheduler); at the end
+// of the pass, or before a thread that still needs a stack, to the scheduler.
+void switch_away(Worker& w, Thr& t) {
+    const size_t n = w.order.size();
+    while (w.pos + 1 < n) {
+        Thr& nx = w.thr[w.order[w.pos + 1]];
+        if (nx.state != kRunnable) {
+            ++w.pos;
+            continue;
+        }
+        if (!nx.started) break;
+        ++w.pos;
+        fiber_to_fiber(t, nx);
+        return;
+    }
+    w.last = &t;
+    to_scheduler(w, t);
+}
+
 }  // namespace
 
 // ---- called from kernel code (inside a fiber) ------------------------------------------
 int barrier(int kind, int pred, const char* file, int line) {
     StackHdr* h = hdr();
     Thr& t = *h->thr;
+    Worker& w = *h->worker;
+    w.straight = false;
+    ++w.n_bar;
     t.state = kAtBarrier;
     t.bar_kind = kind;
     t.bar_pred = pred;
     t.bar_file = file;
     t.bar_line = line;
-    to_scheduler(*h->worker, t);
+    switch_away(w, t);
     return t.bar_result;
 }
 
 uint64_t warp(int op, unsigned mask, uint64_t value, int arg, int width) {
     StackHdr* h = hdr();
     Thr& t = *h->thr;
+    Worker& w = *h->worker;
+    w.straight = false;
+    ++w.n_warp;
     t.state = kAtWarp;
     t.wop = op;
     t.wmask = mask;
     t.wval = value;
     t.warg = arg;
     t.wwidth = width;
-    to_scheduler(*h->worker, t);
+    switch_away(w, t);
     return t.wres;
 }
 
@@ -642,6 +408,7 @@ void trap(const char* what, const char* file, int line) {
     char b[512];
     snprintf(b, sizeof b, "%s failed at %s:%d in %s", what, base_name(file).c_str(), line, tname(t).c_str());
     fail(*h->worker, b);
+    h->worker->last = &t;
     to_scheduler(*h->worker, t);
     __builtin_unreachable();
 }
@@ -649,11 +416,29 @@ void trap(const char* what, const char* file, int line) {
 }  // namespace asrforge_emu
 
 using namespace asrforge_emu;
+using namespace asrforge_emu::rt;
 
 extern "C" [[noreturn]] void asrforge_emu_fiber_main(Thr* t) {
-    Worker& w = *reinterpret_cast<StackHdr*>(stack_region())->worker;
-    kKernels[w.launch->kernel].tramp(w.launch->args);
-    t->state = kDone;
+    StackHdr* h = hdr();
+    Worker& w = *h->worker;
+    for (;;) {
+        kKernels[w.launch->kernel].tramp(w.launch->args);
+        t->state = kDone;
+        ++w.n_done;
+        // No thread of the block has synchronised: run the next one in order on
+        // this stack, without a switch (a later barrier is an error anyway).
+        if (!w.straight || w.pos + 1 >= w.thr.size()) break;
+        Thr* next = &w.thr[w.order[w.pos + 1]];
+        if (next->started || next->state != kRunnable) break;
+        ++w.pos;
+        next->started = true;
+        next->stack = t->stack;
+        t->stack = nullptr;
+        h->cur = &next->ctx;
+        h->thr = next;
+        t = next;
+    }
+    w.last = t;
     to_scheduler(w, *t);
     __builtin_unreachable();
 }

@@ -43,3 +43,4 @@ inline __half atomicAdd(__half* a, __half v) {
         if (__atomic_compare_exchange_n(p, &old, nu, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return __ushort_as_half(old);
     }
 }
+inline __half2 make_half2(__half a, __half b) { return __half2(a, b); }
