@@ -99,3 +99,96 @@ pub fn matmul(d: &MatmulDims, a: &CudaStorage, b: &CudaStorage) -> Result<CudaSt
 pub fn version(dev: &CudaDevice) -> Result<i32> {
     dev.seam().driver().blas_version()
 }
+
+/// One strided-batched GEMM in cuBLAS's own terms (column-major, element
+/// (r, c) of a stored matrix at `r + c·ld`): `C[i] = op(A[i])·op(B[i])`,
+/// op(A) m×k, op(B) k×n, C m×n, operand `i` starting `i·stride` elements in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmSpec {
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub lda: usize,
+    pub ldb: usize,
+    pub ldc: usize,
+    pub stride_a: usize,
+    pub stride_b: usize,
+    pub stride_c: usize,
+    pub batch: usize,
+}
+
+/// Elements a stored `rows × cols` matrix with leading dimension `ld` spans.
+fn span(rows: usize, cols: usize, ld: usize) -> usize {
+    if rows == 0 || cols == 0 {
+        0
+    } else {
+        (cols - 1) * ld + rows
+    }
+}
+
+/// Elements `batch` matrices of `one` elements `stride` apart span.
+fn batched(batch: usize, stride: usize, one: usize) -> usize {
+    if batch == 0 || one == 0 {
+        0
+    } else {
+        (batch - 1) * stride + one
+    }
+}
+
+/// Runs `spec` on the device buffers (same dtype and device; each must hold
+/// every element the spec addresses), writing C in place: the raw cuBLAS
+/// call `matmul` is built on, for checking its semantics directly.
+pub fn gemm_strided_batched(spec: &GemmSpec, a: &CudaStorage, b: &CudaStorage, c: &CudaStorage) -> Result<()> {
+    let dt = a.dtype();
+    for s in [b, c] {
+        if s.dtype() != dt {
+            return Err(Error::DTypeMismatch { op: "gemm", expected: dt, got: s.dtype() });
+        }
+        if s.ordinal() != a.ordinal() {
+            return Err(Error::invalid("gemm", format!("operands on cuda:{} and cuda:{}", a.ordinal(), s.ordinal())));
+        }
+    }
+    let (ra, ca) = if spec.trans_a { (spec.k, spec.m) } else { (spec.m, spec.k) };
+    let (rb, cb) = if spec.trans_b { (spec.n, spec.k) } else { (spec.k, spec.n) };
+    let need = [
+        ("A", a, batched(spec.batch, spec.stride_a, span(ra, ca, spec.lda))),
+        ("B", b, batched(spec.batch, spec.stride_b, span(rb, cb, spec.ldb))),
+        ("C", c, batched(spec.batch, spec.stride_c, span(spec.m, spec.n, spec.ldc))),
+    ];
+    for (name, s, n) in need {
+        if s.len() < n {
+            return Err(Error::invalid("gemm", format!("{name} holds {} elements, {spec:?} addresses {n}", s.len())));
+        }
+    }
+    if spec.lda < ra.max(1) || spec.ldb < rb.max(1) || spec.ldc < spec.m.max(1) {
+        return Err(Error::invalid("gemm", format!("a leading dimension is below its matrix's rows in {spec:?}")));
+    }
+    if spec.m == 0 || spec.n == 0 || spec.batch == 0 {
+        return Ok(());
+    }
+    let i64_of = |v: usize| i64::try_from(v).map_err(|_| Error::invalid("gemm", format!("stride {v} exceeds 64 bits")));
+    let g = Gemm {
+        trans_a: spec.trans_a,
+        trans_b: spec.trans_b,
+        m: int("gemm", spec.m)?,
+        n: int("gemm", spec.n)?,
+        k: int("gemm", spec.k)?,
+        a: a.ptr(),
+        lda: int("gemm", spec.lda)?,
+        stride_a: i64_of(spec.stride_a)?,
+        b: b.ptr(),
+        ldb: int("gemm", spec.ldb)?,
+        stride_b: i64_of(spec.stride_b)?,
+        c: c.ptr(),
+        ldc: int("gemm", spec.ldc)?,
+        stride_c: i64_of(spec.stride_c)?,
+        batch: int("gemm", spec.batch)?,
+        dtype: dt,
+        tf32: allow_tf32(),
+    };
+    // SAFETY: every element the spec addresses lies inside the live buffers
+    // (checked above); the call is ordered on the compute stream.
+    unsafe { a.device().seam().gemm(&g, COMPUTE) }
+}

@@ -41,7 +41,7 @@ fn emulated(s: &mut String) {
     match super::device(0) {
         Ok(d) => match d.driver_kind() {
             super::DriverKind::Emulated { dir, schedule } => {
-                let _ = writeln!(s, "  cuda:0: {}, module dir {dir}, thread schedule {schedule}, block threads {threads}", d.name().unwrap_or_default());
+                let _ = writeln!(s, "  cuda:0: {}, module dir {dir}, thread schedule {schedule}, OS threads {threads}", d.name().unwrap_or_default());
             }
             super::DriverKind::Gpu => {
                 let _ = writeln!(s, "  cuda:0: opened a GPU although emulation was asked for (a bug)");
