@@ -73,6 +73,8 @@ pub struct BenchReport {
     pub frames_per_s: f64,
     /// Median, min and max time of the steps after the warm-up (all steps when there are no more).
     pub step: StepStats,
+    /// Number of trained parameter elements.
+    pub params: usize,
     /// The per-op profile of the timed steps (with `--profile`).
     pub profile: Option<crate::autograd::Profile>,
     /// The most memory live at once, in bytes: tensor storage during the
@@ -91,7 +93,7 @@ impl BenchReport {
         let first = self.losses.first().copied().unwrap_or(f64::NAN);
         let last = self.losses.last().copied().unwrap_or(f64::NAN);
         format!(
-            "bench-train device={:?} dtype={dt} steps={} init_loss={:.6} first_loss={first:.6} last_loss={last:.6} skipped={} frames_per_s={:.1} step_ms_median={:.1} step_ms_min={:.1} step_ms_max={:.1} timed_steps={} peak_mib={:.1}",
+            "bench-train device={:?} dtype={dt} steps={} init_loss={:.6} first_loss={first:.6} last_loss={last:.6} skipped={} frames_per_s={:.1} step_ms_median={:.1} step_ms_min={:.1} step_ms_max={:.1} timed_steps={} params={} peak_mib={:.1}",
             self.device,
             self.losses.len(),
             self.init_loss,
@@ -101,6 +103,7 @@ impl BenchReport {
             self.step.min_ms,
             self.step.max_ms,
             self.step.steps,
+            self.params,
             self.peak_bytes as f64 / (1 << 20) as f64
         )
     }
@@ -161,6 +164,7 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
         .to_scalar()?;
     model.train(true);
     let params = model.named_parameters();
+    let n_params = params.iter().map(|(_, p)| p.elem_count()).sum();
     let optim = init_optimizer_and_scheduler(&cfg, &Resume::default())?;
     let scaler = super::init_scaler(&targs, &Resume::default());
     let engine = SingleProcess::new(params, optim.adam)?;
@@ -209,6 +213,7 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
         skipped: exec.skipped_steps,
         frames_per_s: step_stats.frames_per_s(frames),
         step: step_stats,
+        params: n_params,
         profile,
         peak_bytes: peak,
     })
