@@ -52,7 +52,12 @@ fn run(command: &Command) -> asrforge::Result<()> {
         Command::Recognize(args) => asrforge::decode::recognize::run_recognize(args).map(|s| eprint!("{s}")),
         // Handled in `main`: the launcher exits with its workers' status.
         Command::Launch(_) => Ok(()),
-        Command::BenchTrain(args) => asrforge::train::bench::run_bench_train(args).map(|r| println!("{}", r.line())),
+        Command::BenchTrain(args) => asrforge::train::bench::run_bench_train(args).map(|r| {
+            if let Some(p) = &r.profile {
+                print!("{}", p.table(40));
+            }
+            println!("{}", r.line())
+        }),
         Command::Info => {
             print!("{}", asrforge::backend::cuda::info::report());
             Ok(())

@@ -22,7 +22,18 @@ fn config(dir: &std::path::Path) -> PathBuf {
 }
 
 fn args(config: PathBuf, steps: u64) -> BenchTrainArgs {
-    BenchTrainArgs { config, override_config: vec![], steps, device: "cpu".into(), dtype: "fp32".into(), batch_size: 3, frames: 64, seed: 9 }
+    BenchTrainArgs {
+        config,
+        override_config: vec![],
+        steps,
+        device: "cpu".into(),
+        dtype: "fp32".into(),
+        batch_size: 3,
+        frames: 64,
+        seed: 9,
+        warmup: 1,
+        profile: false,
+    }
 }
 
 #[test]

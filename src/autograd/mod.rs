@@ -10,8 +10,10 @@
 //! all-reduce needs to overlap communication with the rest of backward).
 
 mod checkpoint;
+mod profile;
 
 pub use checkpoint::checkpoint;
+pub use profile::{is_profiling, profile_mark, profile_reset_clock, profile_step, start_profile, stop_profile, OpStat, Profile, SyncHook};
 
 use crate::error::{Error, Result};
 use crate::tensor::{Tensor, TensorId};
@@ -88,6 +90,7 @@ pub fn record(
         return out;
     }
     let tracked = out.reshaped(out.shape().clone(), true);
+    profile::profile_mark(name, out.size_in_bytes() as u64);
     push_node(
         name,
         inputs,
@@ -262,8 +265,20 @@ fn run_node(node: Node, grads: &mut HashMap<TensorId, Tensor>) -> Result<()> {
     }
     let needs: Vec<bool> = node.inputs.iter().map(|i| i.tracked).collect();
     let Node { name, inputs, backward, saved, .. } = node;
-    let gin = backward(&outs, &needs)?;
-    drop(saved);
+    profile::time_backward(name, || {
+        let gin = match backward(&outs, &needs) {
+            Ok(g) => g,
+            Err(e) => return (Err(e), 0),
+        };
+        drop(saved);
+        drop(outs);
+        let bytes = gin.iter().flatten().map(|g| g.size_in_bytes() as u64).sum();
+        (accumulate(name, inputs, gin, grads), bytes)
+    })
+}
+
+/// Adds the gradients a node returned into its inputs' gradients.
+fn accumulate(name: &'static str, inputs: Vec<Input>, gin: Vec<Option<Tensor>>, grads: &mut HashMap<TensorId, Tensor>) -> Result<()> {
     if gin.len() != inputs.len() {
         return Err(Error::Autograd(format!("{name}: backward returned {} gradients for {} inputs", gin.len(), inputs.len())));
     }

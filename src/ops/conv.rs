@@ -124,12 +124,13 @@ pub fn conv2d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, stride: usize, padd
     };
     let (xs, ws) = (x.detach(), w.detach());
     let has_b = bias.is_some();
-    Ok(record("conv2d", &inputs(x, w, bias), y, vec![xs.clone(), ws.clone()], move |gy, _| {
+    Ok(record("conv2d", &inputs(x, w, bias), y, vec![xs.clone(), ws.clone()], move |gy, needs| {
         let (gx, gw, gb) = {
             let (xg, wg, gg) = (xs.storage(), ws.storage(), gy.storage());
-            k::conv2d_backward(as_cpu(op, &xg)?, as_cpu(op, &wg)?, as_cpu(op, &gg)?, &g)?
+            k::conv2d_backward(as_cpu(op, &xg)?, as_cpu(op, &wg)?, as_cpu(op, &gg)?, &g, needs[0])?
         };
-        let mut v = vec![Some(tensor(Storage::Cpu(gx), xs.shape().clone())), Some(tensor(Storage::Cpu(gw), ws.shape().clone()))];
+        let gx = needs[0].then(|| tensor(Storage::Cpu(gx), xs.shape().clone()));
+        let mut v = vec![gx, Some(tensor(Storage::Cpu(gw), ws.shape().clone()))];
         if has_b {
             v.push(Some(tensor(Storage::Cpu(gb), [g.co])));
         }

@@ -9,17 +9,19 @@ use crate::backend::cpu::CpuStorage;
 use crate::backend::cuda::dropout as gpu;
 use crate::backend::Storage;
 use crate::error::{Error, Result};
-use crate::tensor::{rng, Tensor};
+use crate::tensor::{rng, DType, Tensor};
 
 /// The scaled keep mask for `x` on its device, advancing the default generator.
 fn mask_like(x: &Tensor, p: f64) -> Result<Tensor> {
     let n = x.elem_count();
     let s = match &*x.storage() {
         Storage::Cpu(_) => {
-            let keep = rng::with_default(|r| r.bernoulli(n, 1.0 - p));
             let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
-            let m: Vec<f64> = keep.iter().map(|&k| if k { scale } else { 0.0 }).collect();
-            Storage::Cpu(CpuStorage::F64(m).to_dtype(x.dtype()))
+            // The mask in the input's float type directly (f32: the f64 scale rounded once, as a conversion would).
+            match x.dtype() {
+                DType::F32 => Storage::Cpu(CpuStorage::F32(rng::with_default(|r| r.bernoulli_map(n, 1.0 - p, scale as f32, 0.0)))),
+                dt => Storage::Cpu(CpuStorage::F64(rng::with_default(|r| r.bernoulli_map(n, 1.0 - p, scale, 0.0))).to_dtype(dt)),
+            }
         }
         Storage::Cuda(g) => {
             let (seed, offset) = rng::with_default(|r| (r.seed, r.advance(n)));

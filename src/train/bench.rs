@@ -5,9 +5,11 @@
 //! last step's loss, frames per second and peak memory. It is how the GPU
 //! check compares f32, fp16-AMP and bf16 training with the CPU.
 
+use super::bench_stats::StepStats;
 use super::{
     amp_dtype, init_device, init_optimizer_and_scheduler, parse_train_config, read_config, DistInfo, Executor, Position, Resume, SingleProcess, TrainArgs,
 };
+use crate::autograd;
 use crate::autograd::no_grad;
 use crate::data::batch::IGNORE_ID;
 use crate::data::Batch;
@@ -45,6 +47,12 @@ pub struct BenchTrainArgs {
     /// Seed of the model and of the synthetic batch.
     #[arg(long, default_value_t = 777)]
     pub seed: u64,
+    /// Warm-up steps left out of the step-time statistics (the first allocates and fills caches).
+    #[arg(long, default_value_t = 1)]
+    pub warmup: u64,
+    /// Prints a per-op table (forward and backward per op kind: calls, time, bytes) of the timed steps.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 /// What a bench run measured.
@@ -61,8 +69,14 @@ pub struct BenchReport {
     pub losses: Vec<f64>,
     /// Steps skipped for an inf/NaN gradient.
     pub skipped: u64,
-    /// Feature frames per second over the steps after the first (all steps when only one).
+    /// Valid (unpadded) feature frames per second at the median step time.
     pub frames_per_s: f64,
+    /// Median, min and max time of the steps after the warm-up (all steps when there are no more).
+    pub step: StepStats,
+    /// Number of trained parameter elements.
+    pub params: usize,
+    /// The per-op profile of the timed steps (with `--profile`).
+    pub profile: Option<crate::autograd::Profile>,
     /// The most memory live at once, in bytes: tensor storage during the
     /// steps on the CPU, the allocator's peak in use since the GPU opened on a GPU.
     pub peak_bytes: u64,
@@ -82,12 +96,17 @@ impl BenchReport {
         let first = self.losses.first().copied().unwrap_or(f64::NAN);
         let last = self.losses.last().copied().unwrap_or(f64::NAN);
         format!(
-            "bench-train device={:?} dtype={dt} steps={} init_loss={:.6} first_loss={first:.6} last_loss={last:.6} skipped={} frames_per_s={:.1} peak_mib={:.1}",
+            "bench-train device={:?} dtype={dt} steps={} init_loss={:.6} first_loss={first:.6} last_loss={last:.6} skipped={} frames_per_s={:.1} step_ms_median={:.1} step_ms_min={:.1} step_ms_max={:.1} timed_steps={} params={} peak_mib={:.1}",
             self.device,
             self.losses.len(),
             self.init_loss,
             self.skipped,
             self.frames_per_s,
+            self.step.median_ms,
+            self.step.min_ms,
+            self.step.max_ms,
+            self.step.steps,
+            self.params,
             self.peak_bytes as f64 / (1 << 20) as f64
         ) + &match &self.counters {
             Some((c, n)) => format!(" per_step(steady, {n} steps): {}", c.per_step_line(*n)),
@@ -151,6 +170,7 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
         .to_scalar()?;
     model.train(true);
     let params = model.named_parameters();
+    let n_params = params.iter().map(|(_, p)| p.elem_count()).sum();
     let optim = init_optimizer_and_scheduler(&cfg, &Resume::default())?;
     let scaler = super::init_scaler(&targs, &Resume::default());
     let engine = SingleProcess::new(params, optim.adam)?;
@@ -160,23 +180,38 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
     let frames: usize = batch.feats_lengths.iter().sum();
     let mut losses = Vec::new();
     reset_peak_bytes();
-    let mut timed = (Instant::now(), 0usize);
+    let warmup = if a.steps > a.warmup { a.warmup } else { 0 };
+    let mut times = Vec::new();
+    let mut profile = a.profile.then(autograd::Profile::default);
     let counters_now = || match device {
         Device::Cuda(n) => crate::backend::cuda::counters(n).map(Some),
         Device::Cpu => Ok(None),
     };
-    // The first step warms the allocator and loads the modules: count from the second.
+    // The warm-up steps fill the allocator and load the modules: count the timed steps only.
     let mut start = counters_now()?;
     let mut prev = start;
     for step in 1..=a.steps {
-        if step == 2 {
-            timed = (Instant::now(), 0);
+        let timed = step > warmup;
+        if step == warmup + 1 {
             start = counters_now()?;
         }
+        if timed && profile.is_some() {
+            autograd::start_profile(None);
+        }
+        let t0 = Instant::now();
         exec.engine.zero_grad();
+        autograd::profile_reset_clock();
         let bl = exec.train_batch(&batch)?;
+        autograd::profile_mark("loss to host", 0);
         let rep = exec.optimizer_step()?;
-        timed.1 += frames;
+        autograd::profile_mark("optimizer step", 0);
+        if timed {
+            times.push(t0.elapsed());
+            if let (Some(p), Some(mut got)) = (profile.as_mut(), autograd::stop_profile()) {
+                got.steps = 1;
+                p.merge(&got);
+            }
+        }
         losses.push(bl.loss);
         // On a GPU: what this step cost the host (launches, waits, copies, allocations).
         let step_counts = match (counters_now()?, prev) {
@@ -194,10 +229,9 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
             if rep.skipped { " (skipped)" } else { "" }
         );
     }
-    let secs = timed.0.elapsed().as_secs_f64().max(1e-9);
-    let steady = if a.steps >= 2 { a.steps - 1 } else { a.steps };
+    let step_stats = StepStats::of(&times);
     let counters = match (counters_now()?, start) {
-        (Some(end), Some(start)) => Some((end.since(&start), steady)),
+        (Some(end), Some(start)) => Some((end.since(&start), times.len() as u64)),
         _ => None,
     };
     // On a GPU: the caching allocator's peak of bytes in use (size classes).
@@ -205,5 +239,17 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
         Device::Cuda(n) => crate::backend::cuda::device(n)?.pool_stats().peak as u64,
         Device::Cpu => peak_bytes(),
     };
-    Ok(BenchReport { device, autocast, init_loss, losses, skipped: exec.skipped_steps, frames_per_s: timed.1 as f64 / secs, peak_bytes: peak, counters })
+    Ok(BenchReport {
+        device,
+        autocast,
+        init_loss,
+        losses,
+        skipped: exec.skipped_steps,
+        frames_per_s: step_stats.frames_per_s(frames),
+        step: step_stats,
+        params: n_params,
+        profile,
+        peak_bytes: peak,
+        counters,
+    })
 }

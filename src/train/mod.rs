@@ -2,6 +2,7 @@
 
 pub mod args;
 pub mod bench;
+pub mod bench_stats;
 pub mod checkpoint;
 pub mod config;
 pub mod deepspeed;

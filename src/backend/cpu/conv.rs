@@ -7,9 +7,11 @@
 //! Conv2d (the subsampling front end), x (B, Ci, H, W), w (Co, Ci, kh, kw),
 //! stride s, zero padding p: im2col to (Ci·kh·kw, Ho·Wo) per image, then one
 //! GEMM with the weight viewed as (Co, Ci·kh·kw). The backward uses the same
-//! columns: gw = Σ_b g_b·colsᵀ, gcols = wᵀ·g_b, then col2im.
+//! columns: gw = Σ_b g_b·colsᵀ, gcols = wᵀ·g_b, then col2im. The images are
+//! the parallel tasks (each GEMM single-threaded), so a batch's columns are
+//! never all alive at once.
 
-use super::matmul::{matmul_t, MatmulDims};
+use super::matmul::{gemm_into, MatmulDims};
 use super::{CpuStorage, Float};
 use crate::error::Result;
 use crate::float_match;
@@ -128,94 +130,131 @@ impl Conv2d {
     }
 }
 
-/// Source pixel of column row `r` (ci, i, j) at output position (oy, ox), if inside the image.
-#[inline]
-fn src(g: &Conv2d, r: usize, oy: usize, ox: usize) -> Option<usize> {
-    let (c, rem) = (r / (g.kh * g.kw), r % (g.kh * g.kw));
-    let (i, j) = (rem / g.kw, rem % g.kw);
-    let (y, x) = ((oy * g.stride + i) as isize - g.pad as isize, (ox * g.stride + j) as isize - g.pad as isize);
-    if y < 0 || x < 0 || y as usize >= g.h || x as usize >= g.w {
-        None
-    } else {
-        Some((c * g.h + y as usize) * g.w + x as usize)
+/// Writes the columns (Ci·kh·kw, Ho·Wo) of one image `xb` (Ci, H, W) into
+/// `cb` (zeros where the kernel reads padding). Each column row is a kernel
+/// tap (c, i, j): its output row oy reads input row oy·s+i−p from column
+/// j−p with stride s, so the copy walks rows, never dividing per element.
+fn im2col_one<T: Float>(xb: &[T], g: &Conv2d, cb: &mut [T]) {
+    let (ho, wo) = g.out_hw();
+    let (s, p) = (g.stride, g.pad as isize);
+    for (r, row) in cb.chunks_mut((ho * wo).max(1)).enumerate().take(g.ckk()) {
+        let (c, i, j) = (r / (g.kh * g.kw), (r / g.kw) % g.kh, r % g.kw);
+        let plane = &xb[c * g.h * g.w..(c + 1) * g.h * g.w];
+        for (oy, out) in row.chunks_mut(wo.max(1)).enumerate() {
+            let y = (oy * s + i) as isize - p;
+            if y < 0 || y as usize >= g.h {
+                out.fill(T::zero());
+                continue;
+            }
+            let line = &plane[y as usize * g.w..(y as usize + 1) * g.w];
+            for (ox, o) in out.iter_mut().enumerate() {
+                let x = (ox * s + j) as isize - p;
+                *o = if x < 0 || x as usize >= g.w { T::zero() } else { line[x as usize] };
+            }
+        }
     }
 }
 
-fn im2col<T: Float>(x: &[T], g: &Conv2d) -> Vec<T> {
+/// Adds the columns `cb` (Ci·kh·kw, Ho·Wo) of one image back into its
+/// gradient `gxb` (Ci, H, W): the adjoint of [`im2col_one`], taps in order.
+fn col2im_one<T: Float>(cb: &[T], g: &Conv2d, gxb: &mut [T]) {
     let (ho, wo) = g.out_hw();
-    let per = g.ckk() * ho * wo;
-    let mut cols = vec![T::zero(); g.b * per];
-    cols.par_chunks_mut(per.max(1)).enumerate().for_each(|(bi, cb)| {
-        let xb = &x[bi * g.ci * g.h * g.w..(bi + 1) * g.ci * g.h * g.w];
-        for r in 0..g.ckk() {
-            for oy in 0..ho {
-                for ox in 0..wo {
-                    if let Some(s) = src(g, r, oy, ox) {
-                        cb[(r * ho + oy) * wo + ox] = xb[s];
-                    }
+    let (s, p) = (g.stride, g.pad as isize);
+    for (r, row) in cb.chunks((ho * wo).max(1)).enumerate().take(g.ckk()) {
+        let (c, i, j) = (r / (g.kh * g.kw), (r / g.kw) % g.kh, r % g.kw);
+        let plane = &mut gxb[c * g.h * g.w..(c + 1) * g.h * g.w];
+        for (oy, src) in row.chunks(wo.max(1)).enumerate() {
+            let y = (oy * s + i) as isize - p;
+            if y < 0 || y as usize >= g.h {
+                continue;
+            }
+            let line = &mut plane[y as usize * g.w..(y as usize + 1) * g.w];
+            for (ox, &v) in src.iter().enumerate() {
+                let x = (ox * s + j) as isize - p;
+                if x >= 0 && (x as usize) < g.w {
+                    line[x as usize] = line[x as usize] + v;
                 }
             }
         }
-    });
-    cols
+    }
 }
 
-/// Conv2d forward: y (B, Co, Ho, Wo).
+/// Conv2d forward: y (B, Co, Ho, Wo). One image per task: its columns
+/// (Ci·kh·kw · Ho·Wo, a few MiB, never the whole batch's) and one
+/// single-threaded GEMM, so the columns stay in cache and the threads never
+/// meet inside a GEMM.
 pub fn conv2d(x: &CpuStorage, w: &CpuStorage, bias: Option<&CpuStorage>, g: &Conv2d) -> Result<CpuStorage> {
     let bs = bias.unwrap_or(w);
-    Ok(float_match!("conv2d", (x, w, bs), |x, w, bs| {
+    Ok(float_match!("conv2d", (x, w, bs), |x, w, bs| Float::store(conv2d_t(x, w, bias.map(|_| bs.as_slice()), g))))
+}
+
+fn conv2d_t<T: Float>(x: &[T], w: &[T], bias: Option<&[T]>, g: &Conv2d) -> Vec<T> {
+    {
         let (ho, wo) = g.out_hw();
-        let cols = im2col(x, g);
-        let d = MatmulDims { batch: g.b, m: g.co, n: ho * wo, k: g.ckk(), trans_a: false, trans_b: false, a_stride: 0, b_stride: g.ckk() * ho * wo };
-        let mut y = matmul_t(&d, w, &cols);
-        if bias.is_some() {
-            super::par_rows(&mut y, (ho * wo).max(1), |row, yr| {
-                let b0 = bs[row % g.co];
-                for v in yr.iter_mut() {
-                    *v = *v + b0;
+        let (ckk, hw, img) = (g.ckk(), ho * wo, g.ci * g.h * g.w);
+        let d = MatmulDims { batch: 1, m: g.co, n: hw, k: ckk, trans_a: false, trans_b: false, a_stride: 0, b_stride: 0 };
+        let mut y = vec![T::zero(); g.b * g.co * hw];
+        y.par_chunks_mut((g.co * hw).max(1)).enumerate().for_each(|(bi, yb)| {
+            let mut cols = vec![T::zero(); ckk * hw];
+            im2col_one(&x[bi * img..(bi + 1) * img], g, &mut cols);
+            gemm_into(&d, w, &cols, yb);
+            if let Some(bs) = bias {
+                for (row, yr) in yb.chunks_mut(hw.max(1)).enumerate() {
+                    let b0 = bs[row];
+                    for v in yr.iter_mut() {
+                        *v = *v + b0;
+                    }
                 }
-            });
-        }
-        Float::store(y)
+            }
+        });
+        y
+    }
+}
+
+/// Conv2d backward: `(gx, gw, gbias)`; `gx` is only computed when `need_gx`
+/// (zeros otherwise: the first layer's input, the features, needs none).
+/// Per image: its columns again, gw_b = g_b·colsᵀ, gcols = wᵀ·g_b and
+/// col2im; the gw_b are summed over the batch in order, as before.
+pub fn conv2d_backward(x: &CpuStorage, w: &CpuStorage, gy: &CpuStorage, g: &Conv2d, need_gx: bool) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+    Ok(float_match!("conv2d_backward", (x, w, gy), |x, w, gy| {
+        let (gx, gw, gb) = conv2d_backward_t(x, w, gy, g, need_gx);
+        (Float::store(gx), Float::store(gw), Float::store(gb))
     }))
 }
 
-/// Conv2d backward: `(gx, gw, gbias)`.
-pub fn conv2d_backward(x: &CpuStorage, w: &CpuStorage, gy: &CpuStorage, g: &Conv2d) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
-    Ok(float_match!("conv2d_backward", (x, w, gy), |x, w, gy| {
+fn conv2d_backward_t<T: Float>(x: &[T], w: &[T], gy: &[T], g: &Conv2d, need_gx: bool) -> (Vec<T>, Vec<T>, Vec<T>) {
+    {
         let (ho, wo) = g.out_hw();
-        let (ckk, hw) = (g.ckk(), ho * wo);
-        let cols = im2col(x, g);
-        // gw[b] = g_b (Co, HW) · cols_bᵀ (HW, CKK), summed over b in order.
-        let dw = MatmulDims { batch: g.b, m: g.co, n: ckk, k: hw, trans_a: false, trans_b: true, a_stride: g.co * hw, b_stride: ckk * hw };
-        let gwb = matmul_t(&dw, gy, &cols);
-        let mut gw = super::zeros_as(x, g.co * ckk);
+        let (ckk, hw, img) = (g.ckk(), ho * wo, g.ci * g.h * g.w);
+        let dw = MatmulDims { batch: 1, m: g.co, n: ckk, k: hw, trans_a: false, trans_b: true, a_stride: 0, b_stride: 0 };
+        let dc = MatmulDims { batch: 1, m: ckk, n: hw, k: g.co, trans_a: true, trans_b: false, a_stride: 0, b_stride: 0 };
+        let mut gx = vec![T::zero(); if need_gx { g.b * img } else { 0 }];
+        let mut gwb = vec![T::zero(); g.b * g.co * ckk];
+        let per_image = |bi: usize, gwi: &mut [T], gxb: Option<&mut [T]>| {
+            let gyb = &gy[bi * g.co * hw..(bi + 1) * g.co * hw];
+            let mut cols = vec![T::zero(); ckk * hw];
+            im2col_one(&x[bi * img..(bi + 1) * img], g, &mut cols);
+            gemm_into(&dw, gyb, &cols, gwi);
+            if let Some(gxb) = gxb {
+                gemm_into(&dc, w, gyb, &mut cols);
+                col2im_one(&cols, g, gxb);
+            }
+        };
+        if need_gx {
+            gwb.par_chunks_mut((g.co * ckk).max(1)).zip(gx.par_chunks_mut(img.max(1))).enumerate().for_each(|(bi, (gwi, gxb))| per_image(bi, gwi, Some(gxb)));
+        } else {
+            gwb.par_chunks_mut((g.co * ckk).max(1)).enumerate().for_each(|(bi, gwi)| per_image(bi, gwi, None));
+        }
+        let mut gw = vec![T::zero(); g.co * ckk];
         for chunk in gwb.chunks(g.co * ckk) {
             for (a, &v) in gw.iter_mut().zip(chunk) {
                 *a = *a + v;
             }
         }
-        let mut gb = super::zeros_as(x, g.co);
+        let mut gb = vec![T::zero(); g.co];
         for (row, gr) in gy.chunks(hw.max(1)).enumerate() {
-            gb[row % g.co] = gb[row % g.co] + gr.iter().fold(super::of_as(x, 0.0), |a, &v| a + v);
+            gb[row % g.co] = gb[row % g.co] + gr.iter().fold(T::zero(), |a, &v| a + v);
         }
-        // gcols_b = wᵀ (CKK, Co) · g_b (Co, HW); then col2im.
-        let dc = MatmulDims { batch: g.b, m: ckk, n: hw, k: g.co, trans_a: true, trans_b: false, a_stride: 0, b_stride: g.co * hw };
-        let gcols = matmul_t(&dc, w, gy);
-        let img = g.ci * g.h * g.w;
-        let mut gx = super::zeros_as(x, g.b * img);
-        gx.par_chunks_mut(img.max(1)).enumerate().for_each(|(bi, gxb)| {
-            let cb = &gcols[bi * ckk * hw..(bi + 1) * ckk * hw];
-            for r in 0..ckk {
-                for oy in 0..ho {
-                    for ox in 0..wo {
-                        if let Some(s) = src(g, r, oy, ox) {
-                            gxb[s] = gxb[s] + cb[(r * ho + oy) * wo + ox];
-                        }
-                    }
-                }
-            }
-        });
-        (Float::store(gx), Float::store(gw), Float::store(gb))
-    }))
+        (gx, gw, gb)
+    }
 }

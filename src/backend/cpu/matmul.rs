@@ -47,6 +47,20 @@ fn gemm_one<T: Float>(d: &MatmulDims, a: &[T], b: &[T], c: &mut [T], par: Parall
     }
 }
 
+/// One single-threaded product `c = op(a)·op(b)` of `d`'s shape (its batch
+/// and strides ignored) into `c`, overwriting it; for callers that already
+/// run one task per thread.
+pub(crate) fn gemm_into<T: Float>(d: &MatmulDims, a: &[T], b: &[T], c: &mut [T]) {
+    if d.m * d.n == 0 {
+        return;
+    }
+    if d.k == 0 {
+        c[..d.m * d.n].fill(T::zero());
+        return;
+    }
+    gemm_one(d, a, b, c, Parallelism::None);
+}
+
 pub(crate) fn matmul_t<T: Float>(d: &MatmulDims, a: &[T], b: &[T]) -> Vec<T> {
     let (m, n, k) = (d.m, d.n, d.k);
     let mut c = vec![T::zero(); d.batch * m * n];
