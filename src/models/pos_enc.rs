@@ -53,25 +53,36 @@ impl PositionalEncoding {
 
     /// Rows 0..t of the table, (1, t, d).
     pub fn rows(&self, t: usize, like: &Tensor) -> Result<Tensor> {
+        self.rows_at(0, t, like)
+    }
+
+    /// Rows offset..offset+t of the table, (1, t, d).
+    pub fn rows_at(&self, offset: usize, t: usize, like: &Tensor) -> Result<Tensor> {
         match &self.pe {
             None => Tensor::zeros([1, t, self.d], like.dtype(), &like.device()),
             Some(pe) => {
                 let max = pe.dims()[1];
-                if t > max {
-                    return Err(Error::invalid("PositionalEncoding", format!("{t} frames exceed the positional table of {max}")));
+                if offset + t > max {
+                    return Err(Error::invalid("PositionalEncoding", format!("positions {offset}..{} exceed the positional table of {max}", offset + t)));
                 }
-                ops::narrow(pe, 1, 0, t)
+                ops::narrow(pe, 1, offset, t)
             }
         }
     }
 
     /// Encodes x (B, T, D): returns the layer output and the positional rows (1, T, D).
     pub fn forward(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        self.forward_at(x, 0)
+    }
+
+    /// Encodes x (B, T, D) whose first frame sits at position `offset` (a
+    /// decoder fed one token at a time); returns the output and the rows used.
+    pub fn forward_at(&self, x: &Tensor, offset: usize) -> Result<(Tensor, Tensor)> {
         if x.rank() != 3 {
             return Err(Error::ShapeMismatch { op: "PositionalEncoding", expected: "an input (B, T, D)".into(), got: format!("{}", x.shape()) });
         }
         let t = x.dims()[1];
-        let pos = self.rows(t, x)?;
+        let pos = self.rows_at(offset, t, x)?;
         let scale = (self.d as f64).sqrt();
         let y = match self.kind {
             PosEncType::Abs => ops::add(&ops::mul_scalar(x, scale)?, &pos)?,
