@@ -402,6 +402,9 @@ impl Executor {
         }
         if let Some(s) = it.summary() {
             self.last_epoch_batches = Some(s.batches);
+            if let Some(w) = self.writer.as_mut() {
+                w.add_scalar("epoch/padding_fraction", s.padding_fraction() as f32, epoch as i64)?;
+            }
         }
         if !self.pending.is_empty() {
             // An incomplete accumulation at the epoch's end is dropped (as WeNet does).
