@@ -6,6 +6,10 @@
 //       (fixed order, so the result is deterministic run to run).
 //   sum_cols_{dt}(x, y, outer, n, inner)  inner > 1: one thread per output,
 //       summing its column in index order (deterministic, coalesced reads).
+//   sum_rows_{f16,bf16}_to_f32, sum_cols_{f16,bf16}_to_f32: the same sums
+//       of half inputs stored in f32, unrounded: a reduction over several
+//       dims keeps its partial sums in f32 and rounds to half once, at the
+//       end (4x300x129 halves summed dim by dim in f16 overflow to inf).
 //   max_dim_{dt}(x, val, arg, outer, n, inner): value and first arg-max;
 //       NaN propagates (the first NaN wins), as on the CPU.
 //   max_bwd_{dt}(g, arg, out, outer, n, inner): out (zeroed by the host)
@@ -13,8 +17,8 @@
 //   expand_dim_{dt}(x, y, outer, n, inner): y[o,k,j] = x[o,j].
 #include "common.cuh"
 
-template <typename T>
-__device__ void sum_rows(const T* x, T* y, i64 rows, i64 n) {
+template <typename T, typename O = T>
+__device__ void sum_rows(const T* x, O* y, i64 rows, i64 n) {
     typedef acc_t<T> A;
     extern __shared__ __align__(8) unsigned char smem_raw[];
     A* smem = reinterpret_cast<A*>(smem_raw);
@@ -23,19 +27,19 @@ __device__ void sum_rows(const T* x, T* y, i64 rows, i64 n) {
         A s = A(0);
         for (i64 k = threadIdx.x; k < n; k += blockDim.x) s += to_acc(row[k]);
         s = block_sum<A>(s, smem);
-        if (threadIdx.x == 0) y[r] = from_acc<T>(s);
+        if (threadIdx.x == 0) y[r] = from_acc<O>(s);
     }
 }
 
-template <typename T>
-__device__ void sum_cols(const T* x, T* y, i64 outer, i64 n, i64 inner) {
+template <typename T, typename O = T>
+__device__ void sum_cols(const T* x, O* y, i64 outer, i64 n, i64 inner) {
     typedef acc_t<T> A;
     GRID_LOOP(i, outer * inner) {
         i64 o = i / inner, j = i % inner;
         const T* p = x + o * n * inner + j;
         A s = A(0);
         for (i64 k = 0; k < n; ++k) s += to_acc(p[k * inner]);
-        y[i] = from_acc<T>(s);
+        y[i] = from_acc<O>(s);
     }
 }
 
@@ -94,3 +98,15 @@ REDUCE(f32, float)
 REDUCE(f64, double)
 REDUCE(f16, f16)
 REDUCE(bf16, bf16)
+
+// Half inputs summed into f32 partials (see the header).
+#define REDUCE_TO_F32(dt, T)                                                                                   \
+    extern "C" __global__ void sum_rows_##dt##_to_f32(const T* x, float* y, i64 rows, i64 n) {               \
+        sum_rows<T, float>(x, y, rows, n);                                                                     \
+    }                                                                                                          \
+    extern "C" __global__ void sum_cols_##dt##_to_f32(const T* x, float* y, i64 outer, i64 n, i64 inner) {   \
+        sum_cols<T, float>(x, y, outer, n, inner);                                                             \
+    }
+
+REDUCE_TO_F32(f16, f16)
+REDUCE_TO_F32(bf16, bf16)

@@ -63,6 +63,10 @@ cp target/release/asrforge "$DEV/bin/asrforge"
 strip "$DEV"/tests/* "$DEV/bin/asrforge"
 # What the binaries read: the configs (bench-train uses the AISHELL one).
 cp -r conf "$DEV/conf"
+# The kernel sources: the staged build test (tests/cuda_build.rs) compares
+# the embedded modules with them, as the build tree's path is not there.
+mkdir -p "$DEV/cuda"
+cp cuda/*.cu "$DEV/cuda/"
 cp scripts/gpu-run.sh "$DEV/"
 
 # The kernels must be embedded, or the GPU host can only report that:

@@ -1,10 +1,27 @@
 #!/usr/bin/env bash
 # The test command: installs nvcc (scripts/install-nvcc.sh) so every CUDA
-# kernel is compiled, then runs the whole test suite. GPU tests skip with a
-# printed reason where no GPU is present.
+# kernel is compiled, then runs the whole test suite (GPU tests skip with a
+# printed reason where no GPU is present), then runs the GPU suites again on
+# the emulated device (ASRFORGE_CUDA_EMU=1: cuda/*.cu compiled by g++ and
+# run on the CPU, see cuda/README.md) under two thread orders, ascending and
+# seeded random. There a GPU test that cannot get its device fails instead
+# of skipping (tests/common/gpu.rs), so the emulated runs skip nothing.
+# With arguments (a filter, --test NAME) only the normal run is made.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo fmt --check || { echo "cargo fmt --check failed: run cargo fmt" >&2; exit 1; }
 eval "$(scripts/install-nvcc.sh | tail -n1)"
 echo "using NVCC=$NVCC" >&2
 cargo test --release "$@"
+[ $# -eq 0 ] || exit 0
+
+# The GPU suites: the kernel tests and the Cuda(0) column of ops_grad's table,
+# plus a training run with cv passes on Cuda(0).
+GPU_SUITES=(--test cuda_ops --test cuda_ops_nn --test cuda_ops_loss --test ops_grad --test train_gpu)
+SEED=${ASRFORGE_EMU_SEED:-$(( $(date +%s) % 1000000 ))}
+for sched in asc random; do
+    echo "GPU suites on the emulated device, thread order $sched (ASRFORGE_EMU_SEED=$SEED)" >&2
+    start=$(date +%s)
+    ASRFORGE_CUDA_EMU=1 ASRFORGE_EMU_SCHEDULE=$sched ASRFORGE_EMU_SEED=$SEED cargo test --release "${GPU_SUITES[@]}"
+    echo "GPU suites on the emulated device ($sched): $(( $(date +%s) - start )) s" >&2
+done

@@ -43,11 +43,14 @@ fn defaults_and_sos_eos_without_a_tokenizer() {
 
 #[test]
 fn unknown_keys_warn_and_other_parts_are_silent() {
-    let (_, w) = parse("input_dim: 80\noutput_dim: 10\noptim: adam\noptim_conf: {lr: 1}\nscheduler: warmuplr\ngrad_clip: 5\ntrain_engine: deepspeed\nfrobnicate: 1\nencoder_conf:\n  output_sise: 128\n  use_dynamic_chunk: true\n").unwrap();
-    assert_eq!(w.len(), 3, "{w:?}");
+    let (c, w) = parse("input_dim: 80\noutput_dim: 10\noptim: adam\noptim_conf: {lr: 1}\nscheduler: warmuplr\ngrad_clip: 5\ntrain_engine: deepspeed\nfrobnicate: 1\nencoder_conf:\n  output_sise: 128\n  use_dynamic_chunk: true\n  use_dynamic_left_chunk: true\n  static_chunk_size: 8\n").unwrap();
+    assert_eq!(w.len(), 2, "{w:?}");
     assert!(w.iter().any(|s| s.contains("`frobnicate`")));
     assert!(w.iter().any(|s| s.contains("`encoder_conf.output_sise`")));
-    assert!(w.iter().any(|s| s.contains("`encoder_conf.use_dynamic_chunk`") && s.contains("ignored")));
+    // The chunk keys are read, not ignored.
+    assert!(c.encoder_conf.use_dynamic_chunk && c.encoder_conf.use_dynamic_left_chunk);
+    assert_eq!(c.encoder_conf.static_chunk_size, 8);
+    assert!(!c.encoder_conf.wenet_conv_masking);
 }
 
 #[test]
@@ -114,4 +117,16 @@ fn model_info_prints_tree_count_and_keys() {
     assert!(e.contains("`encoder_conf.nope`"), "{e}");
     let e = run_model_info(&ModelInfoArgs { config: conf("absent.yaml"), override_config: vec![], keys: true }).unwrap_err().to_string();
     assert!(e.contains("absent.yaml"), "{e}");
+}
+
+#[test]
+fn u2pp_config_parses_as_a_causal_dynamic_chunk_conformer_with_a_bidirectional_decoder() {
+    let root = load_yaml(&conf("train_u2++_conformer.yaml")).unwrap();
+    let (c, w) = ModelConfig::from_yaml(&root).unwrap();
+    assert!(w.is_empty(), "{w:?}");
+    let e = &c.encoder_conf;
+    assert!(e.causal && e.use_dynamic_chunk && !e.use_dynamic_left_chunk);
+    assert_eq!((e.cnn_module_kernel, e.cnn_module_norm, e.static_chunk_size), (8, ConvNorm::LayerNorm, 0));
+    assert_eq!((c.decoder, c.decoder_conf.num_blocks, c.decoder_conf.r_num_blocks), (DecoderType::BiTransformer, 3, 3));
+    assert_eq!((c.model_conf.ctc_weight, c.model_conf.reverse_weight, c.model_conf.lsm_weight), (0.3, 0.3, 0.1));
 }

@@ -1,10 +1,11 @@
 //! The CUDA kernels of the elementwise, cast, reduce and matmul families
-//! against the CPU ops on fresh random inputs: f32 to 1e-5 relative (f64 to
-//! 1e-10), f16/bf16 against the CPU's f32 result on the same half-rounded
-//! inputs to 1e-3/1e-2; outputs are poisoned (NaN) before every kernel, and
-//! NaN never passes. Plus the runtime's error paths: out of memory names the
-//! size and the pool state, a missing kernel is named. Every test prints
-//! why it skips where no GPU can be used.
+//! against the CPU ops on fresh random inputs, through the harness of
+//! `common::gpu` (tolerance per dtype, f16/bf16 against the CPU's f32 result
+//! on the same half-rounded inputs; outputs poisoned with NaN before every
+//! kernel; NaN or inf never passes; the grid capped so grid-stride loops
+//! wrap). Plus the runtime's error paths: out of memory names the size and
+//! the pool state, a missing kernel is named. Every test prints why it skips
+//! where no GPU can be used, and fails instead where one is required.
 
 mod common;
 
@@ -12,24 +13,19 @@ use asrforge::backend::cuda::{self, Arg, LaunchConfig};
 use asrforge::ops;
 use asrforge::tensor::Rng;
 use asrforge::{DType, Device, Result, Tensor};
-use common::{assert_close, draw, fresh_seed, run_with_grads, tensor, Kind};
-
-/// GPU 0 with poisoned allocations, or `None` after printing why not.
-fn gpu(test: &str) -> Option<Device> {
-    std::env::set_var("ASRFORGE_CUDA_POISON", "1");
-    match Device::cuda(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            println!("{test}: skipped, no usable GPU: {e}");
-            None
-        }
-    }
-}
+use common::gpu::{self, gpu};
+use common::{draw, fresh_seed, run_with_grads, tensor, Kind};
 
 type OpFn = dyn Fn(&[Tensor]) -> Result<Tensor>;
 
 /// Runs `f` with gradients on the CPU and the GPU in `dtype` and compares.
 fn cmp(name: &str, f: &OpFn, shapes: &[&[usize]], kind: Kind, grads: bool, dtype: DType, tol: f64, dev: &Device) {
+    cmp_floor(name, f, shapes, kind, grads, dtype, tol, 0.0, dev)
+}
+
+/// `cmp` with a floor on the forward's absolute tolerance (see `gpu::assert_close_floor`).
+#[allow(clippy::too_many_arguments)]
+fn cmp_floor(name: &str, f: &OpFn, shapes: &[&[usize]], kind: Kind, grads: bool, dtype: DType, tol: f64, floor: f64, dev: &Device) {
     let seed = fresh_seed();
     let mut rng = Rng::new(seed);
     let vals: Vec<(Vec<f64>, Vec<usize>)> = shapes.iter().map(|s| (draw(&mut rng, s, kind), s.to_vec())).collect();
@@ -38,16 +34,44 @@ fn cmp(name: &str, f: &OpFn, shapes: &[&[usize]], kind: Kind, grads: bool, dtype
     let mask = vec![grads; vals.len()];
     let (yc, gc) = run_with_grads(f, &vals, &mask, &r, dtype, &Device::Cpu);
     let (yg, gg) = run_with_grads(f, &vals, &mask, &r, dtype, dev);
-    assert_close(&format!("{name} {dtype:?} forward"), &yg, &yc, tol, seed);
+    gpu::assert_close_floor(&format!("{name} {dtype:?} forward"), &yg, &yc, tol, floor, seed);
     for (i, (a, b)) in gg.iter().zip(&gc).enumerate() {
         if let (Some(a), Some(b)) = (a, b) {
-            assert_close(&format!("{name} {dtype:?} grad of input {i}"), a, b, tol, seed);
+            let floor = broadcast_grad_floor(f, &vals, i, &r, y.dims());
+            gpu::assert_close_floor(&format!("{name} {dtype:?} grad of input {i}"), a, b, tol, floor, seed);
         }
     }
 }
 
+/// The gradient of an input broadcast over n output elements is a sum of n
+/// terms (one per output element): its floor is √n times their RMS (see
+/// `gpu::assert_close_floor`). The terms are the gradient of the same op
+/// with that input expanded to the output's shape, in f64 on the CPU. 0
+/// where the input is not broadcast (or the op does not broadcast).
+fn broadcast_grad_floor(f: &OpFn, vals: &[(Vec<f64>, Vec<usize>)], i: usize, r: &[f64], y_dims: &[usize]) -> f64 {
+    let y_n: usize = y_dims.iter().product();
+    let x_n: usize = vals[i].1.iter().product();
+    if x_n == 0 || y_n <= x_n {
+        return 0.0;
+    }
+    let mut xs: Vec<Tensor> = vals.iter().map(|(v, s)| tensor(v, s, DType::F64, &Device::Cpu)).collect();
+    let Ok(full) = ops::add(&xs[i], &Tensor::zeros(y_dims.to_vec(), DType::F64, &Device::Cpu).unwrap()) else { return 0.0 };
+    if full.dims() != y_dims {
+        return 0.0;
+    }
+    let leaf = tensor(&full.to_f64_vec().unwrap(), y_dims, DType::F64, &Device::Cpu).requires_grad_();
+    xs[i] = leaf.clone();
+    let Ok(y) = f(&xs) else { return 0.0 };
+    let loss = ops::sum_all(&ops::mul(&y, &tensor(&r[..y.elem_count()], y.dims(), DType::F64, &Device::Cpu)).unwrap()).unwrap();
+    asrforge::autograd::backward(&loss).unwrap();
+    let terms = leaf.grad().map(|g| g.to_f64_vec().unwrap()).unwrap_or_default();
+    let rms = (terms.iter().map(|t| t * t).sum::<f64>() / terms.len().max(1) as f64).sqrt();
+    ((y_n / x_n) as f64).sqrt() * rms
+}
+
 /// `f` on the GPU in a half dtype against `f` on the CPU in f32 over the
-/// same half-rounded inputs (the CPU has no half kernels).
+/// same half-rounded inputs, rounded to the half type once (the CPU has no
+/// half kernels).
 fn cmp_half(name: &str, f: &OpFn, shapes: &[&[usize]], kind: Kind, dtype: DType, tol: f64, dev: &Device) {
     let seed = fresh_seed();
     let mut rng = Rng::new(seed);
@@ -59,10 +83,12 @@ fn cmp_half(name: &str, f: &OpFn, shapes: &[&[usize]], kind: Kind, dtype: DType,
         cpu_in.push(ops::to_dtype(&h, DType::F32).unwrap());
         gpu_in.push(h.to_device(dev).unwrap());
     }
-    let want = f(&cpu_in).unwrap().to_f64_vec().unwrap();
+    // The reference: computed in f32 and rounded to the half type once, as
+    // the half kernels must (a sum past f16's range is inf on both sides).
+    let want = ops::to_dtype(&f(&cpu_in).unwrap(), dtype).unwrap().to_f64_vec().unwrap();
     let got = f(&gpu_in).unwrap();
     assert_eq!(got.dtype(), dtype, "{name}: output dtype");
-    assert_close(&format!("{name} {dtype:?}"), &got.to_f64_vec().unwrap(), &want, tol, seed);
+    gpu::assert_close_or_same_inf(&format!("{name} {dtype:?}"), &got.to_f64_vec().unwrap(), &want, tol, seed);
 }
 
 fn unary_ops() -> Vec<(&'static str, Box<OpFn>, Kind)> {
@@ -89,10 +115,10 @@ fn unary_forward_and_backward() {
     // 1000 + 3: not a multiple of any vector width; 70_000: several blocks.
     for shape in [&[1003usize][..], &[7, 10_000]] {
         for (name, f, kind) in unary_ops() {
-            cmp(name, &*f, &[shape], kind, true, DType::F32, 1e-5, &dev);
-            cmp(name, &*f, &[shape], kind, true, DType::F64, 1e-10, &dev);
-            cmp_half(name, &*f, &[shape], kind, DType::F16, 1e-3, &dev);
-            cmp_half(name, &*f, &[shape], kind, DType::BF16, 1e-2, &dev);
+            cmp(name, &*f, &[shape], kind, true, DType::F32, gpu::F32, &dev);
+            cmp(name, &*f, &[shape], kind, true, DType::F64, gpu::F64, &dev);
+            cmp_half(name, &*f, &[shape], kind, DType::F16, gpu::F16, &dev);
+            cmp_half(name, &*f, &[shape], kind, DType::BF16, gpu::BF16, &dev);
         }
     }
 }
@@ -113,10 +139,10 @@ fn binary_with_broadcasting_and_its_gradient_reduction() {
         [(&[4099], &[4099]), (&[2, 3, 5], &[3, 1]), (&[5], &[2, 3, 5]), (&[2, 1, 5], &[1, 4, 1]), (&[3, 4], &[]), (&[6, 1, 7, 2], &[6, 3, 1, 2])];
     for (sa, sb) in cases {
         for (name, f, kind) in binary_ops() {
-            cmp(name, &*f, &[sa, sb], kind, true, DType::F32, 1e-5, &dev);
-            cmp(name, &*f, &[sa, sb], kind, true, DType::F64, 1e-10, &dev);
-            cmp_half(name, &*f, &[sa, sb], kind, DType::F16, 1e-3, &dev);
-            cmp_half(name, &*f, &[sa, sb], kind, DType::BF16, 1e-2, &dev);
+            cmp(name, &*f, &[sa, sb], kind, true, DType::F32, gpu::F32, &dev);
+            cmp(name, &*f, &[sa, sb], kind, true, DType::F64, gpu::F64, &dev);
+            cmp_half(name, &*f, &[sa, sb], kind, DType::F16, gpu::F16, &dev);
+            cmp_half(name, &*f, &[sa, sb], kind, DType::BF16, gpu::BF16, &dev);
         }
     }
 }
@@ -124,22 +150,42 @@ fn binary_with_broadcasting_and_its_gradient_reduction() {
 #[test]
 fn reductions_over_dims() {
     let Some(dev) = gpu("reductions_over_dims") else { return };
-    let fs: Vec<(&str, Box<OpFn>)> = vec![
-        ("sum last", Box::new(|x: &[Tensor]| ops::sum(&x[0], &[-1], false))),
-        ("sum middle keepdim", Box::new(|x: &[Tensor]| ops::sum(&x[0], &[1], true))),
-        ("sum two dims", Box::new(|x: &[Tensor]| ops::sum(&x[0], &[0, 2], false))),
-        ("mean first", Box::new(|x: &[Tensor]| ops::mean(&x[0], &[0], false))),
-        ("sum_all", Box::new(|x: &[Tensor]| ops::sum_all(&x[0]))),
-        ("mean_all", Box::new(|x: &[Tensor]| ops::mean_all(&x[0]))),
-        ("max last", Box::new(|x: &[Tensor]| ops::max(&x[0], -1, false))),
-        ("max middle keepdim", Box::new(|x: &[Tensor]| ops::max(&x[0], 1, true))),
+    // Each op with the sum it amounts to: its result's rounding error grows
+    // with √n·σ of the n summed terms (σ = 1 here), or that over n for a mean.
+    #[derive(Clone, Copy)]
+    enum Acc {
+        Sum,
+        Mean,
+        Exact,
+    }
+    let fs: Vec<(&str, Box<OpFn>, Acc)> = vec![
+        ("sum last", Box::new(|x: &[Tensor]| ops::sum(&x[0], &[-1], false)), Acc::Sum),
+        ("sum middle keepdim", Box::new(|x: &[Tensor]| ops::sum(&x[0], &[1], true)), Acc::Sum),
+        ("sum two dims", Box::new(|x: &[Tensor]| ops::sum(&x[0], &[0, 2], false)), Acc::Sum),
+        ("mean first", Box::new(|x: &[Tensor]| ops::mean(&x[0], &[0], false)), Acc::Mean),
+        ("mean two dims", Box::new(|x: &[Tensor]| ops::mean(&x[0], &[0, 1], false)), Acc::Mean),
+        ("sum_all", Box::new(|x: &[Tensor]| ops::sum_all(&x[0])), Acc::Sum),
+        ("mean_all", Box::new(|x: &[Tensor]| ops::mean_all(&x[0])), Acc::Mean),
+        ("max last", Box::new(|x: &[Tensor]| ops::max(&x[0], -1, false)), Acc::Exact),
+        ("max middle keepdim", Box::new(|x: &[Tensor]| ops::max(&x[0], 1, true)), Acc::Exact),
     ];
-    for shape in [&[3usize, 5, 7][..], &[4, 300, 129]] {
-        for (name, f) in &fs {
-            cmp(name, &**f, &[shape], Kind::Normal, true, DType::F32, 1e-5, &dev);
-            cmp(name, &**f, &[shape], Kind::Normal, true, DType::F64, 1e-10, &dev);
-            cmp_half(name, &**f, &[shape], Kind::Positive, DType::F16, 1e-3, &dev);
-            cmp_half(name, &**f, &[shape], Kind::Positive, DType::BF16, 1e-2, &dev);
+    // Rows of 7, of 200 (between half a block and a block, 134 of them: more
+    // than the capped grid) and of 129 or 300 (past a block); 4·300·129
+    // positive halves sum past f16's largest finite value unless the sum
+    // stays in f32 across every reduced dim.
+    for shape in [&[3usize, 5, 7][..], &[2, 67, 200], &[4, 300, 129]] {
+        for (name, f, acc) in &fs {
+            let total: usize = shape.iter().product();
+            let n = total / f(&[Tensor::zeros(shape.to_vec(), DType::F32, &Device::Cpu).unwrap()]).unwrap().elem_count().max(1);
+            let floor = match acc {
+                Acc::Sum => (n as f64).sqrt(),
+                Acc::Mean => 1.0 / (n as f64).sqrt(),
+                Acc::Exact => 0.0,
+            };
+            cmp_floor(name, &**f, &[shape], Kind::Normal, true, DType::F32, gpu::F32, floor, &dev);
+            cmp_floor(name, &**f, &[shape], Kind::Normal, true, DType::F64, gpu::F64, floor, &dev);
+            cmp_half(name, &**f, &[shape], Kind::Positive, DType::F16, gpu::F16, &dev);
+            cmp_half(name, &**f, &[shape], Kind::Positive, DType::BF16, gpu::BF16, &dev);
         }
     }
     // A long full sum is deterministic: the same bits twice.
@@ -165,13 +211,13 @@ fn matmul_through_cublas() {
     for (sa, sb, ta, tb) in cases {
         let f = move |x: &[Tensor]| ops::matmul_t(&x[0], &x[1], ta, tb);
         let name = format!("matmul {sa:?}x{sb:?} trans {ta}/{tb}");
-        cmp(&name, &f, &[sa, sb], Kind::Normal, true, DType::F32, 1e-5, &dev);
-        cmp(&name, &f, &[sa, sb], Kind::Normal, true, DType::F64, 1e-10, &dev);
-        cmp_half(&name, &f, &[sa, sb], Kind::Normal, DType::F16, 1e-3, &dev);
-        cmp_half(&name, &f, &[sa, sb], Kind::Normal, DType::BF16, 1e-2, &dev);
+        cmp(&name, &f, &[sa, sb], Kind::Normal, true, DType::F32, gpu::F32, &dev);
+        cmp(&name, &f, &[sa, sb], Kind::Normal, true, DType::F64, gpu::F64, &dev);
+        cmp_half(&name, &f, &[sa, sb], Kind::Normal, DType::F16, gpu::F16, &dev);
+        cmp_half(&name, &f, &[sa, sb], Kind::Normal, DType::BF16, gpu::BF16, &dev);
     }
     let lin = |x: &[Tensor]| ops::linear(&x[0], &x[1], Some(&x[2]));
-    cmp("linear", &lin, &[&[2, 5, 16], &[8, 16], &[8]], Kind::Normal, true, DType::F32, 1e-5, &dev);
+    cmp("linear", &lin, &[&[2, 5, 16], &[8, 16], &[8]], Kind::Normal, true, DType::F32, gpu::F32, &dev);
 }
 
 #[test]

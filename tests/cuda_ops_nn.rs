@@ -1,46 +1,20 @@
 //! The nn-family CUDA kernels (softmax, norm, conv, index, layout, dropout)
-//! against the CPU ops on fresh random inputs, forward and backward: f32 to
-//! 1e-5 and f64 to 1e-12 (relative, per element, with the tensor's RMS as
-//! the floor), f16/bf16 copies exact. Row lengths that are not multiples of
-//! the block size (1, 7, 1000, 4097). `ASRFORGE_CUDA_POISON=1` is set before
-//! the first CUDA call, so an element a kernel never writes is NaN, and NaN
-//! never passes. Dropout masks equal the CPU's bit for bit. Without a GPU
-//! every test says so and returns.
+//! against the CPU ops on fresh random inputs, forward and backward, through
+//! the harness of `common::gpu` (tolerance per dtype, per element with the
+//! tensor's RMS as the floor; poisoned outputs; NaN or inf never passes;
+//! the grid capped so grid-stride loops wrap); f16/bf16 copies exact. Row
+//! lengths that are not multiples of 32, shorter than half a block, between
+//! half a block and a block (200) and longer than a block (300, 1000, 4097),
+//! and more rows than the capped grid. Dropout masks equal the CPU's bit for
+//! bit. Without a GPU every test says why it skips.
 
 mod common;
 
 use asrforge::ops::{self, BatchNormState};
 use asrforge::tensor::{rng, Rng};
 use asrforge::{DType, Device, Error, Result, Tensor};
+use common::gpu::{self, assert_close as close, gpu};
 use common::{draw, fresh_seed, run_with_grads, Kind, Kind::*, OpFn};
-use std::sync::Once;
-
-static POISON: Once = Once::new();
-
-/// GPU 0 with poisoned allocations, or `None` (printing why) without a GPU.
-fn gpu(test: &str) -> Option<Device> {
-    // Every test calls this before touching the GPU, so the variable is set
-    // before the first CUDA call of the process.
-    POISON.call_once(|| std::env::set_var("ASRFORGE_CUDA_POISON", "1"));
-    match Device::available().into_iter().find(|d| *d != Device::Cpu) {
-        Some(d) => Some(d),
-        None => {
-            let why = Device::cuda(0).err().map(|e| e.to_string()).unwrap_or_else(|| "no GPU listed".into());
-            eprintln!("{test}: skipped, no GPU available ({why})");
-            None
-        }
-    }
-}
-
-/// `got` against `want` per element: |g − w| ≤ tol·(|w| + rms(want)); NaN never passes.
-fn close(what: &str, got: &[f64], want: &[f64], tol: f64, seed: u64) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths (seed {seed})");
-    let rms = (want.iter().map(|w| w * w).sum::<f64>() / want.len().max(1) as f64).sqrt();
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(!g.is_nan(), "{what}: element {i} is NaN (unwritten or wrong), want {w} (seed {seed})");
-        assert!((g - w).abs() <= tol * (w.abs() + rms), "{what}: element {i}: got {g}, want {w}, tolerance {tol:e} (seed {seed})");
-    }
-}
 
 /// One input: shape, how to draw it, whether it is differentiated.
 type Input = (&'static [usize], Kind, bool);
@@ -68,10 +42,10 @@ fn compare(name: &str, dev: &Device, dtype: DType, tol: f64, inputs: &[Input], f
     }
 }
 
-/// `compare` in f32 (1e-5) and f64 (1e-12).
+/// `compare` in f32 and f64 at the harness's tolerances.
 fn both(name: &str, dev: &Device, inputs: &[Input], f: &OpFn) {
-    compare(name, dev, DType::F32, 1e-5, inputs, f);
-    compare(name, dev, DType::F64, 1e-12, inputs, f);
+    compare(name, dev, DType::F32, gpu::F32, inputs, f);
+    compare(name, dev, DType::F64, gpu::F64, inputs, f);
 }
 
 fn ids_on_cpu(v: &[i64], shape: &[usize]) -> Tensor {
@@ -98,7 +72,10 @@ fn some_mask(n: usize, seed: u64) -> Vec<u8> {
 #[test]
 fn softmax_and_log_softmax_match_the_cpu() {
     let Some(dev) = gpu("softmax_and_log_softmax_match_the_cpu") else { return };
-    let shapes: [&'static [usize]; 4] = [&[3, 1], &[5, 7], &[2, 1000], &[3, 4097]];
+    // Rows of 1 and 7, of 200 (between half a block and a block), 300 (past
+    // a block, not a multiple of 32), 1000 and 4097; 67 and 41 rows outnumber
+    // the capped grid, so the row loop wraps.
+    let shapes: [&'static [usize]; 6] = [&[3, 1], &[5, 7], &[67, 200], &[41, 300], &[2, 1000], &[3, 4097]];
     for s in shapes {
         both(&format!("softmax {s:?}"), &dev, &[(s, Normal, true)], &move |x| ops::softmax(&x[0]));
         both(&format!("log_softmax {s:?}"), &dev, &[(s, Normal, true)], &move |x| ops::log_softmax(&x[0]));
@@ -121,8 +98,9 @@ fn layer_norm_matches_the_cpu() {
     let Some(dev) = gpu("layer_norm_matches_the_cpu") else { return };
     // Rows of 1 (zero variance), 7, 1000 and 4097; 300 rows spans several
     // chunks of the weight/bias column sums.
-    let cases: [(&'static [usize], &'static [usize]); 5] =
-        [(&[3, 1], &[1]), (&[300, 7], &[7]), (&[2, 3, 1000], &[1000]), (&[2, 4097], &[4097]), (&[129, 64], &[64])];
+    // and 67 rows of 200 (between half a block and a block) wrap the capped grid.
+    let cases: [(&'static [usize], &'static [usize]); 6] =
+        [(&[3, 1], &[1]), (&[300, 7], &[7]), (&[67, 200], &[200]), (&[2, 3, 1000], &[1000]), (&[2, 4097], &[4097]), (&[129, 64], &[64])];
     for (x, p) in cases {
         both(&format!("layer_norm affine {x:?}"), &dev, &[(x, Normal, true), (p, Normal, true), (p, Normal, true)], &move |t| {
             ops::layer_norm(&t[0], Some(&t[1]), Some(&t[2]), 1e-5)

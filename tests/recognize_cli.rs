@@ -11,7 +11,7 @@ use asrforge::tensor::{DType, Rng};
 const CONFIG: &str = "input_dim: 40
 output_dim: 6
 encoder: conformer
-encoder_conf: {output_size: 32, attention_heads: 2, linear_units: 64, num_blocks: 1, input_layer: conv2d, cnn_module_kernel: 3, pos_enc_layer_type: rel_pos, selfattention_layer_type: rel_selfattn}
+encoder_conf: {output_size: 32, attention_heads: 2, linear_units: 64, num_blocks: 1, input_layer: conv2d, cnn_module_kernel: 3, pos_enc_layer_type: rel_pos, selfattention_layer_type: rel_selfattn, causal: false, use_dynamic_chunk: false}
 decoder: bitransformer
 decoder_conf: {attention_heads: 2, linear_units: 64, num_blocks: 1, r_num_blocks: 1}
 model_conf: {ctc_weight: 0.3, lsm_weight: 0.1, reverse_weight: 0.3}
@@ -117,9 +117,13 @@ fn greedy_and_prefix_beam_agree_with_beam_one() {
 #[test]
 fn unsupported_flags_are_typed_errors() {
     let d = setup("bad");
-    let out = recognize(&d, &["--decoding_chunk_size", "16", "--modes", "attention"]);
+    let out = recognize(&d, &["--decoding_chunk_size", "0", "--modes", "attention"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("expected -1"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("or a chunk size >= 1, found 0"), "{}", String::from_utf8_lossy(&out.stderr));
+    // Streaming needs a model trained with chunks.
+    let out = recognize(&d, &["--decoding_chunk_size", "4", "--simulate_streaming", "--modes", "ctc_greedy_search"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("use_dynamic_chunk"), "{}", String::from_utf8_lossy(&out.stderr));
     let out = recognize(&d, &["--modes", "joint_decoding"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("found `joint_decoding`"));
     let out = recognize(&d, &["--device", "cuda", "--modes", "attention"]);
@@ -139,8 +143,6 @@ fn wenet_flags_are_accepted_or_refused_with_the_reason() {
     };
     assert!(err(&["--dtype", "fp16", "--modes", "attention"]).contains("half-precision decoding needs the GPU"));
     assert!(err(&["--dtype", "fp8", "--modes", "attention"]).contains("expected fp32, fp16 or bf16, found `fp8`"));
-    assert!(err(&["--simulate_streaming", "--modes", "attention"]).contains("--simulate_streaming: expected --decoding_chunk_size > 0"));
-    assert!(err(&["--num_decoding_left_chunks", "0", "--modes", "attention"]).contains("expected -1 (all) or >= 1, found 0"));
     assert!(err(&["--blank_penalty", "-1", "--modes", "attention"]).contains("--blank_penalty: expected a finite value >= 0"));
 }
 
@@ -180,4 +182,31 @@ fn a_missing_units_file_from_train_yaml_says_where_it_came_from() {
     // Naming the file on the command line fixes it.
     let ok = recognize(&d, &["--symbol_table", d.join("units.txt").to_str().unwrap(), "--modes", "attention"]);
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+}
+
+#[test]
+fn simulated_streaming_writes_what_chunk_masked_decoding_writes() {
+    let d = setup("stream");
+    // The same weights as a dynamic-chunk model with a causal convolution (same shapes).
+    let dynamic = ["--override_config", "encoder_conf.use_dynamic_chunk true", "--override_config", "encoder_conf.causal true"];
+    let modes = ["ctc_greedy_search", "ctc_prefix_beam_search", "attention_rescoring"];
+    for (chunk, left) in [("2", "-1"), ("1", "1")] {
+        let mut texts: Vec<Vec<String>> = Vec::new();
+        for stream in [false, true] {
+            let mut args: Vec<&str> = dynamic.to_vec();
+            args.extend(["--decoding_chunk_size", chunk, "--num_decoding_left_chunks", left, "--beam_size", "3", "--batch_size", "2"]);
+            if stream {
+                args.push("--simulate_streaming");
+            }
+            args.push("--modes");
+            args.extend(modes);
+            let out = recognize(&d, &args);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            texts.push(modes.iter().map(|m| std::fs::read_to_string(d.join("result").join(m).join("text")).unwrap()).collect());
+        }
+        for (i, m) in modes.iter().enumerate() {
+            assert_eq!(texts[0][i].lines().count(), 3, "{m}: {}", texts[0][i]);
+            assert_eq!(texts[0][i], texts[1][i], "{m}, chunk {chunk} left {left}");
+        }
+    }
 }

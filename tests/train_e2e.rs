@@ -31,6 +31,17 @@ fn tiny_model_overfits_four_utterances() {
     assert_eq!(infos["step"].as_u64(), Some(120));
     assert!(infos["cv_loss"].as_f64().unwrap() < first / 5.0);
     assert!(args.tensorboard_dir.join("exp").is_dir(), "the run goes to tensorboard_dir/<basename of model_dir>");
+    // final.safetensors (WeNet's final.pt) holds the last epoch's weights, byte for byte.
+    let tensors = |f: &str| {
+        let bytes = std::fs::read(args.model_dir.join(f)).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let mut v: Vec<(String, Vec<u8>)> = st.tensors().into_iter().map(|(k, t)| (k, t.data().to_vec())).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(tensors("final.safetensors"), tensors("epoch_119.safetensors"));
+    let fin: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(args.model_dir.join("final.yaml")).unwrap()).unwrap();
+    assert_eq!((fin["tag"].as_str(), fin["step"].as_u64()), (Some("final"), Some(120)));
     let scalars = read_scalars(train_common::event_file(&args.tensorboard_dir)).unwrap();
     // WeNet's tag names, in tensorboard_dir/<basename of model_dir>.
     for tag in ["train/train_loss", "train/loss_ctc", "train/loss_att", "train/th_accuracy", "train/grad_norm", "train/lr_0", "train/loss_scale"] {

@@ -6,6 +6,9 @@
 # Several training processes (asrforge launch, the TCP communicator on the
 # CPU): `NPROC=2 ./run.sh`, with DeepSpeed's ZeRO:
 # `NPROC=2 TRAIN_ENGINE=deepspeed DS_CONFIG=../../conf/ds_stage2.json ./run.sh`.
+# U2 (one model for streaming and full context): `./run.sh --use_dynamic_chunk true`
+# trains with dynamic chunk masks and a causal convolution, then decodes with
+# full context and with chunks of 16 and 4 frames (--decoding_chunk_sizes).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -20,6 +23,9 @@ beam_size=10
 ctc_weight=0.3
 reverse_weight=0.0
 decode_modes="ctc_greedy_search ctc_prefix_beam_search attention attention_rescoring"
+use_dynamic_chunk=false       # true: U2 dynamic chunk training (with causal: true)
+decoding_chunk_sizes=""       # default: -1, or "-1 16 4" with use_dynamic_chunk
+num_decoding_left_chunks=-1
 nproc="${NPROC:-1}"                       # training processes on this node
 train_engine="${TRAIN_ENGINE:-torch_ddp}" # torch_ddp or deepspeed
 deepspeed_config="${DS_CONFIG:-}"         # the DeepSpeed JSON of --train_engine deepspeed
@@ -41,6 +47,16 @@ echo "building asrforge (cargo build --release)" >&2
 cargo build --release --manifest-path "$root/Cargo.toml" --bin asrforge
 bin="$root/target/release/asrforge"
 export ASRFORGE="$bin"
+
+if [ -z "$decoding_chunk_sizes" ]; then
+  if [ "$use_dynamic_chunk" = true ]; then decoding_chunk_sizes="-1 16 4"; else decoding_chunk_sizes="-1"; fi
+fi
+chunk_args=()
+if [ "$use_dynamic_chunk" = true ]; then
+  chunk_args=(--override_config "encoder_conf.use_dynamic_chunk true" --override_config "encoder_conf.causal true")
+fi
+# The results of chunk size c go to $dir/test (c = -1) or $dir/test_chunk$c.
+result_dir_of() { if [ "$1" = -1 ]; then echo "$dir/test"; else echo "$dir/test_chunk$1"; fi; }
 
 cmvn="$data/train/global_cmvn"
 decode_checkpoint="$dir/avg_${average_num}.safetensors"
@@ -88,6 +104,7 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
     --num_workers "$num_workers" \
     --dist_backend gloo \
     "${engine_args[@]}" \
+    "${chunk_args[@]}" \
     --override_config "cmvn_conf.cmvn_file $cmvn" \
     --override_config "tokenizer_conf.symbol_table_path $data/dict/units.txt"
 fi
@@ -103,29 +120,35 @@ if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
   # The trainer keeps the config it trained with beside the checkpoints, as WeNet does.
   config="$dir/train.yaml"
   [ -f "$config" ] || config="$train_config"
-  # shellcheck disable=SC2086
-  "$bin" recognize \
-    --config "$config" \
-    --data_type raw \
-    --test_data "$data/test/data.list" \
-    --checkpoint "$decode_checkpoint" \
-    --beam_size "$beam_size" \
-    --batch_size 16 \
-    --ctc_weight "$ctc_weight" \
-    --reverse_weight "$reverse_weight" \
-    --decoding_chunk_size -1 \
-    --symbol_table "$data/dict/units.txt" \
-    --num_workers "$num_workers" \
-    --override_config "cmvn_conf.cmvn_file $cmvn" \
-    --result_dir "$dir/test" \
-    --modes $decode_modes
+  for chunk in $decoding_chunk_sizes; do
+    # shellcheck disable=SC2086
+    "$bin" recognize \
+      --config "$config" \
+      --data_type raw \
+      --test_data "$data/test/data.list" \
+      --checkpoint "$decode_checkpoint" \
+      --beam_size "$beam_size" \
+      --batch_size 16 \
+      --ctc_weight "$ctc_weight" \
+      --reverse_weight "$reverse_weight" \
+      --decoding_chunk_size "$chunk" \
+      --num_decoding_left_chunks "$num_decoding_left_chunks" \
+      --symbol_table "$data/dict/units.txt" \
+      --num_workers "$num_workers" \
+      --override_config "cmvn_conf.cmvn_file $cmvn" \
+      --result_dir "$(result_dir_of "$chunk")" \
+      --modes $decode_modes
+  done
 fi
 
 if [ "$stage" -le 5 ] && [ "$stop_stage" -ge 5 ]; then
   echo "stage 5: score" >&2
-  for mode in $decode_modes; do
-    "$bin" compute-cer --char=1 --ref "$data/test/text" --hyp "$dir/test/$mode/text" \
-      > "$dir/test/$mode/wer"
-    echo "$mode: test CER $(tail -n 1 "$dir/test/$mode/wer")"
+  for chunk in $decoding_chunk_sizes; do
+    res="$(result_dir_of "$chunk")"
+    for mode in $decode_modes; do
+      "$bin" compute-cer --char=1 --ref "$data/test/text" --hyp "$res/$mode/text" \
+        > "$res/$mode/wer"
+      echo "$mode (decoding_chunk_size $chunk): test CER $(tail -n 1 "$res/$mode/wer")"
+    done
   done
 fi

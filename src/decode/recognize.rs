@@ -33,6 +33,7 @@ use crate::decode::ctc::{ctc_greedy_search, ctc_prefix_beam_search, Hypothesis};
 use crate::decode::progress;
 use crate::error::{Error, Result};
 use crate::models::config::{apply_override, load_yaml};
+use crate::models::mask::ChunkRequest;
 use crate::models::{load_checkpoint, AsrModel, ModelConfig};
 use crate::nn::Module;
 use crate::ops;
@@ -86,13 +87,13 @@ pub struct RecognizeArgs {
     /// Weight of the right-to-left decoder in attention rescoring.
     #[arg(long = "reverse_weight", alias = "reverse-weight", default_value_t = 0.0)]
     pub reverse_weight: f64,
-    /// Chunk size of streaming decoding; only -1 (full context) is supported.
+    /// Chunk size (output frames) of chunked decoding; -1 is full context.
     #[arg(long = "decoding_chunk_size", alias = "decoding-chunk-size", default_value_t = -1, allow_hyphen_values = true)]
     pub decoding_chunk_size: i64,
-    /// Left chunks the encoder sees in chunked decoding (-1: all), WeNet's `--num_decoding_left_chunks`.
+    /// Left chunks each chunk sees when decoding by chunks; -1 is all.
     #[arg(long = "num_decoding_left_chunks", alias = "num-decoding-left-chunks", default_value_t = -1, allow_hyphen_values = true)]
     pub num_decoding_left_chunks: i64,
-    /// Run the encoder chunk by chunk with its caches (needs --decoding_chunk_size > 0), WeNet's `--simulate_streaming`.
+    /// Encode chunk by chunk with the attention and convolution caches, as a streaming runtime does.
     #[arg(long = "simulate_streaming", alias = "simulate-streaming")]
     pub simulate_streaming: bool,
     /// The symbol table (units.txt); defaults to the config's tokenizer_conf.symbol_table_path.
@@ -139,17 +140,8 @@ fn check_args(args: &RecognizeArgs) -> Result<()> {
     if args.device != "cpu" {
         return Err(Error::invalid("recognize", format!("--device: expected cpu, found `{}`", args.device)));
     }
-    if args.decoding_chunk_size != -1 {
-        return Err(Error::invalid(
-            "recognize",
-            format!("--decoding_chunk_size: expected -1 (full context; streaming is not supported), found {}", args.decoding_chunk_size),
-        ));
-    }
-    if args.simulate_streaming {
-        return Err(Error::invalid("recognize", "--simulate_streaming: expected --decoding_chunk_size > 0 (chunked decoding), found -1"));
-    }
-    if args.num_decoding_left_chunks == 0 || args.num_decoding_left_chunks < -1 {
-        return Err(Error::invalid("recognize", format!("--num_decoding_left_chunks: expected -1 (all) or >= 1, found {}", args.num_decoding_left_chunks)));
+    if args.decoding_chunk_size == 0 {
+        return Err(Error::invalid("recognize", "--decoding_chunk_size: expected -1 (full context) or a chunk size >= 1, found 0"));
     }
     match args.dtype.as_str() {
         "fp32" => {}
@@ -205,13 +197,23 @@ pub struct DecodeOptions {
     pub reverse_weight: f64,
     /// Subtracted from the CTC blank logit before the log-softmax.
     pub blank_penalty: f64,
+    /// Chunked decoding's chunk size and left chunks (full context by default).
+    pub chunk: ChunkRequest,
+    /// Encode chunk by chunk with the caches.
+    pub simulate_streaming: bool,
 }
 
 /// Decodes one batch in every mode: for each mode, `(key, token ids)` per utterance.
 pub fn decode_batch(model: &AsrModel, batch: &Batch, modes: &[String], opts: &DecodeOptions) -> Result<Vec<ModeResults>> {
-    let DecodeOptions { beam_size, penalty, ctc_weight, reverse_weight, blank_penalty } = *opts;
+    let DecodeOptions { beam_size, penalty, ctc_weight, reverse_weight, blank_penalty, chunk, simulate_streaming } = *opts;
     autograd::no_grad(|| {
-        let (enc, enc_lens) = model.encode(&batch.feats, &batch.feats_lengths)?;
+        let (enc, enc_lens) = model.encode_with(&batch.feats, &batch.feats_lengths, chunk, simulate_streaming).map_err(|e| {
+            if simulate_streaming {
+                Error::invalid("recognize", format!("streaming the batch of {}: {e}", batch.keys.join(", ")))
+            } else {
+                e
+            }
+        })?;
         let lp = model.ctc_log_probs_with_blank_penalty(&enc, blank_penalty)?;
         let (t, v) = (lp.dims()[1], lp.dims()[2]);
         let flat: Vec<f32> = lp.to_f64_vec()?.into_iter().map(|x| x as f32).collect();
@@ -306,6 +308,8 @@ pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
         ctc_weight: args.ctc_weight,
         reverse_weight: args.reverse_weight,
         blank_penalty: args.blank_penalty,
+        chunk: ChunkRequest { decoding_chunk_size: args.decoding_chunk_size, num_decoding_left_chunks: args.num_decoding_left_chunks },
+        simulate_streaming: args.simulate_streaming,
     };
     let loader = DataLoader::new(list, processor, LoaderConf { num_workers: args.num_workers, partition: false, ..LoaderConf::default() })?;
     let bar = progress::decode_bar(order.len());

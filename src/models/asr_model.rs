@@ -10,6 +10,7 @@ use super::config::ModelConfig;
 use super::ctc::Ctc;
 use super::decoder::Decoder;
 use super::encoder::Encoder;
+use super::mask::ChunkRequest;
 use crate::error::{Error, Result};
 use crate::nn::Module;
 use crate::ops;
@@ -185,6 +186,34 @@ impl AsrModel {
     /// Encoder output (B, T', D) and its lengths.
     pub fn encode(&self, feats: &Tensor, feats_lengths: &[usize]) -> Result<(Tensor, Vec<usize>)> {
         self.encoder.forward(feats, feats_lengths)
+    }
+
+    /// Encoder output and lengths for decoding with WeNet's
+    /// `decoding_chunk_size` / `num_decoding_left_chunks`: the whole batch
+    /// under the chunk mask, or, with `simulate_streaming` and a chunk size
+    /// > 0, each utterance chunk by chunk with its caches (the rows padded
+    /// with zeros to the longest).
+    pub fn encode_with(&self, feats: &Tensor, feats_lengths: &[usize], req: ChunkRequest, simulate_streaming: bool) -> Result<(Tensor, Vec<usize>)> {
+        if !(simulate_streaming && req.decoding_chunk_size > 0) {
+            return self.encoder.forward_with(feats, feats_lengths, req).map(|(x, l, _)| (x, l));
+        }
+        if feats.rank() != 3 || feats.dims()[0] != feats_lengths.len() {
+            return Err(Error::ShapeMismatch {
+                op: "AsrModel::encode_with",
+                expected: format!("feats (B, T, F) for {} lengths", feats_lengths.len()),
+                got: format!("{}", feats.shape()),
+            });
+        }
+        let mut outs = Vec::with_capacity(feats_lengths.len());
+        for (b, &len) in feats_lengths.iter().enumerate() {
+            let x = ops::narrow(&ops::narrow(feats, 0, b, 1)?, 1, 0, len)?;
+            outs.push(self.encoder.forward_chunk_by_chunk(&x, req.decoding_chunk_size as usize, req.num_decoding_left_chunks)?);
+        }
+        let lens: Vec<usize> = outs.iter().map(|o| o.dims()[1]).collect();
+        let t = lens.iter().copied().max().unwrap_or(0);
+        let padded = outs.iter().map(|o| if o.dims()[1] < t { ops::pad(o, 1, 0, t - o.dims()[1], 0.0) } else { Ok(o.clone()) }).collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&Tensor> = padded.iter().collect();
+        Ok((ops::cat(&refs, 0)?, lens))
     }
 
     /// CTC log-probabilities (B, T', V) of an encoder output.

@@ -152,8 +152,8 @@ fn encode(d: Dtype, float: &[f64], int: &[i128]) -> Option<Vec<u8>> {
     Some(match d {
         Dtype::F32 => float.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
         Dtype::F64 => float.iter().flat_map(|&x| x.to_le_bytes()).collect(),
-        Dtype::F16 => float.iter().flat_map(|&x| half::f16::from_f64(x).to_le_bytes()).collect(),
-        Dtype::BF16 => float.iter().flat_map(|&x| half::bf16::from_f64(x).to_le_bytes()).collect(),
+        Dtype::F16 => float.iter().flat_map(|&x| crate::tensor::halfconv::f16_from_f64(x).to_le_bytes()).collect(),
+        Dtype::BF16 => float.iter().flat_map(|&x| crate::tensor::halfconv::bf16_from_f64(x).to_le_bytes()).collect(),
         Dtype::I64 => int.iter().flat_map(|&x| (x as i64).to_le_bytes()).collect(),
         Dtype::I32 => int.iter().flat_map(|&x| (x as i32).to_le_bytes()).collect(),
         Dtype::U8 | Dtype::BOOL => int.iter().map(|&x| x as u8).collect(),

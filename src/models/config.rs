@@ -178,6 +178,16 @@ pub struct EncoderConfig {
     pub norm_eps: f64,
     /// Epsilon of the convolution-module norm.
     pub conv_norm_eps: f64,
+    /// U2 training: a chunk mask drawn per batch (WeNet's add_optional_chunk_mask).
+    pub use_dynamic_chunk: bool,
+    /// With `use_dynamic_chunk`: a random number of left chunks too.
+    pub use_dynamic_left_chunk: bool,
+    /// A fixed chunk size for training and decoding (0: none; ignored with `use_dynamic_chunk`).
+    pub static_chunk_size: usize,
+    /// Mask the convolution module's input and output only, as WeNet does
+    /// (padded frames then leak `glu(bias)` into the depthwise conv); the
+    /// default (false) also zeroes padded frames after the GLU.
+    pub wenet_conv_masking: bool,
 }
 
 /// `decoder_conf`.
@@ -378,6 +388,10 @@ fn parse_encoder(root: &Value, kind: EncoderType, w: &mut Vec<String>) -> Result
         gradient_checkpointing: s.bool_or("gradient_checkpointing", false)?,
         norm_eps: s.f64_or("norm_eps", 1e-5)?,
         conv_norm_eps: s.f64_or("conv_norm_eps", 1e-5)?,
+        use_dynamic_chunk: s.bool_or("use_dynamic_chunk", false)?,
+        use_dynamic_left_chunk: s.bool_or("use_dynamic_left_chunk", false)?,
+        static_chunk_size: s.usize_or("static_chunk_size", 0)?,
+        wenet_conv_masking: s.bool_or("wenet_conv_masking", false)?,
     };
     if c.attention_heads == 0 || c.output_size % c.attention_heads != 0 {
         return Err(Error::config(s.key("output_size"), format!("{} is not a multiple of attention_heads {}", c.output_size, c.attention_heads)));
@@ -399,9 +413,6 @@ fn parse_encoder(root: &Value, kind: EncoderType, w: &mut Vec<String>) -> Result
             ("mlp_bias", Value::Bool(true)),
         ],
     )?;
-    s.ignored("use_dynamic_chunk", w, "dynamic chunk masks are not implemented; attention sees the full context");
-    s.ignored("use_dynamic_left_chunk", w, "dynamic chunk masks are not implemented");
-    s.ignored("static_chunk_size", w, "chunk masks are not implemented; attention sees the full context");
     s.ignored("use_sdpa", w, "attention always runs the explicit kernel (same result)");
     s.finish(&["n_expert", "n_expert_activated", "n_kv_head", "head_dim"], w);
     Ok(c)

@@ -10,7 +10,14 @@
 //! (k−1)/2 valid frames, so a sequence's output depends on how much padding
 //! its batch has. Zeroing here makes a valid frame see exactly what it sees
 //! when the sequence runs alone (the same parameters, the same result as
-//! WeNet for an unpadded sequence).
+//! WeNet for an unpadded sequence). `wenet_masking` turns that extra zeroing
+//! off (and leaves the causal left padding as `glu(bias)` too), reproducing
+//! WeNet's numbers exactly.
+//!
+//! Streaming (causal only, as WeNet's `forward` with a cache): the cache is
+//! the last `k−1` input frames (after the input mask, before
+//! pointwise_conv1); a chunk is the cache followed by its frames, so the
+//! depthwise conv sees exactly what it sees in the whole utterance.
 
 use super::config::{Activation, ConvNorm};
 use super::ffn::activate;
@@ -43,6 +50,8 @@ pub struct ConvolutionModule {
     pub act: Activation,
     /// Left padding for a causal conv (0 when symmetric).
     pub lorder: usize,
+    /// Mask only the module's input and output, as WeNet does.
+    pub wenet_masking: bool,
 }
 
 impl ConvolutionModule {
@@ -58,20 +67,39 @@ impl ConvolutionModule {
             ConvNorm::LayerNorm => ConvModuleNorm::Layer(LayerNorm::new(c, eps, dtype)?),
         };
         let pointwise_conv2 = Conv1d::pointwise(c, c, true, dtype, rng)?;
-        Ok(ConvolutionModule { pointwise_conv1, depthwise_conv, norm, pointwise_conv2, act, lorder })
+        Ok(ConvolutionModule { pointwise_conv1, depthwise_conv, norm, pointwise_conv2, act, lorder, wenet_masking: false })
     }
 
     /// x (B, T, C); `pad` u8 (B, 1, T) with 1 at padded frames.
     pub fn forward(&self, x: &Tensor, pad: Option<&Tensor>) -> Result<Tensor> {
+        self.forward_cached(x, pad, None).map(|(y, _)| y)
+    }
+
+    /// As [`ConvolutionModule::forward`], continuing from `cache` (B, C, k−1),
+    /// the input frames before x (causal modules only; `None` is the start of
+    /// the stream, zero frames). Returns the output and the next cache
+    /// (None for a non-causal module).
+    pub fn forward_cached(&self, x: &Tensor, pad: Option<&Tensor>, cache: Option<&Tensor>) -> Result<(Tensor, Option<Tensor>)> {
         let mut h = ops::transpose(x, 1, 2)?;
         if let Some(m) = pad {
             h = ops::masked_fill(&h, m, 0.0)?;
         }
         if self.lorder > 0 {
-            h = ops::pad(&h, 2, self.lorder, 0, 0.0)?;
+            h = match cache {
+                Some(c) => ops::cat(&[c, &h], 2)?,
+                None => ops::pad(&h, 2, self.lorder, 0, 0.0)?,
+            };
+        } else if cache.is_some() {
+            return Err(crate::error::Error::invalid("ConvolutionModule", "a cache was given to a non-causal convolution module"));
         }
+        let next = if self.lorder > 0 {
+            let t = h.dims()[2];
+            Some(ops::narrow(&h, 2, t - self.lorder, self.lorder)?)
+        } else {
+            None
+        };
         let mut h = ops::glu(&self.pointwise_conv1.forward(&h)?, 1)?;
-        if let Some(m) = pad {
+        if let (Some(m), false) = (pad, self.wenet_masking) {
             h = ops::masked_fill(&h, &self.left_padded(m)?, 0.0)?;
         }
         let h = self.depthwise_conv.forward(&h)?;
@@ -83,12 +111,14 @@ impl ConvolutionModule {
         if let Some(m) = pad {
             h = ops::masked_fill(&h, m, 0.0)?;
         }
-        ops::transpose(&h, 1, 2)
+        Ok((ops::transpose(&h, 1, 2)?, next))
     }
 }
 
 impl ConvolutionModule {
-    /// The frame mask widened by the causal left padding (those frames are already zero).
+    /// The frame mask widened by the causal left context (zero padding or
+    /// the cache), which is not masked: zero padding becomes `glu(bias)`, as
+    /// in WeNet, whether the stream starts there or the utterance does.
     fn left_padded(&self, m: &Tensor) -> Result<Tensor> {
         if self.lorder == 0 {
             return Ok(m.clone());

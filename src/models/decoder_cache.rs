@@ -93,7 +93,7 @@ impl DecoderLayer {
     /// One new position x (N, 1, D): attends to the cached keys/values plus its own, which it appends.
     fn forward_step(&self, x: &Tensor, cache: &mut Option<KeysValues>, src: &KeysValues, mem_mask: &AttentionMask) -> Result<Tensor> {
         let x = branch(self, x, &self.norm1, |h| {
-            let (k_new, v_new) = self.self_attn.keys_values(h, h)?;
+            let (k_new, v_new) = self.self_attn.project_kv(h, h)?;
             let kv = match cache.take() {
                 None => KeysValues { k: k_new, v: v_new },
                 Some(c) => KeysValues { k: ops::cat(&[&c.k, &k_new], 2)?, v: ops::cat(&[&c.v, &v_new], 2)? },
@@ -118,7 +118,7 @@ impl TransformerDecoder {
                 got: format!("{}", memory.shape()),
             });
         }
-        let src_kv = self.decoders.iter().map(|l| l.src_attn.keys_values(memory, memory).map(|(k, v)| KeysValues { k, v })).collect::<Result<Vec<_>>>()?;
+        let src_kv = self.decoders.iter().map(|l| l.src_attn.project_kv(memory, memory).map(|(k, v)| KeysValues { k, v })).collect::<Result<Vec<_>>>()?;
         Ok(DecoderCache {
             self_kv: vec![None; self.decoders.len()],
             src_kv,

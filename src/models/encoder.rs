@@ -2,16 +2,19 @@
 //! layer (subsampling + positional encoding) → blocks → `after_norm`.
 //! With `gradient_checkpointing` each block runs under the tape's
 //! checkpoint: its activations are recomputed in backward instead of kept.
+//! Self-attention takes WeNet's optional chunk mask ([`super::mask`]); the
+//! convolution module sees only the padding mask, as in WeNet.
 
 use super::cmvn::GlobalCmvn;
 use super::config::{EncoderConfig, EncoderType, SelfAttnType};
 use super::convolution::ConvolutionModule;
 use super::encoder_layer::{EncoderLayer, SelfAttention};
 use super::ffn::FeedForward;
+use super::mask::{add_optional_chunk_mask, Chunk, ChunkConfig, ChunkRequest};
 use super::subsampling::Subsampling;
 use crate::autograd;
 use crate::error::{Error, Result};
-use crate::nn::{AttentionMask, Dropout, LayerNorm, Module, MultiHeadedAttention, RelPositionMultiHeadedAttention};
+use crate::nn::{Dropout, LayerNorm, Module, MultiHeadedAttention, RelPositionMultiHeadedAttention};
 use crate::tensor::{DType, Device, Rng, Tensor};
 
 /// An encoder and its settings.
@@ -35,6 +38,8 @@ pub struct Encoder {
     pub gradient_checkpointing: bool,
     /// Training or eval mode.
     pub training: bool,
+    /// The chunk (U2) settings.
+    pub chunk: ChunkConfig,
 }
 
 /// u8 (B, 1, T): 1 at frames at or beyond each length.
@@ -61,7 +66,9 @@ impl Encoder {
             let feed_forward_macaron = if macaron { Some(FeedForward::new(d, c.linear_units, c.dropout_rate, c.activation_type, dtype, rng)?) } else { None };
             let conv = conformer && c.use_cnn_module;
             let conv_module = if conv {
-                Some(ConvolutionModule::new(d, c.cnn_module_kernel, c.activation_type, c.cnn_module_norm, c.causal, c.conv_norm_eps, dtype, rng)?)
+                let mut m = ConvolutionModule::new(d, c.cnn_module_kernel, c.activation_type, c.cnn_module_norm, c.causal, c.conv_norm_eps, dtype, rng)?;
+                m.wenet_masking = c.wenet_conv_masking;
+                Some(m)
             } else {
                 None
             };
@@ -81,6 +88,7 @@ impl Encoder {
                 transformer_names: !conformer,
             });
         }
+        let max_chunk_size = 100 / embed.rate().max(1);
         Ok(Encoder {
             global_cmvn: cmvn,
             embed,
@@ -91,6 +99,12 @@ impl Encoder {
             final_norm: c.final_norm,
             gradient_checkpointing: c.gradient_checkpointing,
             training: true,
+            chunk: ChunkConfig {
+                use_dynamic_chunk: c.use_dynamic_chunk,
+                use_dynamic_left_chunk: c.use_dynamic_left_chunk,
+                static_chunk_size: c.static_chunk_size,
+                max_chunk_size,
+            },
         })
     }
 
@@ -99,8 +113,15 @@ impl Encoder {
         self.after_norm.weight.dims()[0]
     }
 
-    /// feats (B, T, F) with lengths → (encoder output (B, T', D), output lengths).
+    /// feats (B, T, F) with lengths → (encoder output (B, T', D), output
+    /// lengths), with training's chunk choice (drawn when dynamic).
     pub fn forward(&self, feats: &Tensor, lens: &[usize]) -> Result<(Tensor, Vec<usize>)> {
+        self.forward_with(feats, lens, ChunkRequest::TRAIN).map(|(x, l, _)| (x, l))
+    }
+
+    /// As [`Encoder::forward`] with WeNet's `decoding_chunk_size` and
+    /// `num_decoding_left_chunks`; also returns the chunk the mask used.
+    pub fn forward_with(&self, feats: &Tensor, lens: &[usize], req: ChunkRequest) -> Result<(Tensor, Vec<usize>, Option<Chunk>)> {
         if feats.rank() != 3 || feats.dims()[0] != lens.len() {
             return Err(Error::ShapeMismatch {
                 op: "Encoder",
@@ -117,7 +138,7 @@ impl Encoder {
         };
         let (mut x, pos, out_lens) = self.embed.forward(&x, lens)?;
         let t = x.dims()[1];
-        let mask = AttentionMask::key_padding(&out_lens, t)?;
+        let (chunk, mask) = add_optional_chunk_mask(&self.chunk, req, &out_lens, t)?;
         let pad = frame_pad_mask(&out_lens, t)?;
         for layer in &self.encoders {
             x = if self.gradient_checkpointing && self.training && autograd::is_grad_enabled() {
@@ -131,7 +152,7 @@ impl Encoder {
         if self.normalize_before && self.final_norm {
             x = self.after_norm.forward(&x)?;
         }
-        Ok((x, out_lens))
+        Ok((x, out_lens, chunk))
     }
 }
 

@@ -13,7 +13,7 @@
 use super::convolution::ConvolutionModule;
 use super::ffn::FeedForward;
 use crate::error::Result;
-use crate::nn::{AttentionMask, Dropout, LayerNorm, Module, MultiHeadedAttention, RelPositionMultiHeadedAttention};
+use crate::nn::{AttentionMask, Dropout, KvCache, LayerNorm, Module, MultiHeadedAttention, RelPositionMultiHeadedAttention};
 use crate::ops;
 use crate::tensor::Tensor;
 
@@ -32,6 +32,14 @@ impl SelfAttention {
         match self {
             SelfAttention::Plain(a) => a.forward(x, x, x, mask),
             SelfAttention::Rel(a) => a.forward(x, x, x, mask, pos),
+        }
+    }
+
+    /// Streaming self-attention after a key/value cache; `pos` holds the rows of every key.
+    pub fn forward_cached(&self, x: &Tensor, pos: &Tensor, cache: Option<&KvCache>) -> Result<(Tensor, KvCache)> {
+        match self {
+            SelfAttention::Plain(a) => a.forward_cached(x, None, cache),
+            SelfAttention::Rel(a) => a.forward_cached(x, None, pos, cache),
         }
     }
 
@@ -110,6 +118,45 @@ impl EncoderLayer {
             Some(n) => n.forward(&x),
             None => Ok(x),
         }
+    }
+
+    /// One chunk of a stream (WeNet's layer call with `att_cache` and
+    /// `cnn_cache`): x (1, T, D) attends to the cached keys and values and
+    /// its own, with `pos` the rows of all of them; returns the output, all
+    /// keys and values, and the convolution module's next cache.
+    pub fn forward_chunk(
+        &self,
+        x: &Tensor,
+        pos: &Tensor,
+        att_cache: Option<&KvCache>,
+        cnn_cache: Option<&Tensor>,
+    ) -> Result<(Tensor, KvCache, Option<Tensor>)> {
+        let ff_scale = if self.feed_forward_macaron.is_some() { 0.5 } else { 1.0 };
+        let mut x = x.clone();
+        if let (Some(ff), Some(n)) = (&self.feed_forward_macaron, &self.norm_ff_macaron) {
+            x = self.branch(&x, n, ff_scale, |h| ff.forward(h))?;
+        }
+        let mut kv = None;
+        x = self.branch(&x, &self.norm_mha, 1.0, |h| {
+            let (y, c) = self.self_attn.forward_cached(h, pos, att_cache)?;
+            kv = Some(c);
+            Ok(y)
+        })?;
+        let kv = kv.ok_or_else(|| crate::error::Error::invalid("EncoderLayer", "self-attention returned no cache"))?;
+        let mut next_cnn = None;
+        if let (Some(conv), Some(n)) = (&self.conv_module, &self.norm_conv) {
+            x = self.branch(&x, n, 1.0, |h| {
+                let (y, c) = conv.forward_cached(h, None, cnn_cache)?;
+                next_cnn = c;
+                Ok(y)
+            })?;
+        }
+        x = self.branch(&x, &self.norm_ff, ff_scale, |h| self.feed_forward.forward(h))?;
+        let x = match &self.norm_final {
+            Some(n) => n.forward(&x)?,
+            None => x,
+        };
+        Ok((x, kv, next_cnn))
     }
 }
 

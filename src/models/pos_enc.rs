@@ -56,14 +56,14 @@ impl PositionalEncoding {
         self.rows_at(0, t, like)
     }
 
-    /// Rows offset..offset+t of the table, (1, t, d).
+    /// Rows offset..offset+t of the table, (1, t, d) (WeNet's `position_encoding`).
     pub fn rows_at(&self, offset: usize, t: usize, like: &Tensor) -> Result<Tensor> {
         match &self.pe {
             None => Tensor::zeros([1, t, self.d], like.dtype(), &like.device()),
             Some(pe) => {
                 let max = pe.dims()[1];
                 if offset + t > max {
-                    return Err(Error::invalid("PositionalEncoding", format!("positions {offset}..{} exceed the positional table of {max}", offset + t)));
+                    return Err(Error::invalid("PositionalEncoding", format!("frames up to {} exceed the positional table of {max}", offset + t)));
                 }
                 ops::narrow(pe, 1, offset, t)
             }
@@ -75,8 +75,7 @@ impl PositionalEncoding {
         self.forward_at(x, 0)
     }
 
-    /// Encodes x (B, T, D) whose first frame sits at position `offset` (a
-    /// decoder fed one token at a time); returns the output and the rows used.
+    /// Encodes x (B, T, D) whose first frame is frame `offset` of a stream.
     pub fn forward_at(&self, x: &Tensor, offset: usize) -> Result<(Tensor, Tensor)> {
         if x.rank() != 3 {
             return Err(Error::ShapeMismatch { op: "PositionalEncoding", expected: "an input (B, T, D)".into(), got: format!("{}", x.shape()) });

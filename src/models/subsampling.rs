@@ -72,6 +72,18 @@ impl Subsampling {
         Self::plan_of(self.kind).iter().map(|&(_, s)| s).product()
     }
 
+    /// Input frames after the first that one output frame reads (WeNet's
+    /// `right_context`: 6, 10 and 14 for conv2d, conv2d6 and conv2d8).
+    pub fn right_context(&self) -> usize {
+        let mut stride = 1;
+        let mut ctx = 0;
+        for &(k, s) in Self::plan_of(self.kind) {
+            ctx += (k - 1) * stride;
+            stride *= s;
+        }
+        ctx
+    }
+
     /// Output lengths for input lengths.
     pub fn out_lens(&self, lens: &[usize]) -> Vec<usize> {
         lens.iter().map(|&l| Self::plan_of(self.kind).iter().fold(l, |l, &(k, s)| conv_len(l, k, s))).collect()
@@ -79,6 +91,11 @@ impl Subsampling {
 
     /// x (B, T, F) → (output (B, T', d), positional rows (1, T', d), output lengths).
     pub fn forward(&self, x: &Tensor, lens: &[usize]) -> Result<(Tensor, Tensor, Vec<usize>)> {
+        self.forward_at(x, lens, 0)
+    }
+
+    /// As [`Subsampling::forward`] for a chunk whose first output frame is frame `offset` of the stream.
+    pub fn forward_at(&self, x: &Tensor, lens: &[usize], offset: usize) -> Result<(Tensor, Tensor, Vec<usize>)> {
         let y = if let Some((norm, drop)) = &self.norm {
             drop.forward(&norm.forward(&self.out.forward(x)?)?)?
         } else {
@@ -90,7 +107,7 @@ impl Subsampling {
             let h = ops::reshape(&ops::permute(&h, &[0, 2, 1, 3])?, [b, t, ch * f])?;
             self.out.forward(&h)?
         };
-        let (y, pos) = self.pos_enc.forward(&y)?;
+        let (y, pos) = self.pos_enc.forward_at(&y, offset)?;
         Ok((y, pos, self.out_lens(lens)))
     }
 }

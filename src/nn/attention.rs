@@ -45,6 +45,9 @@ impl AttentionMask {
     }
 }
 
+/// Projected keys and values (B, H, T, d_k) kept between the chunks of a stream.
+pub type KvCache = (Tensor, Tensor);
+
 /// Multi-head attention with `linear_q/k/v/out` (all with bias).
 #[derive(Clone, Debug)]
 pub struct MultiHeadedAttention {
@@ -120,24 +123,45 @@ impl MultiHeadedAttention {
 
     /// Attention of `query` (B, T1, D) over `key`/`value` (B, T2, D).
     pub fn forward(&self, query: &Tensor, key: &Tensor, value: &Tensor, mask: Option<&AttentionMask>) -> Result<Tensor> {
-        let (k, v) = self.keys_values(key, value)?;
+        let (k, v) = self.project_kv(key, value)?;
         self.forward_kv(query, &k, &v, mask)
     }
 
     /// The projected keys and values of `key`/`value` (B, T, D), heads first:
     /// (B, H, T, d_k) each. A decoder caches these across steps.
-    pub fn keys_values(&self, key: &Tensor, value: &Tensor) -> Result<(Tensor, Tensor)> {
+    pub fn project_kv(&self, key: &Tensor, value: &Tensor) -> Result<(Tensor, Tensor)> {
         let k = Self::heads_first(&self.split(&self.linear_k.forward(key)?)?)?;
         let v = Self::heads_first(&self.split(&self.linear_v.forward(value)?)?)?;
         Ok((k, v))
     }
 
     /// Attention of `query` (B, T1, D) over keys and values already projected
-    /// by [`Self::keys_values`] ((B, H, T2, d_k) each).
+    /// by [`Self::project_kv`] ((B, H, T2, d_k) each).
     pub fn forward_kv(&self, query: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&AttentionMask>) -> Result<Tensor> {
         let q = Self::heads_first(&self.split(&self.linear_q.forward(query)?)?)?;
         let scores = ops::mul_scalar(&ops::matmul_t(&q, k, false, true)?, 1.0 / (self.d_k() as f64).sqrt())?;
         self.attend(&scores, v, mask)
+    }
+
+    /// Keys and values of x (B, T, D), heads first (B, H, T, d_k), after
+    /// the cached ones when a cache is given (streaming self-attention).
+    fn keys_values(&self, x: &Tensor, cache: Option<&KvCache>) -> Result<KvCache> {
+        let k = Self::heads_first(&self.split(&self.linear_k.forward(x)?)?)?;
+        let v = Self::heads_first(&self.split(&self.linear_v.forward(x)?)?)?;
+        match cache {
+            Some((ck, cv)) => Ok((ops::cat(&[ck, &k], 2)?, ops::cat(&[cv, &v], 2)?)),
+            None => Ok((k, v)),
+        }
+    }
+
+    /// Self-attention of x (B, T, D) over the cached keys and values then
+    /// x's own (every one visible unless `mask` (B, 1, T, Tc+T) says not);
+    /// returns the output and all keys and values, the next cache.
+    pub fn forward_cached(&self, x: &Tensor, mask: Option<&AttentionMask>, cache: Option<&KvCache>) -> Result<(Tensor, KvCache)> {
+        let q = Self::heads_first(&self.split(&self.linear_q.forward(x)?)?)?;
+        let (k, v) = self.keys_values(x, cache)?;
+        let scores = ops::mul_scalar(&ops::matmul_t(&q, &k, false, true)?, 1.0 / (self.d_k() as f64).sqrt())?;
+        Ok((self.attend(&scores, &v, mask)?, (k, v)))
     }
 
     fn children_list(&self) -> Vec<(String, &dyn Module)> {
@@ -194,9 +218,23 @@ impl RelPositionMultiHeadedAttention {
     /// Self-attention of x (B, T, D) with the positional table `pos_emb` (1, T, D).
     pub fn forward(&self, query: &Tensor, key: &Tensor, value: &Tensor, mask: Option<&AttentionMask>, pos_emb: &Tensor) -> Result<Tensor> {
         let a = &self.base;
-        let q = a.split(&a.linear_q.forward(query)?)?; // (B, T1, H, d_k)
         let k = MultiHeadedAttention::heads_first(&a.split(&a.linear_k.forward(key)?)?)?;
         let v = MultiHeadedAttention::heads_first(&a.split(&a.linear_v.forward(value)?)?)?;
+        self.attend_kv(query, &k, &v, mask, pos_emb)
+    }
+
+    /// Streaming self-attention of x (B, T, D) after the cached keys and
+    /// values; `pos_emb` (1, Tc+T, D) holds the rows of every key's position.
+    /// Returns the output and the next cache.
+    pub fn forward_cached(&self, x: &Tensor, mask: Option<&AttentionMask>, pos_emb: &Tensor, cache: Option<&KvCache>) -> Result<(Tensor, KvCache)> {
+        let (k, v) = self.base.keys_values(x, cache)?;
+        Ok((self.attend_kv(x, &k, &v, mask, pos_emb)?, (k, v)))
+    }
+
+    /// Scores of `query` against heads-first keys and positions, then attention over `v`.
+    fn attend_kv(&self, query: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&AttentionMask>, pos_emb: &Tensor) -> Result<Tensor> {
+        let a = &self.base;
+        let q = a.split(&a.linear_q.forward(query)?)?; // (B, T1, H, d_k)
         let b = q.dims()[0];
         let p = self.linear_pos.forward(pos_emb)?;
         let p = MultiHeadedAttention::heads_first(&a.split(&p)?)?; // (1, H, T2, d_k)
@@ -216,10 +254,10 @@ impl RelPositionMultiHeadedAttention {
         };
         let q_u = MultiHeadedAttention::heads_first(&ops::add(&q, &self.pos_bias_u)?)?;
         let q_v = MultiHeadedAttention::heads_first(&ops::add(&q, &self.pos_bias_v)?)?;
-        let ac = ops::matmul_t(&q_u, &k, false, true)?;
+        let ac = ops::matmul_t(&q_u, k, false, true)?;
         let bd = ops::matmul_t(&q_v, &p, false, true)?;
         let scores = ops::mul_scalar(&ops::add(&ac, &bd)?, 1.0 / (a.d_k() as f64).sqrt())?;
-        a.attend(&scores, &v, mask)
+        a.attend(&scores, v, mask)
     }
 }
 

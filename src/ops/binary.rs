@@ -5,7 +5,6 @@
 use super::{mixed, out_storage, same_kind};
 use crate::autograd::record;
 use crate::backend::cpu::elementwise::{self as k, Bcast, Binary};
-use crate::backend::cpu::reduce;
 use crate::backend::{cuda, Storage};
 use crate::error::Result;
 use crate::tensor::{Shape, Tensor};
@@ -71,34 +70,13 @@ pub fn sum_to_shape(g: &Tensor, shape: &Shape) -> Result<Tensor> {
         return Ok(g.clone());
     }
     let lead = g.rank() - shape.rank();
-    // Each step sums one (outer, n, inner) dim: on the CPU or the GPU.
-    let sum_dim = |s: &Storage, o: usize, n: usize, i: usize| -> Result<Storage> {
-        Ok(match s {
-            Storage::Cpu(c) => Storage::Cpu(reduce::sum_dim(c, o, n, i)?),
-            Storage::Cuda(c) => Storage::Cuda(cuda::reduce::sum_dim(c, o, n, i)?),
-        })
-    };
-    let mut cur: Option<Storage> = None;
-    let mut dims = g.dims().to_vec();
-    if lead > 0 {
-        let outer: usize = dims[..lead].iter().product();
-        let inner: usize = dims[lead..].iter().product();
-        cur = Some(sum_dim(&g.storage(), 1, outer, inner)?);
-        dims.drain(..lead);
-    }
-    for d in 0..dims.len() {
-        if shape.dims()[d] == 1 && dims[d] != 1 {
-            let (o, n, i) = Shape::from(dims.clone()).split_at_dim(d);
-            cur = Some(match &cur {
-                Some(c) => sum_dim(c, o, n, i)?,
-                None => sum_dim(&g.storage(), o, n, i)?,
-            });
-            dims[d] = 1;
-        }
-    }
-    match cur {
-        Some(c) => Ok(out_storage(c, shape.clone())),
-        // Only size-1 dims differ: the same elements under the target shape.
+    // The broadcast dims, as dims of `g`: the leading ones, then those where
+    // `shape` has size 1. They are summed in one accumulation (f32 for
+    // halves) and rounded to g's dtype once.
+    let ds: Vec<usize> = (0..g.rank()).filter(|&d| d < lead || (shape.dims()[d - lead] == 1 && g.dims()[d] != 1)).collect();
+    let summed = super::reduce::sum_acc(&g.storage(), &super::reduce::sum_steps(g.dims(), &ds))?;
+    match summed {
+        Some(c) => Ok(out_storage(super::reduce::round_to(c, g.dtype())?, shape.clone())),
         None => Ok(g.reshaped(shape.clone(), false)),
     }
 }

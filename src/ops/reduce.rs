@@ -2,11 +2,11 @@
 //! the reduced dims; of max: the gradient sent to the first arg-max.
 
 use super::{mixed, out_storage};
-use crate::autograd::record;
+use crate::autograd::{self, record};
 use crate::backend::cpu::{reduce as k, CpuStorage};
 use crate::backend::{cuda, Storage};
 use crate::error::{Error, Result};
-use crate::tensor::{Shape, Tensor};
+use crate::tensor::{DType, Shape, Tensor};
 
 fn resolve(op: &'static str, x: &Tensor, dims: &[isize]) -> Result<Vec<usize>> {
     let mut ds = dims.iter().map(|&d| x.shape().dim(op, d)).collect::<Result<Vec<_>>>()?;
@@ -45,51 +45,99 @@ fn expand_to(g: &Tensor, full: &[usize]) -> Result<Tensor> {
     }
 }
 
-/// Sum over `dims` (negative dims count from the end); `keepdim` keeps them as size 1.
-pub fn sum(x: &Tensor, dims: &[isize], keepdim: bool) -> Result<Tensor> {
-    let ds = resolve("sum", x, dims)?;
-    let mut cur: Option<Storage> = None;
-    let mut shape = x.dims().to_vec();
-    for &d in ds.iter().rev() {
-        let (o, n, i) = Shape::from(shape.clone()).split_at_dim(d);
-        let step = |s: &Storage| -> Result<Storage> {
-            Ok(match s {
-                Storage::Cpu(c) => Storage::Cpu(k::sum_dim(c, o, n, i)?),
-                Storage::Cuda(c) => Storage::Cuda(cuda::reduce::sum_dim(c, o, n, i)?),
-            })
-        };
-        cur = Some(match &cur {
-            Some(c) => step(c)?,
-            None => step(&x.storage())?,
-        });
-        shape[d] = 1;
+/// The `(outer, n, inner)` steps that sum `shape` over the sorted dims
+/// `ds`: each run of adjacent reduced dims is one step (so a full sum is one
+/// pass), the last run first.
+pub(crate) fn sum_steps(shape: &[usize], ds: &[usize]) -> Vec<(usize, usize, usize)> {
+    let mut shape = shape.to_vec();
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &d in ds {
+        match runs.last_mut() {
+            Some((_, end)) if *end + 1 == d => *end = d,
+            _ => runs.push((d, d)),
+        }
     }
-    let cur = match cur {
-        Some(c) => c,
+    let mut steps = Vec::new();
+    for &(first, last) in runs.iter().rev() {
+        let outer = shape[..first].iter().product();
+        let n = shape[first..=last].iter().product();
+        let inner = shape[last + 1..].iter().product();
+        steps.push((outer, n, inner));
+        shape[first..=last].iter_mut().for_each(|s| *s = 1);
+    }
+    steps
+}
+
+/// `s` summed by `steps` in the accumulation type: half storage on the GPU
+/// keeps every partial sum in f32 (unrounded), f32/f64 their own dtype.
+/// `None` when there is no step.
+pub(crate) fn sum_acc(s: &Storage, steps: &[(usize, usize, usize)]) -> Result<Option<Storage>> {
+    let mut cur: Option<Storage> = None;
+    for &(o, n, i) in steps {
+        let src = cur.as_ref().unwrap_or(s);
+        cur = Some(match src {
+            Storage::Cpu(c) => Storage::Cpu(k::sum_dim(c, o, n, i)?),
+            Storage::Cuda(c) => Storage::Cuda(cuda::reduce::sum_dim_acc(c, o, n, i)?),
+        });
+    }
+    Ok(cur)
+}
+
+/// `s` converted to `dtype` (the one rounding of an accumulated sum).
+pub(crate) fn round_to(s: Storage, dtype: DType) -> Result<Storage> {
+    if s.dtype() == dtype {
+        return Ok(s);
+    }
+    Ok(match &s {
+        Storage::Cpu(c) => Storage::Cpu(c.to_dtype(dtype)),
+        Storage::Cuda(c) => Storage::Cuda(cuda::cast::to_dtype(c, dtype)?),
+    })
+}
+
+/// Sum (or, with `mean`, mean) over `dims`: every partial sum stays in the
+/// accumulation type (f32 for halves) and the result is rounded once.
+fn reduce_sum(op: &'static str, x: &Tensor, dims: &[isize], keepdim: bool, mean: bool) -> Result<Tensor> {
+    let ds = resolve(op, x, dims)?;
+    let count: usize = ds.iter().map(|&d| x.dims()[d]).product();
+    if mean && count == 0 {
+        return Err(Error::invalid(op, format!("mean over empty dims of shape {}", x.shape())));
+    }
+    let scale = if mean { 1.0 / count as f64 } else { 1.0 };
+    let kept = keep_shape(x.dims(), &ds);
+    let final_shape: Vec<usize> = if keepdim { kept.clone() } else { x.dims().iter().enumerate().filter(|(i, _)| !ds.contains(i)).map(|(_, &n)| n).collect() };
+    let acc = sum_acc(&x.storage(), &sum_steps(x.dims(), &ds))?;
+    let acc = match acc {
+        Some(a) => a,
         // No dim reduced: a copy.
         None => match &*x.storage() {
             Storage::Cpu(c) => Storage::Cpu(c.clone()),
             Storage::Cuda(c) => Storage::Cuda(c.try_clone()?),
         },
     };
-    let kept = keep_shape(x.dims(), &ds);
-    let final_shape: Vec<usize> = if keepdim { kept.clone() } else { x.dims().iter().enumerate().filter(|(i, _)| !ds.contains(i)).map(|(_, &n)| n).collect() };
-    let y = out_storage(cur, final_shape);
+    let dtype = x.dtype();
+    let y = autograd::no_grad(|| -> Result<Tensor> {
+        let mut t = out_storage(acc, final_shape);
+        if mean {
+            t = super::mul_scalar(&t, scale)?;
+        }
+        super::to_dtype(&t, dtype)
+    })?;
     let full = x.dims().to_vec();
-    Ok(record("sum", &[x], y, vec![], move |g, _| {
+    Ok(record(op, &[x], y, vec![], move |g, _| {
+        let g = if mean { super::mul_scalar(g, scale)? } else { g.clone() };
         let gk = g.reshaped(Shape::from(kept.clone()), false);
         Ok(vec![Some(expand_to(&gk, &full)?)])
     }))
 }
 
-/// Mean over `dims`.
+/// Sum over `dims` (negative dims count from the end); `keepdim` keeps them as size 1.
+pub fn sum(x: &Tensor, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+    reduce_sum("sum", x, dims, keepdim, false)
+}
+
+/// Mean over `dims` (summed in the accumulation type, scaled, rounded once).
 pub fn mean(x: &Tensor, dims: &[isize], keepdim: bool) -> Result<Tensor> {
-    let ds = resolve("mean", x, dims)?;
-    let n: usize = ds.iter().map(|&d| x.dims()[d]).product();
-    if n == 0 {
-        return Err(Error::invalid("mean", format!("mean over empty dims of shape {}", x.shape())));
-    }
-    super::mul_scalar(&sum(x, dims, keepdim)?, 1.0 / n as f64)
+    reduce_sum("mean", x, dims, keepdim, true)
 }
 
 /// Sum of every element (a 0-dim tensor).

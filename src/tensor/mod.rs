@@ -4,6 +4,7 @@
 
 mod device;
 mod dtype;
+pub mod halfconv;
 pub mod rng;
 mod shape;
 

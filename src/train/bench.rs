@@ -66,6 +66,9 @@ pub struct BenchReport {
     /// The most memory live at once, in bytes: tensor storage during the
     /// steps on the CPU, the allocator's peak in use since the GPU opened on a GPU.
     pub peak_bytes: u64,
+    /// On a GPU (real or emulated): the driver seam's counters over the
+    /// steady-state steps (after the first) and how many steps they cover.
+    pub counters: Option<(crate::backend::cuda::Counters, u64)>,
 }
 
 impl BenchReport {
@@ -86,7 +89,10 @@ impl BenchReport {
             self.skipped,
             self.frames_per_s,
             self.peak_bytes as f64 / (1 << 20) as f64
-        )
+        ) + &match &self.counters {
+            Some((c, n)) => format!(" per_step(steady, {n} steps): {}", c.per_step_line(*n)),
+            None => String::new(),
+        }
     }
 }
 
@@ -155,22 +161,49 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
     let mut losses = Vec::new();
     reset_peak_bytes();
     let mut timed = (Instant::now(), 0usize);
+    let counters_now = || match device {
+        Device::Cuda(n) => crate::backend::cuda::counters(n).map(Some),
+        Device::Cpu => Ok(None),
+    };
+    // The first step warms the allocator and loads the modules: count from the second.
+    let mut start = counters_now()?;
+    let mut prev = start;
     for step in 1..=a.steps {
         if step == 2 {
             timed = (Instant::now(), 0);
+            start = counters_now()?;
         }
         exec.engine.zero_grad();
         let bl = exec.train_batch(&batch)?;
         let rep = exec.optimizer_step()?;
         timed.1 += frames;
         losses.push(bl.loss);
-        eprintln!("step {step}: loss {:.6} grad_norm {:.4} lr {:.3e}{}", bl.loss, rep.grad_norm, rep.lr, if rep.skipped { " (skipped)" } else { "" });
+        // On a GPU: what this step cost the host (launches, waits, copies, allocations).
+        let step_counts = match (counters_now()?, prev) {
+            (Some(now), Some(p)) => {
+                prev = Some(now);
+                format!(" | {}", now.since(&p).per_step_line(1))
+            }
+            _ => String::new(),
+        };
+        eprintln!(
+            "step {step}: loss {:.6} grad_norm {:.4} lr {:.3e}{}{step_counts}",
+            bl.loss,
+            rep.grad_norm,
+            rep.lr,
+            if rep.skipped { " (skipped)" } else { "" }
+        );
     }
     let secs = timed.0.elapsed().as_secs_f64().max(1e-9);
+    let steady = if a.steps >= 2 { a.steps - 1 } else { a.steps };
+    let counters = match (counters_now()?, start) {
+        (Some(end), Some(start)) => Some((end.since(&start), steady)),
+        _ => None,
+    };
     // On a GPU: the caching allocator's peak of bytes in use (size classes).
     let peak = match device {
         Device::Cuda(n) => crate::backend::cuda::device(n)?.pool_stats().peak as u64,
         Device::Cpu => peak_bytes(),
     };
-    Ok(BenchReport { device, autocast, init_loss, losses, skipped: exec.skipped_steps, frames_per_s: timed.1 as f64 / secs, peak_bytes: peak })
+    Ok(BenchReport { device, autocast, init_loss, losses, skipped: exec.skipped_steps, frames_per_s: timed.1 as f64 / secs, peak_bytes: peak, counters })
 }

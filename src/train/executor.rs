@@ -15,7 +15,7 @@ use crate::data::Batch;
 use crate::dist::JoinGroup;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::models::AsrModel;
+use crate::models::{AsrModel, LossDict};
 use crate::nn::Module;
 use crate::optim::GradScaler;
 use crate::tensor::rng::{self, Rng};
@@ -170,15 +170,23 @@ impl Executor {
         r
     }
 
-    fn forward_backward(&mut self, b: &Batch) -> Result<BatchLoss> {
+    /// The model's forward on one batch, as train and cv both run it: the
+    /// batch moved to the model's device (`self.device`) when it is not
+    /// there already, under the run's autocast. Gradients are recorded
+    /// unless the caller is inside `no_grad`.
+    pub fn forward(&self, b: &Batch) -> Result<LossDict> {
         let moved;
-        let b = if b.feats.device() == self.device {
+        let b = if b.feats.device() == self.device && b.target.device() == self.device {
             b
         } else {
             moved = b.to_device(&self.device)?;
             &moved
         };
-        let out = crate::ops::autocast(self.autocast, || self.model.forward(&b.feats, &b.feats_lengths, &b.target, &b.target_lengths))?;
+        crate::ops::autocast(self.autocast, || self.model.forward(&b.feats, &b.feats_lengths, &b.target, &b.target_lengths))
+    }
+
+    fn forward_backward(&mut self, b: &Batch) -> Result<BatchLoss> {
+        let out = self.forward(b)?;
         let mut loss = crate::ops::mul_scalar(&out.loss, 1.0 / self.cfg.accum_grad as f64)?;
         if let Some(s) = &self.scaler {
             loss = s.scale_loss(&loss)?;
@@ -287,6 +295,22 @@ impl Executor {
             save_optimizer_shard(&checkpoint_path(&self.model_dir, tag), self.engine.rank(), &shard)?;
         }
         let path = if self.is_main() { self.save_main(tag, epoch, cv_loss, rank_rngs)? } else { checkpoint_path(&self.model_dir, tag) };
+        self.barrier()?;
+        Ok(path)
+    }
+
+    /// Saves the trained model as `final.safetensors` with its YAML (WeNet's
+    /// `final.pt`): the weights only, no resume state.
+    pub fn save_final(&mut self) -> Result<PathBuf> {
+        let path = if self.is_main() {
+            let mut infos = Mapping::new();
+            infos.insert("epoch".into(), Value::from(self.position.epoch));
+            infos.insert("step".into(), Value::from(self.position.step));
+            infos.insert("lr".into(), Value::from(self.optim.scheduler.lr()));
+            save_model(&self.model, &self.model_dir, "final", infos, &self.cfg.root, None)?
+        } else {
+            checkpoint_path(&self.model_dir, "final")
+        };
         self.barrier()?;
         Ok(path)
     }
@@ -481,7 +505,7 @@ impl Executor {
     fn cv_sums(&mut self, loader: &DataLoader) -> Result<Vec<f64>> {
         let mut sums = vec![0.0; 8];
         for b in loader.epoch(self.position.epoch) {
-            let out = autograd::no_grad(|| self.model.forward(&b.feats, &b.feats_lengths, &b.target, &b.target_lengths))?;
+            let out = autograd::no_grad(|| self.forward(&b))?;
             let n = b.len() as f64;
             sums[0] += out.loss.to_scalar()? * n;
             if let Some(c) = &out.loss_ctc {

@@ -36,5 +36,6 @@ pub fn run_train(args: &TrainArgs) -> Result<Executor> {
         let cv = exec.cv(&cv_loader)?;
         exec.finish_epoch(&cv)?;
     }
+    exec.save_final()?;
     Ok(exec)
 }

@@ -68,8 +68,8 @@ pub fn pad(x: &CpuStorage, outer: usize, n: usize, inner: usize, left: usize, ri
     Ok(match x {
         CpuStorage::F32(x) => CpuStorage::F32(pad_t(x, outer, n, inner, left, right, value as f32)),
         CpuStorage::F64(x) => CpuStorage::F64(pad_t(x, outer, n, inner, left, right, value)),
-        CpuStorage::F16(x) => CpuStorage::F16(pad_t(x, outer, n, inner, left, right, half::f16::from_f64(value))),
-        CpuStorage::BF16(x) => CpuStorage::BF16(pad_t(x, outer, n, inner, left, right, half::bf16::from_f64(value))),
+        CpuStorage::F16(x) => CpuStorage::F16(pad_t(x, outer, n, inner, left, right, crate::tensor::halfconv::f16_from_f64(value))),
+        CpuStorage::BF16(x) => CpuStorage::BF16(pad_t(x, outer, n, inner, left, right, crate::tensor::halfconv::bf16_from_f64(value))),
         CpuStorage::I64(x) => CpuStorage::I64(pad_t(x, outer, n, inner, left, right, value as i64)),
         CpuStorage::U8(x) => CpuStorage::U8(pad_t(x, outer, n, inner, left, right, value as u8)),
     })

@@ -89,8 +89,8 @@ impl CpuStorage {
         match dtype {
             DType::F32 => CpuStorage::F32(vec![v as f32; n]),
             DType::F64 => CpuStorage::F64(vec![v; n]),
-            DType::F16 => CpuStorage::F16(vec![f16::from_f64(v); n]),
-            DType::BF16 => CpuStorage::BF16(vec![bf16::from_f64(v); n]),
+            DType::F16 => CpuStorage::F16(vec![crate::tensor::halfconv::f16_from_f64(v); n]),
+            DType::BF16 => CpuStorage::BF16(vec![crate::tensor::halfconv::bf16_from_f64(v); n]),
             DType::I64 => CpuStorage::I64(vec![v as i64; n]),
             DType::U8 => CpuStorage::U8(vec![v as u8; n]),
         }
@@ -124,8 +124,8 @@ impl CpuStorage {
                 match dtype {
                     DType::F32 => CpuStorage::F32(f.iter().map(|&x| x as f32).collect()),
                     DType::F64 => CpuStorage::F64(f),
-                    DType::F16 => CpuStorage::F16(f.iter().map(|&x| f16::from_f64(x)).collect()),
-                    DType::BF16 => CpuStorage::BF16(f.iter().map(|&x| bf16::from_f64(x)).collect()),
+                    DType::F16 => CpuStorage::F16(f.iter().map(|&x| crate::tensor::halfconv::f16_from_f64(x)).collect()),
+                    DType::BF16 => CpuStorage::BF16(f.iter().map(|&x| crate::tensor::halfconv::bf16_from_f64(x)).collect()),
                     DType::I64 => CpuStorage::I64(f.iter().map(|&x| x as i64).collect()),
                     DType::U8 => CpuStorage::U8(f.iter().map(|&x| x as u8).collect()),
                 }

@@ -9,10 +9,10 @@
 //! stream: a block freed by the host while kernels still read it is handed
 //! only to work queued after those kernels on the same stream.
 
-use super::device::{check, driver_msg, CudaDevice};
+use super::device::CudaDevice;
+use super::driver::{DevPtr, COMPUTE};
 use super::PoolStats;
 use crate::error::{Error, Result};
-use cudarc::driver::{result, sys};
 use std::collections::BTreeMap;
 
 const SMALL_STEP: usize = 512;
@@ -35,14 +35,14 @@ pub fn size_class(bytes: usize) -> usize {
 /// One device buffer of a size class.
 #[derive(Debug)]
 pub(crate) struct Block {
-    pub ptr: sys::CUdeviceptr,
+    pub ptr: DevPtr,
     pub bytes: usize,
 }
 
 /// The pool's bookkeeping: free lists by class and byte counters.
 #[derive(Debug, Default)]
 pub(crate) struct Pool {
-    free: BTreeMap<usize, Vec<sys::CUdeviceptr>>,
+    free: BTreeMap<usize, Vec<DevPtr>>,
     in_use: usize,
     cached: usize,
     peak: usize,
@@ -53,7 +53,7 @@ impl Pool {
     fn stats(&self) -> PoolStats {
         PoolStats { in_use: self.in_use, cached: self.cached, reserved: self.in_use + self.cached, peak: self.peak, driver_allocs: self.driver_allocs }
     }
-    fn take(&mut self, class: usize) -> Option<sys::CUdeviceptr> {
+    fn take(&mut self, class: usize) -> Option<DevPtr> {
         let list = self.free.get_mut(&class)?;
         let p = list.pop()?;
         if list.is_empty() {
@@ -62,9 +62,9 @@ impl Pool {
         self.cached -= class;
         Some(p)
     }
-    fn drain(&mut self) -> Vec<sys::CUdeviceptr> {
+    fn drain(&mut self) -> Vec<(DevPtr, usize)> {
         self.cached = 0;
-        std::mem::take(&mut self.free).into_values().flatten().collect()
+        std::mem::take(&mut self.free).into_iter().flat_map(|(class, v)| v.into_iter().map(move |p| (p, class))).collect()
     }
 }
 
@@ -76,27 +76,27 @@ impl CudaDevice {
             return Ok(Block { ptr: 0, bytes: 0 });
         }
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        let seam = self.seam();
         let ptr = match pool.take(class) {
-            Some(p) => p,
+            Some(p) => {
+                seam.counts.add(&seam.counts.pool_reuses, 1);
+                p
+            }
             None => {
                 pool.driver_allocs += 1;
-                self.bind()?;
-                // SAFETY: the context is current; cuMemAlloc returns a fresh
-                // buffer of `class` bytes or an error, touching nothing else.
-                match unsafe { result::malloc_sync(class) } {
-                    Ok(p) => p,
-                    Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                match seam.malloc(class)? {
+                    Some(p) => p,
+                    None => {
                         self.release_cached(&mut pool)?;
-                        // SAFETY: as above.
-                        match unsafe { result::malloc_sync(class) } {
-                            Ok(p) => p,
-                            Err(_) => return Err(self.oom(bytes, &pool)),
+                        match seam.malloc(class)? {
+                            Some(p) => p,
+                            None => return Err(self.oom(bytes, &pool)),
                         }
                     }
-                    Err(e) => return Err(Error::Cuda { kernel: format!("cuMemAlloc({class} bytes)"), msg: driver_msg(&e) }),
                 }
             }
         };
+        seam.driver().block_taken(ptr, bytes, class);
         pool.in_use += class;
         pool.peak = pool.peak.max(pool.in_use);
         Ok(Block { ptr, bytes: class })
@@ -105,7 +105,7 @@ impl CudaDevice {
     /// The out-of-memory error for a request of `requested` bytes.
     fn oom(&self, requested: usize, pool: &Pool) -> Error {
         let s = pool.stats();
-        let (device_free, device_total) = self.ctx().mem_get_info().unwrap_or((0, 0));
+        let (device_free, device_total) = self.mem_info().unwrap_or((0, 0));
         Error::CudaOutOfMemory {
             ordinal: self.ordinal(),
             requested,
@@ -124,6 +124,7 @@ impl CudaDevice {
         if b.bytes == 0 {
             return;
         }
+        self.seam().driver().block_returned(b.ptr);
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         pool.in_use -= b.bytes;
         pool.cached += b.bytes;
@@ -136,11 +137,11 @@ impl CudaDevice {
             return Ok(());
         }
         // Cached blocks may still be read by queued kernels: finish them first.
-        check("cuStreamSynchronize", self.stream().synchronize())?;
-        for p in ptrs {
-            // SAFETY: `p` came from cuMemAlloc on this context, sits only in
-            // the free list (no storage refers to it) and the stream is idle.
-            check("cuMemFree", unsafe { result::free_sync(p) })?;
+        self.seam().synchronize(COMPUTE)?;
+        for (p, bytes) in ptrs {
+            // SAFETY: `p` came from the driver's malloc of `bytes`, sits only
+            // in the free list (no storage refers to it) and the stream is idle.
+            unsafe { self.seam().free(p, bytes) }?;
         }
         Ok(())
     }
@@ -168,7 +169,6 @@ impl CudaDevice {
     }
     /// Returns every cached block to the driver (as `torch.cuda.empty_cache`).
     pub fn empty_cache(&self) -> Result<()> {
-        self.bind()?;
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
         self.release_cached(&mut pool)
     }

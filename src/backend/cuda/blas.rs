@@ -12,18 +12,12 @@
 //! f16/bf16: half inputs and output with FP32 accumulation (GemmEx).
 
 use super::device::CudaDevice;
+use super::driver::{Gemm, COMPUTE};
 use super::CudaStorage;
 use crate::backend::cpu::matmul::MatmulDims;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
-use cudarc::cublas::{result as cr, sys as cs, CudaBlas};
-use std::ffi::c_void;
 use std::sync::atomic::{AtomicU8, Ordering};
-
-/// The per-device cuBLAS handle, bound to the compute stream.
-pub(crate) struct Blas {
-    blas: CudaBlas,
-}
 
 /// 0: not decided yet (read the env), 1: off, 2: on.
 static ALLOW_TF32: AtomicU8 = AtomicU8::new(0);
@@ -40,23 +34,6 @@ pub fn allow_tf32() -> bool {
         0 => std::env::var_os("ASRFORGE_ALLOW_TF32").is_some_and(|v| v == "1"),
         v => v == 2,
     }
-}
-
-fn blas_err(what: &str, e: cr::CublasError) -> Error {
-    Error::Cuda { kernel: format!("cublas/{what}"), msg: format!("{:?}", e.0) }
-}
-
-fn handle(dev: &CudaDevice) -> Result<&Blas> {
-    let b = dev.blas.get_or_init(|| {
-        // SAFETY: only tries to dlopen libcublas; cudarc panics on first use
-        // without it, so this must come first.
-        if !unsafe { cs::is_culib_present() } {
-            return Err("the cuBLAS library (libcublas.so) was not found on the loader path".to_string());
-        }
-        dev.bind().map_err(|e| e.to_string())?;
-        CudaBlas::new(dev.stream().clone()).map(|blas| Blas { blas }).map_err(|e| format!("cublasCreate failed: {:?}", e.0))
-    });
-    b.as_ref().map_err(|m| Error::Cuda { kernel: "cublas".into(), msg: m.clone() })
 }
 
 fn int(op: &'static str, v: usize) -> Result<i32> {
@@ -84,94 +61,134 @@ pub fn matmul(d: &MatmulDims, a: &CudaStorage, b: &CudaStorage) -> Result<CudaSt
         // An empty inner dim: the product is zero (cuBLAS would not write C).
         return dev.zeros(a.dtype(), d.batch * d.m * d.n);
     }
-    let h = *handle(dev)?.blas.handle();
+    if !matches!(a.dtype(), DType::F32 | DType::F64 | DType::F16 | DType::BF16) {
+        return Err(Error::UnsupportedDType { op: "matmul", dtype: a.dtype(), supported: "f32, f64, f16, bf16" });
+    }
     let (m, n, k, batch) = (int("matmul", d.m)?, int("matmul", d.n)?, int("matmul", d.k)?, int("matmul", d.batch)?);
-    let op = |t: bool| if t { cs::cublasOperation_t::CUBLAS_OP_T } else { cs::cublasOperation_t::CUBLAS_OP_N };
     let lda = if d.trans_a { m } else { k };
     let ldb = if d.trans_b { k } else { n };
-    let (sa, sb, sc) = (d.a_stride as i64, d.b_stride as i64, (d.m * d.n) as i64);
-    dev.bind()?;
-    match a.dtype() {
-        DType::F64 => {
-            let (alpha, beta) = (1.0f64, 0.0f64);
-            // SAFETY: A, B, C are live device buffers of this device holding
-            // at least the elements the dims and strides address (checked
-            // above); the handle runs on the compute stream, so the buffers
-            // outlive the call in stream order; alpha/beta are host scalars
-            // read during the call.
-            unsafe {
-                cr::dgemm_strided_batched(
-                    h,
-                    op(d.trans_b),
-                    op(d.trans_a),
-                    n,
-                    m,
-                    k,
-                    &alpha,
-                    b.ptr() as *const f64,
-                    ldb,
-                    sb,
-                    a.ptr() as *const f64,
-                    lda,
-                    sa,
-                    &beta,
-                    c.ptr() as *mut f64,
-                    n,
-                    sc,
-                    batch,
-                )
-            }
-            .map_err(|e| blas_err("dgemm_strided_batched", e))?;
-        }
-        dt => {
-            let (ty, compute) = match dt {
-                DType::F32 if allow_tf32() => (cs::cudaDataType::CUDA_R_32F, cs::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32),
-                DType::F32 => (cs::cudaDataType::CUDA_R_32F, cs::cublasComputeType_t::CUBLAS_COMPUTE_32F),
-                DType::F16 => (cs::cudaDataType::CUDA_R_16F, cs::cublasComputeType_t::CUBLAS_COMPUTE_32F),
-                DType::BF16 => (cs::cudaDataType::CUDA_R_16BF, cs::cublasComputeType_t::CUBLAS_COMPUTE_32F),
-                other => return Err(Error::UnsupportedDType { op: "matmul", dtype: other, supported: "f32, f64, f16, bf16" }),
-            };
-            let (alpha, beta) = (1.0f32, 0.0f32);
-            // SAFETY: as for the f64 call; with FP32 compute alpha and beta
-            // are f32 host scalars.
-            unsafe {
-                cr::gemm_strided_batched_ex(
-                    h,
-                    op(d.trans_b),
-                    op(d.trans_a),
-                    n,
-                    m,
-                    k,
-                    &alpha as *const f32 as *const c_void,
-                    b.ptr() as *const c_void,
-                    ty,
-                    ldb,
-                    sb,
-                    a.ptr() as *const c_void,
-                    ty,
-                    lda,
-                    sa,
-                    &beta as *const f32 as *const c_void,
-                    c.ptr() as *mut c_void,
-                    ty,
-                    n,
-                    sc,
-                    batch,
-                    compute,
-                    cs::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            }
-            .map_err(|e| blas_err("gemm_strided_batched_ex", e))?;
-        }
-    }
+    // Column-major Cᵀ (n×m) = op(B)ᵀ·op(A)ᵀ: B's buffer is the first operand.
+    let g = Gemm {
+        trans_a: d.trans_b,
+        trans_b: d.trans_a,
+        m: n,
+        n: m,
+        k,
+        a: b.ptr(),
+        lda: ldb,
+        stride_a: d.b_stride as i64,
+        b: a.ptr(),
+        ldb: lda,
+        stride_b: d.a_stride as i64,
+        c: c.ptr(),
+        ldc: n,
+        stride_c: (d.m * d.n) as i64,
+        batch,
+        dtype: a.dtype(),
+        tf32: allow_tf32(),
+    };
+    // SAFETY: A, B, C are live device buffers of this device holding at
+    // least the elements the dims and strides address (checked above); the
+    // product runs on the compute stream, so the buffers outlive it in
+    // stream order.
+    unsafe { dev.seam().gemm(&g, COMPUTE) }?;
     Ok(c)
 }
 
-/// The cuBLAS version (e.g. 130001), loading the library if present.
+/// The cuBLAS version (e.g. 130001; 0 on the emulated device), loading the library if present.
 pub fn version(dev: &CudaDevice) -> Result<i32> {
-    let h = *handle(dev)?.blas.handle();
-    let mut v = 0i32;
-    // SAFETY: `h` is a live handle; cuBLAS writes one int.
-    unsafe { cs::cublasGetVersion_v2(h, &mut v) }.result().map_err(|e| blas_err("cublasGetVersion", e))?;
-    Ok(v)
+    dev.seam().driver().blas_version()
+}
+
+/// One strided-batched GEMM in cuBLAS's own terms (column-major, element
+/// (r, c) of a stored matrix at `r + c·ld`): `C[i] = op(A[i])·op(B[i])`,
+/// op(A) m×k, op(B) k×n, C m×n, operand `i` starting `i·stride` elements in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmSpec {
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub lda: usize,
+    pub ldb: usize,
+    pub ldc: usize,
+    pub stride_a: usize,
+    pub stride_b: usize,
+    pub stride_c: usize,
+    pub batch: usize,
+}
+
+/// Elements a stored `rows × cols` matrix with leading dimension `ld` spans.
+fn span(rows: usize, cols: usize, ld: usize) -> usize {
+    if rows == 0 || cols == 0 {
+        0
+    } else {
+        (cols - 1) * ld + rows
+    }
+}
+
+/// Elements `batch` matrices of `one` elements `stride` apart span.
+fn batched(batch: usize, stride: usize, one: usize) -> usize {
+    if batch == 0 || one == 0 {
+        0
+    } else {
+        (batch - 1) * stride + one
+    }
+}
+
+/// Runs `spec` on the device buffers (same dtype and device; each must hold
+/// every element the spec addresses), writing C in place: the raw cuBLAS
+/// call `matmul` is built on, for checking its semantics directly.
+pub fn gemm_strided_batched(spec: &GemmSpec, a: &CudaStorage, b: &CudaStorage, c: &CudaStorage) -> Result<()> {
+    let dt = a.dtype();
+    for s in [b, c] {
+        if s.dtype() != dt {
+            return Err(Error::DTypeMismatch { op: "gemm", expected: dt, got: s.dtype() });
+        }
+        if s.ordinal() != a.ordinal() {
+            return Err(Error::invalid("gemm", format!("operands on cuda:{} and cuda:{}", a.ordinal(), s.ordinal())));
+        }
+    }
+    let (ra, ca) = if spec.trans_a { (spec.k, spec.m) } else { (spec.m, spec.k) };
+    let (rb, cb) = if spec.trans_b { (spec.n, spec.k) } else { (spec.k, spec.n) };
+    let need = [
+        ("A", a, batched(spec.batch, spec.stride_a, span(ra, ca, spec.lda))),
+        ("B", b, batched(spec.batch, spec.stride_b, span(rb, cb, spec.ldb))),
+        ("C", c, batched(spec.batch, spec.stride_c, span(spec.m, spec.n, spec.ldc))),
+    ];
+    for (name, s, n) in need {
+        if s.len() < n {
+            return Err(Error::invalid("gemm", format!("{name} holds {} elements, {spec:?} addresses {n}", s.len())));
+        }
+    }
+    if spec.lda < ra.max(1) || spec.ldb < rb.max(1) || spec.ldc < spec.m.max(1) {
+        return Err(Error::invalid("gemm", format!("a leading dimension is below its matrix's rows in {spec:?}")));
+    }
+    if spec.m == 0 || spec.n == 0 || spec.batch == 0 {
+        return Ok(());
+    }
+    let i64_of = |v: usize| i64::try_from(v).map_err(|_| Error::invalid("gemm", format!("stride {v} exceeds 64 bits")));
+    let g = Gemm {
+        trans_a: spec.trans_a,
+        trans_b: spec.trans_b,
+        m: int("gemm", spec.m)?,
+        n: int("gemm", spec.n)?,
+        k: int("gemm", spec.k)?,
+        a: a.ptr(),
+        lda: int("gemm", spec.lda)?,
+        stride_a: i64_of(spec.stride_a)?,
+        b: b.ptr(),
+        ldb: int("gemm", spec.ldb)?,
+        stride_b: i64_of(spec.stride_b)?,
+        c: c.ptr(),
+        ldc: int("gemm", spec.ldc)?,
+        stride_c: i64_of(spec.stride_c)?,
+        batch: int("gemm", spec.batch)?,
+        dtype: dt,
+        tf32: allow_tf32(),
+    };
+    // SAFETY: every element the spec addresses lies inside the live buffers
+    // (checked above); the call is ordered on the compute stream.
+    unsafe { a.device().seam().gemm(&g, COMPUTE) }
 }

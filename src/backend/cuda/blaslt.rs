@@ -7,60 +7,10 @@
 //! No workspace is offered, so the heuristic picks a workspace-free algorithm.
 
 use super::blas::allow_tf32;
+use super::driver::{Layout, LtMatmul, COMPUTE};
 use super::CudaStorage;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
-use cudarc::cublaslt::{result as lr, sys as ls};
-use std::ffi::c_void;
-
-/// The per-device cuBLASLt handle.
-pub(crate) struct Lt(ls::cublasLtHandle_t);
-// SAFETY: a cuBLASLt handle may be used from any thread; all calls on it
-// are ordered on the device's compute stream.
-unsafe impl Send for Lt {}
-// SAFETY: as above; cublasLtMatmul does not mutate the handle.
-unsafe impl Sync for Lt {}
-
-fn lt_err(what: &str, e: lr::CublasError) -> Error {
-    Error::Cuda { kernel: format!("cublasLt/{what}"), msg: format!("{:?}", e.0) }
-}
-
-fn handle(x: &CudaStorage) -> Result<ls::cublasLtHandle_t> {
-    let dev = x.device();
-    let h = dev.blaslt.get_or_init(|| {
-        // SAFETY: only tries to dlopen libcublasLt (cudarc panics without it).
-        if !unsafe { ls::is_culib_present() } {
-            return Err("the cuBLASLt library (libcublasLt.so) was not found on the loader path".to_string());
-        }
-        dev.bind().map_err(|e| e.to_string())?;
-        lr::create_handle().map(Lt).map_err(|e| format!("cublasLtCreate failed: {:?}", e.0))
-    });
-    h.as_ref().map(|l| l.0).map_err(|m| Error::Cuda { kernel: "cublasLt".into(), msg: m.clone() })
-}
-
-/// Descriptors destroyed on every exit path.
-struct Descs {
-    desc: Option<ls::cublasLtMatmulDesc_t>,
-    layouts: Vec<ls::cublasLtMatrixLayout_t>,
-    pref: Option<ls::cublasLtMatmulPreference_t>,
-}
-
-impl Drop for Descs {
-    fn drop(&mut self) {
-        // SAFETY: each handle was created by cuBLASLt below and is destroyed once.
-        unsafe {
-            for l in self.layouts.drain(..) {
-                let _ = lr::destroy_matrix_layout(l);
-            }
-            if let Some(d) = self.desc.take() {
-                let _ = lr::destroy_matmul_desc(d);
-            }
-            if let Some(p) = self.pref.take() {
-                let _ = lr::destroy_matmul_pref(p);
-            }
-        }
-    }
-}
 
 /// `x·wᵀ + bias` for x of `m` rows of `k`, w (n, k), bias (n).
 pub fn linear_bias(x: &CudaStorage, w: &CudaStorage, bias: &CudaStorage, m: usize, n: usize, k: usize) -> Result<CudaStorage> {
@@ -71,95 +21,96 @@ pub fn linear_bias(x: &CudaStorage, w: &CudaStorage, bias: &CudaStorage, m: usiz
     if x.len() != m * k || w.len() != n * k || bias.len() != n {
         return Err(Error::invalid("linear", format!("expected {} + {} + {n} elements, got {} + {} + {}", m * k, n * k, x.len(), w.len(), bias.len())));
     }
+    if !matches!(dt, DType::F32 | DType::F64 | DType::F16 | DType::BF16) {
+        return Err(Error::UnsupportedDType { op: "linear", dtype: dt, supported: "f32, f64, f16, bf16" });
+    }
     let dev = x.device();
     let y = dev.alloc(dt, m * n)?;
     if y.is_empty() {
         return Ok(y);
     }
-    let (ty, compute, scale) = match dt {
-        DType::F64 => (ls::cudaDataType::CUDA_R_64F, ls::cublasComputeType_t::CUBLAS_COMPUTE_64F, ls::cudaDataType::CUDA_R_64F),
-        DType::F32 if allow_tf32() => (ls::cudaDataType::CUDA_R_32F, ls::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32, ls::cudaDataType::CUDA_R_32F),
-        DType::F32 => (ls::cudaDataType::CUDA_R_32F, ls::cublasComputeType_t::CUBLAS_COMPUTE_32F, ls::cudaDataType::CUDA_R_32F),
-        DType::F16 => (ls::cudaDataType::CUDA_R_16F, ls::cublasComputeType_t::CUBLAS_COMPUTE_32F, ls::cudaDataType::CUDA_R_32F),
-        DType::BF16 => (ls::cudaDataType::CUDA_R_16BF, ls::cublasComputeType_t::CUBLAS_COMPUTE_32F, ls::cudaDataType::CUDA_R_32F),
-        other => return Err(Error::UnsupportedDType { op: "linear", dtype: other, supported: "f32, f64, f16, bf16" }),
-    };
-    let h = handle(x)?;
-    dev.bind()?;
     let (m64, n64, k64) = (m as u64, n as u64, k as u64);
-    let mut d = Descs { desc: None, layouts: Vec::new(), pref: None };
-    let desc = lr::create_matmul_desc(compute, scale).map_err(|e| lt_err("MatmulDescCreate", e))?;
-    d.desc = Some(desc);
-    let (op_t, op_n) = (1i32, 0i32); // CUBLAS_OP_T, CUBLAS_OP_N
-    let epi = ls::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS as u32;
-    let bias_ptr = bias.ptr() as *const c_void;
-    use ls::cublasLtMatmulDescAttributes_t as A;
-    // SAFETY: each attribute buffer is a live local of the size passed; the
-    // bias pointer is a device buffer of n elements that outlives the call
-    // in stream order.
-    unsafe {
-        lr::set_matmul_desc_attribute(desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &op_t as *const i32 as *const c_void, 4).map_err(|e| lt_err("TRANSA", e))?;
-        lr::set_matmul_desc_attribute(desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &op_n as *const i32 as *const c_void, 4).map_err(|e| lt_err("TRANSB", e))?;
-        lr::set_matmul_desc_attribute(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi as *const u32 as *const c_void, 4).map_err(|e| lt_err("EPILOGUE", e))?;
-        lr::set_matmul_desc_attribute(
-            desc,
-            A::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-            &bias_ptr as *const *const c_void as *const c_void,
-            std::mem::size_of::<*const c_void>(),
-        )
-        .map_err(|e| lt_err("BIAS_POINTER", e))?;
-    }
-    let a_l = lr::create_matrix_layout(ty, k64, n64, k as i64).map_err(|e| lt_err("layout A", e))?;
-    d.layouts.push(a_l);
-    let b_l = lr::create_matrix_layout(ty, k64, m64, k as i64).map_err(|e| lt_err("layout B", e))?;
-    d.layouts.push(b_l);
-    let d_l = lr::create_matrix_layout(ty, n64, m64, n as i64).map_err(|e| lt_err("layout D", e))?;
-    d.layouts.push(d_l);
-    let pref = lr::create_matmul_pref().map_err(|e| lt_err("PreferenceCreate", e))?;
-    d.pref = Some(pref);
-    let ws: usize = 0;
-    // SAFETY: the buffer is a live usize; the handles were created above.
-    let heur = unsafe {
-        lr::set_matmul_pref_attribute(
-            pref,
-            ls::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-            &ws as *const usize as *const c_void,
-            std::mem::size_of::<usize>(),
-        )
-        .map_err(|e| lt_err("MAX_WORKSPACE_BYTES", e))?;
-        lr::get_matmul_algo_heuristic(h, desc, a_l, b_l, d_l, d_l, pref).map_err(|e| lt_err("AlgoGetHeuristic", e))?
-    };
-    let (a32, b32) = (1.0f32, 0.0f32);
-    let (a64, b64) = (1.0f64, 0.0f64);
-    let (alpha, beta) = if dt == DType::F64 {
-        (&a64 as *const f64 as *const c_void, &b64 as *const f64 as *const c_void)
-    } else {
-        (&a32 as *const f32 as *const c_void, &b32 as *const f32 as *const c_void)
+    let g = LtMatmul {
+        trans_a: true,
+        trans_b: false,
+        a: w.ptr(),
+        a_layout: Layout { rows: k64, cols: n64, ld: k as i64 },
+        b: x.ptr(),
+        b_layout: Layout { rows: k64, cols: m64, ld: k as i64 },
+        d: y.ptr(),
+        d_layout: Layout { rows: n64, cols: m64, ld: n as i64 },
+        bias: Some(bias.ptr()),
+        dtype: dt,
+        tf32: allow_tf32(),
     };
     // SAFETY: w, x, y are live device buffers of n·k, m·k and m·n elements
-    // matching the layouts; C aliases D with beta = 0 (allowed); alpha/beta
-    // are host scalars of the scale type; no workspace is used; the call is
-    // ordered on the compute stream, which keeps the buffers alive.
-    unsafe {
-        lr::matmul(
-            h,
-            desc,
-            alpha,
-            beta,
-            w.ptr() as *const c_void,
-            a_l,
-            x.ptr() as *const c_void,
-            b_l,
-            y.ptr() as *const c_void,
-            d_l,
-            y.ptr() as *mut c_void,
-            d_l,
-            &heur.algo,
-            std::ptr::null_mut(),
-            0,
-            dev.cu_stream() as ls::cudaStream_t,
-        )
-    }
-    .map_err(|e| lt_err("Matmul", e))?;
+    // matching the layouts, bias holds n; the call is ordered on the
+    // compute stream, which keeps the buffers alive.
+    unsafe { dev.seam().lt_matmul(&g, COMPUTE) }?;
     Ok(y)
+}
+
+/// A cuBLASLt matrix: `rows × cols`, column-major, leading dimension `ld`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatrixLayout {
+    pub rows: usize,
+    pub cols: usize,
+    pub ld: usize,
+}
+
+/// `D = op(A)·op(B) (+ bias[r] on every row r of D)` through cuBLASLt with
+/// the layouts given (D written in place): the raw call `linear_bias` is
+/// built on, for checking its semantics directly.
+pub fn matmul_raw(
+    (trans_a, a, al): (bool, &CudaStorage, MatrixLayout),
+    (trans_b, b, bl): (bool, &CudaStorage, MatrixLayout),
+    (d, dl): (&CudaStorage, MatrixLayout),
+    bias: Option<&CudaStorage>,
+) -> Result<()> {
+    let dt = a.dtype();
+    for s in [b, d].into_iter().chain(bias) {
+        if s.dtype() != dt || s.ordinal() != a.ordinal() {
+            return Err(Error::invalid("cublasLt matmul", format!("expected {dt:?} on cuda:{}, got {:?} on cuda:{}", a.ordinal(), s.dtype(), s.ordinal())));
+        }
+    }
+    let span = |l: MatrixLayout| if l.rows == 0 || l.cols == 0 { 0 } else { (l.cols - 1) * l.ld + l.rows };
+    for (name, s, l) in [("A", a, al), ("B", b, bl), ("D", d, dl)] {
+        if l.ld < l.rows.max(1) || s.len() < span(l) {
+            return Err(Error::invalid("cublasLt matmul", format!("{name}: {} elements for layout {l:?}", s.len())));
+        }
+    }
+    if let Some(bs) = bias {
+        if bs.len() < dl.rows {
+            return Err(Error::invalid("cublasLt matmul", format!("bias of {} elements for {} rows of D", bs.len(), dl.rows)));
+        }
+    }
+    let m = if trans_a { al.cols } else { al.rows };
+    let k = if trans_a { al.rows } else { al.cols };
+    let (k2, n) = if trans_b { (bl.cols, bl.rows) } else { (bl.rows, bl.cols) };
+    if k != k2 || dl.rows != m || dl.cols != n {
+        return Err(Error::invalid("cublasLt matmul", format!("op(A) {m}×{k}, op(B) {k2}×{n} and D {}×{} do not chain", dl.rows, dl.cols)));
+    }
+    if !matches!(dt, DType::F32 | DType::F64 | DType::F16 | DType::BF16) {
+        return Err(Error::UnsupportedDType { op: "linear", dtype: dt, supported: "f32, f64, f16, bf16" });
+    }
+    let lay = |l: MatrixLayout| Layout { rows: l.rows as u64, cols: l.cols as u64, ld: l.ld as i64 };
+    let g = LtMatmul {
+        trans_a,
+        trans_b,
+        a: a.ptr(),
+        a_layout: lay(al),
+        b: b.ptr(),
+        b_layout: lay(bl),
+        d: d.ptr(),
+        d_layout: lay(dl),
+        bias: bias.map(|s| s.ptr()),
+        dtype: dt,
+        tf32: allow_tf32(),
+    };
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    // SAFETY: every element the layouts address lies inside the live
+    // buffers (checked above); the call is ordered on the compute stream.
+    unsafe { a.device().seam().lt_matmul(&g, COMPUTE) }
 }

@@ -1,38 +1,24 @@
-//! `CudaDevice`: one per GPU per process. It holds the primary context, the
-//! compute stream every kernel, copy and cuBLAS call is ordered on, the
-//! caching allocator, and the kernel modules, loaded lazily from the embedded
-//! fatbins by file stem with their functions cached by name.
+//! `CudaDevice`: one per GPU per process. It holds the driver seam (the real
+//! driver or the emulator, with the compute stream every kernel, copy and
+//! cuBLAS call is ordered on), the caching allocator, and the kernel
+//! functions, resolved by `module/kernel` name once and cached.
 
 use super::alloc::Pool;
+use super::driver::{self, Counters, DevPtr, DriverKind, Event, Func, Seam, Stream, COMPUTE};
 use super::launch::{Arg, LaunchConfig};
-use super::{kernels, CudaStorage};
+use super::CudaStorage;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
-use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 use std::collections::HashMap;
-use std::ffi::{c_void, CString};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
 
-/// A loaded module or function handle. Driver handles are plain pointers
-/// that any thread may use once the context is bound to it.
-#[derive(Clone, Copy)]
-struct Handle<T>(T);
-// SAFETY: CUmodule and CUfunction are opaque driver handles, valid in every
-// thread of the process; every use binds the owning context first.
-unsafe impl<T> Send for Handle<T> {}
-// SAFETY: as above; the driver's module/function calls are thread-safe.
-unsafe impl<T> Sync for Handle<T> {}
-
-/// One GPU: context, compute stream, allocator, modules.
+/// One GPU (or the emulated device): its driver seam, allocator and kernel functions.
 pub struct CudaDevice {
     ordinal: usize,
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    seam: Seam,
     pub(crate) pool: Mutex<Pool>,
-    modules: Mutex<HashMap<&'static str, Handle<sys::CUmodule>>>,
-    functions: Mutex<HashMap<String, Handle<sys::CUfunction>>>,
-    pub(crate) blas: OnceLock<std::result::Result<super::blas::Blas, String>>,
-    pub(crate) blaslt: OnceLock<std::result::Result<super::blaslt::Lt, String>>,
+    functions: Mutex<HashMap<String, Func>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -41,72 +27,59 @@ impl std::fmt::Debug for CudaDevice {
     }
 }
 
-/// A driver error as text: its name and description.
-pub(crate) fn driver_msg(e: &DriverError) -> String {
-    let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
-    let desc = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    format!("{name}: {desc}")
-}
-
-/// Maps a failed driver call to [`Error::Cuda`] naming the call.
-pub(crate) fn check<T>(what: &str, r: std::result::Result<T, DriverError>) -> Result<T> {
-    r.map_err(|e| Error::Cuda { kernel: what.to_string(), msg: driver_msg(&e) })
-}
-
 impl CudaDevice {
-    /// Opens GPU `ordinal` (the caller has checked that the driver is present).
+    /// Opens device `ordinal` (the caller has checked that it exists): the
+    /// emulator when `ASRFORGE_CUDA_EMU=1`, else the GPU.
     pub(crate) fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
-        let ctx = check("cuCtx (primary context)", CudaContext::new(ordinal))?;
-        let stream = check("cuStreamCreate", ctx.new_stream())?;
-        Ok(Arc::new(CudaDevice {
-            ordinal,
-            ctx,
-            stream,
-            pool: Mutex::new(Pool::default()),
-            modules: Mutex::new(HashMap::new()),
-            functions: Mutex::new(HashMap::new()),
-            blas: OnceLock::new(),
-            blaslt: OnceLock::new(),
-        }))
+        let drv = driver::open(ordinal)?;
+        Ok(Arc::new(CudaDevice { ordinal, seam: Seam::new(drv), pool: Mutex::new(Pool::default()), functions: Mutex::new(HashMap::new()) }))
     }
     /// The GPU's ordinal.
     pub fn ordinal(&self) -> usize {
         self.ordinal
     }
-    /// The cudarc context.
-    pub(crate) fn ctx(&self) -> &Arc<CudaContext> {
-        &self.ctx
+    /// The driver seam (every driver, cuBLAS and cuBLASLt call goes through it).
+    pub(crate) fn seam(&self) -> &Seam {
+        &self.seam
     }
-    /// The compute stream.
-    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+    /// Whether this is a GPU or the emulator (and which).
+    pub fn driver_kind(&self) -> DriverKind {
+        self.seam.driver().kind()
     }
-    /// The raw compute stream.
-    pub(crate) fn cu_stream(&self) -> sys::CUstream {
-        self.stream.cu_stream()
+    /// Whether this device is the CPU emulator.
+    pub fn is_emulated(&self) -> bool {
+        matches!(self.driver_kind(), DriverKind::Emulated { .. })
     }
-    /// Makes this device's context current on the calling thread.
-    pub(crate) fn bind(&self) -> Result<()> {
-        check("cuCtxSetCurrent", self.ctx.bind_to_thread())
+    /// A new stream of this device, for work ordered apart from the compute stream.
+    pub fn new_stream(&self) -> Result<usize> {
+        Ok(self.seam.driver().new_stream()?.0)
+    }
+    /// Records the work queued so far on stream `stream` (0: the compute stream).
+    pub fn record_event(self: &Arc<Self>, stream: usize) -> Result<DeviceEvent> {
+        let e = self.seam.driver().record_event(Stream(stream))?;
+        Ok(DeviceEvent { dev: self.clone(), ev: Some(e) })
     }
     /// Waits until every queued kernel and copy has finished; reports an
-    /// asynchronous kernel fault.
+    /// asynchronous kernel fault (a host synchronisation in the counters).
     pub fn synchronize(&self) -> Result<()> {
-        self.bind()?;
-        check("cuStreamSynchronize", self.stream.synchronize())
+        self.seam.synchronize(COMPUTE)
     }
     /// The GPU's name.
     pub fn name(&self) -> Result<String> {
-        check("cuDeviceGetName", self.ctx.name())
+        self.seam.driver().name()
     }
     /// The compute capability (major, minor).
     pub fn compute_capability(&self) -> Result<(i32, i32)> {
-        check("cuDeviceGetAttribute", self.ctx.compute_capability())
+        self.seam.driver().compute_capability()
     }
     /// Free and total device memory in bytes.
     pub fn mem_info(&self) -> Result<(usize, usize)> {
-        self.bind()?;
-        check("cuMemGetInfo", self.ctx.mem_get_info())
+        self.seam.driver().mem_info()
+    }
+    /// The seam's counters now (see [`Counters::since`] for the cost of a piece of work).
+    pub fn counters(&self) -> Counters {
+        let s = self.pool_stats();
+        self.seam.counts.snapshot(s.in_use as u64, s.peak as u64)
     }
 
     /// Uninitialised storage for `len` elements of `dtype` from the caching
@@ -130,42 +103,13 @@ impl CudaDevice {
         Ok(s)
     }
 
-    fn module(&self, stem: &str) -> Result<sys::CUmodule> {
-        let mut mods = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(m) = mods.get(stem) {
-            return Ok(m.0);
-        }
-        let (name, image) = kernels::KERNELS.iter().find(|(s, _)| *s == stem).copied().ok_or_else(|| Error::Cuda {
-            kernel: format!("{stem}/*"),
-            msg: format!(
-                "no kernel module {stem:?} is embedded in this build (embedded: [{}])",
-                kernels::KERNELS.iter().map(|(s, _)| *s).collect::<Vec<_>>().join(", ")
-            ),
-        })?;
-        // The driver reads the fatbin header as 8-byte words: copy it into an
-        // aligned buffer rather than trusting include_bytes!'s alignment.
-        let mut aligned = vec![0u64; image.len().div_ceil(8)];
-        bytemuck::cast_slice_mut::<u64, u8>(&mut aligned)[..image.len()].copy_from_slice(image);
-        self.bind()?;
-        // SAFETY: `aligned` holds a complete fatbin written by nvcc (build.rs),
-        // alive for the duration of the call; the driver copies what it needs.
-        let m = check(&format!("cuModuleLoadData({stem})"), unsafe { result::module::load_data(aligned.as_ptr() as *const c_void) })?;
-        mods.insert(name, Handle(m));
-        Ok(m)
-    }
-
-    fn function(&self, module: &str, kernel: &str) -> Result<sys::CUfunction> {
+    fn function(&self, module: &str, kernel: &str) -> Result<Func> {
         let key = format!("{module}/{kernel}");
         if let Some(f) = self.functions.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            return Ok(f.0);
+            return Ok(*f);
         }
-        let m = self.module(module)?;
-        let cname = CString::new(kernel).map_err(|_| Error::Cuda { kernel: key.clone(), msg: "kernel name contains a NUL byte".into() })?;
-        // SAFETY: `m` is a module loaded above and never unloaded while the
-        // device lives.
-        let f = unsafe { result::module::get_function(m, cname) }
-            .map_err(|e| Error::Cuda { kernel: key.clone(), msg: format!("no such kernel in module {module:?} ({})", driver_msg(&e)) })?;
-        self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(key, Handle(f));
+        let f = self.seam.driver().function(module, kernel)?;
+        self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(key, f);
         Ok(f)
     }
 
@@ -179,12 +123,14 @@ impl CudaDevice {
         let f = self.function(module, kernel)?;
         let mut slots = vec![[0u8; 8]; args.len()];
         let mut word_ptrs: Vec<*mut c_void> = Vec::with_capacity(args.len());
+        let mut buffers: Vec<DevPtr> = Vec::new();
         for (slot, a) in slots.iter_mut().zip(args) {
             match a {
                 Arg::Ptr(s) => {
                     if s.ordinal() != self.ordinal {
                         return Err(Error::Cuda { kernel: name, msg: format!("argument on cuda:{} passed to a launch on cuda:{}", s.ordinal(), self.ordinal) });
                     }
+                    buffers.push(s.ptr());
                     slot.copy_from_slice(&s.ptr().to_ne_bytes());
                 }
                 Arg::U32(v) => slot[..4].copy_from_slice(&v.to_ne_bytes()),
@@ -202,20 +148,49 @@ impl CudaDevice {
                 _ => slot.as_mut_ptr() as *mut c_void,
             });
         }
-        self.bind()?;
-        // SAFETY: `f` is a function of a loaded module; `word_ptrs` has one
-        // pointer per kernel parameter, each to a live value of the
+        // SAFETY: `f` was resolved by this device's driver; `word_ptrs` has
+        // one pointer per kernel parameter, each to a live value of the
         // parameter's size (`slots` and the caller's `Words` outlive the
         // call; the driver copies the values at launch). Device pointers come
         // from live `CudaStorage`s of this device whose buffers stay valid
         // until the stream has run the kernel (freed blocks return to the
         // pool and are only reused by work ordered after it on this stream).
-        let r = unsafe { result::launch_kernel(f, cfg.grid, cfg.block, cfg.shared_bytes, self.cu_stream(), &mut word_ptrs) };
-        r.map_err(|e| Error::Cuda { kernel: name.clone(), msg: format!("launch {cfg:?} failed: {}", driver_msg(&e)) })?;
+        unsafe { self.seam.launch(f, &name, cfg, &mut word_ptrs, &buffers, COMPUTE) }?;
         if std::env::var_os("ASRFORGE_CUDA_SYNC").is_some_and(|v| v == "1") {
-            self.stream.synchronize().map_err(|e| Error::Cuda { kernel: name, msg: format!("kernel failed: {}", driver_msg(&e)) })?;
+            self.seam.synchronize(COMPUTE).map_err(|e| Error::Cuda { kernel: name, msg: format!("kernel failed: {e}") })?;
         }
         Ok(())
+    }
+}
+
+/// A point in a stream's work; freed on drop.
+pub struct DeviceEvent {
+    dev: Arc<CudaDevice>,
+    ev: Option<Event>,
+}
+
+impl DeviceEvent {
+    /// Makes `stream` wait on the device for the recorded work (no host wait).
+    pub fn wait_on(&self, stream: usize) -> Result<()> {
+        match &self.ev {
+            Some(e) => self.dev.seam.driver().stream_wait_event(Stream(stream), e),
+            None => Ok(()),
+        }
+    }
+    /// Waits on the host for the recorded work (a host synchronisation in the counters).
+    pub fn synchronize(&self) -> Result<()> {
+        match &self.ev {
+            Some(e) => self.dev.seam.event_synchronize(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for DeviceEvent {
+    fn drop(&mut self) {
+        if let Some(e) = self.ev.take() {
+            self.dev.seam.driver().destroy_event(e);
+        }
     }
 }
 

@@ -29,8 +29,36 @@ fn probe(s: &mut String) {
 }
 
 #[cfg(feature = "cuda")]
+fn emulated(s: &mut String) {
+    use super::driver::{emu_dir, emulation_problem};
+    let _ = writeln!(s, "GPUs: cuda:0 is EMULATED on the CPU (ASRFORGE_CUDA_EMU=1): no GPU is used");
+    let _ = writeln!(s, "  emulated modules: {} (built: [{}])", emu_dir(), super::kernels::EMU_MODULES.join(", "));
+    if let Some(why) = emulation_problem() {
+        let _ = writeln!(s, "  cannot open the emulated device: {why}");
+        return;
+    }
+    let threads = std::env::var("ASRFORGE_EMU_THREADS").unwrap_or_else(|_| "all cores".into());
+    match super::device(0) {
+        Ok(d) => match d.driver_kind() {
+            super::DriverKind::Emulated { dir, schedule } => {
+                let _ = writeln!(s, "  cuda:0: {}, module dir {dir}, thread schedule {schedule}, OS threads {threads}", d.name().unwrap_or_default());
+            }
+            super::DriverKind::Gpu => {
+                let _ = writeln!(s, "  cuda:0: opened a GPU although emulation was asked for (a bug)");
+            }
+        },
+        Err(e) => {
+            let _ = writeln!(s, "  cuda:0: cannot open: {e}");
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
 fn probe(s: &mut String) {
     use cudarc::driver::{result, sys};
+    if super::emulation_requested() {
+        emulated(s);
+    }
     // SAFETY: each is_culib_present only tries to dlopen its library.
     let driver = unsafe { sys::is_culib_present() };
     if !driver {
@@ -38,7 +66,7 @@ fn probe(s: &mut String) {
     } else {
         match result::init() {
             Err(e) => {
-                let _ = writeln!(s, "CUDA driver: found, but cuInit failed: {}", super::device::driver_msg(&e));
+                let _ = writeln!(s, "CUDA driver: found, but cuInit failed: {}", super::driver::driver_msg(&e));
             }
             Ok(()) => {
                 let mut v = 0i32;
@@ -56,6 +84,10 @@ fn probe(s: &mut String) {
     let _ = writeln!(s, "cuBLASLt: {}", cublaslt_version());
     let _ = writeln!(s, "NVRTC: {}", nvrtc_version());
     let _ = writeln!(s, "NCCL: {}", nccl_version());
+    if super::emulation_requested() {
+        let _ = writeln!(s, "real GPUs: not opened (ASRFORGE_CUDA_EMU=1 asks for the emulated device)");
+        return;
+    }
     if !driver {
         let _ = writeln!(s, "GPUs: none usable (no driver)");
         return;

@@ -11,6 +11,16 @@ pub static KERNELS: &[(&str, &[u8])] = &[];
 /// The architectures the kernels were compiled for.
 pub static ARCHS: &str = "";
 
+#[cfg(not(feature = "cuda"))]
+/// Where the emulated modules lib<stem>.so are (none without the `cuda` feature).
+pub const EMU_DIR: &str = "";
+#[cfg(not(feature = "cuda"))]
+/// The stems of the emulated modules built.
+pub const EMU_MODULES: &[&str] = &[];
+#[cfg(not(feature = "cuda"))]
+/// Why no emulated module was built.
+pub const EMU_PROBLEM: &str = "built without the `cuda` feature";
+
 /// The fatbin of module `stem`, if embedded.
 pub fn fatbin(stem: &str) -> Option<&'static [u8]> {
     KERNELS.iter().find(|(s, _)| *s == stem).map(|(_, b)| *b)

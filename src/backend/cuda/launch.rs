@@ -10,6 +10,25 @@ pub const BLOCK: u32 = 256;
 /// Blocks of a 1-D grid-stride launch never exceed this; the kernels loop.
 pub const MAX_GRID: u32 = 65_535 * 16;
 
+/// The cap on the blocks of every 1-D grid-stride launch: `MAX_GRID`, or
+/// `ASRFORGE_CUDA_MAX_GRID` when set to a positive number (read once, at the
+/// first launch). Tests set it small so that every grid-stride loop wraps
+/// on inputs a CPU emulator runs quickly; a value that is not a positive
+/// number is ignored with a warning, never silently.
+pub fn max_grid() -> u32 {
+    static CAP: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| match std::env::var("ASRFORGE_CUDA_MAX_GRID") {
+        Err(_) => MAX_GRID,
+        Ok(v) => match v.trim().parse::<u32>() {
+            Ok(n) if n > 0 => n.min(MAX_GRID),
+            _ => {
+                eprintln!("warning: ASRFORGE_CUDA_MAX_GRID={v:?} is not a positive number of blocks; using {MAX_GRID}");
+                MAX_GRID
+            }
+        },
+    })
+}
+
 /// The grid, block and dynamic shared memory of one launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaunchConfig {
@@ -22,14 +41,14 @@ impl LaunchConfig {
     /// A 1-D grid-stride launch over `n` elements, 256 threads a block (at
     /// least one block, so a kernel may rely on being launched).
     pub fn for_elems(n: usize) -> LaunchConfig {
-        let blocks = n.div_ceil(BLOCK as usize).clamp(1, MAX_GRID as usize) as u32;
+        let blocks = n.div_ceil(BLOCK as usize).clamp(1, max_grid() as usize) as u32;
         LaunchConfig { grid: (blocks, 1, 1), block: (BLOCK, 1, 1), shared_bytes: 0 }
     }
     /// One block of `threads` per row, with `threads` elements of 8 bytes of
     /// shared memory (room for one f64 partial per thread). The kernels loop
     /// over rows in steps of the grid size, so `rows` may exceed the grid.
     pub fn rows(rows: usize, threads: u32) -> LaunchConfig {
-        let blocks = rows.clamp(1, MAX_GRID as usize) as u32;
+        let blocks = rows.clamp(1, max_grid() as usize) as u32;
         LaunchConfig { grid: (blocks, 1, 1), block: (threads, 1, 1), shared_bytes: threads * 8 }
     }
 }

@@ -1,8 +1,10 @@
 //! The CUDA backend: kernels compiled by build.rs from `cuda/*.cu` and
-//! embedded, a cudarc runtime (one context and compute stream per GPU,
-//! modules loaded by file stem, checked launches), a caching allocator,
-//! host↔device and pinned copies, and cuBLAS for matrix products. All of the
-//! project's `unsafe` for the GPU lives here, each block with its reason.
+//! embedded, a driver seam (`driver/`: the real driver through cudarc, or
+//! the CPU emulator under `ASRFORGE_CUDA_EMU=1`, with counters of what each
+//! step costs), one context and compute stream per GPU, modules loaded by
+//! file stem, checked launches, a caching allocator, host↔device and pinned
+//! copies, and cuBLAS for matrix products. All of the project's `unsafe` for
+//! the GPU lives here, each block with its reason.
 //!
 //! Each op family has a file named like its CPU twin
 //! (`elementwise.rs` ↔ `cpu/elementwise.rs` ↔ `cuda/elementwise.cu`) whose
@@ -12,6 +14,7 @@
 //! can be opened, so every GPU path is unreachable.
 
 pub mod cast;
+mod counters;
 pub mod ctc;
 pub mod elementwise;
 pub mod info;
@@ -30,6 +33,8 @@ pub mod blaslt;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
+pub mod driver;
+#[cfg(feature = "cuda")]
 mod pinned;
 #[cfg(feature = "cuda")]
 mod storage;
@@ -38,12 +43,17 @@ mod stub;
 
 #[cfg(feature = "cuda")]
 pub use alloc::size_class;
+pub use counters::Counters;
 #[cfg(feature = "cuda")]
-pub use device::CudaDevice;
+pub use device::{CudaDevice, DeviceEvent};
+#[cfg(feature = "cuda")]
+pub use driver::DriverKind;
 #[cfg(feature = "cuda")]
 pub use pinned::{upload_staged, PinnedBuffer};
 #[cfg(feature = "cuda")]
 pub use storage::CudaStorage;
+#[cfg(not(feature = "cuda"))]
+pub use stub::DriverKind;
 #[cfg(not(feature = "cuda"))]
 pub use stub::{blas, blaslt, upload_staged, CudaDevice, CudaStorage, PinnedBuffer};
 
@@ -88,6 +98,19 @@ pub fn archs() -> &'static str {
     kernels::ARCHS
 }
 
+/// Whether `ASRFORGE_CUDA_EMU=1` asks for the emulated CUDA device (read
+/// once). It is an explicit request: it wins over a real GPU, and without
+/// it nothing ever runs on the emulator.
+pub fn emulation_requested() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("ASRFORGE_CUDA_EMU").is_some_and(|v| v == "1"))
+}
+
+/// The driver seam's counters of device `ordinal` (opening it if needed).
+pub fn counters(ordinal: usize) -> Result<Counters> {
+    Ok(device(ordinal)?.counters())
+}
+
 /// Whether GPU `ordinal` can be used; the error says why not.
 pub fn check_available(ordinal: usize) -> Result<()> {
     device(ordinal).map(|_| ())
@@ -117,7 +140,7 @@ fn driver_problem() -> Option<&'static str> {
                 return Some("the CUDA driver library (libcuda.so) was not found: no NVIDIA driver is installed or it is not on the loader path".into());
             }
             if let Err(e) = cudarc::driver::result::init() {
-                return Some(format!("cuInit failed: {}", device::driver_msg(&e)));
+                return Some(format!("cuInit failed: {}", driver::driver_msg(&e)));
             }
             None
         })
@@ -125,14 +148,21 @@ fn driver_problem() -> Option<&'static str> {
 }
 
 #[cfg(feature = "cuda")]
-/// The number of visible GPUs, or why none can be used.
+/// The number of visible GPUs (one emulated device under
+/// `ASRFORGE_CUDA_EMU=1`), or why none can be used.
 pub fn device_count() -> Result<usize> {
+    if driver::emulation_requested() {
+        return match driver::emulation_problem() {
+            Some(why) => Err(Error::CudaUnavailable(why)),
+            None => Ok(1),
+        };
+    }
     if let Some(why) = driver_problem() {
         return Err(Error::CudaUnavailable(why.to_string()));
     }
     cudarc::driver::result::device::get_count()
         .map(|n| n.max(0) as usize)
-        .map_err(|e| Error::CudaUnavailable(format!("cuDeviceGetCount failed: {}", device::driver_msg(&e))))
+        .map_err(|e| Error::CudaUnavailable(format!("cuDeviceGetCount failed: {}", driver::driver_msg(&e))))
 }
 
 #[cfg(feature = "cuda")]

@@ -10,8 +10,11 @@ use std::sync::Arc;
 /// the block reductions need a power of two no larger than it).
 pub(crate) const NN_BLOCK: u32 = 256;
 
-/// The most blocks one launch uses; the kernels grid-stride over the rest.
-const MAX_BLOCKS: usize = 65_535;
+/// The most blocks one launch uses; the kernels grid-stride over the rest
+/// (lower when tests cap the grid, see `launch::max_grid`).
+fn max_blocks() -> usize {
+    (super::launch::max_grid() as usize).min(65_535)
+}
 
 /// The float dtypes of the f32/f64 kernels, for error messages.
 pub(crate) const F32_F64: (&[DType], &str) = (&[DType::F32, DType::F64], "f32, f64 on the GPU");
@@ -20,13 +23,13 @@ pub(crate) const FLOATS: (&[DType], &str) = (&[DType::F32, DType::F64, DType::F1
 
 /// A 1-D grid-stride launch over `n` elements.
 pub(crate) fn elems(n: usize) -> LaunchConfig {
-    let blocks = n.div_ceil(NN_BLOCK as usize).clamp(1, MAX_BLOCKS);
+    let blocks = n.div_ceil(NN_BLOCK as usize).clamp(1, max_blocks());
     LaunchConfig { grid: (blocks as u32, 1, 1), block: (NN_BLOCK, 1, 1), shared_bytes: 0 }
 }
 
-/// One block per row (grid-stride over rows past `MAX_BLOCKS`).
+/// One block per row (grid-stride over rows past `max_blocks()`).
 pub(crate) fn rows(rows: usize) -> LaunchConfig {
-    LaunchConfig { grid: (rows.clamp(1, MAX_BLOCKS) as u32, 1, 1), block: (NN_BLOCK, 1, 1), shared_bytes: 0 }
+    LaunchConfig { grid: (rows.clamp(1, max_blocks()) as u32, 1, 1), block: (NN_BLOCK, 1, 1), shared_bytes: 0 }
 }
 
 /// The kernel `{op}_{dtype}`.
@@ -99,8 +102,8 @@ pub(crate) fn value_bits(dtype: DType, v: f64) -> u64 {
     match dtype {
         DType::F32 => (v as f32).to_bits() as u64,
         DType::F64 => v.to_bits(),
-        DType::F16 => half::f16::from_f64(v).to_bits() as u64,
-        DType::BF16 => half::bf16::from_f64(v).to_bits() as u64,
+        DType::F16 => crate::tensor::halfconv::f16_from_f64(v).to_bits() as u64,
+        DType::BF16 => crate::tensor::halfconv::bf16_from_f64(v).to_bits() as u64,
         DType::I64 => (v as i64) as u64,
         DType::U8 => (v as u8) as u64,
     }
@@ -131,12 +134,12 @@ mod tests {
         for n in [1usize, 255, 256, 257, 4097, 1 << 40] {
             let c = elems(n);
             assert_eq!(c.block, (NN_BLOCK, 1, 1));
-            assert!(c.grid.0 >= 1 && c.grid.0 as usize <= MAX_BLOCKS, "n {n}: grid {:?}", c.grid);
+            assert!(c.grid.0 >= 1 && c.grid.0 as usize <= max_blocks(), "n {n}: grid {:?}", c.grid);
             // Grid-stride kernels need no more blocks than elements / threads.
             assert!(c.grid.0 as usize <= n.div_ceil(NN_BLOCK as usize));
         }
         assert_eq!(rows(1).grid.0, 1);
-        assert_eq!(rows(70_000).grid.0 as usize, MAX_BLOCKS);
+        assert_eq!(rows(70_000).grid.0 as usize, max_blocks());
         assert_eq!(NN_BLOCK.count_ones(), 1, "the block reductions need a power of two");
     }
 }

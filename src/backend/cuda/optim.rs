@@ -74,7 +74,7 @@ pub fn adam(p: &mut CudaStorage, g: &CudaStorage, m: &mut CudaStorage, v: &mut C
 
 /// Blocks of one tensor's partial-sum launch (fixed by its length alone).
 fn partial_blocks(n: usize) -> usize {
-    n.div_ceil(THREADS as usize).clamp(1, MAX_PARTIALS)
+    n.div_ceil(THREADS as usize).clamp(1, MAX_PARTIALS.min(super::launch::max_grid() as usize))
 }
 
 /// Σ x² over every element of every tensor, accumulated in f64 (all on one GPU).

@@ -4,12 +4,12 @@
 //! the buffer must not change, so any later write (and the drop) first waits
 //! for the stream.
 
-use super::device::{check, CudaDevice};
+use super::device::CudaDevice;
+use super::driver::COMPUTE;
 use super::CudaStorage;
 use crate::backend::cpu::CpuStorage;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
-use cudarc::driver::result;
 use std::sync::Arc;
 
 /// A page-locked host buffer of `len` elements of one dtype.
@@ -33,10 +33,7 @@ impl PinnedBuffer {
         let ptr = if bytes == 0 {
             std::ptr::NonNull::<u64>::dangling().as_ptr() as *mut u8
         } else {
-            dev.bind()?;
-            // SAFETY: the context is current; cuMemHostAlloc returns a fresh
-            // page-locked allocation of `bytes` bytes or an error.
-            let p = check("cuMemHostAlloc", unsafe { result::malloc_host(bytes, 0) })? as *mut u8;
+            let p = dev.seam().driver().malloc_host(bytes)?;
             // SAFETY: `p` points to `bytes` writable bytes just allocated.
             unsafe { std::ptr::write_bytes(p, 0, bytes) };
             p
@@ -88,14 +85,13 @@ impl PinnedBuffer {
         if src.is_empty() {
             return Ok(s);
         }
-        self.dev.bind()?;
         // SAFETY: the first `src.len()` bytes of `ptr` are page-locked memory
         // owned by this buffer, kept allocated and unmodified until the copy
         // has run (writes and drop wait for the stream while `in_flight`).
         let staged = unsafe { std::slice::from_raw_parts(self.ptr, src.len()) };
         // SAFETY: the destination block holds `src.len()` bytes; the source is
         // pinned memory kept alive as described above.
-        check("cuMemcpyHtoDAsync(pinned)", unsafe { result::memcpy_htod_async(s.ptr(), staged, self.dev.cu_stream()) })?;
+        unsafe { self.dev.seam().htod(s.ptr(), staged, COMPUTE) }?;
         self.in_flight = true;
         Ok(s)
     }
@@ -105,14 +101,13 @@ impl PinnedBuffer {
         if self.bytes == 0 {
             return Ok(s);
         }
-        self.dev.bind()?;
         // SAFETY: `ptr` holds `bytes` bytes of page-locked memory that stays
         // allocated and unmodified until the copy has run: writes and drop
         // wait for the stream while `in_flight` is set.
         let src = unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) };
         // SAFETY: the destination block holds `bytes` bytes; the source is
         // pinned memory kept alive as described above.
-        check("cuMemcpyHtoDAsync(pinned)", unsafe { result::memcpy_htod_async(s.ptr(), src, self.dev.cu_stream()) })?;
+        unsafe { self.dev.seam().htod(s.ptr(), src, COMPUTE) }?;
         self.in_flight = true;
         Ok(s)
     }
@@ -168,7 +163,7 @@ impl Drop for PinnedBuffer {
         // A failed wait means the context is broken; freeing is then still
         // the best that can be done.
         let _ = self.wait();
-        // SAFETY: `ptr` came from cuMemHostAlloc and no queued copy reads it.
-        let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
+        // SAFETY: `ptr` came from the driver's malloc_host(bytes) and no queued copy reads it.
+        let _ = unsafe { self.dev.seam().driver().free_host(self.ptr, self.bytes) };
     }
 }

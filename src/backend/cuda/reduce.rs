@@ -27,21 +27,35 @@ fn i(v: usize) -> Arg<'static> {
     Arg::I64(v as i64)
 }
 
-/// Sum over the middle dim of `(outer, n, inner)`.
+/// Sum over the middle dim of `(outer, n, inner)`, in the input's dtype.
 pub fn sum_dim(x: &CudaStorage, outer: usize, n: usize, inner: usize) -> Result<CudaStorage> {
+    sum_into(x, outer, n, inner, x.dtype(), "")
+}
+
+/// Sum over the middle dim of `(outer, n, inner)` in the accumulation type:
+/// f16/bf16 inputs give unrounded f32 sums (for reductions over several
+/// dims, rounded to half once at the end), f32/f64 their own dtype.
+pub fn sum_dim_acc(x: &CudaStorage, outer: usize, n: usize, inner: usize) -> Result<CudaStorage> {
+    match x.dtype() {
+        DType::F16 | DType::BF16 => sum_into(x, outer, n, inner, DType::F32, "_to_f32"),
+        dt => sum_into(x, outer, n, inner, dt, ""),
+    }
+}
+
+fn sum_into(x: &CudaStorage, outer: usize, n: usize, inner: usize, out: DType, suffix: &str) -> Result<CudaStorage> {
     float_only("sum", x)?;
     check_len("sum", x, outer * n * inner)?;
     let dev = x.device();
-    let y = dev.alloc(x.dtype(), outer * inner)?;
+    let y = dev.alloc(out, outer * inner)?;
     if outer * inner == 0 {
         return Ok(y);
     }
     let dt = dtype_suffix(x.dtype());
     if inner == 1 {
-        dev.launch("reduce", &format!("sum_rows_{dt}"), LaunchConfig::rows(outer, THREADS), &[Arg::Ptr(x), Arg::Ptr(&y), i(outer), i(n)])?;
+        dev.launch("reduce", &format!("sum_rows_{dt}{suffix}"), LaunchConfig::rows(outer, THREADS), &[Arg::Ptr(x), Arg::Ptr(&y), i(outer), i(n)])?;
     } else {
         let args = [Arg::Ptr(x), Arg::Ptr(&y), i(outer), i(n), i(inner)];
-        dev.launch("reduce", &format!("sum_cols_{dt}"), LaunchConfig::for_elems(outer * inner), &args)?;
+        dev.launch("reduce", &format!("sum_cols_{dt}{suffix}"), LaunchConfig::for_elems(outer * inner), &args)?;
     }
     Ok(y)
 }

@@ -4,11 +4,11 @@
 //! and the host buffer is never read after the call returns.
 
 use super::alloc::Block;
-use super::device::{check, CudaDevice};
+use super::device::CudaDevice;
+use super::driver::{DevPtr, COMPUTE};
 use crate::backend::cpu::CpuStorage;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
-use cudarc::driver::{result, sys};
 use half::{bf16, f16};
 use std::sync::Arc;
 
@@ -61,7 +61,7 @@ impl CudaStorage {
         &self.dev
     }
     /// The raw device pointer (0 for an empty storage).
-    pub(crate) fn ptr(&self) -> sys::CUdeviceptr {
+    pub(crate) fn ptr(&self) -> DevPtr {
         self.block.ptr
     }
 
@@ -71,11 +71,10 @@ impl CudaStorage {
         if n == 0 {
             return Ok(());
         }
-        self.dev.bind()?;
         // SAFETY: the block holds at least `n` bytes and lives as long as
         // `self`; the memset is ordered on the compute stream before any
         // later use of the buffer.
-        check("cuMemsetD8Async", unsafe { result::memset_d8_async(self.ptr(), byte, n, self.dev.cu_stream()) })
+        unsafe { self.dev.seam().memset_d8(self.ptr(), byte, n, COMPUTE) }
     }
 
     /// A device copy of host storage.
@@ -100,11 +99,10 @@ impl CudaStorage {
         if bytes.is_empty() {
             return Ok(());
         }
-        self.dev.bind()?;
         // SAFETY: the destination block holds `bytes.len()` bytes; the source
         // slice is borrowed until the stream synchronisation below, after
         // which the driver no longer reads it.
-        check("cuMemcpyHtoDAsync", unsafe { result::memcpy_htod_async(self.ptr(), bytes, self.dev.cu_stream()) })?;
+        unsafe { self.dev.seam().htod(self.ptr(), bytes, COMPUTE) }?;
         self.dev.synchronize()
     }
 
@@ -113,13 +111,12 @@ impl CudaStorage {
         if self.len == 0 {
             return Ok(v);
         }
-        self.dev.bind()?;
         {
             let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut v);
             // SAFETY: the source block holds exactly `bytes.len()` bytes of
             // this storage; the destination is borrowed mutably until the
             // synchronisation below completes the copy.
-            check("cuMemcpyDtoHAsync", unsafe { result::memcpy_dtoh_async(bytes, self.ptr(), self.dev.cu_stream()) })?;
+            unsafe { self.dev.seam().dtoh(bytes, self.ptr(), COMPUTE) }?;
         }
         self.dev.synchronize()?;
         Ok(v)
@@ -157,10 +154,9 @@ impl CudaStorage {
         if n == 0 {
             return Ok(());
         }
-        self.dev.bind()?;
         // SAFETY: both blocks hold at least `n` bytes and live until the
         // stream has run the copy (see the allocator's reuse rule).
-        check("cuMemcpyDtoDAsync", unsafe { result::memcpy_dtod_async(self.ptr(), src.ptr(), n, self.dev.cu_stream()) })
+        unsafe { self.dev.seam().dtod(self.ptr(), src.ptr(), n, COMPUTE) }
     }
 
     /// A fresh device copy.

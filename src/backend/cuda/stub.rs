@@ -9,6 +9,15 @@ use crate::error::Result;
 use crate::tensor::DType;
 use std::sync::Arc;
 
+/// What a driver is (only GPUs would exist, and none can in this build).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DriverKind {
+    /// The CUDA driver on a GPU.
+    Gpu,
+    /// The CPU emulator: its module folder and thread schedule.
+    Emulated { dir: String, schedule: String },
+}
+
 /// A GPU (cannot exist in this build).
 #[derive(Debug)]
 pub enum CudaDevice {}
@@ -39,6 +48,14 @@ impl CudaDevice {
     }
     /// Waits for queued work.
     pub fn synchronize(&self) -> Result<()> {
+        match *self {}
+    }
+    /// The driver seam's counters.
+    pub fn counters(&self) -> super::Counters {
+        match *self {}
+    }
+    /// Whether this device is the CPU emulator.
+    pub fn is_emulated(&self) -> bool {
         match *self {}
     }
     /// The allocator's counters.

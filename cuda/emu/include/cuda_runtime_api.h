@@ -1,0 +1,2 @@
+// Emulated build: everything lives in the force-included emu.h.
+#pragma once

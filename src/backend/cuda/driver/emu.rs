@@ -1,0 +1,400 @@
+//! The emulated driver (`ASRFORGE_CUDA_EMU=1`): device memory is host
+//! memory, 256-byte aligned, with guard bytes before and after every buffer
+//! and after every storage inside its pooled block; modules are the
+//! emulator's shared libraries (`lib<stem>.so`, cuda/emu/abi.h) and a launch
+//! runs the whole grid before it returns. Streams and events exist and keep
+//! their order trivially (everything has run when a call returns).
+//!
+//! Guards are checked after every launch (the buffers it was passed), when
+//! a storage is dropped, when a buffer is freed, and at every
+//! synchronisation (every buffer). A corruption found where no error can be
+//! returned (a drop) is kept and reported by the next synchronisation or
+//! launch, as the GPU reports an asynchronous fault.
+
+use super::{emu_blas, DevPtr, Driver, DriverKind, Event, Func, Gemm, LaunchConfig, LtMatmul, Stream};
+use crate::error::{Error, Result};
+use std::alloc::Layout;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::Mutex;
+
+/// Bytes of guard before and after each buffer (also the alignment).
+pub(crate) const GUARD: usize = 256;
+
+/// The guard byte at offset `i` of a guard zone: a pattern no NaN poison or
+/// zero fill produces.
+fn guard_byte(i: usize) -> u8 {
+    [0xDE, 0xAD, 0xBE, 0xEF][i % 4]
+}
+
+/// One host allocation standing for a device buffer.
+struct Buf {
+    /// The allocation, `GUARD + bytes + GUARD` bytes.
+    base: *mut u8,
+    layout: Layout,
+    /// The buffer's usable size (a multiple of the guard size).
+    bytes: usize,
+    /// The bytes of the storage it holds now (guarded up to `bytes`), if any.
+    requested: Option<usize>,
+}
+
+// SAFETY: `base` is plain host memory owned by the map entry; it is only
+// touched under the map's mutex (guards) or by kernels and copies that the
+// backend orders.
+unsafe impl Send for Buf {}
+
+impl Buf {
+    fn ptr(&self) -> DevPtr {
+        self.base as u64 + GUARD as u64
+    }
+    /// Writes the guard pattern into `[from, to)` of the allocation.
+    fn fill(&self, from: usize, to: usize) {
+        for i in from..to {
+            // SAFETY: `i < GUARD + bytes + GUARD`, inside the allocation.
+            unsafe { *self.base.add(i) = guard_byte(i) };
+        }
+    }
+    /// The first corrupted guard byte, as a message, or None.
+    fn check(&self) -> Option<String> {
+        let end = GUARD + self.requested.unwrap_or(self.bytes);
+        let total = 2 * GUARD + self.bytes;
+        // SAFETY: the allocation holds `total` bytes.
+        let all = unsafe { std::slice::from_raw_parts(self.base, total) };
+        if let Some(i) = (0..GUARD).rev().find(|&i| all[i] != guard_byte(i)) {
+            return Some(format!("{} byte(s) before its start were overwritten", GUARD - i));
+        }
+        if let Some(i) = (end..total).find(|&i| all[i] != guard_byte(i)) {
+            return Some(format!("the byte {} past its end was overwritten", i - end));
+        }
+        None
+    }
+    fn describe(&self) -> String {
+        match self.requested {
+            Some(r) => format!("device buffer of {r} bytes at {:#x} (pool block of {} bytes)", self.ptr(), self.bytes),
+            None => format!("cached device block of {} bytes at {:#x}", self.bytes, self.ptr()),
+        }
+    }
+}
+
+/// The C entry points of one emulated module.
+struct Module {
+    _lib: libloading::Library,
+    launch: unsafe extern "C" fn(usize, u32, u32, u32, u32, u32, u32, u32, *mut *mut c_void, *mut c_char, usize) -> i32,
+    names: Vec<String>,
+}
+
+/// The emulated device.
+pub(crate) struct EmuDriver {
+    ordinal: usize,
+    dir: String,
+    bufs: Mutex<BTreeMap<DevPtr, Buf>>,
+    modules: Mutex<(Vec<Module>, HashMap<String, usize>)>,
+    /// The kernel launched last (for guard messages).
+    last: Mutex<String>,
+    /// A fault found where it could not be returned.
+    pending: Mutex<Option<String>>,
+    streams: Mutex<usize>,
+}
+
+impl EmuDriver {
+    /// The emulated device `ordinal`, loading modules from `dir`.
+    pub(crate) fn new(ordinal: usize, dir: String) -> EmuDriver {
+        EmuDriver {
+            ordinal,
+            dir,
+            bufs: Mutex::new(BTreeMap::new()),
+            modules: Mutex::new((Vec::new(), HashMap::new())),
+            last: Mutex::new(String::from("(none yet)")),
+            pending: Mutex::new(None),
+            streams: Mutex::new(1),
+        }
+    }
+    fn last_kernel(&self) -> String {
+        self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+    fn fault(&self, buf: &Buf, what: String) -> String {
+        format!("{} of cuda:{} (emulated): {what}; last kernel launched: {}", buf.describe(), self.ordinal, self.last_kernel())
+    }
+    /// Reports a kept fault, once.
+    fn take_pending(&self) -> Result<()> {
+        match self.pending.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            Some(msg) => Err(Error::Cuda { kernel: "device memory guard".into(), msg }),
+            None => Ok(()),
+        }
+    }
+    /// Checks the guards of every buffer.
+    fn check_all(&self) -> Result<()> {
+        self.take_pending()?;
+        let bufs = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
+        for b in bufs.values() {
+            if let Some(w) = b.check() {
+                return Err(Error::Cuda { kernel: "device memory guard".into(), msg: self.fault(b, w) });
+            }
+        }
+        Ok(())
+    }
+    /// The buffer holding `[p, p + n)`, checked against its storage's size.
+    pub(crate) fn check_range(&self, p: DevPtr, n: usize, what: &str) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let bufs = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((_, b)) = bufs.range(..=p).next_back() else {
+            return Err(Error::Cuda { kernel: what.into(), msg: format!("address {p:#x} is not in any device buffer of cuda:{} (emulated)", self.ordinal) });
+        };
+        let len = b.requested.unwrap_or(b.bytes) as u64;
+        if p + n as u64 > b.ptr() + len || p < b.ptr() {
+            return Err(Error::Cuda {
+                kernel: what.into(),
+                msg: format!("{n} bytes at {p:#x} reach past the {} (emulated cuda:{})", b.describe(), self.ordinal),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn mem_total() -> usize {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<usize>().ok()))
+        .map_or(16 << 30, |kib| kib * 1024)
+}
+
+impl Driver for EmuDriver {
+    fn kind(&self) -> DriverKind {
+        let schedule = std::env::var("ASRFORGE_EMU_SCHEDULE").unwrap_or_else(|_| "asc".into());
+        let schedule =
+            if schedule == "random" { format!("random (seed {})", std::env::var("ASRFORGE_EMU_SEED").unwrap_or_else(|_| "0".into())) } else { schedule };
+        DriverKind::Emulated { dir: self.dir.clone(), schedule }
+    }
+    fn name(&self) -> Result<String> {
+        Ok("asrforge CUDA emulator (kernels run on the CPU)".into())
+    }
+    fn compute_capability(&self) -> Result<(i32, i32)> {
+        Ok((9, 0))
+    }
+    fn mem_info(&self) -> Result<(usize, usize)> {
+        let total = mem_total();
+        let used: usize = self.bufs.lock().unwrap_or_else(|e| e.into_inner()).values().map(|b| b.bytes).sum();
+        Ok((total.saturating_sub(used), total))
+    }
+    fn bind(&self) -> Result<()> {
+        Ok(())
+    }
+    fn new_stream(&self) -> Result<Stream> {
+        let mut n = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        *n += 1;
+        Ok(Stream(*n - 1))
+    }
+    fn malloc(&self, bytes: usize) -> Result<Option<DevPtr>> {
+        let bytes = bytes.div_ceil(GUARD) * GUARD;
+        let Ok(layout) = Layout::from_size_align(bytes + 2 * GUARD, GUARD) else { return Ok(None) };
+        // SAFETY: the layout has a non-zero size.
+        let base = unsafe { std::alloc::alloc(layout) };
+        if base.is_null() {
+            return Ok(None);
+        }
+        let b = Buf { base, layout, bytes, requested: None };
+        b.fill(0, GUARD);
+        b.fill(GUARD + bytes, 2 * GUARD + bytes);
+        let p = b.ptr();
+        self.bufs.lock().unwrap_or_else(|e| e.into_inner()).insert(p, b);
+        Ok(Some(p))
+    }
+    unsafe fn free(&self, p: DevPtr, _bytes: usize) -> Result<()> {
+        let b = self.bufs.lock().unwrap_or_else(|e| e.into_inner()).remove(&p).ok_or_else(|| Error::Cuda {
+            kernel: "cuMemFree".into(),
+            msg: format!("{p:#x} is not a live device buffer of cuda:{} (emulated)", self.ordinal),
+        })?;
+        let bad = b.check().map(|w| self.fault(&b, w));
+        // SAFETY: `base` was allocated with `layout` in `malloc` and is removed from the map.
+        unsafe { std::alloc::dealloc(b.base, b.layout) };
+        match bad {
+            Some(msg) => Err(Error::Cuda { kernel: "device memory guard".into(), msg }),
+            None => Ok(()),
+        }
+    }
+    fn block_taken(&self, p: DevPtr, requested: usize, _class: usize) {
+        let mut bufs = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = bufs.get_mut(&p) {
+            b.requested = Some(requested.min(b.bytes));
+            b.fill(GUARD + requested.min(b.bytes), GUARD + b.bytes);
+        }
+    }
+    fn block_returned(&self, p: DevPtr) {
+        let mut bufs = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = bufs.get(&p) {
+            if let Some(w) = b.check() {
+                let msg = self.fault(b, w);
+                let mut pend = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                pend.get_or_insert(msg);
+            }
+        }
+        if let Some(b) = bufs.get_mut(&p) {
+            b.requested = None;
+        }
+    }
+    fn malloc_host(&self, bytes: usize) -> Result<*mut u8> {
+        let layout = Layout::from_size_align(bytes.max(1), 4096).map_err(|e| Error::Cuda { kernel: "cuMemHostAlloc".into(), msg: e.to_string() })?;
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc(layout) };
+        if p.is_null() {
+            return Err(Error::Cuda { kernel: "cuMemHostAlloc".into(), msg: format!("out of host memory for {bytes} bytes") });
+        }
+        Ok(p)
+    }
+    unsafe fn free_host(&self, p: *mut u8, bytes: usize) -> Result<()> {
+        let layout = Layout::from_size_align(bytes.max(1), 4096).map_err(|e| Error::Cuda { kernel: "cuMemFreeHost".into(), msg: e.to_string() })?;
+        // SAFETY: the caller guarantees `p` came from `malloc_host(bytes)`, i.e. this layout.
+        unsafe { std::alloc::dealloc(p, layout) };
+        Ok(())
+    }
+    unsafe fn memset_d8(&self, p: DevPtr, byte: u8, n: usize, _s: Stream) -> Result<()> {
+        self.check_range(p, n, "cuMemsetD8Async")?;
+        // SAFETY: checked above: `n` bytes of a live buffer.
+        unsafe { std::ptr::write_bytes(p as *mut u8, byte, n) };
+        Ok(())
+    }
+    unsafe fn htod(&self, dst: DevPtr, src: &[u8], _s: Stream) -> Result<()> {
+        self.check_range(dst, src.len(), "cuMemcpyHtoDAsync")?;
+        // SAFETY: checked above; host and device memory never overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
+        Ok(())
+    }
+    unsafe fn dtoh(&self, dst: &mut [u8], src: DevPtr, _s: Stream) -> Result<()> {
+        self.check_range(src, dst.len(), "cuMemcpyDtoHAsync")?;
+        // SAFETY: checked above; `dst` is a distinct host slice.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+    unsafe fn dtod(&self, dst: DevPtr, src: DevPtr, n: usize, _s: Stream) -> Result<()> {
+        self.check_range(dst, n, "cuMemcpyDtoDAsync")?;
+        self.check_range(src, n, "cuMemcpyDtoDAsync")?;
+        // SAFETY: checked above; `copy` allows overlap as cuMemcpy does not promise.
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, n) };
+        Ok(())
+    }
+    fn function(&self, module: &str, kernel: &str) -> Result<Func> {
+        let mut mods = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        let mi = match mods.1.get(module) {
+            Some(&i) => i,
+            None => {
+                let m = load_module(&self.dir, module)?;
+                mods.0.push(m);
+                let i = mods.0.len() - 1;
+                mods.1.insert(module.to_string(), i);
+                i
+            }
+        };
+        let m = &mods.0[mi];
+        let ki = m.names.iter().position(|n| n == kernel).ok_or_else(|| Error::Cuda {
+            kernel: format!("{module}/{kernel}"),
+            msg: format!("the emulated module {module:?} ({}/lib{module}.so) has no kernel {kernel:?} ({} kernels)", self.dir, m.names.len()),
+        })?;
+        Ok(Func(mi << 32 | ki))
+    }
+    unsafe fn launch(&self, f: Func, name: &str, cfg: LaunchConfig, params: &mut [*mut c_void], buffers: &[DevPtr], _s: Stream) -> Result<()> {
+        self.take_pending()?;
+        let (mi, ki) = (f.0 >> 32, f.0 & 0xFFFF_FFFF);
+        let launch = {
+            let mods = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+            let m = mods.0.get(mi).ok_or_else(|| Error::Cuda { kernel: name.into(), msg: "not a function of this emulated device".into() })?;
+            m.launch
+        };
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = name.to_string();
+        let mut err = vec![0u8; 2048];
+        let (g, b) = (cfg.grid, cfg.block);
+        // SAFETY: `launch` is the module's asrforge_emu_launch (the library
+        // stays loaded while the driver lives); `ki` is a kernel index it
+        // listed; the caller guarantees `params`; `err` is a writable buffer
+        // of the length passed.
+        let rc = unsafe { launch(ki, g.0, g.1, g.2, b.0, b.1, b.2, cfg.shared_bytes, params.as_mut_ptr(), err.as_mut_ptr() as *mut c_char, err.len()) };
+        if rc != 0 {
+            let msg = CStr::from_bytes_until_nul(&err).map(|c| c.to_string_lossy().into_owned()).unwrap_or_else(|_| String::from_utf8_lossy(&err).into_owned());
+            return Err(Error::Cuda { kernel: name.into(), msg: format!("emulated launch {cfg:?} failed: {msg}") });
+        }
+        let bufs = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
+        for p in buffers {
+            if let Some(bf) = bufs.get(p) {
+                if let Some(w) = bf.check() {
+                    return Err(Error::Cuda { kernel: name.into(), msg: self.fault(bf, w) });
+                }
+            }
+        }
+        Ok(())
+    }
+    fn synchronize(&self, _s: Stream) -> Result<()> {
+        self.check_all()
+    }
+    fn record_event(&self, s: Stream) -> Result<Event> {
+        if s.0 >= *self.streams.lock().unwrap_or_else(|e| e.into_inner()) {
+            return Err(Error::Cuda { kernel: "cuEventRecord".into(), msg: format!("no stream {} on cuda:{} (emulated)", s.0, self.ordinal) });
+        }
+        Ok(Event(0))
+    }
+    fn stream_wait_event(&self, _s: Stream, _e: &Event) -> Result<()> {
+        Ok(())
+    }
+    fn event_synchronize(&self, _e: &Event) -> Result<()> {
+        self.check_all()
+    }
+    fn destroy_event(&self, _e: Event) {}
+    unsafe fn gemm(&self, g: &Gemm, _s: Stream) -> Result<()> {
+        self.take_pending()?;
+        // SAFETY: forwarded from the caller; the ranges are checked inside.
+        unsafe { emu_blas::gemm(self, g) }
+    }
+    unsafe fn lt_matmul(&self, g: &LtMatmul, _s: Stream) -> Result<()> {
+        self.take_pending()?;
+        // SAFETY: forwarded from the caller; the ranges are checked inside.
+        unsafe { emu_blas::lt_matmul(self, g) }
+    }
+    fn blas_version(&self) -> Result<i32> {
+        Ok(0)
+    }
+}
+
+impl Drop for EmuDriver {
+    fn drop(&mut self) {
+        let bufs = std::mem::take(self.bufs.get_mut().unwrap_or_else(|e| e.into_inner()));
+        for b in bufs.into_values() {
+            // SAFETY: every buffer was allocated with its layout and nothing uses it any more.
+            unsafe { std::alloc::dealloc(b.base, b.layout) };
+        }
+    }
+}
+
+/// Opens `dir/lib<stem>.so` and lists its kernels.
+fn load_module(dir: &str, stem: &str) -> Result<Module> {
+    let path = std::path::Path::new(dir).join(format!("lib{stem}.so"));
+    let err = |msg: String| Error::Cuda { kernel: format!("{stem}/*"), msg };
+    if !path.is_file() {
+        return Err(err(format!("no emulated kernel module {} (built modules: [{}])", path.display(), super::super::kernels::EMU_MODULES.join(", "))));
+    }
+    // SAFETY: the library is an emulated module built by build.rs from
+    // cuda/<stem>.cu; loading runs only C++ static initialisers of that code.
+    let lib = unsafe { libloading::Library::new(&path) }.map_err(|e| err(format!("cannot load {}: {e}", path.display())))?;
+    // SAFETY: the symbols have the C signatures of cuda/emu/abi.h (ABI 1, checked first).
+    unsafe {
+        let abi = lib.get::<unsafe extern "C" fn() -> i32>(b"asrforge_emu_abi\0").map_err(|e| err(format!("{}: {e}", path.display())))?;
+        let v = abi();
+        if v != 1 {
+            return Err(err(format!("{} speaks emulator ABI {v}, this build expects 1; rebuild", path.display())));
+        }
+        let count = lib.get::<unsafe extern "C" fn() -> usize>(b"asrforge_emu_kernel_count\0").map_err(|e| err(format!("{}: {e}", path.display())))?;
+        let name =
+            lib.get::<unsafe extern "C" fn(usize) -> *const c_char>(b"asrforge_emu_kernel_name\0").map_err(|e| err(format!("{}: {e}", path.display())))?;
+        let launch = *lib
+            .get::<unsafe extern "C" fn(usize, u32, u32, u32, u32, u32, u32, u32, *mut *mut c_void, *mut c_char, usize) -> i32>(b"asrforge_emu_launch\0")
+            .map_err(|e| err(format!("{}: {e}", path.display())))?;
+        let mut names = Vec::new();
+        for i in 0..count() {
+            let p = name(i);
+            if p.is_null() {
+                return Err(err(format!("{}: kernel {i} has no name", path.display())));
+            }
+            names.push(CStr::from_ptr(p).to_string_lossy().into_owned());
+        }
+        Ok(Module { _lib: lib, launch, names })
+    }
+}
