@@ -29,8 +29,8 @@ fn char_mode_counts_characters() {
     let (ok, out, err) = run(&["compute-cer", "--ref", r.to_str().unwrap(), "--hyp", h.to_str().unwrap(), "--char"]);
     assert!(ok, "stderr: {err}");
     // u1: ONETWO vs ONETOO is one substitution of 6; u2 is 5 correct characters.
-    assert!(out.contains("utt: u1\nWER: 16.67 % N=6 C=5 S=1 D=0 I=0\n"), "{out}");
-    assert!(out.contains("utt: u2\nWER: 0.00 % N=5 C=5 S=0 D=0 I=0\n"), "{out}");
+    assert!(out.contains("utt: u1\nCER: 16.67 % N=6 C=5 S=1 D=0 I=0\n"), "{out}");
+    assert!(out.contains("utt: u2\nCER: 0.00 % N=5 C=5 S=0 D=0 I=0\n"), "{out}");
     assert_eq!(out.lines().last().unwrap(), "Overall -> 9.09 % N=11 C=10 S=1 D=0 I=0");
 }
 

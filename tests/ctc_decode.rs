@@ -180,3 +180,28 @@ fn bad_inputs_are_typed_errors() {
     let t3 = Tensor::from_vec(vec![0.0f32; 8], [2, 2, 2], &Device::Cpu).unwrap();
     assert!(matches!(ctc_greedy_search_tensor(&t3, 0), Err(Error::ShapeMismatch { .. })));
 }
+
+#[test]
+fn blank_penalty_shifts_the_blank_logit_before_the_log_softmax() {
+    use asrforge::models::Ctc;
+    use asrforge::tensor::{DType, Rng};
+    let mut rng = Rng::new(9);
+    let (t, d, v, blank) = (5, 8, 6, 0);
+    let ctc = Ctc::new(v, d, blank, DType::F64, &mut rng).unwrap();
+    let x = Tensor::randn([1, t, d], 0.0, 1.0, DType::F64, &mut rng, &Device::Cpu).unwrap();
+    let w = ctc.ctc_lo.weight.to_f64_vec().unwrap();
+    let b = ctc.ctc_lo.bias.as_ref().unwrap().to_f64_vec().unwrap();
+    let xs = x.to_f64_vec().unwrap();
+    for penalty in [0.0, 0.7, 3.0] {
+        let got = ctc.log_probs_with_blank_penalty(&x, penalty).unwrap().to_f64_vec().unwrap();
+        for ti in 0..t {
+            // logits by hand, blank lowered by the penalty, then log-softmax.
+            let z: Vec<f64> =
+                (0..v).map(|k| b[k] + (0..d).map(|j| w[k * d + j] * xs[ti * d + j]).sum::<f64>() - if k == blank { penalty } else { 0.0 }).collect();
+            let lse = z.iter().map(|a| a.exp()).sum::<f64>().ln();
+            for k in 0..v {
+                assert!((got[ti * v + k] - (z[k] - lse)).abs() < 1e-12, "penalty {penalty} t {ti} k {k}");
+            }
+        }
+    }
+}

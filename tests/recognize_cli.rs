@@ -93,9 +93,8 @@ fn every_mode_writes_one_line_per_utterance() {
         let text = std::fs::read_to_string(d.join("result").join(mode).join("text")).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3, "{mode}: {text}");
-        // Within a batch utterances come longest first, as WeNet's padding orders them.
-        let mut keys: Vec<&str> = lines.iter().map(|l| l.split(' ').next().unwrap()).collect();
-        keys.sort();
+        // A batch is ordered longest first (u1, u0), but the file follows the list.
+        let keys: Vec<&str> = lines.iter().map(|l| l.split(' ').next().unwrap()).collect();
         assert_eq!(keys, ["u0", "u1", "u2"], "{mode}");
         for line in &lines {
             let rest = line.split_once(' ').map_or("", |(_, r)| r);
@@ -129,6 +128,60 @@ fn unsupported_flags_are_typed_errors() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("found `joint_decoding`"));
     let out = recognize(&d, &["--device", "cuda", "--modes", "attention"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--device: expected cpu, found `cuda`"));
+}
+
+#[test]
+fn wenet_flags_are_accepted_or_refused_with_the_reason() {
+    let d = setup("wenetflags");
+    let ok =
+        recognize(&d, &["--num_decoding_left_chunks", "-1", "--dtype", "fp32", "--blank_penalty", "0.5", "--length_penalty", "0.3", "--modes", "attention"]);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let err = |extra: &[&str]| {
+        let out = recognize(&d, extra);
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    assert!(err(&["--dtype", "fp16", "--modes", "attention"]).contains("half-precision decoding needs the GPU"));
+    assert!(err(&["--dtype", "fp8", "--modes", "attention"]).contains("expected fp32, fp16 or bf16, found `fp8`"));
+    assert!(err(&["--blank_penalty", "-1", "--modes", "attention"]).contains("--blank_penalty: expected a finite value >= 0"));
+}
+
+#[test]
+fn blank_penalty_lets_tokens_through_a_blank_dominated_model() {
+    let d = setup("blankpen");
+    // The same random model with its blank logit raised by 40: every frame's arg-max is blank.
+    let root: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(d.join("train.yaml")).unwrap()).unwrap();
+    let (cfg, _) = ModelConfig::from_yaml(&root).unwrap();
+    let mut model = AsrModel::without_cmvn_stats(&cfg, DType::F32, &mut Rng::new(5)).unwrap();
+    let mut bias = model.ctc.ctc_lo.bias.as_ref().unwrap().to_f64_vec().unwrap();
+    bias[0] += 40.0;
+    model.ctc.ctc_lo.bias =
+        Some(asrforge::Tensor::from_vec(bias.iter().map(|&x| x as f32).collect::<Vec<f32>>(), [bias.len()], &asrforge::Device::Cpu).unwrap());
+    save_checkpoint(&model, &d.join("final.safetensors"), &serde_yaml_ng::Value::Null).unwrap();
+    let count = |pen: &str| -> usize {
+        let out = recognize(&d, &["--blank_penalty", pen, "--modes", "ctc_greedy_search"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = std::fs::read_to_string(d.join("result").join("ctc_greedy_search").join("text")).unwrap();
+        assert_eq!(text.lines().count(), 3);
+        text.lines().map(|l| l.split_once(' ').map_or(0, |(_, r)| r.replace(' ', "").chars().count())).sum()
+    };
+    assert_eq!(count("0"), 0, "blank wins every frame without a penalty");
+    // A penalty of 1000 takes blank out of every frame's arg-max: each utterance emits at least one token.
+    assert!(count("1000") >= 3);
+}
+
+#[test]
+fn a_missing_units_file_from_train_yaml_says_where_it_came_from() {
+    let d = setup("units");
+    let cfg = std::fs::read_to_string(d.join("train.yaml")).unwrap().replace(d.join("units.txt").to_str().unwrap(), "data/dict/units.txt");
+    std::fs::write(d.join("train.yaml"), cfg).unwrap();
+    let out = recognize(&d, &["--modes", "attention"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("tokenizer_conf.symbol_table_path") && err.contains("train.yaml") && err.contains("--symbol_table"), "{err}");
+    // Naming the file on the command line fixes it.
+    let ok = recognize(&d, &["--symbol_table", d.join("units.txt").to_str().unwrap(), "--modes", "attention"]);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
 }
 
 #[test]

@@ -30,6 +30,7 @@ fn tiny_model_overfits_four_utterances() {
     assert_eq!(infos["epoch"].as_u64(), Some(119));
     assert_eq!(infos["step"].as_u64(), Some(120));
     assert!(infos["cv_loss"].as_f64().unwrap() < first / 5.0);
+    assert!(args.tensorboard_dir.join("exp").is_dir(), "the run goes to tensorboard_dir/<basename of model_dir>");
     // final.safetensors (WeNet's final.pt) holds the last epoch's weights, byte for byte.
     let tensors = |f: &str| {
         let bytes = std::fs::read(args.model_dir.join(f)).unwrap();
@@ -42,10 +43,16 @@ fn tiny_model_overfits_four_utterances() {
     let fin: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(args.model_dir.join("final.yaml")).unwrap()).unwrap();
     assert_eq!((fin["tag"].as_str(), fin["step"].as_u64()), (Some("final"), Some(120)));
     let scalars = read_scalars(train_common::event_file(&args.tensorboard_dir)).unwrap();
-    for tag in ["train/loss", "train/loss_ctc", "train/loss_att", "train/grad_norm", "train/lr", "train/loss_scale"] {
+    // WeNet's tag names, in tensorboard_dir/<basename of model_dir>.
+    for tag in ["train/train_loss", "train/loss_ctc", "train/loss_att", "train/th_accuracy", "train/grad_norm", "train/lr_0", "train/loss_scale"] {
         assert_eq!(scalars.iter().filter(|(t, _, _)| t == tag).count(), 120, "{tag} per step");
     }
-    assert_eq!(scalars.iter().filter(|(t, _, _)| t == "cv/loss").count(), 120);
-    let loss1 = scalars.iter().find(|(t, s, _)| t == "train/loss" && *s == 1).unwrap().2;
+    for tag in ["epoch/cv_loss", "epoch/cv_loss_att", "epoch/cv_acc", "epoch/lr_0"] {
+        assert_eq!(scalars.iter().filter(|(t, _, _)| t == tag).count(), 120, "{tag} per epoch");
+    }
+    let loss1 = scalars.iter().find(|(t, s, _)| t == "train/train_loss" && *s == 1).unwrap().2;
     assert_eq!(loss1, first as f32);
+    // Train accuracy is the decoder's token accuracy: a fraction, rising as the model overfits.
+    let acc: Vec<f32> = scalars.iter().filter(|(t, _, _)| t == "train/th_accuracy").map(|x| x.2).collect();
+    assert!(acc.iter().all(|a| (0.0..=1.0).contains(a)) && acc[acc.len() - 1] > acc[0] + 0.3, "{:?} .. {:?}", acc[0], acc[acc.len() - 1]);
 }

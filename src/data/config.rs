@@ -156,7 +156,9 @@ impl Default for SortConf {
     }
 }
 
-/// `batch_conf`: static (fixed count) or dynamic (padded frame budget) batching.
+/// `batch_conf`: static (fixed count), dynamic (padded frame budget) or
+/// bucket (length buckets, WeNet's `bucket_boundaries`/`bucket_batch_sizes`,
+/// or derived from the data and `max_frames_in_batch` when no boundaries are given).
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct BatchConf {
@@ -164,13 +166,61 @@ pub struct BatchConf {
     pub batch_type: String,
     /// Utterances per batch for `static`.
     pub batch_size: usize,
-    /// Most padded frames (batch × longest) for `dynamic`.
+    /// Most padded frames (batch × longest) for `dynamic` and automatic `bucket`.
     pub max_frames_in_batch: usize,
+    /// `bucket`: a sample goes to the first bucket i with frames < bucket_boundaries[i] (WeNet's).
+    pub bucket_boundaries: Vec<usize>,
+    /// `bucket`: batch size of each bucket, one more than the boundaries.
+    pub bucket_batch_sizes: Vec<usize>,
+    /// Automatic `bucket` (no boundaries): buckets at the length quantiles.
+    pub num_buckets: usize,
+    /// Automatic `bucket`: samples of each epoch whose lengths set the boundaries.
+    pub bucket_warmup: usize,
+}
+
+impl BatchConf {
+    /// Checks the `bucket` keys: explicit boundaries strictly increasing with one more
+    /// batch size, every size > 0; or no boundaries and a frame budget (automatic mode).
+    pub fn check_buckets(&self) -> std::result::Result<(), String> {
+        let (b, s) = (&self.bucket_boundaries, &self.bucket_batch_sizes);
+        if b.is_empty() && s.is_empty() {
+            if self.max_frames_in_batch == 0 || self.num_buckets == 0 || self.bucket_warmup == 0 {
+                return Err(format!(
+                    "dataset_conf.batch_conf: automatic buckets (no bucket_boundaries) need max_frames_in_batch, num_buckets and bucket_warmup > 0, found {}, {} and {}",
+                    self.max_frames_in_batch, self.num_buckets, self.bucket_warmup
+                ));
+            }
+            return Ok(());
+        }
+        if s.len() != b.len() + 1 {
+            return Err(format!(
+                "dataset_conf.batch_conf.bucket_batch_sizes: expected {} sizes (one more than the {} bucket_boundaries), found {}",
+                b.len() + 1,
+                b.len(),
+                s.len()
+            ));
+        }
+        if b.windows(2).any(|w| w[0] >= w[1]) || b.first() == Some(&0) {
+            return Err(format!("dataset_conf.batch_conf.bucket_boundaries: expected strictly increasing frame counts > 0, found {b:?}"));
+        }
+        if s.contains(&0) {
+            return Err(format!("dataset_conf.batch_conf.bucket_batch_sizes: expected sizes > 0, found {s:?}"));
+        }
+        Ok(())
+    }
 }
 
 impl Default for BatchConf {
     fn default() -> Self {
-        BatchConf { batch_type: "static".into(), batch_size: 16, max_frames_in_batch: 12000 }
+        BatchConf {
+            batch_type: "static".into(),
+            batch_size: 16,
+            max_frames_in_batch: 12000,
+            bucket_boundaries: Vec::new(),
+            bucket_batch_sizes: Vec::new(),
+            num_buckets: 8,
+            bucket_warmup: 1000,
+        }
     }
 }
 
@@ -279,7 +329,11 @@ impl DatasetConf {
             "static" if self.batch_conf.batch_size == 0 => bad("dataset_conf.batch_conf.batch_size: expected > 0, found 0".into()),
             "dynamic" if self.batch_conf.max_frames_in_batch == 0 => bad("dataset_conf.batch_conf.max_frames_in_batch: expected > 0, found 0".into()),
             "static" | "dynamic" => Ok(()),
-            other => bad(format!("dataset_conf.batch_conf.batch_type: expected `static` or `dynamic`, found `{other}`")),
+            "bucket" => match self.batch_conf.check_buckets() {
+                Ok(()) => Ok(()),
+                Err(m) => bad(m),
+            },
+            other => bad(format!("dataset_conf.batch_conf.batch_type: expected `static`, `dynamic` or `bucket`, found `{other}`")),
         }
     }
 }

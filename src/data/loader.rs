@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::data::batch::{pad, shuffle, Batch, BatchMode, Batcher, ShuffleBuffer, SortBuffer};
+use crate::data::bucket::BucketBatcher;
 use crate::data::list::DataList;
 use crate::data::process::{stage_rng, utt_rng, Processor, Sample};
 use crate::data::skip::{Skip, SkipReason, SkipStats};
@@ -58,8 +59,23 @@ pub struct EpochSummary {
     pub utterances: usize,
     /// Batches formed (including batches skipped on resume).
     pub batches: usize,
+    /// Feature frames in those batches.
+    pub frames: usize,
+    /// Frames after padding (each batch: utterances × its longest).
+    pub padded_frames: usize,
     /// Dropped utterances by reason.
     pub skips: SkipStats,
+}
+
+impl EpochSummary {
+    /// The share of padded frames that are padding, 0 when nothing was batched.
+    pub fn padding_fraction(&self) -> f64 {
+        if self.padded_frames == 0 {
+            0.0
+        } else {
+            1.0 - self.frames as f64 / self.padded_frames as f64
+        }
+    }
 }
 
 /// One unit of work: a list line in a given pass over the list.
@@ -159,6 +175,7 @@ struct Stages<'a> {
     shuffle: Option<ShuffleBuffer>,
     sort: Option<SortBuffer>,
     batcher: Batcher,
+    bucket: Option<BucketBatcher>,
     summary: EpochSummary,
     skip_batches: usize,
     out: &'a SyncSender<OutMsg>,
@@ -189,6 +206,17 @@ impl Stages<'_> {
     }
 
     fn batch_stage(&mut self, s: Sample) {
+        if let Some(bucket) = self.bucket.as_mut() {
+            if !bucket.fits(&s) {
+                let detail = format!("{} frames exceed max_frames_in_batch", s.frames);
+                self.summary.skips.record(Skip::new(SkipReason::OverBatchBudget, s.key, detail));
+                return;
+            }
+            for b in bucket.push(s) {
+                self.emit(b);
+            }
+            return;
+        }
         if !self.batcher.fits(&s) {
             let detail = format!("{} frames exceed max_frames_in_batch", s.frames);
             self.summary.skips.record(Skip::new(SkipReason::OverBatchBudget, s.key, detail));
@@ -202,6 +230,8 @@ impl Stages<'_> {
     fn emit(&mut self, samples: Vec<Sample>) {
         self.summary.batches += 1;
         self.summary.utterances += samples.len();
+        self.summary.frames += samples.iter().map(|s| s.frames).sum::<usize>();
+        self.summary.padded_frames += samples.len() * samples.iter().map(|s| s.frames).max().unwrap_or(0);
         if self.summary.batches <= self.skip_batches || self.consumer_gone {
             return;
         }
@@ -222,6 +252,10 @@ impl Stages<'_> {
         if let Some(b) = self.batcher.flush() {
             self.emit(b);
         }
+        let rest = self.bucket.as_mut().map(BucketBatcher::flush).unwrap_or_default();
+        for b in rest {
+            self.emit(b);
+        }
     }
 }
 
@@ -231,6 +265,14 @@ fn assemble(proc: &Processor, conf: &LoaderConf, epoch: u64, n_units: usize, que
         shuffle: dconf.shuffle.then(|| ShuffleBuffer::new(dconf.shuffle_conf.shuffle_size, stage_rng(conf.seed, epoch, 1_000_000 + conf.rank as u64))),
         sort: dconf.sort.then(|| SortBuffer::new(dconf.sort_conf.sort_size)),
         batcher: Batcher::new(BatchMode::from_conf(&dconf.batch_conf)),
+        bucket: (dconf.batch_conf.batch_type == "bucket").then(|| {
+            let c = &dconf.batch_conf;
+            if c.bucket_boundaries.is_empty() {
+                BucketBatcher::auto(c.max_frames_in_batch, c.num_buckets, c.bucket_warmup)
+            } else {
+                BucketBatcher::new(c.bucket_boundaries.clone(), c.bucket_batch_sizes.clone())
+            }
+        }),
         summary: EpochSummary { skips: SkipStats::with_log(conf.log), ..Default::default() },
         skip_batches,
         out,
@@ -254,10 +296,12 @@ fn assemble(proc: &Processor, conf: &LoaderConf, epoch: u64, n_units: usize, que
     stages.finish();
     if conf.log {
         eprintln!(
-            "data: epoch {epoch} rank {}: {} utterances in {} batches, {}",
+            "data: epoch {epoch} rank {}: {} utterances in {} batches, padding {:.1}% of {} padded frames, {}",
             conf.rank,
             stages.summary.utterances,
             stages.summary.batches,
+            100.0 * stages.summary.padding_fraction(),
+            stages.summary.padded_frames,
             stages.summary.skips.summary()
         );
     }

@@ -6,6 +6,7 @@
 
 pub mod audio;
 pub mod batch;
+pub mod bucket;
 pub mod cli;
 pub mod cmvn;
 pub mod config;

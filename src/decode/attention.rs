@@ -1,13 +1,18 @@
 //! Decoding with the attention decoder, one utterance at a time, with
-//! WeNet's semantics.
+//! WeNet's semantics (`wenet/transformer/search.py`, `attention_beam_search`).
 //!
-//! Beam search starts from `<sos>` and extends every live hypothesis by its
-//! `beam_size` most likely next tokens (log-softmax of the decoder's last
-//! position); a hypothesis that has emitted `<eos>` is carried on unchanged
-//! at no cost. The `beam_size` best of all candidates survive, and the
-//! search stops when every survivor has ended or after as many steps as the
-//! encoder has frames. The score is the summed log-probability, `<eos>`
-//! included, plus `length_penalty` per token.
+//! Beam search starts from `<sos>` and runs the decoder one step at a time
+//! with its per-layer cache ([`crate::models::DecoderCache`]), so each step
+//! computes only the new position. Every live hypothesis is extended by its
+//! `beam_size` most likely next tokens (log-softmax of the decoder's output);
+//! a hypothesis that has emitted `<eos>` is carried on unchanged at no cost
+//! (WeNet's `mask_finished_scores` / `mask_finished_preds`). The `beam_size`
+//! best of all candidates survive. A hypothesis ends only when `<eos>` is
+//! chosen for it, so `<eos>`'s probability is part of every finished score;
+//! the search stops when every survivor has ended or after `max_len` steps
+//! (WeNet: the encoder's frame count). The final choice divides each score
+//! by `len^length_penalty` (`len` = tokens without `<sos>`/`<eos>`; WeNet's
+//! `scores / lengths.pow(length_penalty)`, 0 = plain log-probabilities).
 //!
 //! Attention rescoring scores each CTC n-best hypothesis `y` by the decoder:
 //! `Σ log p(y_j | <sos> y_<j) + log p(<eos> | <sos> y)`; with a right-to-left
@@ -51,10 +56,14 @@ fn repeat_rows(x: &Tensor, n: usize) -> Result<Tensor> {
     ops::cat(&refs, 0)
 }
 
-/// Decoder log-probabilities of the next token after each prefix (all of one length, `<sos>` first): n rows of V.
-fn next_token_log_probs(model: &AsrModel, enc_out: &Tensor, enc_len: usize, prefixes: &[Vec<i64>]) -> Result<Vec<Vec<f64>>> {
+/// Decoder log-probabilities of the next token after each prefix (all of one
+/// length, `<sos>` first), recomputing every prefix in full: n rows of V.
+pub fn next_token_log_probs(model: &AsrModel, enc_out: &Tensor, enc_len: usize, prefixes: &[Vec<i64>]) -> Result<Vec<Vec<f64>>> {
     let n = prefixes.len();
-    let l = prefixes[0].len();
+    let l = prefixes.first().map_or(0, Vec::len);
+    if l == 0 || prefixes.iter().any(|p| p.len() != l) {
+        return Err(Error::invalid("next_token_log_probs", "expected one or more non-empty prefixes of equal length"));
+    }
     let flat: Vec<i64> = prefixes.iter().flatten().copied().collect();
     let ys = Tensor::from_vec(flat, [n, l], &Device::Cpu)?;
     let mem = repeat_rows(enc_out, n)?;
@@ -72,65 +81,108 @@ fn top_k(row: &[f64], k: usize) -> Vec<(usize, f64)> {
     ids.into_iter().take(k).map(|i| (i, row[i])).collect()
 }
 
-/// A prefix (with `<sos>`), its score and whether it has emitted `<eos>`.
+/// A prefix (with `<sos>`), its summed log-probability, whether it has
+/// emitted `<eos>`, and its row in the decoder cache while it is live.
 #[derive(Clone)]
 struct Live {
     ys: Vec<i64>,
     score: f64,
     ended: bool,
+    row: usize,
 }
 
-fn finish(ys: &[i64], score: f64, sos: i64, eos: i64, length_penalty: f64) -> AttentionResult {
-    let tokens: Vec<usize> = ys.iter().skip(1).take_while(|&&t| t != eos).filter(|&&t| t != sos).map(|&t| t as usize).collect();
-    let score = score + length_penalty * tokens.len() as f64;
-    AttentionResult { tokens, score }
+/// The tokens of a prefix (without `<sos>` and anything from `<eos>` on).
+fn tokens_of(ys: &[i64], eos: i64) -> Vec<usize> {
+    ys.iter().skip(1).take_while(|&&t| t != eos).map(|&t| t as usize).collect()
+}
+
+/// WeNet's final normalisation: `score / len^length_penalty`.
+fn normalized(score: f64, len: usize, length_penalty: f64) -> f64 {
+    if length_penalty == 0.0 {
+        score
+    } else {
+        score / (len as f64).powf(length_penalty)
+    }
 }
 
 /// Autoregressive beam search with the attention decoder over one
-/// utterance's encoder output `enc_out` (1, T, D) of `enc_len` valid frames.
+/// utterance's encoder output `enc_out` (1, T, D) of `enc_len` valid frames,
+/// for at most `enc_len` steps (WeNet's limit).
 pub fn attention_beam_search(model: &AsrModel, enc_out: &Tensor, enc_len: usize, beam_size: usize, length_penalty: f64) -> Result<AttentionResult> {
+    attention_beam_search_max(model, enc_out, enc_len, beam_size, length_penalty, enc_len)
+}
+
+/// [`attention_beam_search`] with an explicit step limit `max_len` (at least 1).
+pub fn attention_beam_search_max(
+    model: &AsrModel,
+    enc_out: &Tensor,
+    enc_len: usize,
+    beam_size: usize,
+    length_penalty: f64,
+    max_len: usize,
+) -> Result<AttentionResult> {
     const OP: &str = "attention_beam_search";
     check_single(OP, enc_out, enc_len)?;
-    if beam_size == 0 {
-        return Err(Error::invalid(OP, "expected beam_size >= 1, got 0"));
+    if beam_size == 0 || max_len == 0 {
+        return Err(Error::invalid(OP, format!("expected beam_size >= 1 and max_len >= 1, got {beam_size} and {max_len}")));
     }
     let (sos, eos) = (model.sos as i64, model.eos as i64);
-    let mut beams = vec![Live { ys: vec![sos], score: 0.0, ended: false }];
-    for _ in 0..enc_len {
-        if beams.iter().all(|b| b.ended) {
+    let decoder = model.decoder.left();
+    let mem = ops::narrow(enc_out, 1, 0, enc_len)?;
+    let mut cache = decoder.init_cache(&mem, &[enc_len])?;
+    let mut beams = vec![Live { ys: vec![sos], score: 0.0, ended: false, row: 0 }];
+    for _ in 0..max_len {
+        let live: Vec<&Live> = beams.iter().filter(|b| !b.ended).collect();
+        if live.is_empty() {
             break;
         }
-        let live: Vec<Vec<i64>> = beams.iter().filter(|b| !b.ended).map(|b| b.ys.clone()).collect();
-        let mut rows = next_token_log_probs(model, enc_out, enc_len, &live)?.into_iter();
+        // Live hypotheses occupy cache rows 0..live in beam order.
+        let last: Vec<i64> = live.iter().map(|b| *b.ys.last().unwrap_or(&sos)).collect();
+        let logits = decoder.forward_step(&last, &mut cache)?;
+        let v = logits.dims()[1];
+        let lp = ops::log_softmax(&logits)?.to_f64_vec()?;
         let mut cands: Vec<Live> = Vec::new();
         for b in &beams {
             if b.ended {
-                let mut ys = b.ys.clone();
-                ys.push(eos);
-                cands.push(Live { ys, score: b.score, ended: true });
+                cands.push(b.clone());
                 continue;
             }
-            let row = rows.next().ok_or_else(|| Error::invalid(OP, "decoder returned fewer rows than live hypotheses"))?;
-            for (tok, lp) in top_k(&row, beam_size) {
+            let row = &lp[b.row * v..(b.row + 1) * v];
+            for (tok, l) in top_k(row, beam_size) {
                 let mut ys = b.ys.clone();
                 ys.push(tok as i64);
-                cands.push(Live { ys, score: b.score + lp, ended: tok as i64 == eos });
+                cands.push(Live { ys, score: b.score + l, ended: tok as i64 == eos, row: b.row });
             }
         }
         // Stable: equal scores keep the order of hypothesis, then token rank.
         cands.sort_by(|a, b| b.score.total_cmp(&a.score));
         cands.truncate(beam_size);
+        // The survivors still live keep their parent's cache row, renumbered in beam order.
+        let parents: Vec<usize> = cands.iter().filter(|c| !c.ended).map(|c| c.row).collect();
+        let mut next = 0;
+        for c in cands.iter_mut().filter(|c| !c.ended) {
+            c.row = next;
+            next += 1;
+        }
+        if !parents.is_empty() {
+            cache = cache.select(&parents)?;
+        }
         beams = cands;
     }
-    let best = beams.iter().map(|b| finish(&b.ys, b.score, sos, eos, length_penalty)).fold(None::<AttentionResult>, |acc, r| match acc {
-        Some(a) if a.score >= r.score => Some(a),
-        _ => Some(r),
-    });
+    let mut best: Option<AttentionResult> = None;
+    for b in &beams {
+        let tokens = tokens_of(&b.ys, eos);
+        let score = normalized(b.score, tokens.len(), length_penalty);
+        if best.as_ref().is_none_or(|a| score > a.score) {
+            best = Some(AttentionResult { tokens, score });
+        }
+    }
     best.ok_or_else(|| Error::invalid(OP, "no hypothesis survived"))
 }
 
-/// Greedy decoding with the attention decoder: the arg-max token each step
-/// until `<eos>` or `enc_len` steps (the reference for beam size 1).
+/// Greedy decoding with the attention decoder, recomputing the whole prefix
+/// each step (no cache): the arg-max token each step until `<eos>` or
+/// `enc_len` steps (the reference for beam size 1 and for the cache).
 pub fn attention_greedy_search(model: &AsrModel, enc_out: &Tensor, enc_len: usize) -> Result<AttentionResult> {
     check_single("attention_greedy_search", enc_out, enc_len)?;
     let (sos, eos) = (model.sos as i64, model.eos as i64);
@@ -144,7 +196,7 @@ pub fn attention_greedy_search(model: &AsrModel, enc_out: &Tensor, enc_len: usiz
             break;
         }
     }
-    Ok(finish(&ys, score, sos, eos, 0.0))
+    Ok(AttentionResult { tokens: tokens_of(&ys, eos), score })
 }
 
 /// Summed log-probability of `hyp` then `<eos>` under `rows` ((len+1) × V,

@@ -187,7 +187,12 @@ pub struct UttResult {
 impl UttResult {
     /// `WER: 25.00 % N=4 C=3 S=1 D=0 I=0`, WeNet's per-utterance line.
     pub fn line(&self) -> String {
-        format!("WER: {}", self.alignment.counts)
+        self.line_as(false)
+    }
+
+    /// The per-utterance line labelled `CER:` when `char_mode` scores characters, else `WER:`.
+    pub fn line_as(&self, char_mode: bool) -> String {
+        format!("{}: {}", if char_mode { "CER" } else { "WER" }, self.alignment.counts)
     }
 }
 

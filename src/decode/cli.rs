@@ -36,14 +36,14 @@ fn parse_flag(v: &str) -> Result<bool> {
     }
 }
 
-/// The printed report: per-utterance blocks (`utt:`, `WER:`, `lab:`, `rec:`) then the overall line.
+/// The printed report: per-utterance blocks (`utt:`, `WER:` or in `--char` mode `CER:`, `lab:`, `rec:`) then the overall line.
 pub fn format_report(report: &Report, char_mode: bool, quiet: bool) -> String {
     let sep = if char_mode { "" } else { " " };
     let mut out = String::new();
     if !quiet {
         for u in &report.utterances {
             let _ = writeln!(out, "utt: {}", u.key);
-            let _ = writeln!(out, "{}", u.line());
+            let _ = writeln!(out, "{}", u.line_as(char_mode));
             let _ = writeln!(out, "lab: {}", u.reference.join(sep));
             let _ = writeln!(out, "rec: {}{}", u.hypothesis.join(sep), if u.missing_hyp { "(no hypothesis)" } else { "" });
             out.push('\n');

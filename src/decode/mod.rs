@@ -5,4 +5,5 @@ pub mod attention;
 pub mod cer;
 pub mod cli;
 pub mod ctc;
+pub mod progress;
 pub mod recognize;

@@ -7,6 +7,14 @@
 //! The test data get the config's features without perturbation,
 //! augmentation, shuffling, sorting or dither, no length filter, and static
 //! batches of `--batch_size`. The model runs in eval mode under no_grad.
+//! Hypotheses are written in the order of the test list (a batch is ordered
+//! longest first inside). A progress bar shows utterances done and
+//! utterances/s on a terminal.
+//!
+//! `--blank_penalty` is subtracted from the CTC blank logit before the
+//! log-softmax, as WeNet's `ASRModel.ctc_logprobs` does (wenet/transformer/
+//! asr_model.py: `logits[:, :, blank_id] -= blank_penalty`, applied only when
+//! the penalty is > 0), for the CTC modes and the n-best of attention rescoring.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -15,13 +23,14 @@ use clap::Args;
 
 use crate::autograd;
 use crate::data::config::DataConfig;
-use crate::data::list::{DataList, ListFormat};
+use crate::data::list::{parse_raw_line, DataList, ListFormat};
 use crate::data::loader::{DataLoader, LoaderConf};
 use crate::data::process::Processor;
 use crate::data::tokenizer::{SymbolTable, SPACE};
 use crate::data::Batch;
 use crate::decode::attention::{attention_beam_search, attention_rescoring};
 use crate::decode::ctc::{ctc_greedy_search, ctc_prefix_beam_search, Hypothesis};
+use crate::decode::progress;
 use crate::error::{Error, Result};
 use crate::models::config::{apply_override, load_yaml};
 use crate::models::mask::ChunkRequest;
@@ -57,9 +66,15 @@ pub struct RecognizeArgs {
     /// Utterances per batch.
     #[arg(long = "batch_size", alias = "batch-size", default_value_t = 16)]
     pub batch_size: usize,
-    /// Length penalty of attention beam search (added per token).
-    #[arg(long = "penalty", alias = "length_penalty", default_value_t = 0.0)]
+    /// Length penalty of attention beam search: the final score is `score / len^length_penalty` (WeNet's).
+    #[arg(long = "length_penalty", alias = "penalty", default_value_t = 0.0)]
     pub penalty: f64,
+    /// Subtracted from the CTC blank logit before the log-softmax (WeNet's `--blank_penalty`).
+    #[arg(long = "blank_penalty", alias = "blank-penalty", default_value_t = 0.0, allow_hyphen_values = true)]
+    pub blank_penalty: f64,
+    /// Decoding precision: fp32, fp16 or bf16 (half precision needs the GPU).
+    #[arg(long = "dtype", default_value = "fp32")]
+    pub dtype: String,
     /// Directory of the results; each mode writes `{result_dir}/{mode}/text`.
     #[arg(long = "result_dir", alias = "result-dir")]
     pub result_dir: PathBuf,
@@ -128,6 +143,22 @@ fn check_args(args: &RecognizeArgs) -> Result<()> {
     if args.decoding_chunk_size == 0 {
         return Err(Error::invalid("recognize", "--decoding_chunk_size: expected -1 (full context) or a chunk size >= 1, found 0"));
     }
+    match args.dtype.as_str() {
+        "fp32" => {}
+        "fp16" | "bf16" => {
+            return Err(Error::invalid(
+                "recognize",
+                format!(
+                    "--dtype {}: half-precision decoding needs the GPU (--device cuda); the CPU decodes in fp32, so drop --dtype or pass --dtype fp32",
+                    args.dtype
+                ),
+            ))
+        }
+        other => return Err(Error::invalid("recognize", format!("--dtype: expected fp32, fp16 or bf16, found `{other}`"))),
+    }
+    if !(args.blank_penalty >= 0.0 && args.blank_penalty.is_finite()) {
+        return Err(Error::invalid("recognize", format!("--blank_penalty: expected a finite value >= 0, found {}", args.blank_penalty)));
+    }
     if let Some(m) = args.modes.iter().find(|m| !MODES.contains(&m.as_str())) {
         return Err(Error::invalid("recognize", format!("--modes: expected some of {}, found `{m}`", MODES.join(", "))));
     }
@@ -153,20 +184,28 @@ pub fn load_model(root: &serde_yaml_ng::Value, checkpoint: &Path) -> Result<AsrM
 /// One mode's results for a batch: `(key, token ids)` per utterance.
 pub type ModeResults = Vec<(String, Vec<usize>)>;
 
+/// The search settings of [`decode_batch`].
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeOptions {
+    /// Beam of prefix beam search, attention beam search and the rescoring n-best.
+    pub beam_size: usize,
+    /// Attention beam search's length penalty (score / len^penalty).
+    pub penalty: f64,
+    /// CTC weight in attention rescoring.
+    pub ctc_weight: f64,
+    /// Right-to-left weight in attention rescoring.
+    pub reverse_weight: f64,
+    /// Subtracted from the CTC blank logit before the log-softmax.
+    pub blank_penalty: f64,
+    /// Chunked decoding's chunk size and left chunks (full context by default).
+    pub chunk: ChunkRequest,
+    /// Encode chunk by chunk with the caches.
+    pub simulate_streaming: bool,
+}
+
 /// Decodes one batch in every mode: for each mode, `(key, token ids)` per utterance.
-// The arguments are recognize.py's decoding flags, one for one.
-#[allow(clippy::too_many_arguments)]
-pub fn decode_batch(
-    model: &AsrModel,
-    batch: &Batch,
-    modes: &[String],
-    beam_size: usize,
-    penalty: f64,
-    ctc_weight: f64,
-    reverse_weight: f64,
-    chunk: ChunkRequest,
-    simulate_streaming: bool,
-) -> Result<Vec<ModeResults>> {
+pub fn decode_batch(model: &AsrModel, batch: &Batch, modes: &[String], opts: &DecodeOptions) -> Result<Vec<ModeResults>> {
+    let DecodeOptions { beam_size, penalty, ctc_weight, reverse_weight, blank_penalty, chunk, simulate_streaming } = *opts;
     autograd::no_grad(|| {
         let (enc, enc_lens) = model.encode_with(&batch.feats, &batch.feats_lengths, chunk, simulate_streaming).map_err(|e| {
             if simulate_streaming {
@@ -175,7 +214,7 @@ pub fn decode_batch(
                 e
             }
         })?;
-        let lp = model.ctc_log_probs(&enc)?;
+        let lp = model.ctc_log_probs_with_blank_penalty(&enc, blank_penalty)?;
         let (t, v) = (lp.dims()[1], lp.dims()[2]);
         let flat: Vec<f32> = lp.to_f64_vec()?.into_iter().map(|x| x as f32).collect();
         let blank = model.ctc.blank;
@@ -209,6 +248,21 @@ pub fn decode_batch(
     })
 }
 
+/// Each key's position in a raw list (JSON or `key wav txt` lines); empty
+/// for shard lists, whose keys live inside the tars (they keep loader order,
+/// which is list order across batches).
+fn input_order(list: &DataList) -> HashMap<String, usize> {
+    let mut order = HashMap::new();
+    if list.format == ListFormat::Raw {
+        for (i, line) in list.lines.iter().enumerate() {
+            if let Ok(u) = parse_raw_line(line, i + 1) {
+                order.entry(u.key).or_insert(i);
+            }
+        }
+    }
+    order
+}
+
 /// Runs `recognize`, returning a summary to print.
 pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
     check_args(args)?;
@@ -226,7 +280,13 @@ pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
         (None, Some(p)) => PathBuf::from(p),
         (None, None) => return Err(Error::config("tokenizer_conf.symbol_table_path", "missing, and no --symbol_table given")),
     };
-    let table = SymbolTable::read(&table_path)?;
+    let table = SymbolTable::read(&table_path).map_err(|e| match &args.symbol_table {
+        Some(_) => e,
+        None => Error::config(
+            "tokenizer_conf.symbol_table_path",
+            format!("read from {}: {e}; relative paths are taken from the current folder, pass --symbol_table to name the units file", args.config.display()),
+        ),
+    })?;
     let words = data_cfg.tokenizer_conf.mode.as_deref() == Some("word") || (data_cfg.tokenizer_conf.mode.is_none() && data_cfg.tokenizer_conf.split_with_space);
     let detok = Detokenizer::new(&table, words);
 
@@ -240,22 +300,40 @@ pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
     conf.batch_conf.batch_size = args.batch_size;
     let processor = Processor::new(&conf, None)?;
     let list = DataList::read(&args.test_data, ListFormat::parse(&args.data_type)?)?;
-    let loader = DataLoader::new(list, processor, LoaderConf { num_workers: args.num_workers, partition: false, ..LoaderConf::default() })?;
 
-    let mut lines: Vec<String> = vec![String::new(); args.modes.len()];
+    let order = input_order(&list);
+    let opts = DecodeOptions {
+        beam_size: args.beam_size,
+        penalty: args.penalty,
+        ctc_weight: args.ctc_weight,
+        reverse_weight: args.reverse_weight,
+        blank_penalty: args.blank_penalty,
+        chunk: ChunkRequest { decoding_chunk_size: args.decoding_chunk_size, num_decoding_left_chunks: args.num_decoding_left_chunks },
+        simulate_streaming: args.simulate_streaming,
+    };
+    let loader = DataLoader::new(list, processor, LoaderConf { num_workers: args.num_workers, partition: false, ..LoaderConf::default() })?;
+    let bar = progress::decode_bar(order.len());
+    // Per mode: (position in the list, key, text), sorted into list order at the end.
+    let mut results: Vec<Vec<(usize, String, String)>> = vec![Vec::new(); args.modes.len()];
     let mut utts = 0usize;
     for batch in loader.epoch(0) {
         utts += batch.len();
-        let chunk = ChunkRequest { decoding_chunk_size: args.decoding_chunk_size, num_decoding_left_chunks: args.num_decoding_left_chunks };
-        let results =
-            decode_batch(&model, &batch, &args.modes, args.beam_size, args.penalty, args.ctc_weight, args.reverse_weight, chunk, args.simulate_streaming)?;
-        for (m, res) in results.iter().enumerate() {
+        for (m, res) in decode_batch(&model, &batch, &args.modes, &opts)?.into_iter().enumerate() {
             for (key, ids) in res {
-                let line = format!("{key} {}\n", detok.text(ids)?);
-                lines[m].push_str(&line);
+                let pos = order.get(&key).copied().unwrap_or(usize::MAX);
+                results[m].push((pos, key, detok.text(&ids)?));
             }
         }
+        bar.inc(batch.len() as u64);
     }
+    bar.finish();
+    let lines: Vec<String> = results
+        .into_iter()
+        .map(|mut r| {
+            r.sort_by_key(|(pos, _, _)| *pos);
+            r.into_iter().map(|(_, key, text)| format!("{key} {text}\n")).collect()
+        })
+        .collect();
     let mut summary = String::new();
     for (mode, text) in args.modes.iter().zip(&lines) {
         let dir = args.result_dir.join(mode);

@@ -221,6 +221,11 @@ impl AsrModel {
         self.ctc.log_probs(enc_out)
     }
 
+    /// CTC log-probabilities with WeNet's blank penalty (see [`Ctc::log_probs_with_blank_penalty`]).
+    pub fn ctc_log_probs_with_blank_penalty(&self, enc_out: &Tensor, blank_penalty: f64) -> Result<Tensor> {
+        self.ctc.log_probs_with_blank_penalty(enc_out, blank_penalty)
+    }
+
     /// Decoder logits for hypotheses (one per row of `enc_out`): `<sos> hyp`
     /// through the left-to-right decoder, and the reversed hypotheses through
     /// the right-to-left one when it exists (attention rescoring).

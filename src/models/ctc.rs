@@ -27,6 +27,23 @@ impl Ctc {
         ops::log_softmax(&self.ctc_lo.forward(enc_out)?)
     }
 
+    /// Log-probabilities (B, T, V) with `blank_penalty` subtracted from the
+    /// blank logit before the log-softmax (WeNet's `ctc_logprobs`; a penalty
+    /// of 0 or less leaves the plain log-softmax).
+    pub fn log_probs_with_blank_penalty(&self, enc_out: &Tensor, blank_penalty: f64) -> Result<Tensor> {
+        if blank_penalty <= 0.0 {
+            return self.log_probs(enc_out);
+        }
+        let logits = self.ctc_lo.forward(enc_out)?;
+        let v = logits.dims()[logits.rank() - 1];
+        let mut shift = vec![0.0f64; v];
+        if let Some(s) = shift.get_mut(self.blank) {
+            *s = -blank_penalty;
+        }
+        let shift = ops::to_dtype(&Tensor::from_vec(shift, [v], &logits.device())?, logits.dtype())?;
+        ops::log_softmax(&ops::add(&logits, &shift)?)
+    }
+
     /// The loss (a 0-dim tensor): Σ_b CTC_b / B.
     pub fn loss(&self, enc_out: &Tensor, enc_lens: &[usize], target: &Tensor, target_lens: &[usize]) -> Result<Tensor> {
         let lp = self.log_probs(enc_out)?;

@@ -237,6 +237,22 @@ impl Decoder {
         }
     }
 
+    /// The left-to-right decoder.
+    pub fn left(&self) -> &TransformerDecoder {
+        match self {
+            Decoder::Transformer(d) => d,
+            Decoder::Bi { left_decoder, .. } => left_decoder,
+        }
+    }
+
+    /// The right-to-left decoder, when this is a bidirectional decoder.
+    pub fn right(&self) -> Option<&TransformerDecoder> {
+        match self {
+            Decoder::Transformer(_) => None,
+            Decoder::Bi { right_decoder, .. } => Some(right_decoder),
+        }
+    }
+
     /// Whether a right-to-left decoder exists.
     pub fn is_bidirectional(&self) -> bool {
         matches!(self, Decoder::Bi { .. })

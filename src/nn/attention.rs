@@ -123,11 +123,24 @@ impl MultiHeadedAttention {
 
     /// Attention of `query` (B, T1, D) over `key`/`value` (B, T2, D).
     pub fn forward(&self, query: &Tensor, key: &Tensor, value: &Tensor, mask: Option<&AttentionMask>) -> Result<Tensor> {
-        let q = Self::heads_first(&self.split(&self.linear_q.forward(query)?)?)?;
+        let (k, v) = self.project_kv(key, value)?;
+        self.forward_kv(query, &k, &v, mask)
+    }
+
+    /// The projected keys and values of `key`/`value` (B, T, D), heads first:
+    /// (B, H, T, d_k) each. A decoder caches these across steps.
+    pub fn project_kv(&self, key: &Tensor, value: &Tensor) -> Result<(Tensor, Tensor)> {
         let k = Self::heads_first(&self.split(&self.linear_k.forward(key)?)?)?;
         let v = Self::heads_first(&self.split(&self.linear_v.forward(value)?)?)?;
-        let scores = ops::mul_scalar(&ops::matmul_t(&q, &k, false, true)?, 1.0 / (self.d_k() as f64).sqrt())?;
-        self.attend(&scores, &v, mask)
+        Ok((k, v))
+    }
+
+    /// Attention of `query` (B, T1, D) over keys and values already projected
+    /// by [`Self::project_kv`] ((B, H, T2, d_k) each).
+    pub fn forward_kv(&self, query: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&AttentionMask>) -> Result<Tensor> {
+        let q = Self::heads_first(&self.split(&self.linear_q.forward(query)?)?)?;
+        let scores = ops::mul_scalar(&ops::matmul_t(&q, k, false, true)?, 1.0 / (self.d_k() as f64).sqrt())?;
+        self.attend(&scores, v, mask)
     }
 
     /// Keys and values of x (B, T, D), heads first (B, H, T, d_k), after

@@ -104,6 +104,8 @@ pub struct Executor {
     pending: Vec<BatchLoss>,
     /// The latest batch's losses, for the log line.
     last_batch: Option<BatchLoss>,
+    /// Batches of the last finished epoch: the progress bar's total for the next one.
+    last_epoch_batches: Option<usize>,
     /// Where batches are moved before the forward (the model's device).
     pub device: Device,
     /// The half type of autocast for the forward (fp16 / bf16 training), if any.
@@ -147,6 +149,7 @@ impl Executor {
             save_optimizer_state: true,
             pending: Vec::new(),
             last_batch: None,
+            last_epoch_batches: None,
             device: Device::Cpu,
             autocast: None,
         }
@@ -234,15 +237,20 @@ impl Executor {
     fn write_step(&mut self, r: &StepReport) -> Result<()> {
         let Some(w) = self.writer.as_mut() else { return Ok(()) };
         let s = r.step as i64;
-        w.add_scalar("train/loss", r.loss as f32, s)?;
+        // WeNet's tags (train_utils.log_per_step): train/train_loss, train/<name> of
+        // each loss_dict entry (loss_ctc, loss_att, th_accuracy), train/grad_norm, train/lr_<group>.
+        w.add_scalar("train/train_loss", r.loss as f32, s)?;
         if let Some(v) = mean(self.pending.iter().map(|b| b.loss_ctc)) {
             w.add_scalar("train/loss_ctc", v as f32, s)?;
         }
         if let Some(v) = mean(self.pending.iter().map(|b| b.loss_att)) {
             w.add_scalar("train/loss_att", v as f32, s)?;
         }
+        if let Some(v) = mean(self.pending.iter().map(|b| b.acc)) {
+            w.add_scalar("train/th_accuracy", v as f32, s)?;
+        }
         w.add_scalar("train/grad_norm", r.grad_norm as f32, s)?;
-        w.add_scalar("train/lr", r.lr as f32, s)?;
+        w.add_scalar("train/lr_0", r.lr as f32, s)?;
         w.add_scalar("train/loss_scale", self.scaler.as_ref().map_or(1.0, |x| x.scale) as f32, s)?;
         Ok(())
     }
@@ -344,7 +352,7 @@ impl Executor {
         self.model.train(true);
         self.engine.zero_grad();
         self.pending.clear();
-        let bar = progress_bar(epoch);
+        let bar = progress_bar(epoch, self.last_epoch_batches);
         let (start, mut frames, mut ok, mut failed) = (Instant::now(), 0usize, 0usize, 0usize);
         let mut last_err = None;
         let mut it = loader.resume(epoch, self.position.batches);
@@ -392,10 +400,20 @@ impl Executor {
             }
             if let Some(b) = &bar {
                 b.inc(1);
+                b.set_message(format!("{:.0} frames/s", frames as f64 / start.elapsed().as_secs_f64().max(1e-9)));
             }
             if it.position() % self.cfg.log_interval == 0 && self.is_main() {
                 let secs = window.0.elapsed().as_secs_f64().max(1e-9);
                 let line = self.log_line(epoch, it.position(), window.2 as f64 / secs, window.1 as f64 / secs);
+                let line = match self.last_epoch_batches {
+                    // Batches done out of the epoch's (the last epoch's count) and the time left at this epoch's rate.
+                    Some(total) => {
+                        let done = it.position().max(1);
+                        let eta = start.elapsed().as_secs_f64() / done as f64 * total.saturating_sub(done) as f64;
+                        format!("{line} [{done}/{total} batches, ETA {eta:.0} s]")
+                    }
+                    None => line,
+                };
                 match &bar {
                     Some(b) => b.println(line),
                     None => eprintln!("{line}"),
@@ -405,6 +423,12 @@ impl Executor {
         }
         if let Some(b) = bar {
             b.finish_and_clear();
+        }
+        if let Some(s) = it.summary() {
+            self.last_epoch_batches = Some(s.batches);
+            if let Some(w) = self.writer.as_mut() {
+                w.add_scalar("epoch/padding_fraction", s.padding_fraction() as f32, epoch as i64)?;
+            }
         }
         if !self.pending.is_empty() {
             // An incomplete accumulation at the epoch's end is dropped (as WeNet does).
@@ -464,9 +488,11 @@ impl Executor {
             utts,
         };
         if let Some(w) = self.writer.as_mut() {
+            // WeNet's tags (train_utils.log_per_epoch): epoch/cv_<name> and epoch/lr_<group> per epoch.
             let e = self.position.epoch as i64;
-            w.add_scalar("cv/loss", r.loss as f32, e)?;
-            for (tag, v) in [("cv/loss_ctc", r.loss_ctc), ("cv/loss_att", r.loss_att), ("cv/acc", r.acc)] {
+            w.add_scalar("epoch/cv_loss", r.loss as f32, e)?;
+            w.add_scalar("epoch/lr_0", self.optim.scheduler.lr() as f32, e)?;
+            for (tag, v) in [("epoch/cv_loss_ctc", r.loss_ctc), ("epoch/cv_loss_att", r.loss_att), ("epoch/cv_acc", r.acc)] {
                 if let Some(v) = v {
                     w.add_scalar(tag, v as f32, e)?;
                 }
@@ -511,11 +537,19 @@ impl Executor {
     }
 }
 
-fn progress_bar(epoch: u64) -> Option<indicatif::ProgressBar> {
+/// The epoch's bar on a terminal: batches done out of `total` (the last
+/// epoch's count; a counter without a total in the first epoch), frames/s and ETA.
+fn progress_bar(epoch: u64, total: Option<usize>) -> Option<indicatif::ProgressBar> {
     if !std::io::stderr().is_terminal() {
         return None;
     }
-    let b = indicatif::ProgressBar::new_spinner();
-    b.set_message(format!("epoch {epoch}"));
+    let (b, template) = match total {
+        Some(n) => (indicatif::ProgressBar::new(n as u64), "epoch {prefix} [{bar:30}] {pos}/{len} batches, {msg}, ETA {eta}"),
+        None => (indicatif::ProgressBar::new_spinner(), "epoch {prefix} {spinner} {pos} batches, {msg}"),
+    };
+    if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
+        b.set_style(style.progress_chars("=> "));
+    }
+    b.set_prefix(epoch.to_string());
     Some(b)
 }

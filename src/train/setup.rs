@@ -108,12 +108,22 @@ pub fn print_model(model: &AsrModel, dist: &DistInfo) {
     }
 }
 
-/// WeNet's `init_summary_writer`: a TensorBoard writer on rank 0.
+/// WeNet's `init_summary_writer`: a TensorBoard writer on rank 0, writing to
+/// `tensorboard_dir/<basename of model_dir>` as WeNet does, so runs do not mix.
 pub fn init_summary_writer(args: &TrainArgs, dist: &DistInfo) -> Result<Option<SummaryWriter>> {
     if !dist.is_main() {
         return Ok(None);
     }
-    SummaryWriter::new(&args.tensorboard_dir).map(Some)
+    SummaryWriter::new(&summary_dir(&args.tensorboard_dir, &args.model_dir)).map(Some)
+}
+
+/// `tensorboard_dir/<basename of model_dir>` (the model dir itself when it has no basename, e.g. `.`).
+pub fn summary_dir(tensorboard_dir: &std::path::Path, model_dir: &std::path::Path) -> std::path::PathBuf {
+    let run = model_dir.canonicalize().ok().and_then(|p| p.file_name().map(|n| n.to_owned())).or_else(|| model_dir.file_name().map(|n| n.to_owned()));
+    match run {
+        Some(name) => tensorboard_dir.join(name),
+        None => tensorboard_dir.to_path_buf(),
+    }
 }
 
 fn conf_f64(conf: Option<&Value>, section: &str, key: &str, default: Option<f64>) -> Result<f64> {

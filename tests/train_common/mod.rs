@@ -116,8 +116,13 @@ pub fn args(dir: &Path, sub: &str) -> TrainArgs {
 }
 
 /// The single event file under a TensorBoard dir.
+/// The one event file of a run: TensorBoard runs live in `tensorboard_dir/<basename of model_dir>`
+/// (WeNet's layout), so `dir` must hold exactly one run folder.
 pub fn event_file(dir: &Path) -> PathBuf {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir).expect("tb dir").map(|e| e.expect("entry").path()).collect();
+    let runs: Vec<PathBuf> = std::fs::read_dir(dir).expect("tb dir").map(|e| e.expect("entry").path()).collect();
+    assert!(runs.len() == 1 && runs[0].is_dir(), "one run folder in {}: {runs:?}", dir.display());
+    let dir = runs[0].clone();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).expect("tb dir").map(|e| e.expect("entry").path()).collect();
     files.sort();
     assert_eq!(files.len(), 1, "one event file in {}", dir.display());
     files.remove(0)
