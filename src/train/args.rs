@@ -66,7 +66,11 @@ pub struct TrainArgs {
     /// Save optimizer states with DeepSpeed checkpoints (model_only or model+optimizer).
     #[arg(long = "deepspeed.save_states", alias = "deepspeed.save-states", default_value = "model_only", help_heading = "DeepSpeed")]
     pub deepspeed_save_states: String,
-    /// Seconds a collective may wait before the job fails.
+    /// Seconds any wait on another rank may last (rendezvous, join group, and
+    /// every collective of the engine: gradient buckets, ZeRO shards, cv sums,
+    /// the barrier after a save) before the job fails naming the silent rank;
+    /// it must exceed the longest time one rank runs ahead of another (a step,
+    /// a checkpoint save).
     #[arg(long, default_value_t = 30, help_heading = "DeepSpeed")]
     pub timeout: u64,
 
