@@ -15,6 +15,9 @@ pub struct TrainArgs {
     /// A checkpoint to start from (resumes exactly when its state file is beside it).
     #[arg(long, help_heading = "Model")]
     pub checkpoint: Option<PathBuf>,
+    /// Remove another run's checkpoints from --model_dir instead of refusing to train there.
+    #[arg(long, help_heading = "Model")]
+    pub overwrite: bool,
     /// TensorBoard log directory.
     #[arg(long = "tensorboard_dir", alias = "tensorboard-dir", default_value = "tensorboard", help_heading = "Model")]
     pub tensorboard_dir: PathBuf,

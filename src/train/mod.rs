@@ -8,6 +8,7 @@ pub mod deepspeed;
 pub mod device;
 pub mod dist;
 pub mod executor;
+pub mod model_dir;
 pub mod run;
 pub mod setup;
 pub mod tensorboard;
