@@ -178,3 +178,20 @@ fn parameter_order_is_stable_and_init_is_seeded() {
     let var = e.iter().map(|x| x * x).sum::<f32>() / e.len() as f32;
     assert!((var - 1.0).abs() < 0.1, "embedding variance {var}");
 }
+
+/// Every module's `children_mut` lists the children of `children`, in the same order.
+fn same_children(m: &mut dyn Module, path: &str) {
+    let named: Vec<(String, String)> = m.children().iter().map(|(n, c)| (n.clone(), c.describe())).collect();
+    let muts: Vec<String> = m.children_mut().iter().map(|c| c.describe()).collect();
+    let want: Vec<String> = named.iter().map(|(_, d)| d.clone()).collect();
+    assert_eq!(muts, want, "{path}: children_mut against children {named:?}");
+    for (c, (n, _)) in m.children_mut().into_iter().zip(&named) {
+        same_children(c, &format!("{path}.{n}"));
+    }
+}
+
+#[test]
+fn children_mut_follows_children_everywhere() {
+    let mut m = aishell();
+    same_children(&mut m, "model");
+}
