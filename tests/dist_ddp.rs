@@ -15,7 +15,7 @@ use asrforge::engine::{Ddp, SingleProcess, DEFAULT_BUCKET_BYTES};
 use asrforge::models::{AsrModel, ModelConfig};
 use asrforge::nn::Module;
 use asrforge::tensor::{DType, Rng};
-use asrforge::train::{init_distributed, init_optimizer_and_scheduler, parse_train_config, Executor, Position, Resume, TrainArgs, TrainConfig};
+use asrforge::train::{init_distributed, init_optimizer_and_scheduler, parse_train_config, Executor, ExecutorParts, Resume, TrainArgs, TrainConfig};
 use std::path::{Path, PathBuf};
 
 /// Utterances per rank and step; one process takes 2B.
@@ -62,7 +62,7 @@ fn reference(dtype: DType) -> (Vec<Vec<f64>>, Vec<f64>) {
     let (model, cfg) = model_and_cfg(1, "layer_norm", dtype);
     let optim = init_optimizer_and_scheduler(&cfg, &Resume::default()).unwrap();
     let engine = SingleProcess::new(model.named_parameters(), optim.adam).unwrap();
-    let mut e = Executor::new(model, Box::new(engine), optim, None, None, cfg, std::env::temp_dir(), Position::default());
+    let mut e = Executor::new(ExecutorParts::new(model, Box::new(engine), optim, cfg));
     let mut norms = Vec::new();
     for s in 0..STEPS {
         e.train_batch(&batch(s * 2 * B..(s + 1) * 2 * B, dtype)).unwrap();
@@ -128,7 +128,7 @@ fn ddp_worker(w: &dist_common::Worker) {
     let optim = init_optimizer_and_scheduler(&cfg, &Resume::default()).unwrap();
     let ddp = Ddp::new(model.named_parameters(), &model.named_buffers(), optim.adam, comm, bucket_bytes).expect("Ddp::new");
     let stats = ddp.stats();
-    let mut e = Executor::new(model, Box::new(ddp), optim, None, None, cfg, std::env::temp_dir(), Position::default());
+    let mut e = Executor::new(ExecutorParts::new(model, Box::new(ddp), optim, cfg));
     let per_micro = B / accum;
     for s in 0..steps {
         for k in 0..accum {
@@ -256,7 +256,7 @@ fn ddp_reduced_gradients_are_the_mean_of_the_ranks_gradients() {
     assert_eq!(optim.adam.weight_decay, 0.0, "the first moment is (1 − β1)·g only without weight decay");
     let beta1 = optim.adam.betas.0;
     let engine = SingleProcess::new(model.named_parameters(), optim.adam).unwrap();
-    let mut e = Executor::new(model, Box::new(engine), optim, None, None, cfg, std::env::temp_dir(), Position::default());
+    let mut e = Executor::new(ExecutorParts::new(model, Box::new(engine), optim, cfg));
     e.train_batch(&batch(0..2 * B, DType::F64)).unwrap();
     let want: Vec<Vec<f64>> = e.engine.parameters().iter().map(|(_, p)| p.grad().unwrap().to_f64_vec().unwrap()).collect();
     for rank in 0..2 {

@@ -15,7 +15,8 @@ mod train_common;
 use asrforge::engine::SingleProcess;
 use asrforge::nn::Module;
 use asrforge::train::{
-    init_dataset_and_dataloader, init_model, init_optimizer_and_scheduler, parse_train_config, read_config, run_train, DistInfo, Executor, Position, Resume,
+    init_dataset_and_dataloader, init_model, init_optimizer_and_scheduler, parse_train_config, read_config, run_train, DistInfo, Executor, ExecutorParts,
+    Resume,
 };
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -126,7 +127,7 @@ fn uneven_ranks_end_each_epoch_together_and_cv_is_reduced() {
     let (model, _) = init_model(&args, &cfg).unwrap();
     let optim = init_optimizer_and_scheduler(&cfg, &Resume::default()).unwrap();
     let engine = SingleProcess::new(model.named_parameters(), optim.adam).unwrap();
-    let mut one = Executor::new(model, Box::new(engine), optim, None, None, cfg, std::env::temp_dir(), Position::default());
+    let mut one = Executor::new(ExecutorParts::new(model, Box::new(engine), optim, cfg));
     let cv = one.cv(&cv_loader).unwrap();
     println!("cv loss: reduced over 3 ranks {reduced}, one process over the whole list {}", cv.loss);
     assert_eq!(cv.utts, 10);

@@ -20,7 +20,7 @@ pub use checkpoint::{save_model, Position, TrainState};
 pub use config::{check_modify_and_save_config, parse_train_config, read_config, TrainConfig};
 pub use device::{amp_dtype, init_device};
 pub use dist::{init_distributed, DistInfo, Distributed};
-pub use executor::{BatchLoss, CvResult, Executor, StepReport};
+pub use executor::{BatchLoss, CvResult, Executor, ExecutorParts, StepReport};
 pub use run::run_train;
 pub use setup::{init_dataset_and_dataloader, init_model, init_optimizer_and_scheduler, init_scaler, init_summary_writer, print_model, Optim, Resume};
 pub use wrap::wrap_model;
