@@ -61,7 +61,7 @@ PY
   for t in $tests; do args+=(--test "$t"); done
   log=$dir/logs/$n.log
   start=$(date +%s)
-  (cd "$tree" && cargo test --release "${args[@]}" >"$log" 2>&1)
+  (cd "$tree" && cargo test --release --no-fail-fast "${args[@]}" >"$log" 2>&1)
   rc=$?
   secs=$(( $(date +%s) - start ))
   if grep -q "^error\(\[E[0-9]*\]\)\?: could not compile\|^error\[E" "$log"; then
