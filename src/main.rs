@@ -81,6 +81,12 @@ fn main() -> ExitCode {
                 }
                 _ => {}
             }
+            if e.kind() == ErrorKind::MissingRequiredArgument {
+                if let Some(clap::error::ContextValue::Strings(missing)) = e.get(clap::error::ContextKind::InvalidArg) {
+                    eprintln!("error: the following required arguments were not provided: {} (see --help)", missing.join(", "));
+                    return ExitCode::from(1);
+                }
+            }
             // One line, no usage block: the first line of clap's message.
             let text = e.to_string();
             let first = text.lines().next().unwrap_or("invalid arguments");

@@ -14,7 +14,7 @@ use asrforge::ops::{autocast, matmul_t, sum_all};
 use asrforge::optim::{GradScaler, ScalerConfig};
 use asrforge::tensor::{DType, Device, Rng, Tensor};
 use asrforge::train::bench::synthetic_batch;
-use asrforge::train::{init_optimizer_and_scheduler, parse_train_config, Executor, Position, Resume, SingleProcess};
+use asrforge::train::{init_optimizer_and_scheduler, parse_train_config, Executor, ExecutorParts, Resume, SingleProcess};
 use half::{bf16, f16};
 
 fn round(x: f64, h: DType) -> f64 {
@@ -102,9 +102,8 @@ fn train(autocast: Option<DType>, steps: usize) -> Vec<f64> {
     // backward (a skipped step, as GradScaler does); 2^10 keeps every step
     // so the runs stay comparable step by step.
     let scaler = (autocast == Some(DType::F16)).then(|| GradScaler::new(ScalerConfig { init_scale: 1024.0, ..Default::default() }));
-    let mut e =
-        Executor::new(model, Box::new(SingleProcess::new(params, optim.adam).unwrap()), optim, scaler, None, cfg, std::env::temp_dir(), Position::default());
-    e.autocast = autocast;
+    let engine = Box::new(SingleProcess::new(params, optim.adam).unwrap());
+    let mut e = Executor::new(ExecutorParts { scaler, autocast, ..ExecutorParts::new(model, engine, optim, cfg) });
     let batch = synthetic_batch(4, 80, 20, 9, 5).unwrap();
     let mut losses = Vec::new();
     for _ in 0..steps {

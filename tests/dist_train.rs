@@ -15,7 +15,8 @@ mod train_common;
 use asrforge::engine::SingleProcess;
 use asrforge::nn::Module;
 use asrforge::train::{
-    init_dataset_and_dataloader, init_model, init_optimizer_and_scheduler, parse_train_config, read_config, run_train, DistInfo, Executor, Position, Resume,
+    init_dataset_and_dataloader, init_model, init_optimizer_and_scheduler, parse_train_config, read_config, run_train, DistInfo, Executor, ExecutorParts,
+    Resume,
 };
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -126,7 +127,7 @@ fn uneven_ranks_end_each_epoch_together_and_cv_is_reduced() {
     let (model, _) = init_model(&args, &cfg).unwrap();
     let optim = init_optimizer_and_scheduler(&cfg, &Resume::default()).unwrap();
     let engine = SingleProcess::new(model.named_parameters(), optim.adam).unwrap();
-    let mut one = Executor::new(model, Box::new(engine), optim, None, None, cfg, std::env::temp_dir(), Position::default());
+    let mut one = Executor::new(ExecutorParts::new(model, Box::new(engine), optim, cfg));
     let cv = one.cv(&cv_loader).unwrap();
     println!("cv loss: reduced over 3 ranks {reduced}, one process over the whole list {}", cv.loss);
     assert_eq!(cv.utts, 10);
@@ -283,4 +284,79 @@ fn asrforge_launch_stops_the_job_when_a_training_worker_is_killed() {
     let left: Vec<u32> = workers.iter().map(|(_, p)| *p).filter(|p| alive(*p)).collect();
     assert!(left.is_empty(), "workers left behind: {left:?}");
     assert!(!a.model_dir.join("epoch_0.yaml").exists(), "killed mid-epoch");
+}
+
+/// The launcher's `train` command over `dir`'s `train.list` with `nproc`
+/// workers and `--timeout`, its output in `dir/launch.{out,err}`.
+fn launch_train(dir: &Path, nproc: usize, timeout: u64) -> (std::process::Child, PathBuf) {
+    let a = worker_args(dir, 0, timeout);
+    let port = dist_common::free_port().to_string();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_asrforge"));
+    let (nproc, timeout) = (nproc.to_string(), timeout.to_string());
+    cmd.args(["launch", "--nproc_per_node", &nproc, "--master_port", &port, "--grace_period", "3", "train", "--dist_backend", "gloo"]);
+    cmd.args(["--num_workers", "1", "--timeout", &timeout]);
+    for (flag, p) in [
+        ("--config", &a.config),
+        ("--model_dir", &a.model_dir),
+        ("--tensorboard_dir", &a.tensorboard_dir),
+        ("--train_data", &dir.join("train.list")),
+        ("--cv_data", &a.cv_data),
+        ("--symbol_table", &dir.join("units.txt")),
+    ] {
+        cmd.arg(flag).arg(p);
+    }
+    let out = std::fs::File::create(dir.join("launch.out")).unwrap();
+    let err = std::fs::File::create(dir.join("launch.err")).unwrap();
+    cmd.env_remove("ASRFORGE_RDZV_TOKEN").stdin(std::process::Stdio::null()).stdout(out).stderr(err);
+    (cmd.spawn().unwrap(), a.model_dir)
+}
+
+#[test]
+fn a_stopped_worker_fails_the_job_within_the_timeout_naming_it() {
+    // SIGSTOP (not a kill): the stopped rank keeps its connections open, so
+    // only the timeout of whatever collective the others wait in can end
+    // the job; the step's gradient all-reduce used to wait 1800 s.
+    const TIMEOUT: u64 = 10;
+    let dir = prepare("dist-launch-stop", &[], 6, 1, "save_interval: 2\n");
+    std::fs::write(dir.join("train.list"), good_lines(&dir, 2 * 60).join("\n") + "\n").unwrap();
+    let (mut launcher, model_dir) = launch_train(&dir, 2, TIMEOUT);
+    let marker = model_dir.join("step_2.yaml");
+    let t0 = Instant::now();
+    while !marker.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(120), "training never reached step 2");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let workers = workers_of(launcher.id());
+    assert_eq!(workers.iter().map(|(r, _)| *r).collect::<Vec<_>>(), [0, 1], "two workers: {workers:?}");
+    assert!(std::process::Command::new("kill").args(["-STOP", &workers[1].1.to_string()]).status().unwrap().success());
+    let stopped = Instant::now();
+    // Bounded wait: a job that ignores the timeout is stopped by the test, which then fails.
+    let status = loop {
+        if let Some(s) = launcher.try_wait().unwrap() {
+            break Some(s);
+        }
+        if stopped.elapsed() > Duration::from_secs(4 * TIMEOUT) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let secs = stopped.elapsed().as_secs_f64();
+    if status.is_none() {
+        for (_, pid) in &workers {
+            let _ = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+        }
+        let _ = launcher.kill();
+        let _ = launcher.wait();
+    }
+    let err = std::fs::read_to_string(dir.join("launch.err")).unwrap();
+    println!("launcher exited {status:?} {secs:.1} s after SIGSTOP; {}", err.lines().filter(|l| l.contains("rank 1")).collect::<Vec<_>>().join(" | "));
+    let status = status.unwrap_or_else(|| panic!("the job still ran {secs:.0} s after rank 1 stopped (--timeout {TIMEOUT}):\n{err}"));
+    assert!(!status.success());
+    assert!(secs < (TIMEOUT + 5) as f64, "the job took {secs} s to fail");
+    assert!(err.contains("rank 1 did not answer within 10 s"), "rank 0 names the stopped rank:\n{err}");
+    assert!(!err.contains("panicked") && !err.contains("stack backtrace"), "{err}");
+    std::thread::sleep(Duration::from_millis(200));
+    let left: Vec<u32> = workers.iter().map(|(_, p)| *p).filter(|p| alive(*p)).collect();
+    assert!(left.is_empty(), "workers left behind: {left:?}");
+    assert!(!model_dir.join("epoch_0.yaml").exists(), "stopped mid-epoch");
 }

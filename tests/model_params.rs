@@ -178,3 +178,26 @@ fn parameter_order_is_stable_and_init_is_seeded() {
     let var = e.iter().map(|x| x * x).sum::<f32>() / e.len() as f32;
     assert!((var - 1.0).abs() < 0.1, "embedding variance {var}");
 }
+
+/// `m.children_mut()` lists the children of `m.children()`, in the same order (this level only).
+fn same_children(m: &mut dyn Module, path: &str) {
+    let named: Vec<(String, String)> = m.children().iter().map(|(n, c)| (n.clone(), c.describe())).collect();
+    let muts: Vec<String> = m.children_mut().iter().map(|c| c.describe()).collect();
+    let want: Vec<String> = named.iter().map(|(_, d)| d.clone()).collect();
+    assert_eq!(muts, want, "{path}: children_mut against children {named:?}");
+}
+
+#[test]
+fn children_mut_follows_children_in_the_model_and_its_encoder_layers() {
+    // Conformer layers (macaron, conv module, five norms) and the model's
+    // three heads; other modules list in children_mut only the children
+    // with a training mode.
+    let mut m = aishell();
+    same_children(&mut m, "model");
+    same_children(&mut m.ctc, "model.ctc");
+    let n = m.encoder.encoders.len();
+    for (i, l) in m.encoder.encoders.iter_mut().enumerate() {
+        same_children(l, &format!("encoder.encoders.{i}"));
+    }
+    assert_eq!(n, 12);
+}

@@ -55,4 +55,59 @@ fn tiny_model_overfits_four_utterances() {
     // Train accuracy is the decoder's token accuracy: a fraction, rising as the model overfits.
     let acc: Vec<f32> = scalars.iter().filter(|(t, _, _)| t == "train/th_accuracy").map(|x| x.2).collect();
     assert!(acc.iter().all(|a| (0.0..=1.0).contains(a)) && acc[acc.len() - 1] > acc[0] + 0.3, "{:?} .. {:?}", acc[0], acc[acc.len() - 1]);
+
+    // The first loss against the loss of a model that predicts every symbol
+    // with probability 1/V, computed here from the batch alone: per
+    // utterance, attention cross-entropy (L+1)·ln V over its tokens and
+    // <eos> (lsm_weight 0), CTC T'·ln V − ln N with T' = ((T−1)/2−1)/2 the
+    // frames left by conv2d subsampling (WeNet's Conv2dSubsampling4) and N
+    // the number of CTC alignments of the label in T' frames; mixed with
+    // ctc_weight 0.3 and divided by the batch (length_normalized_loss false).
+    let (train, _) = asrforge::train::init_dataset_and_dataloader(&args, &exec.cfg, &asrforge::train::DistInfo::single()).unwrap();
+    let b = train.resume(0, 0).next().expect("the first batch");
+    assert_eq!(b.len(), 4, "one batch of the four utterances");
+    let ln_v = 9f64.ln();
+    let lmax = b.target.dims()[1];
+    let tg = b.target.to_vec::<i64>().unwrap();
+    let (mut ctc, mut att) = (0.0, 0.0);
+    for i in 0..b.len() {
+        let t = ((b.feats_lengths[i] - 1) / 2 - 1) / 2;
+        let label = &tg[i * lmax..i * lmax + b.target_lengths[i]];
+        ctc += t as f64 * ln_v - ctc_alignments(label, t).ln();
+        att += (label.len() + 1) as f64 * ln_v;
+    }
+    let uniform = (0.3 * ctc + 0.7 * att) / b.len() as f64;
+    eprintln!("first loss {first}, uniform-prediction loss {uniform} ({:+.2}%)", 100.0 * (first - uniform) / uniform);
+    // A freshly initialised model is close to uniform but not exactly: any
+    // spread of its logits raises the expected cross-entropy (by about
+    // var/2 per symbol), never lowers it on average. The bound leaves that
+    // room while a loss normalised by tokens instead of the batch (÷3.5 on
+    // the attention part here) or summed instead of averaged (×4) is far out.
+    assert!(first > 0.95 * uniform && first < 1.25 * uniform, "first loss {first} vs uniform-prediction loss {uniform}");
+}
+
+/// The number of CTC alignments (paths through blank-interleaved `label`
+/// with the usual skip rule) of `label` in `t` frames.
+fn ctc_alignments(label: &[i64], t: usize) -> f64 {
+    let ext: Vec<i64> = std::iter::once(-1).chain(label.iter().flat_map(|&l| [l, -1])).collect();
+    let s = ext.len();
+    let mut a = vec![0.0f64; s];
+    a[0] = 1.0;
+    if s > 1 {
+        a[1] = 1.0;
+    }
+    for _ in 1..t {
+        let prev = a.clone();
+        for j in 0..s {
+            let mut x = prev[j];
+            if j >= 1 {
+                x += prev[j - 1];
+            }
+            if j >= 2 && ext[j] != -1 && ext[j] != ext[j - 2] {
+                x += prev[j - 2];
+            }
+            a[j] = x;
+        }
+    }
+    a[s - 1] + if s > 1 { a[s - 2] } else { 0.0 }
 }

@@ -10,7 +10,7 @@ use asrforge::data::{Batch, Sample};
 use asrforge::models::{AsrModel, ModelConfig};
 use asrforge::nn::Module;
 use asrforge::tensor::{DType, Rng};
-use asrforge::train::{init_optimizer_and_scheduler, parse_train_config, read_config, Executor, Position, Resume, SingleProcess};
+use asrforge::train::{init_optimizer_and_scheduler, parse_train_config, read_config, Executor, ExecutorParts, Resume, SingleProcess};
 
 fn sample(i: usize, frames: usize) -> Sample {
     let mut r = Rng::new(100 + i as u64);
@@ -27,7 +27,7 @@ fn executor(extra: &str) -> Executor {
     let params = model.named_parameters();
     let optim = init_optimizer_and_scheduler(&cfg, &Resume::default()).unwrap();
     let engine = SingleProcess::new(params, optim.adam).unwrap();
-    Executor::new(model, Box::new(engine), optim, None, None, cfg, std::env::temp_dir(), Position::default())
+    Executor::new(ExecutorParts::new(model, Box::new(engine), optim, cfg))
 }
 
 fn grads(e: &Executor) -> Vec<f64> {

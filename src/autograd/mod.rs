@@ -65,6 +65,17 @@ pub fn set_grad_enabled(on: bool) -> GradModeGuard {
     GradModeGuard(GRAD_ENABLED.with(|g| g.replace(on)))
 }
 
+/// Adds `g` into a leaf's gradient (the first gradient is stored as it is,
+/// later ones summed without recording); a tensor that is not a leaf keeps none.
+fn accumulate_grad(t: &Tensor, g: Tensor) -> Result<()> {
+    t.update_grad(|prev| {
+        Ok(Some(match prev {
+            None => g,
+            Some(prev) => no_grad(|| crate::ops::add(&prev, &g))?,
+        }))
+    })
+}
+
 /// Runs `f` without recording (as `torch.no_grad()`).
 pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
     let _g = set_grad_enabled(false);
@@ -198,7 +209,7 @@ fn backward_impl(seeds: &[(Tensor, Tensor)], hook: Option<LeafHook>) -> Result<(
     let mut grads: HashMap<TensorId, Tensor> = HashMap::new();
     for (t, g) in seeds {
         if t.is_leaf() {
-            t.accumulate_grad(g.clone())?;
+            accumulate_grad(t, g.clone())?;
         } else {
             add_into(&mut grads, t.id(), g.clone())?;
         }
@@ -292,7 +303,7 @@ fn accumulate(name: &'static str, inputs: Vec<Input>, gin: Vec<Option<Tensor>>, 
                 if g.shape() != leaf.shape() {
                     return Err(Error::Autograd(format!("{name}: gradient of shape {} for an input of shape {}", g.shape(), leaf.shape())));
                 }
-                leaf.accumulate_grad(g)?
+                accumulate_grad(leaf, g)?
             }
             None => add_into(grads, inp.id, g)?,
         }

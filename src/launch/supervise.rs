@@ -130,6 +130,12 @@ fn signal_groups(children: &[Child], sig: Signal) {
     for c in children {
         // ESRCH: the group is already empty.
         let _ = killpg(c.pid, sig);
+        if sig == Signal::SIGTERM {
+            // A stopped process (SIGSTOP, a debugger's stop) holds SIGTERM
+            // pending until it runs again: wake it so it ends now rather
+            // than at SIGKILL after the grace period.
+            let _ = killpg(c.pid, Signal::SIGCONT);
+        }
     }
 }
 

@@ -297,6 +297,6 @@ impl Module for AsrModel {
         vec![("encoder".into(), &self.encoder as &dyn Module), ("decoder".into(), &self.decoder), ("ctc".into(), &self.ctc)]
     }
     fn children_mut(&mut self) -> Vec<&mut dyn Module> {
-        vec![&mut self.encoder, &mut self.decoder]
+        vec![&mut self.encoder, &mut self.decoder, &mut self.ctc]
     }
 }

@@ -221,11 +221,51 @@ pub fn average_files(paths: &[PathBuf], dst: &Path) -> Result<()> {
     write_atomic(dst, &bytes)
 }
 
+/// The first key (dotted path) where two configs differ, `None` when equal.
+fn first_difference(a: &Value, b: &Value, at: &str) -> Option<String> {
+    if a == b {
+        return None;
+    }
+    let here = || if at.is_empty() { "the whole config".to_string() } else { at.to_string() };
+    let (Value::Mapping(x), Value::Mapping(y)) = (a, b) else { return Some(here()) };
+    let null = Value::Null;
+    let found = x.keys().chain(y.keys()).find_map(|k| {
+        let name = k.as_str().map(str::to_string).unwrap_or_else(|| serde_yaml_ng::to_string(k).unwrap_or_default().trim().to_string());
+        let path = if at.is_empty() { name } else { format!("{at}.{name}") };
+        first_difference(x.get(k).unwrap_or(&null), y.get(k).unwrap_or(&null), &path)
+    });
+    found.or_else(|| Some(here()))
+}
+
+/// Refuses to average checkpoints of different runs: the `config` (the
+/// run's train.yaml) in their infos YAMLs must be the same (checkpoints
+/// without one, such as WeNet's, are compared as having none).
+pub fn check_same_config(paths: &[PathBuf]) -> Result<()> {
+    let Some(first) = paths.first() else { return Ok(()) };
+    let config = |p: &Path| -> Result<Value> { Ok(read_infos(p)?.get("config").cloned().unwrap_or(Value::Null)) };
+    let want = config(first)?;
+    for p in &paths[1..] {
+        let got = config(p)?;
+        if let Some(key) = first_difference(&want, &got, "") {
+            return Err(Error::checkpoint(
+                p.display().to_string(),
+                format!(
+                    "expected the train.yaml of {} (the same run), found a different one (first at `{key}`) in {}: refusing to average checkpoints of different runs",
+                    first.display(),
+                    super::checkpoint::infos_path(p).display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Runs `average`, returning the report to print (which files, where written).
 pub fn run_average(args: &AverageArgs) -> Result<String> {
     let cands = list_candidates(&args.src_path, Some(&args.dst_model))?;
     let chosen = select(cands, args.num, args.val_best, args.min_epoch, args.max_epoch, &args.src_path.display().to_string())?;
     let paths: Vec<PathBuf> = chosen.iter().map(|c| c.path.clone()).collect();
+    check_same_config(&paths)?;
     average_files(&paths, &args.dst_model)?;
     let mut out = String::new();
     for c in &chosen {

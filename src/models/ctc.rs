@@ -60,4 +60,7 @@ impl Module for Ctc {
     fn children(&self) -> Vec<(String, &dyn Module)> {
         vec![("ctc_lo".into(), &self.ctc_lo)]
     }
+    fn children_mut(&mut self) -> Vec<&mut dyn Module> {
+        vec![&mut self.ctc_lo]
+    }
 }

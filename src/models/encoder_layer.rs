@@ -191,14 +191,40 @@ impl Module for EncoderLayer {
         v.push(("dropout".into(), &self.dropout));
         v
     }
+    /// The children in the order of [`Module::children`], norms included.
     fn children_mut(&mut self) -> Vec<&mut dyn Module> {
-        let mut v: Vec<&mut dyn Module> = vec![self.self_attn.module_mut(), &mut self.feed_forward, &mut self.dropout];
-        if let Some(m) = &mut self.feed_forward_macaron {
-            v.push(m);
+        let EncoderLayer {
+            self_attn,
+            feed_forward,
+            feed_forward_macaron,
+            conv_module,
+            norm_ff,
+            norm_mha,
+            norm_ff_macaron,
+            norm_conv,
+            norm_final,
+            dropout,
+            transformer_names,
+            ..
+        } = self;
+        let mut v: Vec<&mut dyn Module> = vec![self_attn.module_mut(), feed_forward];
+        if *transformer_names {
+            v.push(norm_mha);
+            v.push(norm_ff);
+        } else {
+            if let Some(m) = feed_forward_macaron {
+                v.push(m);
+            }
+            if let Some(c) = conv_module {
+                v.push(c);
+            }
+            v.push(norm_ff);
+            v.push(norm_mha);
+            for m in [norm_ff_macaron, norm_conv, norm_final].into_iter().flatten() {
+                v.push(m);
+            }
         }
-        if let Some(c) = &mut self.conv_module {
-            v.push(c);
-        }
+        v.push(dropout);
         v
     }
 }

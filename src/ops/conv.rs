@@ -4,6 +4,7 @@
 //! recorded op whose backward is col2im) followed by a cuBLAS product, so
 //! the weight gradient is the product's (a GEMM summed over the batch).
 
+use super::out_storage;
 use super::placement::{as_cpu, as_gpu};
 use super::{expect_rank, expect_shape, same_kind};
 use crate::autograd::record;
@@ -11,11 +12,7 @@ use crate::backend::cpu::conv::{self as k, Conv2d, Dw1d};
 use crate::backend::cuda::conv as gpu;
 use crate::backend::Storage;
 use crate::error::{Error, Result};
-use crate::tensor::{Device, Shape, Tensor};
-
-fn tensor(s: Storage, shape: impl Into<Shape>) -> Tensor {
-    Tensor::from_storage(s, shape.into())
-}
+use crate::tensor::{Device, Tensor};
 
 fn dw_forward(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, g: &Dw1d) -> Result<Storage> {
     let op = "conv1d_depthwise";
@@ -69,14 +66,14 @@ pub fn conv1d_depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, padding: 
     if let Some(bb) = bias {
         same_kind("conv1d_depthwise", x, bb)?;
     }
-    let y = tensor(dw_forward(x, w, bias, &g)?, [b, c, g.t_out()]);
+    let y = out_storage(dw_forward(x, w, bias, &g)?, [b, c, g.t_out()]);
     let (xs, ws) = (x.detach(), w.detach());
     let has_b = bias.is_some();
     Ok(record("conv1d_depthwise", &inputs(x, w, bias), y, vec![xs.clone(), ws.clone()], move |gy, _| {
         let (gx, gw, gb) = dw_backward(&xs, &ws, gy, &g)?;
-        let mut v = vec![Some(tensor(gx, xs.shape().clone())), Some(tensor(gw, ws.shape().clone()))];
+        let mut v = vec![Some(out_storage(gx, xs.shape().clone())), Some(out_storage(gw, ws.shape().clone()))];
         if has_b {
-            v.push(Some(tensor(gb, [g.c])));
+            v.push(Some(out_storage(gb, [g.c])));
         }
         Ok(v)
     }))
@@ -120,7 +117,7 @@ pub fn conv2d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, stride: usize, padd
     let y = {
         let (xg, wg, bg) = (x.storage(), w.storage(), bias.map(|t| t.storage()));
         let bc = bg.as_deref().map(|s| as_cpu(op, s)).transpose()?;
-        tensor(Storage::Cpu(k::conv2d(as_cpu(op, &xg)?, as_cpu(op, &wg)?, bc, &g)?), [g.b, g.co, ho, wo])
+        out_storage(Storage::Cpu(k::conv2d(as_cpu(op, &xg)?, as_cpu(op, &wg)?, bc, &g)?), [g.b, g.co, ho, wo])
     };
     let (xs, ws) = (x.detach(), w.detach());
     let has_b = bias.is_some();
@@ -129,10 +126,10 @@ pub fn conv2d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, stride: usize, padd
             let (xg, wg, gg) = (xs.storage(), ws.storage(), gy.storage());
             k::conv2d_backward(as_cpu(op, &xg)?, as_cpu(op, &wg)?, as_cpu(op, &gg)?, &g, needs[0])?
         };
-        let gx = needs[0].then(|| tensor(Storage::Cpu(gx), xs.shape().clone()));
-        let mut v = vec![gx, Some(tensor(Storage::Cpu(gw), ws.shape().clone()))];
+        let gx = needs[0].then(|| out_storage(Storage::Cpu(gx), xs.shape().clone()));
+        let mut v = vec![gx, Some(out_storage(Storage::Cpu(gw), ws.shape().clone()))];
         if has_b {
-            v.push(Some(tensor(Storage::Cpu(gb), [g.co])));
+            v.push(Some(out_storage(Storage::Cpu(gb), [g.co])));
         }
         Ok(v)
     }))
@@ -147,14 +144,14 @@ fn im2col_gpu(x: &Tensor, g: &Conv2d) -> Result<Tensor> {
         Storage::Cuda(c) => Storage::Cuda(gpu::im2col(c, g)?),
         Storage::Cpu(_) => return Err(Error::DeviceMismatch { op, lhs: Device::Cuda(0), rhs: x.device() }),
     };
-    let cols = tensor(cols, [g.b, g.ci * g.kh * g.kw, ho * wo]);
+    let cols = out_storage(cols, [g.b, g.ci * g.kh * g.kw, ho * wo]);
     let (g, from) = (*g, x.shape().clone());
     Ok(record(op, &[x], cols, vec![], move |gc, _| {
         let gx = match &*gc.storage() {
             Storage::Cuda(c) => Storage::Cuda(gpu::col2im(c, &g)?),
             Storage::Cpu(_) => return Err(Error::DeviceMismatch { op: "col2im", lhs: Device::Cuda(0), rhs: gc.device() }),
         };
-        Ok(vec![Some(tensor(gx, from.clone()))])
+        Ok(vec![Some(out_storage(gx, from.clone()))])
     }))
 }
 

@@ -3,6 +3,7 @@
 //! live on the host and are copied to the GPU when the data is there).
 //! Backward: gradients scattered back (index_add / scatter_add) or masked.
 
+use super::out_storage;
 use super::placement::{as_cpu, as_gpu, to_gpu};
 use super::same_kind;
 use crate::autograd::record;
@@ -18,10 +19,6 @@ fn i64s(op: &'static str, t: &Tensor) -> Result<Vec<i64>> {
         return Err(Error::DTypeMismatch { op, expected: DType::I64, got: t.dtype() });
     }
     t.to_vec::<i64>()
-}
-
-fn t(s: Storage, shape: impl Into<Shape>) -> Tensor {
-    Tensor::from_storage(s, shape.into())
 }
 
 /// Runs the CPU or the GPU form of a one-operand kernel on `x`'s storage.
@@ -44,10 +41,10 @@ pub fn index_select(x: &Tensor, dim: isize, idx: &Tensor) -> Result<Tensor> {
     let (o, n, i) = x.shape().split_at_dim(d);
     let mut dims = x.dims().to_vec();
     dims[d] = ids.len();
-    let y = t(on(x, |s| cpu::index_select(s, o, n, i, &ids), |s| gpu::index_select(s, o, n, i, &ids))?, dims);
+    let y = out_storage(on(x, |s| cpu::index_select(s, o, n, i, &ids), |s| gpu::index_select(s, o, n, i, &ids))?, dims);
     let from = x.shape().clone();
     Ok(record("index_select", &[x], y, vec![], move |g, _| {
-        Ok(vec![Some(t(on(g, |s| cpu::index_add(s, o, n, i, &ids), |s| gpu::index_add(s, o, n, i, &ids))?, from.clone()))])
+        Ok(vec![Some(out_storage(on(g, |s| cpu::index_add(s, o, n, i, &ids), |s| gpu::index_add(s, o, n, i, &ids))?, from.clone()))])
     }))
 }
 
@@ -63,9 +60,9 @@ pub fn gather(x: &Tensor, dim: isize, index: &Tensor) -> Result<Tensor> {
     }
     let ids = i64s("gather", index)?;
     let (xd, id) = (x.dims().to_vec(), index.dims().to_vec());
-    let y = t(on(x, |s| cpu::gather(s, &xd, &id, d, &ids), |s| gpu::gather(s, &xd, &id, d, &ids))?, id.clone());
+    let y = out_storage(on(x, |s| cpu::gather(s, &xd, &id, d, &ids), |s| gpu::gather(s, &xd, &id, d, &ids))?, id.clone());
     Ok(record("gather", &[x], y, vec![], move |g, _| {
-        Ok(vec![Some(t(on(g, |s| cpu::scatter_add(s, &xd, &id, d, &ids), |s| gpu::scatter_add(s, &xd, &id, d, &ids))?, xd.clone()))])
+        Ok(vec![Some(out_storage(on(g, |s| cpu::scatter_add(s, &xd, &id, d, &ids), |s| gpu::scatter_add(s, &xd, &id, d, &ids))?, xd.clone()))])
     }))
 }
 
@@ -98,7 +95,7 @@ fn fill(op: &'static str, x: &Tensor, mask: &Tensor, bc: &Bcast, value: f64) -> 
         Storage::Cpu(s) => Storage::Cpu(cpu::masked_fill(s, &mask.to_vec::<u8>()?, bc, value)?),
         Storage::Cuda(s) => Storage::Cuda(gpu::masked_fill(s, &*to_gpu(op, &mask.storage(), s)?, bc, value)?),
     };
-    Ok(t(y, x.shape().clone()))
+    Ok(out_storage(y, x.shape().clone()))
 }
 
 /// `x` with `value` where `mask` (u8, broadcast to x) is non-zero.
@@ -117,7 +114,7 @@ fn select_where(mask: &Tensor, bc: &Bcast, a: &Tensor, b: &Tensor) -> Result<Ten
         Storage::Cpu(s) => Storage::Cpu(cpu::where_cond(&mask.to_vec::<u8>()?, bc, s, as_cpu(op, &bg)?)?),
         Storage::Cuda(s) => Storage::Cuda(gpu::where_cond(&*to_gpu(op, &mask.storage(), s)?, bc, s, as_gpu(op, &bg, s)?)?),
     };
-    Ok(t(y, a.shape().clone()))
+    Ok(out_storage(y, a.shape().clone()))
 }
 
 /// `mask ? a : b` elementwise; `a` and `b` of one shape, the mask broadcast to it.

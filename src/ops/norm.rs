@@ -2,6 +2,7 @@
 //! (B, C) or (B, C, T), with PyTorch's running-statistics semantics, on the
 //! CPU or the GPU (the input's storage decides; parameters must be with it).
 
+use super::out_storage;
 use super::placement::{as_cpu, as_gpu};
 use super::{expect_shape, same_kind};
 use crate::autograd::{no_grad, record};
@@ -10,10 +11,6 @@ use crate::backend::cuda::norm as gpu;
 use crate::backend::Storage;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
-
-fn t(s: Storage, shape: impl Into<crate::tensor::Shape>) -> Tensor {
-    Tensor::from_storage(s, shape.into())
-}
 
 type Three = (Storage, Storage, Storage);
 
@@ -64,7 +61,7 @@ pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f64) 
     }
     let rows = if n == 0 { 0 } else { x.elem_count() / n };
     let (y, mean, rstd) = ln_forward(x, w, b, n, eps)?;
-    let (y, mean, rstd) = (t(y, x.shape().clone()), t(mean, [rows]), t(rstd, [rows]));
+    let (y, mean, rstd) = (out_storage(y, x.shape().clone()), out_storage(mean, [rows]), out_storage(rstd, [rows]));
     let (xs, ws) = (x.detach(), w.map(|t| t.detach()));
     let mut inputs = vec![x];
     inputs.extend(w);
@@ -73,12 +70,12 @@ pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f64) 
     let saved = vec![xs.clone()];
     Ok(record("layer_norm", &inputs, y, saved, move |g, _| {
         let (gx, gw, gb) = ln_backward(&xs, ws.as_ref(), &mean, &rstd, g, n)?;
-        let mut v = vec![Some(t(gx, xs.shape().clone()))];
+        let mut v = vec![Some(out_storage(gx, xs.shape().clone()))];
         if ws.is_some() {
-            v.push(Some(t(gw, [n])));
+            v.push(Some(out_storage(gw, [n])));
         }
         if has_b {
-            v.push(Some(t(gb, [n])));
+            v.push(Some(out_storage(gb, [n])));
         }
         Ok(v)
     }))
@@ -105,7 +102,7 @@ fn bn_stats(x: &Tensor, bs: usize, c: usize, tt: usize) -> Result<(Tensor, Tenso
             (Storage::Cuda(m), Storage::Cuda(v))
         }
     };
-    Ok((t(m, [c]), t(v, [c])))
+    Ok((out_storage(m, [c]), out_storage(v, [c])))
 }
 
 fn bn_apply(x: &Tensor, mean: &Tensor, rstd: &Tensor, w: &Tensor, b: &Tensor, c: usize, tt: usize) -> Result<Tensor> {
@@ -115,7 +112,7 @@ fn bn_apply(x: &Tensor, mean: &Tensor, rstd: &Tensor, w: &Tensor, b: &Tensor, c:
         Storage::Cpu(s) => Storage::Cpu(cpu::batch_norm_apply(s, as_cpu(op, &mg)?, as_cpu(op, &rg)?, as_cpu(op, &wg)?, as_cpu(op, &bg)?, c, tt)?),
         Storage::Cuda(s) => Storage::Cuda(gpu::batch_norm_apply(s, as_gpu(op, &mg, s)?, as_gpu(op, &rg, s)?, as_gpu(op, &wg, s)?, as_gpu(op, &bg, s)?, c, tt)?),
     };
-    Ok(t(y, x.shape().clone()))
+    Ok(out_storage(y, x.shape().clone()))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -173,6 +170,6 @@ pub fn batch_norm(x: &Tensor, w: &Tensor, b: &Tensor, st: &BatchNormState) -> Re
     let train = st.training;
     Ok(record("batch_norm", &[x, w, b], y, vec![xs.clone()], move |g, _| {
         let (gx, gw, gb) = bn_backward(&xs, &ws, &mean, &rstd, g, bs, c, tt, train)?;
-        Ok(vec![Some(t(gx, xs.shape().clone())), Some(t(gw, [c])), Some(t(gb, [c]))])
+        Ok(vec![Some(out_storage(gx, xs.shape().clone())), Some(out_storage(gw, [c])), Some(out_storage(gb, [c]))])
     }))
 }

@@ -370,14 +370,12 @@ impl Tensor {
             None => Err(Error::Autograd("set_grad on a tensor that is not a leaf requiring grad".into())),
         }
     }
-    /// Adds `g` into a leaf's gradient slot.
-    pub(crate) fn accumulate_grad(&self, g: Tensor) -> Result<()> {
+    /// Replaces a leaf's gradient with `f(previous)` under the slot's lock
+    /// (a no-op on a tensor without a slot); autograd accumulates through it.
+    pub(crate) fn update_grad(&self, f: impl FnOnce(Option<Tensor>) -> Result<Option<Tensor>>) -> Result<()> {
         if let Some(slot) = &self.0.grad {
             let mut s = slot.lock().unwrap_or_else(|e| e.into_inner());
-            *s = Some(match s.take() {
-                None => g,
-                Some(prev) => crate::autograd::no_grad(|| crate::ops::add(&prev, &g))?,
-            });
+            *s = f(s.take())?;
         }
         Ok(())
     }

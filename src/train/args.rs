@@ -15,6 +15,9 @@ pub struct TrainArgs {
     /// A checkpoint to start from (resumes exactly when its state file is beside it).
     #[arg(long, help_heading = "Model")]
     pub checkpoint: Option<PathBuf>,
+    /// Remove another run's checkpoints from --model_dir instead of refusing to train there.
+    #[arg(long, help_heading = "Model")]
+    pub overwrite: bool,
     /// TensorBoard log directory.
     #[arg(long = "tensorboard_dir", alias = "tensorboard-dir", default_value = "tensorboard", help_heading = "Model")]
     pub tensorboard_dir: PathBuf,
@@ -66,7 +69,11 @@ pub struct TrainArgs {
     /// Save optimizer states with DeepSpeed checkpoints (model_only or model+optimizer).
     #[arg(long = "deepspeed.save_states", alias = "deepspeed.save-states", default_value = "model_only", help_heading = "DeepSpeed")]
     pub deepspeed_save_states: String,
-    /// Seconds a collective may wait before the job fails.
+    /// Seconds any wait on another rank may last (rendezvous, join group, and
+    /// every collective of the engine: gradient buckets, ZeRO shards, cv sums,
+    /// the barrier after a save) before the job fails naming the silent rank;
+    /// it must exceed the longest time one rank runs ahead of another (a step,
+    /// a checkpoint save).
     #[arg(long, default_value_t = 30, help_heading = "DeepSpeed")]
     pub timeout: u64,
 

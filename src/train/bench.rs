@@ -7,7 +7,7 @@
 
 use super::bench_stats::StepStats;
 use super::{
-    amp_dtype, init_device, init_optimizer_and_scheduler, parse_train_config, read_config, DistInfo, Executor, Position, Resume, SingleProcess, TrainArgs,
+    amp_dtype, init_device, init_optimizer_and_scheduler, parse_train_config, read_config, DistInfo, Executor, ExecutorParts, Resume, SingleProcess, TrainArgs,
 };
 use crate::autograd;
 use crate::autograd::no_grad;
@@ -174,9 +174,7 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
     let optim = init_optimizer_and_scheduler(&cfg, &Resume::default())?;
     let scaler = super::init_scaler(&targs, &Resume::default());
     let engine = SingleProcess::new(params, optim.adam)?;
-    let mut exec = Executor::new(model, Box::new(engine), optim, scaler, None, cfg, std::env::temp_dir(), Position::default());
-    exec.device = device;
-    exec.autocast = autocast;
+    let mut exec = Executor::new(ExecutorParts { scaler, device, autocast, ..ExecutorParts::new(model, Box::new(engine), optim, cfg) });
     let frames: usize = batch.feats_lengths.iter().sum();
     let mut losses = Vec::new();
     reset_peak_bytes();

@@ -90,7 +90,9 @@ fn set(root: &mut Value, key: &str, v: Value) {
 
 /// WeNet's `check_modify_and_save_config`: fills `input_dim` from the fbank
 /// size and `output_dim` from the symbol table (a config value that
-/// disagrees is an error), records the data paths, and writes the resolved
+/// disagrees is an error), records the data paths, removes the temporary
+/// files of interrupted saves, refuses a `model_dir` holding another run's
+/// checkpoints (see [`super::model_dir`]), and writes the resolved
 /// config to `model_dir/train.yaml` (rank 0 only).
 pub fn check_modify_and_save_config(root: Value, args: &super::TrainArgs, dist: &super::DistInfo) -> Result<TrainConfig> {
     let mut root = root;
@@ -115,6 +117,12 @@ pub fn check_modify_and_save_config(root: Value, args: &super::TrainArgs, dist: 
     set(&mut root, "train_data", Value::String(args.train_data.display().to_string()));
     set(&mut root, "cv_data", Value::String(args.cv_data.display().to_string()));
     set(&mut root, "model_dir", Value::String(args.model_dir.display().to_string()));
+    if dist.is_main() {
+        for p in super::model_dir::remove_stale_temporaries(&args.model_dir)? {
+            eprintln!("removed {}: the temporary file of a save that was interrupted", p.display());
+        }
+    }
+    super::model_dir::claim_model_dir(&args.model_dir, args.checkpoint.as_deref(), args.overwrite, dist.is_main())?;
     std::fs::create_dir_all(&args.model_dir).map_err(|source| Error::Io { path: args.model_dir.display().to_string(), source })?;
     if dist.is_main() {
         let yaml = serde_yaml_ng::to_string(&root).map_err(|e| Error::Msg(format!("cannot serialize the config: {e}")))?;

@@ -262,12 +262,6 @@ pub fn dist_info_from(get: Get) -> Result<DistInfo> {
     Ok(info)
 }
 
-/// Timeout of the engine's collectives (gradients, cv sums, barriers):
-/// PyTorch's default process-group timeout. A dead peer is noticed at once
-/// (its connections close); `--timeout` bounds the store, the set-up and the
-/// join group, which every rank enters before each batch.
-pub const ENGINE_TIMEOUT: Duration = Duration::from_secs(1800);
-
 /// What `init_distributed` opens for a job: its layout and, over several
 /// processes, the rendezvous store (hosted by rank 0), the engine's
 /// communicator (taken by `wrap_model`) and the join group (taken by the
@@ -297,9 +291,12 @@ impl Distributed {
 /// over several processes, the rendezvous (rank 0 hosts the store at
 /// `MASTER_ADDR:MASTER_PORT`; every rank connects with the job token), the
 /// engine's communicator over `--dist_backend` (gloo: the TCP ring) and the
-/// join group. `--timeout` seconds bound the rendezvous, the set-up and
-/// every join call; the engine's collectives get [`ENGINE_TIMEOUT`]. One
-/// process opens nothing.
+/// join group. `--timeout` seconds bound every wait on another rank: the
+/// rendezvous, the set-up, every join call and every collective of the
+/// engine (DDP buckets, ZeRO reduce-scatter and all-gather, the barrier
+/// after a save, the cv sums), so a rank that stops answering fails the job
+/// within the timeout (plus the census window), named. One process opens
+/// nothing.
 pub fn init_distributed(args: &super::TrainArgs) -> Result<Distributed> {
     let info = dist_info_from(&|k| std::env::var(k).ok())?;
     if info.world_size == 1 {
@@ -316,7 +313,5 @@ pub fn init_distributed(args: &super::TrainArgs) -> Result<Distributed> {
     let timeout = Duration::from_secs(args.timeout);
     let opts = GroupOptions { rank0_hosts_store: true, timeout, join_timeout: timeout, local_rank: Some(info.local_rank) };
     let g = init_process_groups_with(info.rank, info.world_size, &info.master_addr, info.master_port, &rdzv_token_from_env(), &opts)?;
-    let mut comm = g.comm;
-    comm.set_timeout(ENGINE_TIMEOUT);
-    Ok(Distributed { info, comm: Some(Box::new(comm)), join: Some(g.join), store: Some(g.store), server: g.server })
+    Ok(Distributed { info, comm: Some(Box::new(g.comm)), join: Some(g.join), store: Some(g.store), server: g.server })
 }

@@ -121,19 +121,61 @@ fn mean(xs: impl Iterator<Item = Option<f64>>) -> Option<f64> {
     }
 }
 
+/// Everything an executor is built from, named: [`Executor::new`] takes it
+/// in one call. [`ExecutorParts::new`] fills the optional parts with their
+/// defaults (no scaler, writer or join group; the CPU; f32; the start of
+/// training; the optimizer state saved), for struct-update syntax.
+pub struct ExecutorParts {
+    /// The model.
+    pub model: AsrModel,
+    /// The engine: parameters, optimizer, gradient reduction.
+    pub engine: Box<dyn Engine>,
+    /// The optimizer's settings and the schedule.
+    pub optim: Optim,
+    /// Training settings.
+    pub cfg: TrainConfig,
+    /// The `--use_amp` loss scaler.
+    pub scaler: Option<GradScaler>,
+    /// TensorBoard (rank 0).
+    pub writer: Option<SummaryWriter>,
+    /// Where checkpoints go.
+    pub model_dir: PathBuf,
+    /// Where training stands.
+    pub position: Position,
+    /// The join group (several processes).
+    pub join: Option<JoinGroup>,
+    /// Whether checkpoints carry the optimizer and resume state.
+    pub save_optimizer_state: bool,
+    /// Where batches are moved before the forward.
+    pub device: Device,
+    /// The half type of autocast for the forward, if any.
+    pub autocast: Option<DType>,
+}
+
+impl ExecutorParts {
+    /// The required parts; every other part at its default.
+    pub fn new(model: AsrModel, engine: Box<dyn Engine>, optim: Optim, cfg: TrainConfig) -> Self {
+        ExecutorParts {
+            model,
+            engine,
+            optim,
+            cfg,
+            scaler: None,
+            writer: None,
+            model_dir: std::env::temp_dir(),
+            position: Position::default(),
+            join: None,
+            save_optimizer_state: true,
+            device: Device::Cpu,
+            autocast: None,
+        }
+    }
+}
+
 impl Executor {
-    /// An executor continuing from `position`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        model: AsrModel,
-        engine: Box<dyn Engine>,
-        optim: Optim,
-        scaler: Option<GradScaler>,
-        writer: Option<SummaryWriter>,
-        cfg: TrainConfig,
-        model_dir: PathBuf,
-        position: Position,
-    ) -> Self {
+    /// An executor from its parts, continuing from `parts.position`.
+    pub fn new(parts: ExecutorParts) -> Self {
+        let ExecutorParts { model, engine, optim, cfg, scaler, writer, model_dir, position, join, save_optimizer_state, device, autocast } = parts;
         Executor {
             model,
             engine,
@@ -145,20 +187,14 @@ impl Executor {
             position,
             skipped_steps: 0,
             history: Vec::new(),
-            join: None,
-            save_optimizer_state: true,
+            join,
+            save_optimizer_state,
             pending: Vec::new(),
             last_batch: None,
             last_epoch_batches: None,
-            device: Device::Cpu,
-            autocast: None,
+            device,
+            autocast,
         }
-    }
-
-    /// The executor with the job's join group (none on one process).
-    pub fn with_join(mut self, join: Option<JoinGroup>) -> Self {
-        self.join = join;
-        self
     }
 
     /// Forward and backward of one batch; gradients accumulate. Clears the tape on error.

@@ -24,10 +24,20 @@ pub fn run_train(args: &TrainArgs) -> Result<Executor> {
     if let Some(s) = &resume.state {
         rng::set_state(s.rng_for(dist.info.rank));
     }
-    let mut exec = Executor::new(model, engine, optim, scaler, writer, cfg, args.model_dir.clone(), resume.position()).with_join(dist.join.take());
-    exec.save_optimizer_state = deepspeed::saves_optimizer_state(args)?;
-    exec.device = device;
-    exec.autocast = autocast;
+    let mut exec = Executor::new(ExecutorParts {
+        model,
+        engine,
+        optim,
+        cfg,
+        scaler,
+        writer,
+        model_dir: args.model_dir.clone(),
+        position: resume.position(),
+        join: dist.join.take(),
+        save_optimizer_state: deepspeed::saves_optimizer_state(args)?,
+        device,
+        autocast,
+    });
     if args.checkpoint.is_none() {
         exec.save("init", 0, None)?;
     }
