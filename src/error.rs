@@ -65,6 +65,10 @@ pub enum Error {
         device_total: usize,
     },
 
+    /// A host allocation the system refused, with its size and purpose.
+    #[error("{op}: out of host memory, cannot allocate {bytes} bytes ({gib:.2} GiB)")]
+    HostOutOfMemory { op: &'static str, bytes: usize, gib: f64 },
+
     /// Autograd misuse (backward on a non-scalar, on a tensor that needs no grad, ...).
     #[error("autograd: {0}")]
     Autograd(String),

@@ -195,6 +195,17 @@ pub fn decode_batch(
     })
 }
 
+/// The keys of the first skips with their reasons, for the summary.
+fn skipped_keys(skips: &crate::data::SkipStats) -> String {
+    let shown: Vec<String> = skips.first().iter().map(|s| format!("{} ({})", s.key, s.reason)).collect();
+    let more = skips.total().saturating_sub(shown.len());
+    if more > 0 {
+        format!("{} and {more} more", shown.join(", "))
+    } else {
+        shown.join(", ")
+    }
+}
+
 /// Runs `recognize`, returning a summary to print.
 pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
     check_args(args)?;
@@ -213,6 +224,12 @@ pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
         (None, None) => return Err(Error::config("tokenizer_conf.symbol_table_path", "missing, and no --symbol_table given")),
     };
     let table = SymbolTable::read(&table_path)?;
+    if table.len() != model.vocab_size {
+        return Err(Error::Data {
+            path: table_path.display().to_string(),
+            msg: format!("expected {} symbols (the model's output_dim), found {}", model.vocab_size, table.len()),
+        });
+    }
     let words = data_cfg.tokenizer_conf.mode.as_deref() == Some("word") || (data_cfg.tokenizer_conf.mode.is_none() && data_cfg.tokenizer_conf.split_with_space);
     let detok = Detokenizer::new(&table, words);
 
@@ -224,13 +241,17 @@ pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
     conf.filter_conf.token_min_length = 0;
     conf.batch_conf.batch_type = "static".into();
     conf.batch_conf.batch_size = args.batch_size;
-    let processor = Processor::new(&conf, None)?;
+    // An utterance longer than the model's positional table is skipped and
+    // reported; every other utterance is decoded and written.
+    let (mcfg, _) = ModelConfig::from_yaml(&root)?;
+    let processor = Processor::new(&conf, None)?.with_limits(crate::models::limits::data_limits(&mcfg));
     let list = DataList::read(&args.test_data, ListFormat::parse(&args.data_type)?)?;
     let loader = DataLoader::new(list, processor, LoaderConf { num_workers: args.num_workers, partition: false, ..LoaderConf::default() })?;
 
     let mut lines: Vec<String> = vec![String::new(); args.modes.len()];
     let mut utts = 0usize;
-    for batch in loader.epoch(0) {
+    let mut epoch = loader.epoch(0);
+    for batch in epoch.by_ref() {
         utts += batch.len();
         let results = decode_batch(&model, &batch, &args.modes, args.beam_size, args.penalty, args.ctc_weight, args.reverse_weight)?;
         for (m, res) in results.iter().enumerate() {
@@ -247,6 +268,11 @@ pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
         let path = dir.join("text");
         std::fs::write(&path, text).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
         summary.push_str(&format!("{mode}: {utts} utterances -> {}\n", path.display()));
+    }
+    if let Some(s) = epoch.summary() {
+        if s.skips.total() > 0 {
+            summary.push_str(&format!("recognize: {} of {}: {}\n", s.skips.summary(), args.test_data.display(), skipped_keys(&s.skips)));
+        }
     }
     Ok(summary)
 }

@@ -157,6 +157,8 @@ impl AsrModel {
                 ));
             }
         }
+        // Before any tensor is allocated: an absurd config is a clear error, not an allocation abort.
+        super::limits::check_model_size(cfg, super::limits::max_model_bytes()?)?;
         let encoder = Encoder::new(cfg.encoder, &cfg.encoder_conf, cfg.input_dim, cmvn, dtype, rng)?;
         let d = encoder.output_size();
         let decoder = Decoder::new(cfg.decoder, cfg.output_dim, d, &cfg.decoder_conf, dtype, rng)?;

@@ -16,6 +16,7 @@ pub mod decoder;
 pub mod encoder;
 pub mod encoder_layer;
 pub mod ffn;
+pub mod limits;
 pub mod pos_enc;
 pub mod subsampling;
 pub mod summary;
