@@ -202,7 +202,8 @@ const RAW_LIST_AS_SHARD: Case = Case {
     setup: setup_raw_as_shard,
     env: &[],
     rc: 1,
-    stderr_has: &["rank 0 formed 0 batches (skipped 4 (bad_shard 4))", "data.list"],
+    // Each JSON line is taken for a shard path that does not exist.
+    stderr_has: &["rank 0 formed 0 batches (skipped 4 (missing_file 4))", "data.list"],
     stderr_lacks: &[],
     forbidden_in_model_dir: &["epoch_"],
 };
@@ -220,7 +221,7 @@ fn setup_rank_without_files(dir: &Path) -> Vec<String> {
     let port = dist_common::free_port().to_string();
     let mut a = s(&["launch", "--nproc_per_node", "2", "--master_port", &port]);
     a.extend(train_args(dir, "holes.list"));
-    a.extend(s(&["--timeout", "20"]));
+    a.extend(s(&["--timeout", "20", "--dist_backend", "gloo"]));
     a
 }
 
@@ -228,7 +229,7 @@ const RANK_WITHOUT_FILES: Case = Case {
     setup: setup_rank_without_files,
     env: &[],
     rc: 1,
-    stderr_has: &["formed 0 batches (skipped", "missing_file", "holes.list", "epoch 0: data rank 0 skipped", "; rank 1 skipped"],
+    stderr_has: &["formed 0 batches (skipped", "missing_file", "holes.list", "data per rank: rank 0 skipped", "; rank 1 skipped"],
     stderr_lacks: &[],
     forbidden_in_model_dir: &["epoch_"],
 };
@@ -245,7 +246,7 @@ const UNITS_DUPLICATE_ID: Case = Case {
     setup: setup_duplicate_id,
     env: &[],
     rc: 1,
-    stderr_has: &["units.txt:5: id 3 of `B` is already the id of `A` (line 4)"],
+    stderr_has: &["units.txt: line 5: id 3 of `B` is already the id of `A` (line 4)"],
     stderr_lacks: &[],
     forbidden_in_model_dir: &["init", "epoch_"],
 };
@@ -260,7 +261,7 @@ const UNITS_GAP: Case = Case {
     setup: setup_units_gap,
     env: &[],
     rc: 1,
-    stderr_has: &["units.txt:9: expected contiguous ids 0..8", "no id 8"],
+    stderr_has: &["units.txt: line 9: expected contiguous ids 0..8", "no id 8"],
     stderr_lacks: &["index 19 is out of range"],
     forbidden_in_model_dir: &["init", "epoch_"],
 };

@@ -36,7 +36,7 @@ impl SymbolTable {
     /// once, ids `0..n` without gaps (the model has `n` outputs), and
     /// `<blank>` at 0 (the CTC blank). Errors name the file and the line.
     pub fn parse(text: &str, path: &str) -> Result<SymbolTable> {
-        let err = |line: usize, msg: String| Error::Parse { path: path.into(), line, msg };
+        let err = |line: usize, msg: String| Error::Data { path: path.into(), msg: format!("line {line}: {msg}") };
         let mut ids = HashMap::new();
         // id → (token, line), to name the first holder of a repeated id.
         let mut by_id: HashMap<i64, (String, usize)> = HashMap::new();

@@ -441,6 +441,21 @@ impl Executor {
             return Err(last_err.unwrap_or_else(|| Error::Msg("every batch failed".into())));
         }
         let ranks = self.gather_epoch_data(it.position(), it.summary().map(|s| &s.skips))?;
+        let per_rank: Vec<String> = ranks.iter().enumerate().map(|(r, (_, s))| format!("rank {r} {}", s.summary())).collect();
+        let empty: Vec<String> = ranks
+            .iter()
+            .enumerate()
+            .filter(|(_, (batches, _))| *batches == 0)
+            .map(|(r, (_, s))| format!("rank {r} formed 0 batches ({})", s.summary()))
+            .collect();
+        if !empty.is_empty() {
+            return Err(Error::Msg(format!(
+                "epoch {epoch}: no training data: {} from {}; expected at least one batch on every rank (check the list, --data_type and the files it names); data per rank: {}",
+                empty.join(", "),
+                loader.list_path(),
+                per_rank.join("; ")
+            )));
+        }
         let secs = start.elapsed().as_secs_f64().max(1e-9);
         if self.is_main() {
             eprintln!(
@@ -450,22 +465,8 @@ impl Executor {
                 frames as f64 / secs
             );
             if ranks.len() > 1 {
-                let per: Vec<String> = ranks.iter().enumerate().map(|(r, (_, s))| format!("rank {r} {}", s.summary())).collect();
-                eprintln!("epoch {epoch}: data {}", per.join("; "));
+                eprintln!("epoch {epoch}: data per rank: {}", per_rank.join("; "));
             }
-        }
-        let empty: Vec<String> = ranks
-            .iter()
-            .enumerate()
-            .filter(|(_, (batches, _))| *batches == 0)
-            .map(|(r, (_, s))| format!("rank {r} formed 0 batches ({})", s.summary()))
-            .collect();
-        if !empty.is_empty() {
-            return Err(Error::Msg(format!(
-                "epoch {epoch}: no training data: {} from {}; expected at least one batch on every rank (check the list, --data_type and the files it names)",
-                empty.join(", "),
-                loader.list_path()
-            )));
         }
         Ok(())
     }
