@@ -6,7 +6,9 @@
 //!
 //! The test data get the config's features without perturbation,
 //! augmentation, shuffling, sorting or dither, no length filter, and static
-//! batches of `--batch_size`. The model runs in eval mode under no_grad.
+//! batches of `--batch_size`. An utterance longer than the model's
+//! positional table is skipped and reported (key and reason) and every other
+//! utterance is decoded. The model runs in eval mode under no_grad.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
