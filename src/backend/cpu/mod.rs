@@ -86,13 +86,14 @@ impl CpuStorage {
     }
     /// `n` copies of `v` in `dtype`, or an error when the host cannot allocate them.
     pub fn try_full(dtype: DType, n: usize, v: f64) -> Result<CpuStorage> {
-        Ok(match dtype {
-            DType::F32 => CpuStorage::F32(try_filled("tensor (f32)", v as f32, n)?),
-            DType::F64 => CpuStorage::F64(try_filled("tensor (f64)", v, n)?),
-            DType::F16 => CpuStorage::F16(try_filled("tensor (f16)", f16::from_f64(v), n)?),
-            DType::BF16 => CpuStorage::BF16(try_filled("tensor (bf16)", bf16::from_f64(v), n)?),
-            DType::I64 => CpuStorage::I64(try_filled("tensor (i64)", v as i64, n)?),
-            DType::U8 => CpuStorage::U8(try_filled("tensor (u8)", v as u8, n)?),
+        // The element converted as `full` converts it: one rounding rule for every fill.
+        Ok(match CpuStorage::full(dtype, 1, v) {
+            CpuStorage::F32(x) => CpuStorage::F32(try_filled("tensor (f32)", x[0], n)?),
+            CpuStorage::F64(x) => CpuStorage::F64(try_filled("tensor (f64)", x[0], n)?),
+            CpuStorage::F16(x) => CpuStorage::F16(try_filled("tensor (f16)", x[0], n)?),
+            CpuStorage::BF16(x) => CpuStorage::BF16(try_filled("tensor (bf16)", x[0], n)?),
+            CpuStorage::I64(x) => CpuStorage::I64(try_filled("tensor (i64)", x[0], n)?),
+            CpuStorage::U8(x) => CpuStorage::U8(try_filled("tensor (u8)", x[0], n)?),
         })
     }
     /// `n` copies of `v` in `dtype`.
