@@ -33,10 +33,6 @@ pub enum Error {
     #[error("{op}: index {index} is out of range, expected 0 <= index < {size}")]
     IndexOutOfRange { op: &'static str, index: i64, size: usize },
 
-    /// A CTC target that no alignment of the input can produce.
-    #[error("ctc_loss: sequence {seq}: target of length {target_len} (needing {needed} frames with repeats) is longer than its input of {input_len} frames")]
-    CtcTargetTooLong { seq: usize, target_len: usize, needed: usize, input_len: usize },
-
     /// Any other bad argument, with the op and the reason.
     #[error("{op}: {msg}")]
     InvalidArgument { op: &'static str, msg: String },
@@ -68,6 +64,10 @@ pub enum Error {
         device_free: usize,
         device_total: usize,
     },
+
+    /// A host allocation the system refused, with its size and purpose.
+    #[error("{op}: out of host memory, cannot allocate {bytes} bytes ({gib:.2} GiB)")]
+    HostOutOfMemory { op: &'static str, bytes: usize, gib: f64 },
 
     /// Autograd misuse (backward on a non-scalar, on a tensor that needs no grad, ...).
     #[error("autograd: {0}")]

@@ -148,3 +148,91 @@ fn bad_shards_are_skipped_and_the_good_part_kept() {
     assert_eq!(s.count(R::MissingFile), 1, "{}", s.summary());
     assert_eq!(s.total(), 4);
 }
+
+/// Runs one epoch of `lines` through a processor with `limits`; returns (keys in batches, skips).
+fn epoch_with_limits(
+    lines: Vec<String>,
+    dir: &std::path::Path,
+    c: DatasetConf,
+    limits: asrforge::data::ModelLimits,
+) -> (Vec<String>, asrforge::data::SkipStats) {
+    let list_path = dir.join("data.list");
+    std::fs::write(&list_path, lines.join("\n")).unwrap();
+    let list = DataList::read(&list_path, ListFormat::Raw).unwrap();
+    let proc = Processor::new(&c, Some(tok())).unwrap().with_limits(limits);
+    let loader = DataLoader::new(list, proc, LoaderConf { num_workers: 2, log: false, ..Default::default() }).unwrap();
+    let mut it = loader.epoch(0);
+    let mut keys: Vec<String> = it.by_ref().flat_map(|b| b.keys).collect();
+    keys.sort();
+    (keys, it.summary().unwrap().skips.clone())
+}
+
+fn loose_conf() -> DatasetConf {
+    let mut c = DatasetConf::default().for_cv();
+    c.filter_conf =
+        FilterConf { max_length: 1e9, min_length: 0.0, token_max_length: 1000, token_min_length: 0, min_output_input_ratio: 0.0, max_output_input_ratio: 1e9 };
+    c.fbank_conf.num_mel_bins = 20;
+    c.batch_conf = BatchConf { batch_type: "static".into(), batch_size: 4, ..Default::default() };
+    c
+}
+
+#[test]
+fn utterances_past_the_positional_table_are_skipped_with_their_own_reason() {
+    let dir = data_common::tmpdir("skips-beyond");
+    // conv2d subsampling (k3 s2, k3 s2) and a table of 10 rows: at most 10·2+2 = 22 → 22·2+2 = 46 feature frames.
+    let limits = asrforge::data::ModelLimits { subsampling: vec![(3, 2), (3, 2)], max_encoder_frames: Some(10), ctc: false };
+    assert_eq!(limits.max_feature_frames(), Some(46));
+    assert_eq!((limits.encoder_frames(46), limits.encoder_frames(47)), (10, 11));
+    // 25 ms windows every 10 ms at 16 kHz: n frames need 400 + 160·(n − 1) samples.
+    let wav = |name: &str, frames: usize| {
+        let p = dir.join(format!("{name}.wav"));
+        write_wav(&p, &sine(300.0, 16000, (400 + 160 * (frames - 1)) as f64 / 16000.0, 0.3), 16000, 16);
+        p
+    };
+    let lines = vec![json("fits", &wav("fits", 46), "AB"), json("long", &wav("long", 47), "AB"), json("short", &wav("short", 20), "AB")];
+    let (keys, skips) = epoch_with_limits(lines, &dir, loose_conf(), limits);
+    assert_eq!(keys, ["fits", "short"]);
+    assert_eq!(skips.count(R::BeyondModel), 1, "{}", skips.summary());
+    assert_eq!(skips.total(), 1);
+    let s = &skips.first()[0];
+    assert_eq!(s.key, "long");
+    assert!(s.detail.contains("at most 10 encoder frames") && s.detail.contains("found 11"), "{}", s.detail);
+}
+
+#[test]
+fn ctc_targets_longer_than_the_subsampled_input_are_skipped_before_batching() {
+    let dir = data_common::tmpdir("skips-ctc");
+    let limits = asrforge::data::ModelLimits { subsampling: vec![(3, 2), (3, 2)], max_encoder_frames: None, ctc: true };
+    // 19 feature frames → (19−3)/2+1 = 9 → (9−3)/2+1 = 4 encoder frames.
+    assert_eq!(limits.encoder_frames(19), 4);
+    let p = dir.join("u.wav");
+    write_wav(&p, &sine(300.0, 16000, (400 + 160 * 18) as f64 / 16000.0, 0.3), 16000, 16);
+    // "ABCD" needs 4 frames: fits. "ABCDE" needs 5; "AABB" needs 4 + 2 blanks = 6: both infeasible,
+    // though 5 and 4 tokens over 19 feature frames pass any tokens-per-feature-frame ratio up to 0.27.
+    let lines = vec![json("fits", &p, "ABCD"), json("five", &p, "ABCDE"), json("repeats", &p, "AABB")];
+    let (keys, skips) = epoch_with_limits(lines, &dir, loose_conf(), limits);
+    assert_eq!(keys, ["fits"]);
+    assert_eq!(skips.count(R::CtcInfeasible), 2, "{}", skips.summary());
+    let details: Vec<String> = skips.first().iter().map(|s| format!("{}: {}", s.key, s.detail)).collect();
+    assert!(details.iter().any(|d| d.starts_with("repeats") && d.contains("at least 6 encoder frames")), "{details:?}");
+}
+
+#[test]
+fn non_finite_audio_is_skipped_as_non_finite_features() {
+    let dir = data_common::tmpdir("skips-nan");
+    let mut bad = sine(300.0, 16000, 0.5, 0.3);
+    bad[1000] = f32::NAN;
+    let mut huge = sine(300.0, 16000, 0.5, 0.3);
+    huge[2000] = 1e30;
+    let (pn, ph, pg) = (dir.join("nan.wav"), dir.join("huge.wav"), dir.join("good.wav"));
+    write_wav(&pn, &bad, 16000, 0);
+    write_wav(&ph, &huge, 16000, 0);
+    write_wav(&pg, &sine(300.0, 16000, 0.5, 0.3), 16000, 0);
+    let lines = vec![json("nan", &pn, "AB"), json("huge", &ph, "AB"), json("good", &pg, "AB")];
+    let limits = asrforge::data::ModelLimits { subsampling: vec![], max_encoder_frames: None, ctc: false };
+    let (keys, skips) = epoch_with_limits(lines, &dir, loose_conf(), limits);
+    // A NaN sample is read as 0 (audio.rs); a 1e30 sample overflows the f32 power spectrum to +inf.
+    assert_eq!(keys, ["good", "nan"]);
+    assert_eq!(skips.count(R::NonFiniteFeatures), 1, "{}", skips.summary());
+    assert_eq!(skips.first()[0].key, "huge");
+}

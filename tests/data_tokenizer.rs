@@ -40,3 +40,23 @@ fn malformed_tables_are_errors_with_line_numbers() {
     let e = SymbolTable::parse("\n\n", "u.txt").unwrap_err().to_string();
     assert!(e.contains("found none"), "{e}");
 }
+
+#[test]
+fn a_symbol_table_the_model_cannot_mean_is_an_error_naming_file_and_line() {
+    let err = |text: &str| SymbolTable::parse(text, "units.txt").unwrap_err().to_string();
+    let e = err("<blank> 0\nA 1\nB 1\n");
+    assert!(e.starts_with("units.txt: line 3:") && e.contains("id 1") && e.contains("`A` (line 2)"), "{e}");
+    let e = err("<blank> 0\nA 1\nA 2\n");
+    assert!(e.starts_with("units.txt: line 3:") && e.contains("token `A` appears twice (first at line 2)"), "{e}");
+    let e = err("<unk> 0\nA 1\n");
+    assert!(e.starts_with("units.txt: line 1:") && e.contains("expected `<blank>` at id 0") && e.contains("found `<unk>`"), "{e}");
+    let e = err("<blank> 1\nA 2\n");
+    assert!(e.contains("no id 0"), "{e}");
+    let e = err("<blank> 0\nA 1\nB 3\n");
+    assert!(e.starts_with("units.txt: line 3:") && e.contains("contiguous ids 0..2") && e.contains("no id 2"), "{e}");
+    let e = err("<blank> 0\nA -1\n");
+    assert!(e.starts_with("units.txt: line 2:") && e.contains("found -1"), "{e}");
+    // A well-formed table (blank lines allowed) parses, and knows its path.
+    let t = SymbolTable::parse("<blank> 0\n\n<unk> 1\nA 2\n<sos/eos> 3\n", "units.txt").unwrap();
+    assert_eq!((t.len(), t.get("<sos/eos>"), t.path()), (4, Some(3), "units.txt"));
+}

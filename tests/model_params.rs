@@ -201,3 +201,61 @@ fn children_mut_follows_children_in_the_model_and_its_encoder_layers() {
     }
     assert_eq!(n, 12);
 }
+
+/// Builds the model of `yaml` and returns it with its config.
+fn build(yaml: &str) -> (ModelConfig, AsrModel) {
+    let root: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).unwrap();
+    let (cfg, _) = ModelConfig::from_yaml(&root).unwrap();
+    let m = AsrModel::without_cmvn_stats(&cfg, DType::F32, &mut Rng::new(0)).unwrap();
+    (cfg, m)
+}
+
+#[test]
+fn model_size_from_the_config_equals_the_built_model() {
+    use asrforge::models::limits::model_size;
+    let m = aishell();
+    let root = load_yaml(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/train_conformer.yaml"))).unwrap();
+    let (cfg, _) = ModelConfig::from_yaml(&root).unwrap();
+    assert_eq!(model_size(&cfg).parameters, 46_197_266);
+    assert_eq!(model_size(&cfg).parameters, m.num_parameters() as u128);
+    let buffers = |m: &AsrModel| m.named_buffers().iter().map(|(_, t)| t.elem_count() as u128).sum::<u128>();
+    assert_eq!(model_size(&cfg).buffers, buffers(&m));
+    // Every variant of the formula: transformer / conformer, each input layer, both conv norms, both decoders, CMVN.
+    let variants = [
+        "encoder: transformer\nencoder_conf: {output_size: 8, attention_heads: 2, linear_units: 12, num_blocks: 2, input_layer: linear}\ndecoder: transformer\ndecoder_conf: {attention_heads: 2, linear_units: 6, num_blocks: 1}",
+        "encoder: conformer\nencoder_conf: {output_size: 8, attention_heads: 2, linear_units: 12, num_blocks: 1, input_layer: conv2d6, cnn_module_kernel: 5, cnn_module_norm: layer_norm}\ndecoder: bitransformer\ndecoder_conf: {attention_heads: 2, linear_units: 6, num_blocks: 2, r_num_blocks: 1}",
+        "encoder: conformer\nencoder_conf: {output_size: 8, attention_heads: 2, linear_units: 12, num_blocks: 2, input_layer: conv2d8, macaron_style: false, pos_enc_layer_type: abs_pos, selfattention_layer_type: selfattn}\ndecoder: transformer\ndecoder_conf: {attention_heads: 4, linear_units: 6, num_blocks: 1}",
+        "encoder: conformer\nencoder_conf: {output_size: 8, attention_heads: 2, linear_units: 12, num_blocks: 1, use_cnn_module: false, pos_enc_layer_type: no_pos}\ndecoder: transformer\ndecoder_conf: {attention_heads: 2, linear_units: 6, num_blocks: 1}",
+    ];
+    for v in variants {
+        let (cfg, m) = build(&format!("input_dim: 40\noutput_dim: 7\ncmvn: global_cmvn\ncmvn_conf: {{cmvn_file: x.json}}\n{v}\n"));
+        let size = model_size(&cfg);
+        assert_eq!(size.parameters, m.num_parameters() as u128, "{v}");
+        assert_eq!(size.buffers, buffers(&m), "{v}");
+    }
+}
+
+#[test]
+fn an_absurd_model_is_refused_before_any_allocation() {
+    use asrforge::models::limits::{check_model_size, DEFAULT_MAX_MODEL_BYTES};
+    let yaml = "input_dim: 80\noutput_dim: 10\nencoder_conf: {output_size: 100000000, attention_heads: 4}\n";
+    let root: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).unwrap();
+    let (cfg, _) = ModelConfig::from_yaml(&root).unwrap();
+    let before = asrforge::tensor::live_bytes();
+    let e = AsrModel::without_cmvn_stats(&cfg, DType::F32, &mut Rng::new(0)).unwrap_err().to_string();
+    assert!(e.starts_with("config key `encoder_conf.output_size`:") && e.contains("output_size 100000000") && e.contains("ASRFORGE_MAX_MODEL_BYTES"), "{e}");
+    assert!(asrforge::tensor::live_bytes() <= before, "no tensor was allocated");
+    // The limit is a limit: the AISHELL conformer (46 M parameters, about 0.2 GiB) passes it and fails a 100 MiB one.
+    let root = load_yaml(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/train_conformer.yaml"))).unwrap();
+    let (cfg, _) = ModelConfig::from_yaml(&root).unwrap();
+    assert!(check_model_size(&cfg, DEFAULT_MAX_MODEL_BYTES).is_ok());
+    assert!(check_model_size(&cfg, 100 << 20).is_err());
+}
+
+#[test]
+fn a_host_allocation_the_system_refuses_is_an_error_not_an_abort() {
+    let e = asrforge::Tensor::zeros([1usize << 62], DType::F32, &asrforge::Device::Cpu).unwrap_err().to_string();
+    assert!(e.starts_with("tensor (f32): out of host memory, cannot allocate"), "{e}");
+    let e = asrforge::Tensor::rand([1usize << 61], 0.0, 1.0, DType::F32, &mut Rng::new(0), &asrforge::Device::Cpu).unwrap_err().to_string();
+    assert!(e.starts_with("rand: out of host memory"), "{e}");
+}

@@ -203,3 +203,70 @@ fn optimizer_and_scheduler_from_the_config() {
     let e = init_optimizer_and_scheduler(&parse_train_config(&bad).unwrap(), &Resume::default()).err().unwrap().to_string();
     assert_eq!(e, "config key `scheduler`: expected warmuplr or NoamHoldAnnealing, found \"cosine\"");
 }
+
+/// Every parameter and buffer of the model, as bit patterns.
+fn state_bits(e: &Executor) -> Vec<(String, Vec<u64>)> {
+    e.model.state_dict().iter().map(|t| (t.name.clone(), t.tensor.to_f64_vec().unwrap().iter().map(|x| x.to_bits()).collect())).collect()
+}
+
+/// A tiny conformer with BatchNorm in its convolution module.
+fn batchnorm_executor() -> Executor {
+    let dir = train_common::tmpdir("train-bn");
+    std::fs::write(dir.join("t.yaml"), format!("input_dim: 20\noutput_dim: 9\n{}", train_common::tiny_yaml(0.0, 2, 1, ""))).unwrap();
+    let root = read_config(&dir.join("t.yaml"), &["encoder_conf.cnn_module_norm batch_norm".into()]).unwrap();
+    let cfg = parse_train_config(&root).unwrap();
+    let (mcfg, _) = ModelConfig::from_yaml(&root).unwrap();
+    let model = AsrModel::new(&mcfg, DType::F32, &mut Rng::new(1)).unwrap();
+    let optim = init_optimizer_and_scheduler(&cfg, &Resume::default()).unwrap();
+    let engine = SingleProcess::new(model.named_parameters(), optim.adam).unwrap();
+    Executor::new(model, Box::new(engine), optim, None, None, cfg, dir, Position::default())
+}
+
+#[test]
+fn a_skipped_step_leaves_every_parameter_and_buffer_bitwise_as_before() {
+    let mut e = batchnorm_executor();
+    assert!(e.model.named_buffers().iter().any(|(n, _)| n.ends_with("running_var")), "the model has BatchNorm statistics");
+    // A clean step first, so the statistics are not at their initial values.
+    e.train_batch(&batch(&[0, 1])).unwrap();
+    assert!(!e.optimizer_step().unwrap().skipped);
+    // A huge weight right before the BatchNorm (what a huge learning rate
+    // leaves): the depthwise convolution overflows to ±inf, the forward moves
+    // the running statistics with NaN, the loss and gradient are NaN.
+    let (_, w) = e.model.named_parameters().into_iter().find(|(n, _)| n.ends_with("conv_module.depthwise_conv.weight")).unwrap();
+    let huge: Vec<f32> = w.to_vec::<f32>().unwrap().iter().map(|x| x * 1e38).collect();
+    w.assign(&asrforge::Tensor::from_vec(huge, w.dims().to_vec(), &asrforge::Device::Cpu).unwrap()).unwrap();
+    let before = state_bits(&e);
+    let bl = e.train_batch(&batch(&[2, 3])).unwrap();
+    assert!(!bl.loss.is_finite(), "loss {}", bl.loss);
+    // The forward did move the statistics to non-finite values (what the step must undo).
+    let moved: Vec<f64> = e.model.named_buffers().iter().filter(|(n, _)| n.contains("running_")).flat_map(|(_, t)| t.to_f64_vec().unwrap()).collect();
+    assert!(moved.iter().any(|x| !x.is_finite()), "the forward left the statistics finite: this case tests nothing");
+    let r = e.optimizer_step().unwrap();
+    assert!(r.skipped);
+    let after = state_bits(&e);
+    for ((name, b), (_, a)) in before.iter().zip(&after) {
+        assert!(a == b, "{name} changed by a skipped step");
+    }
+    assert_eq!(before.len(), after.len());
+    assert_eq!(e.skipped_steps, 1);
+}
+
+#[test]
+fn a_non_finite_cv_loss_is_an_error_saying_so() {
+    use asrforge::data::{DataList, DataLoader, ListFormat, LoaderConf, Processor};
+    let dir = train_common::tmpdir("train-cv-nan");
+    let mut e = batchnorm_executor();
+    let args = train_common::setup(&dir, 4, &format!("input_dim: 20\noutput_dim: 9\n{}", train_common::tiny_yaml(0.0, 2, 1, "")));
+    let tok = asrforge::data::Tokenizer::new(asrforge::data::SymbolTable::read(&dir.join("units.txt")).unwrap(), asrforge::data::TokenizeMode::Char, vec![]);
+    let proc = Processor::new(&e.cfg.data.dataset_conf.for_cv(), Some(std::sync::Arc::new(tok))).unwrap();
+    let loader = DataLoader::new(DataList::read(&args.cv_data, ListFormat::Raw).unwrap(), proc, LoaderConf { log: false, ..Default::default() }).unwrap();
+    let clean = e.cv(&loader).unwrap();
+    assert!(clean.loss.is_finite() && clean.utts == 4);
+    // A NaN running variance (what a skipped NaN step used to leave) makes every cv loss NaN.
+    let (_, rv) = e.model.named_buffers().into_iter().find(|(n, _)| n.ends_with("running_var")).unwrap();
+    let mut v = rv.to_vec::<f32>().unwrap();
+    v[0] = f32::NAN;
+    rv.assign(&asrforge::Tensor::from_vec(v, rv.dims().to_vec(), &asrforge::Device::Cpu).unwrap()).unwrap();
+    let err = e.cv(&loader).unwrap_err().to_string();
+    assert!(err.contains("cv loss is NaN over 4 utterances") && err.contains("not saving epoch_0"), "{err}");
+}

@@ -82,6 +82,20 @@ pub fn run_compute_cmvn(args: &ComputeCmvnArgs) -> Result<()> {
             msg: format!("expected at least one usable utterance, found none of {} lines ({})", list.len(), skipped.summary()),
         });
     }
+    // Utterances with non-finite features are skipped; sums that still
+    // overflow would be written as `null` and poison every later run.
+    if let Some(d) = stats.mean_stat.iter().chain(&stats.var_stat).position(|x| !x.is_finite()) {
+        return Err(Error::Data {
+            path: list.path.clone(),
+            msg: format!(
+                "expected finite CMVN statistics, found a non-finite sum in dimension {} over {} frames ({}); {} not written",
+                d % stats.mean_stat.len().max(1),
+                stats.frame_num,
+                skipped.summary(),
+                args.out_cmvn.display()
+            ),
+        });
+    }
     stats.write(&args.out_cmvn)?;
     eprintln!(
         "compute-cmvn: {} frames of dim {} from {} lines, {}; wrote {}",

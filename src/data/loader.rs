@@ -114,6 +114,11 @@ impl DataLoader {
         Ok(DataLoader { list: Arc::new(list), processor: Arc::new(processor), conf })
     }
 
+    /// The path of the list this loader reads (for messages).
+    pub fn list_path(&self) -> &str {
+        &self.list.path
+    }
+
     /// The units this rank processes in `epoch`, in order.
     pub fn units(&self, epoch: u64) -> Vec<Unit> {
         let dconf = self.processor.conf();

@@ -13,6 +13,7 @@ pub mod config;
 pub mod fbank;
 pub mod feats_dump;
 pub mod filter;
+pub mod limits;
 pub mod list;
 pub mod loader;
 pub mod par;
@@ -25,6 +26,7 @@ pub mod tokenizer;
 
 pub use batch::Batch;
 pub use config::{DataConfig, DatasetConf};
+pub use limits::ModelLimits;
 pub use list::{DataList, ListFormat};
 pub use loader::{DataLoader, EpochIter, EpochSummary, LoaderConf};
 pub use process::{Processor, Sample};

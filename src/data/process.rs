@@ -11,6 +11,7 @@ use crate::data::audio::load_audio;
 use crate::data::config::DatasetConf;
 use crate::data::fbank::Fbank;
 use crate::data::filter;
+use crate::data::limits::ModelLimits;
 use crate::data::list::RawUtt;
 use crate::data::resample::{resample, speed_perturb};
 use crate::data::skip::{Skip, SkipReason};
@@ -58,13 +59,40 @@ pub struct Processor {
     conf: DatasetConf,
     tokenizer: Option<Arc<Tokenizer>>,
     fbank: Fbank,
+    limits: Option<ModelLimits>,
+}
+
+/// A skip when any feature is NaN or infinite (a non-finite or huge sample):
+/// one such utterance would turn a whole step, or CMVN statistics, into NaN.
+fn check_finite(key: &str, feats: &[f32], dim: usize) -> std::result::Result<(), Skip> {
+    match feats.iter().position(|x| !x.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(Skip::new(
+            SkipReason::NonFiniteFeatures,
+            key,
+            format!("expected finite features, found {} at frame {} bin {} (NaN, infinite or huge audio samples)", feats[i], i / dim.max(1), i % dim.max(1)),
+        )),
+    }
 }
 
 impl Processor {
     /// A processor for `conf`; without a tokenizer, labels are empty and token bounds are not checked.
     pub fn new(conf: &DatasetConf, tokenizer: Option<Arc<Tokenizer>>) -> Result<Processor> {
         let fbank = Fbank::new(&conf.fbank_conf, conf.resample_conf.resample_rate)?;
-        Ok(Processor { conf: conf.clone(), tokenizer, fbank })
+        Ok(Processor { conf: conf.clone(), tokenizer, fbank, limits: None })
+    }
+
+    /// The processor that also skips what the model cannot take: more
+    /// encoder frames than its positional table, or a CTC target that does
+    /// not fit its subsampled length.
+    pub fn with_limits(mut self, limits: ModelLimits) -> Processor {
+        self.limits = Some(limits);
+        self
+    }
+
+    /// The model limits checked, if any.
+    pub fn limits(&self) -> Option<&ModelLimits> {
+        self.limits.as_ref()
     }
 
     /// The configuration in use.
@@ -123,6 +151,10 @@ impl Processor {
         if self.conf.spec_trim {
             frames = spec_trim(&mut feats, frames, dim, &self.conf.spec_trim_conf, rng);
         }
+        check_finite(&key, &feats[..frames * dim], dim)?;
+        if let Some((reason, detail)) = self.limits.as_ref().and_then(|l| l.check(frames, &label)) {
+            return Err(Skip::new(reason, key, detail));
+        }
         Ok(Sample { key, feats, frames, dim, label })
     }
 
@@ -142,6 +174,7 @@ impl Processor {
                 format!("expected at least one {} ms window, found {} samples", self.conf.fbank_conf.frame_length, samples.len()),
             ));
         }
+        check_finite(&utt.key, &feats, dim)?;
         Ok(Sample { key: utt.key.clone(), feats, frames, dim, label: Vec::new() })
     }
 }

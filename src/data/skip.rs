@@ -41,9 +41,36 @@ pub enum SkipReason {
     OverBatchBudget,
     /// A key seen before in the same feature dump.
     DuplicateKey,
+    /// More encoder frames (after subsampling) than the model's positional table holds.
+    BeyondModel,
+    /// A target that no CTC alignment fits in its encoder frames (after subsampling).
+    CtcInfeasible,
+    /// Features with NaN or infinite values (non-finite or huge samples).
+    NonFiniteFeatures,
 }
 
 impl SkipReason {
+    /// Every reason, in a fixed order (the slots of a tally sent between ranks).
+    pub const ALL: [SkipReason; 17] = [
+        SkipReason::MalformedLine,
+        SkipReason::MissingFile,
+        SkipReason::UnreadableFile,
+        SkipReason::CorruptAudio,
+        SkipReason::BadShard,
+        SkipReason::EmptyTranscript,
+        SkipReason::TooShort,
+        SkipReason::TooLong,
+        SkipReason::TooFewTokens,
+        SkipReason::TooManyTokens,
+        SkipReason::RatioTooLow,
+        SkipReason::RatioTooHigh,
+        SkipReason::OverBatchBudget,
+        SkipReason::DuplicateKey,
+        SkipReason::BeyondModel,
+        SkipReason::CtcInfeasible,
+        SkipReason::NonFiniteFeatures,
+    ];
+
     /// The reason's stable name, as printed in reports.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -61,6 +88,9 @@ impl SkipReason {
             SkipReason::RatioTooHigh => "ratio_too_high",
             SkipReason::OverBatchBudget => "over_batch_budget",
             SkipReason::DuplicateKey => "duplicate_key",
+            SkipReason::BeyondModel => "beyond_model",
+            SkipReason::CtcInfeasible => "ctc_infeasible",
+            SkipReason::NonFiniteFeatures => "non_finite_features",
         }
     }
 }
@@ -123,6 +153,13 @@ impl SkipStats {
                 eprintln!("data: skipped {skip}");
             }
             self.first.push(skip);
+        }
+    }
+
+    /// Adds `n` skips for `reason` without details (a tally received from another rank).
+    pub fn add_count(&mut self, reason: SkipReason, n: usize) {
+        if n > 0 {
+            *self.counts.entry(reason).or_insert(0) += n;
         }
     }
 

@@ -24,29 +24,72 @@ pub const SPACE: &str = "\u{2581}";
 pub struct SymbolTable {
     ids: HashMap<String, i64>,
     longest: usize,
+    path: String,
 }
 
+/// The CTC blank, which WeNet's tables put at id 0.
+pub const BLANK: &str = "<blank>";
+
 impl SymbolTable {
-    /// Parses `token id` lines; `path` names the source in errors.
+    /// Parses `token id` lines; `path` names the source in errors. The table
+    /// must be what a model's output layer can mean: every token and every id
+    /// once, ids `0..n` without gaps (the model has `n` outputs), and
+    /// `<blank>` at 0 (the CTC blank). Errors name the file and the line.
     pub fn parse(text: &str, path: &str) -> Result<SymbolTable> {
+        let err = |line: usize, msg: String| Error::Data { path: path.into(), msg: format!("line {line}: {msg}") };
         let mut ids = HashMap::new();
+        // id → (token, line), to name the first holder of a repeated id.
+        let mut by_id: HashMap<i64, (String, usize)> = HashMap::new();
+        let mut token_line: HashMap<String, usize> = HashMap::new();
         for (n, line) in text.lines().enumerate() {
+            let no = n + 1;
             let line = line.trim();
             if line.is_empty() {
                 continue;
             }
             let mut parts = line.split_whitespace();
             let (Some(tok), Some(id), None) = (parts.next(), parts.next(), parts.next()) else {
-                return Err(Error::Data { path: path.into(), msg: format!("line {}: expected `token id`, found `{line}`", n + 1) });
+                return Err(err(no, format!("expected `token id`, found `{line}`")));
             };
-            let id: i64 = id.parse().map_err(|_| Error::Data { path: path.into(), msg: format!("line {}: expected an integer id, found `{id}`", n + 1) })?;
+            let id: i64 = id.parse().map_err(|_| err(no, format!("expected an integer id, found `{id}`")))?;
+            if id < 0 {
+                return Err(err(no, format!("expected an id >= 0 for `{tok}`, found {id}")));
+            }
+            if let Some(first) = token_line.get(tok) {
+                return Err(err(no, format!("token `{tok}` appears twice (first at line {first}); expected every token once")));
+            }
+            if let Some((other, first)) = by_id.get(&id) {
+                return Err(err(no, format!("id {id} of `{tok}` is already the id of `{other}` (line {first}); expected every id once")));
+            }
+            token_line.insert(tok.to_string(), no);
+            by_id.insert(id, (tok.to_string(), no));
             ids.insert(tok.to_string(), id);
         }
         if ids.is_empty() {
             return Err(Error::Data { path: path.into(), msg: "expected `token id` lines, found none".into() });
         }
+        match by_id.get(&0) {
+            Some((tok, _)) if tok == BLANK => {}
+            Some((tok, line)) => return Err(err(*line, format!("expected `{BLANK}` at id 0 (the CTC blank), found `{tok}`"))),
+            None => {
+                let line = token_line.get(BLANK).copied().unwrap_or(1);
+                return Err(err(line, format!("expected `{BLANK} 0` (the CTC blank at id 0), found no id 0")));
+            }
+        }
+        let n = ids.len() as i64;
+        if let Some((&max, (tok, line))) = by_id.iter().max_by_key(|(id, _)| **id) {
+            if max != n - 1 {
+                let missing = (0..n).find(|i| !by_id.contains_key(i)).unwrap_or(n - 1);
+                return Err(err(*line, format!("expected contiguous ids 0..{} for {n} tokens, found id {max} for `{tok}` and no id {missing}", n - 1)));
+            }
+        }
         let longest = ids.keys().map(|k| k.chars().count()).max().unwrap_or(1);
-        Ok(SymbolTable { ids, longest })
+        Ok(SymbolTable { ids, longest, path: path.to_string() })
+    }
+
+    /// Where the table was read from (for messages).
+    pub fn path(&self) -> &str {
+        &self.path
     }
 
     /// Reads a symbol table file.

@@ -6,7 +6,9 @@
 //!
 //! The test data get the config's features without perturbation,
 //! augmentation, shuffling, sorting or dither, no length filter, and static
-//! batches of `--batch_size`. The model runs in eval mode under no_grad.
+//! batches of `--batch_size`. An utterance longer than the model's
+//! positional table is skipped and reported (key and reason) and every other
+//! utterance is decoded. The model runs in eval mode under no_grad.
 //! Hypotheses are written in the order of the test list (a batch is ordered
 //! longest first inside). A progress bar shows utterances done and
 //! utterances/s on a terminal.
@@ -263,6 +265,17 @@ fn input_order(list: &DataList) -> HashMap<String, usize> {
     order
 }
 
+/// The keys of the first skips with their reasons, for the summary.
+fn skipped_keys(skips: &crate::data::SkipStats) -> String {
+    let shown: Vec<String> = skips.first().iter().map(|s| format!("{} ({})", s.key, s.reason)).collect();
+    let more = skips.total().saturating_sub(shown.len());
+    if more > 0 {
+        format!("{} and {more} more", shown.join(", "))
+    } else {
+        shown.join(", ")
+    }
+}
+
 /// Runs `recognize`, returning a summary to print.
 pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
     check_args(args)?;
@@ -287,6 +300,12 @@ pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
             format!("read from {}: {e}; relative paths are taken from the current folder, pass --symbol_table to name the units file", args.config.display()),
         ),
     })?;
+    if table.len() != model.vocab_size {
+        return Err(Error::Data {
+            path: table_path.display().to_string(),
+            msg: format!("expected {} symbols (the model's output_dim), found {}", model.vocab_size, table.len()),
+        });
+    }
     let words = data_cfg.tokenizer_conf.mode.as_deref() == Some("word") || (data_cfg.tokenizer_conf.mode.is_none() && data_cfg.tokenizer_conf.split_with_space);
     let detok = Detokenizer::new(&table, words);
 
@@ -298,7 +317,10 @@ pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
     conf.filter_conf.token_min_length = 0;
     conf.batch_conf.batch_type = "static".into();
     conf.batch_conf.batch_size = args.batch_size;
-    let processor = Processor::new(&conf, None)?;
+    // An utterance longer than the model's positional table is skipped and
+    // reported; every other utterance is decoded and written.
+    let (mcfg, _) = ModelConfig::from_yaml(&root)?;
+    let processor = Processor::new(&conf, None)?.with_limits(crate::models::limits::data_limits(&mcfg));
     let list = DataList::read(&args.test_data, ListFormat::parse(&args.data_type)?)?;
 
     let order = input_order(&list);
@@ -316,7 +338,8 @@ pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
     // Per mode: (position in the list, key, text), sorted into list order at the end.
     let mut results: Vec<Vec<(usize, String, String)>> = vec![Vec::new(); args.modes.len()];
     let mut utts = 0usize;
-    for batch in loader.epoch(0) {
+    let mut epoch = loader.epoch(0);
+    for batch in epoch.by_ref() {
         utts += batch.len();
         for (m, res) in decode_batch(&model, &batch, &args.modes, &opts)?.into_iter().enumerate() {
             for (key, ids) in res {
@@ -341,6 +364,11 @@ pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
         let path = dir.join("text");
         std::fs::write(&path, text).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
         summary.push_str(&format!("{mode}: {utts} utterances -> {}\n", path.display()));
+    }
+    if let Some(s) = epoch.summary() {
+        if s.skips.total() > 0 {
+            summary.push_str(&format!("recognize: {} of {}: {}\n", s.skips.summary(), args.test_data.display(), skipped_keys(&s.skips)));
+        }
     }
     Ok(summary)
 }

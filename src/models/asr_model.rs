@@ -27,6 +27,9 @@ pub struct LossDict {
     pub loss_ctc: Option<Tensor>,
     /// Token accuracy of the left-to-right decoder on non-ignored targets.
     pub th_accuracy: Option<f64>,
+    /// Sequences whose CTC target has no alignment to their encoder frames
+    /// (loss and gradient zeroed; the rest of the batch trains).
+    pub ctc_infeasible: usize,
 }
 
 /// Encoder, decoder and CTC head with the loss settings.
@@ -155,6 +158,8 @@ impl AsrModel {
                 ));
             }
         }
+        // Before any tensor is allocated: an absurd config is a clear error, not an allocation abort.
+        super::limits::check_model_size(cfg, super::limits::max_model_bytes()?)?;
         let encoder = Encoder::new(cfg.encoder, &cfg.encoder_conf, cfg.input_dim, cmvn, dtype, rng)?;
         let d = encoder.output_size();
         let decoder = Decoder::new(cfg.decoder, cfg.output_dim, d, &cfg.decoder_conf, dtype, rng)?;
@@ -251,7 +256,12 @@ impl AsrModel {
             });
         }
         let (enc, enc_lens) = self.encode(feats, feats_lengths)?;
-        let loss_ctc = if self.ctc_weight != 0.0 { Some(self.ctc.loss(&enc, &enc_lens, target, target_lengths)?) } else { None };
+        let (loss_ctc, ctc_infeasible) = if self.ctc_weight != 0.0 {
+            let (l, n) = self.ctc.loss_counted(&enc, &enc_lens, target, target_lengths)?;
+            (Some(l), n)
+        } else {
+            (None, 0)
+        };
         let (loss_att, acc) = if self.ctc_weight != 1.0 {
             let (l, a) = self.att_loss(&enc, &enc_lens, target, target_lengths)?;
             (Some(l), Some(a))
@@ -264,7 +274,7 @@ impl AsrModel {
             (None, Some(a)) => a.clone(),
             (None, None) => return Err(Error::invalid("AsrModel", "neither the CTC nor the attention branch ran")),
         };
-        Ok(LossDict { loss, loss_att, loss_ctc, th_accuracy: acc })
+        Ok(LossDict { loss, loss_att, loss_ctc, th_accuracy: acc, ctc_infeasible })
     }
 
     fn att_loss(&self, enc: &Tensor, enc_lens: &[usize], target: &Tensor, target_lengths: &[usize]) -> Result<(Tensor, f64)> {

@@ -1,7 +1,9 @@
 //! The CTC head: `ctc_lo` (Linear d → vocab) → log_softmax → CTC loss,
 //! summed over the batch and divided by the batch size, with infinite
-//! losses (impossible alignments) zeroed, as WeNet's CTC module.
+//! losses (impossible alignments) zeroed and counted, as WeNet's CTC module
+//! (`zero_infinity=True`).
 
+use crate::backend::cpu::ctc::{count_infeasible, CtcDims};
 use crate::error::Result;
 use crate::nn::{Linear, Module};
 use crate::ops::{self, Reduction};
@@ -46,10 +48,23 @@ impl Ctc {
 
     /// The loss (a 0-dim tensor): Σ_b CTC_b / B.
     pub fn loss(&self, enc_out: &Tensor, enc_lens: &[usize], target: &Tensor, target_lens: &[usize]) -> Result<Tensor> {
+        Ok(self.loss_counted(enc_out, enc_lens, target, target_lens)?.0)
+    }
+
+    /// The loss and how many sequences had no alignment (their loss and
+    /// gradient zeroed, as WeNet's `zero_infinity=True`): the rest of the
+    /// batch trains.
+    pub fn loss_counted(&self, enc_out: &Tensor, enc_lens: &[usize], target: &Tensor, target_lens: &[usize]) -> Result<(Tensor, usize)> {
         let lp = self.log_probs(enc_out)?;
         let b = enc_out.dims()[0].max(1);
         let sum = ops::ctc_loss(&lp, target, enc_lens, target_lens, self.blank, Reduction::Sum, true)?;
-        ops::mul_scalar(&sum, 1.0 / b as f64)
+        let infeasible = if target.rank() == 2 && target.dtype() == DType::I64 {
+            let d = CtcDims { b: target.dims()[0], t: lp.dims()[1], v: lp.dims()[2], s: target.dims()[1], blank: self.blank };
+            count_infeasible(&d, &target.to_vec::<i64>()?, enc_lens, target_lens)
+        } else {
+            0
+        };
+        Ok((ops::mul_scalar(&sum, 1.0 / b as f64)?, infeasible))
     }
 }
 

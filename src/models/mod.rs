@@ -17,6 +17,7 @@ pub mod decoder_cache;
 pub mod encoder;
 pub mod encoder_layer;
 pub mod ffn;
+pub mod limits;
 pub mod mask;
 pub mod pos_enc;
 pub mod streaming;

@@ -28,7 +28,7 @@ pub struct PositionalEncoding {
 
 /// The sinusoid table [1, max_len, d].
 pub fn sinusoid_table(max_len: usize, d: usize, dtype: DType) -> Result<Tensor> {
-    let mut v = vec![0.0f64; max_len * d];
+    let mut v = crate::backend::cpu::try_filled("positional table", 0.0f64, max_len.saturating_mul(d))?;
     for p in 0..max_len {
         for i in (0..d).step_by(2) {
             let a = p as f64 * (-(i as f64) * (10000f64).ln() / d as f64).exp();

@@ -58,7 +58,8 @@ impl Subsampling {
         Ok(Subsampling { kind, convs, out, norm, pos_enc })
     }
 
-    fn plan_of(kind: InputLayer) -> &'static [(usize, usize)] {
+    /// (kernel, stride) of each convolution over time of `kind` (empty for `linear`).
+    pub fn plan_of(kind: InputLayer) -> &'static [(usize, usize)] {
         match kind {
             InputLayer::Linear => &[],
             InputLayer::Conv2d => &[(3, 2), (3, 2)],

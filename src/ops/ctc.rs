@@ -21,10 +21,10 @@ pub enum Reduction {
 }
 
 /// CTC loss. `log_probs` (B, T, V), `targets` (B, S) i64 padded (only the
-/// first `target_lengths[b]` used), `blank` the blank id. A target longer
-/// than its input is an error; an alignment that is impossible for other
-/// reasons (repeats) gives an infinite loss, zeroed with its gradient when
-/// `zero_infinity`.
+/// first `target_lengths[b]` used), `blank` the blank id. A target that no
+/// alignment can produce (longer than its input, or repeats that do not fit)
+/// gives an infinite loss and a zero gradient, as PyTorch's; with
+/// `zero_infinity` its loss is 0 as well.
 pub fn ctc_loss(
     log_probs: &Tensor,
     targets: &Tensor,

@@ -158,7 +158,7 @@ impl Tensor {
     /// A tensor filled with `v`.
     pub fn full(shape: impl Into<Shape>, v: f64, dtype: DType, device: &Device) -> Result<Tensor> {
         let shape = shape.into();
-        Tensor::from_cpu(CpuStorage::full(dtype, shape.elem_count(), v), shape)?.to_device(device)
+        Tensor::from_cpu(CpuStorage::try_full(dtype, shape.elem_count(), v)?, shape)?.to_device(device)
     }
 
     /// Zeros.
@@ -194,14 +194,18 @@ impl Tensor {
     /// Standard normal samples scaled by `std` and shifted by `mean`.
     pub fn randn(shape: impl Into<Shape>, mean: f64, std: f64, dtype: DType, rng: &mut Rng, device: &Device) -> Result<Tensor> {
         let shape = shape.into();
-        let v: Vec<f64> = rng.normal(shape.elem_count()).into_iter().map(|x| mean + std * x).collect();
+        let mut v = crate::backend::cpu::try_with_capacity::<f64>("randn", shape.elem_count())?;
+        rng.normal_into(shape.elem_count(), &mut v);
+        v.iter_mut().for_each(|x| *x = mean + std * *x);
         Tensor::from_cpu(CpuStorage::F64(v).to_dtype(dtype), shape)?.to_device(device)
     }
 
     /// Uniform samples in `(lo, hi)`.
     pub fn rand(shape: impl Into<Shape>, lo: f64, hi: f64, dtype: DType, rng: &mut Rng, device: &Device) -> Result<Tensor> {
         let shape = shape.into();
-        let v: Vec<f64> = rng.uniform(shape.elem_count()).into_iter().map(|u| lo + (hi - lo) * u).collect();
+        let mut v = crate::backend::cpu::try_with_capacity::<f64>("rand", shape.elem_count())?;
+        rng.uniform_into(shape.elem_count(), &mut v);
+        v.iter_mut().for_each(|u| *u = lo + (hi - lo) * *u);
         Tensor::from_cpu(CpuStorage::F64(v).to_dtype(dtype), shape)?.to_device(device)
     }
 

@@ -58,22 +58,34 @@ impl Rng {
 
     /// `n` uniform numbers in the open interval (0, 1).
     pub fn uniform(&mut self, n: usize) -> Vec<f64> {
+        let mut v = Vec::with_capacity(n);
+        self.uniform_into(n, &mut v);
+        v
+    }
+
+    /// Appends `n` uniform numbers to `out` (which the caller sized, e.g. with a fallible reserve).
+    pub fn uniform_into(&mut self, n: usize, out: &mut Vec<f64>) {
         let key = self.key();
         let o = self.advance(n);
-        (0..n).map(|i| to_unit(Self::word(key, o, i))).collect()
+        out.extend((0..n).map(|i| to_unit(Self::word(key, o, i))));
     }
 
     /// `n` standard normal numbers (Box-Muller on pairs of uniforms).
     pub fn normal(&mut self, n: usize) -> Vec<f64> {
+        let mut v = Vec::with_capacity(n);
+        self.normal_into(n, &mut v);
+        v
+    }
+
+    /// Appends `n` standard normal numbers to `out`.
+    pub fn normal_into(&mut self, n: usize, out: &mut Vec<f64>) {
         let key = self.key();
         let o = self.advance(2 * n);
-        (0..n)
-            .map(|i| {
-                let u1 = to_unit(Self::word(key, o, 2 * i));
-                let u2 = to_unit(Self::word(key, o, 2 * i + 1));
-                (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-            })
-            .collect()
+        out.extend((0..n).map(|i| {
+            let u1 = to_unit(Self::word(key, o, 2 * i));
+            let u2 = to_unit(Self::word(key, o, 2 * i + 1));
+            (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+        }));
     }
 
     /// `n` Bernoulli draws mapped to `yes` (probability `p`) or `no`: the

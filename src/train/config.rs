@@ -106,7 +106,9 @@ pub fn check_modify_and_save_config(root: Value, args: &super::TrainArgs, dist: 
     let tok = Tokenizer::from_conf(pre.data.tokenizer.as_deref(), &pre.data.tokenizer_conf, args.symbol_table.as_deref())?;
     let vocab = tok.table().len();
     match root.get("output_dim").and_then(Value::as_u64) {
-        Some(d) if d as usize != vocab => return Err(Error::config("output_dim", format!("expected {vocab} (the symbol table's size), found {d}"))),
+        Some(d) if d as usize != vocab => {
+            return Err(Error::config("output_dim", format!("expected {vocab} (the size of the symbol table {}), found {d}", tok.table().path())))
+        }
         _ => set(&mut root, "output_dim", Value::from(vocab as u64)),
     }
     if let Some(st) = &args.symbol_table {

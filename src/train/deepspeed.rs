@@ -58,8 +58,12 @@ pub fn check_deepspeed_config(args: &TrainArgs, cfg: &TrainConfig, dist: &DistIn
         if args.use_amp {
             eprintln!("warning: --use_amp is ignored with --train_engine deepspeed; {}'s fp16/bf16 sections decide the precision", ds.path);
         }
-        if ds.precision()? == Precision::Bf16 {
-            eprintln!("warning: {}: bf16 is enabled but the CPU backend trains in f32", ds.path);
+        match ds.precision()? {
+            Precision::Bf16 => eprintln!("warning: {}: bf16 is enabled but the CPU backend trains in f32", ds.path),
+            Precision::Fp16 if args.device != "cuda" => {
+                eprintln!("warning: {}: fp16 is enabled but the CPU backend trains in f32 (its loss scaler still runs)", ds.path)
+            }
+            _ => {}
         }
     }
     Ok(())
@@ -76,6 +80,7 @@ pub fn deepspeed_engine(model: &AsrModel, args: &TrainArgs, dist: &mut Distribut
         });
     }
     let adam = ds.adam_config(adam);
+    super::setup::check_lr(adam.lr, &format!("{}: optimizer.params.lr", ds.path))?;
     Ok(match dist.comm.take() {
         Some(comm) => Box::new(ZeroEngine::new(model.named_parameters(), comm, opts, adam)?),
         None if dist.info.world_size == 1 => Box::new(ZeroEngine::single(model.named_parameters(), opts, adam)?),

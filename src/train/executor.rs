@@ -11,7 +11,7 @@ use super::setup::Optim;
 use super::TrainConfig;
 use crate::autograd;
 use crate::data::loader::DataLoader;
-use crate::data::Batch;
+use crate::data::{Batch, SkipReason, SkipStats};
 use crate::dist::JoinGroup;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -19,7 +19,7 @@ use crate::models::{AsrModel, LossDict};
 use crate::nn::Module;
 use crate::optim::GradScaler;
 use crate::tensor::rng::{self, Rng};
-use crate::tensor::{DType, Device};
+use crate::tensor::{DType, Device, Tensor};
 use crate::train::tensorboard::SummaryWriter;
 use serde_yaml_ng::{Mapping, Value};
 use std::io::IsTerminal;
@@ -41,6 +41,8 @@ pub struct BatchLoss {
     pub utts: usize,
     /// Feature frames in the batch.
     pub frames: usize,
+    /// Sequences whose CTC target had no alignment (loss and gradient zeroed).
+    pub ctc_infeasible: usize,
 }
 
 /// What one optimizer step did.
@@ -110,6 +112,17 @@ pub struct Executor {
     pub device: Device,
     /// The half type of autocast for the forward (fp16 / bf16 training), if any.
     pub autocast: Option<DType>,
+    /// Sequences trained with a zeroed CTC loss (no alignment fits), over the run.
+    pub ctc_zeroed: u64,
+    /// The buffers the forward updates (BatchNorm statistics), as they were
+    /// before the current accumulation: a skipped step puts them back.
+    buffer_snapshot: Option<Vec<(Tensor, Tensor)>>,
+}
+
+/// The buffers a training forward changes: BatchNorm's running statistics
+/// and its counter (the positional tables and CMVN statistics are constant).
+fn is_running_stat(name: &str) -> bool {
+    ["running_mean", "running_var", "num_batches_tracked"].iter().any(|s| name.ends_with(s))
 }
 
 fn mean(xs: impl Iterator<Item = Option<f64>>) -> Option<f64> {
@@ -194,11 +207,41 @@ impl Executor {
             last_epoch_batches: None,
             device,
             autocast,
+            ctc_zeroed: 0,
+            buffer_snapshot: None,
         }
+    }
+
+    /// Copies the running statistics before the first batch of an accumulation.
+    fn snapshot_buffers(&mut self) -> Result<()> {
+        let mut snap = Vec::new();
+        for (name, t) in self.model.named_buffers() {
+            if is_running_stat(&name) {
+                let copy = t.zeros_like()?;
+                copy.assign(&t)?;
+                snap.push((t, copy));
+            }
+        }
+        self.buffer_snapshot = Some(snap);
+        Ok(())
+    }
+
+    /// Puts the running statistics back as they were before the accumulation
+    /// (a skipped step or a failed batch must leave the model as it was).
+    fn restore_buffers(&mut self) -> Result<()> {
+        if let Some(snap) = self.buffer_snapshot.take() {
+            for (t, copy) in &snap {
+                t.assign(copy)?;
+            }
+        }
+        Ok(())
     }
 
     /// Forward and backward of one batch; gradients accumulate. Clears the tape on error.
     pub fn train_batch(&mut self, batch: &Batch) -> Result<BatchLoss> {
+        if self.pending.is_empty() {
+            self.snapshot_buffers()?;
+        }
         let r = self.forward_backward(batch);
         if r.is_err() {
             autograd::clear_tape();
@@ -237,7 +280,9 @@ impl Executor {
             acc: out.th_accuracy,
             utts: b.len(),
             frames: b.feats_lengths.iter().sum(),
+            ctc_infeasible: out.ctc_infeasible,
         };
+        self.ctc_zeroed += out.ctc_infeasible as u64;
         self.pending.push(bl);
         self.last_batch = Some(bl);
         Ok(bl)
@@ -256,7 +301,10 @@ impl Executor {
         let (grad_norm, skipped) = (out.grad_norm, out.skipped);
         if skipped {
             self.skipped_steps += 1;
+            // The parameters were not updated; the statistics the forward moved go back too.
+            self.restore_buffers()?;
         }
+        self.buffer_snapshot = None;
         if let Some(s) = self.scaler.as_mut() {
             s.update();
         }
@@ -418,6 +466,7 @@ impl Executor {
                 }
                 Err(e) => {
                     eprintln!("warning: epoch {epoch} batch {}: skipped, {e}", it.position());
+                    self.restore_buffers()?;
                     self.engine.zero_grad();
                     self.pending.clear();
                     failed += 1;
@@ -471,18 +520,65 @@ impl Executor {
             self.engine.zero_grad();
             self.pending.clear();
         }
+        self.buffer_snapshot = None;
         if ok == 0 && failed > 0 {
             return Err(last_err.unwrap_or_else(|| Error::Msg("every batch failed".into())));
+        }
+        let ranks = self.gather_epoch_data(it.position(), it.summary().map(|s| &s.skips))?;
+        let per_rank: Vec<String> = ranks.iter().enumerate().map(|(r, (_, s))| format!("rank {r} {}", s.summary())).collect();
+        let empty: Vec<String> = ranks
+            .iter()
+            .enumerate()
+            .filter(|(_, (batches, _))| *batches == 0)
+            .map(|(r, (_, s))| format!("rank {r} formed 0 batches ({})", s.summary()))
+            .collect();
+        if !empty.is_empty() {
+            return Err(Error::Msg(format!(
+                "epoch {epoch}: no training data: {} from {}; expected at least one batch on every rank (check the list, --data_type and the files it names); data per rank: {}",
+                empty.join(", "),
+                loader.list_path(),
+                per_rank.join("; ")
+            )));
         }
         let secs = start.elapsed().as_secs_f64().max(1e-9);
         if self.is_main() {
             eprintln!(
-                "epoch {epoch}: trained {ok} batches ({failed} failed, {} steps skipped so far) in {secs:.1} s, {:.0} frames/s",
+                "epoch {epoch}: trained {ok} batches ({failed} failed, {} steps skipped so far, {} sequences with an infeasible CTC target zeroed so far) in {secs:.1} s, {:.0} frames/s",
                 self.skipped_steps,
+                self.ctc_zeroed,
                 frames as f64 / secs
             );
+            if ranks.len() > 1 {
+                eprintln!("epoch {epoch}: data per rank: {}", per_rank.join("; "));
+            }
         }
         Ok(())
+    }
+
+    /// Every rank's batch count for the epoch (counting batches skipped on
+    /// resume) and its data skips, in rank order: each rank puts its numbers
+    /// into its own slots of a sum over ranks, so rank 0 can report them all.
+    /// A rank stopped early by the join reports the skips it has seen so far.
+    fn gather_epoch_data(&mut self, batches: usize, skips: Option<&SkipStats>) -> Result<Vec<(usize, SkipStats)>> {
+        let (world, rank) = (self.engine.world_size(), self.engine.rank());
+        let per = 1 + SkipReason::ALL.len();
+        let mut v = vec![0.0; per * world];
+        v[per * rank] = batches as f64;
+        for (i, r) in SkipReason::ALL.iter().enumerate() {
+            v[per * rank + 1 + i] = skips.map_or(0, |s| s.count(*r)) as f64;
+        }
+        if world > 1 {
+            self.engine.all_reduce_sum(&mut v)?;
+        }
+        Ok(v.chunks_exact(per)
+            .map(|c| {
+                let mut s = SkipStats::with_log(false);
+                for (i, r) in SkipReason::ALL.iter().enumerate() {
+                    s.add_count(*r, c[1 + i].round() as usize);
+                }
+                (c[0].round() as usize, s)
+            })
+            .collect())
     }
 
     fn log_line(&self, epoch: u64, batch: usize, steps_s: f64, frames_s: f64) -> String {
@@ -516,6 +612,17 @@ impl Executor {
             return Err(Error::Msg("cv: the cv data produced no batch".into()));
         }
         let n = sums[4];
+        if !sums[0].is_finite() {
+            return Err(Error::Msg(format!(
+                "epoch {}: cv loss is {} over {utts} utterances (ctc {}, att {}): the model holds non-finite values; \
+                 not saving epoch_{}: resume from an earlier checkpoint with a smaller learning rate",
+                self.position.epoch,
+                sums[0] / n,
+                sums[1] / n,
+                sums[2] / n,
+                self.position.epoch
+            )));
+        }
         let r = CvResult {
             loss: sums[0] / n,
             loss_ctc: (sums[5] > 0.0).then_some(sums[1] / n),

@@ -43,8 +43,14 @@ pub fn init_dataset_and_dataloader(args: &TrainArgs, cfg: &TrainConfig, dist: &D
         log: dist.is_main(),
     };
     let train_conf = &cfg.data.dataset_conf;
-    let train = DataLoader::new(DataList::read(&args.train_data, format)?, Processor::new(train_conf, Some(tok.clone()))?, base.clone())?;
-    let cv = DataLoader::new(DataList::read(&args.cv_data, format)?, Processor::new(&train_conf.for_cv(), Some(tok))?, base)?;
+    // What the model cannot take (more encoder frames than its positional
+    // table, a CTC target longer than its subsampled input) is skipped and
+    // counted by the loader, before batching.
+    let limits = crate::models::limits::data_limits(&ModelConfig::from_yaml(&cfg.root)?.0);
+    let train_proc = Processor::new(train_conf, Some(tok.clone()))?.with_limits(limits.clone());
+    let cv_proc = Processor::new(&train_conf.for_cv(), Some(tok))?.with_limits(limits);
+    let train = DataLoader::new(DataList::read(&args.train_data, format)?, train_proc, base.clone())?;
+    let cv = DataLoader::new(DataList::read(&args.cv_data, format)?, cv_proc, base)?;
     Ok((train, cv))
 }
 
@@ -145,6 +151,15 @@ fn conf_steps(conf: Option<&Value>, section: &str, key: &str) -> Result<Option<u
     }
 }
 
+/// A learning rate must be finite and non-negative: a negative one trains by
+/// gradient ascent, a NaN or infinite one destroys the model on the first step.
+pub fn check_lr(lr: f64, key: &str) -> Result<()> {
+    if !lr.is_finite() || lr < 0.0 {
+        return Err(Error::config(key, format!("expected a finite learning rate >= 0, found {lr}")));
+    }
+    Ok(())
+}
+
 /// WeNet's `init_optimizer_and_scheduler`: Adam/AdamW settings from
 /// `optim_conf` (the engine builds the optimizer, see `wrap_model`) and
 /// WarmupLR or NoamHoldAnnealing from `scheduler_conf`, the schedule's step
@@ -158,6 +173,7 @@ pub fn init_optimizer_and_scheduler(cfg: &TrainConfig, resume: &Resume) -> Resul
         other => return Err(Error::config("optim", format!("expected adam or adamw, found {other:?}"))),
     };
     let lr = conf_f64(oc, "optim_conf", "lr", None)?;
+    check_lr(lr, "optim_conf.lr")?;
     let weight_decay = conf_f64(oc, "optim_conf", "weight_decay", Some(if decoupled { 0.01 } else { 0.0 }))?;
     let adam = AdamConfig { lr, weight_decay, decoupled, ..Default::default() };
     let sc = root.get("scheduler_conf");

@@ -9,6 +9,12 @@
 //! (Unlike PyTorch's kernel this is the derivative with respect to the
 //! log-probabilities themselves, so it needs no log_softmax behind it.)
 //! The CPU reference computes in f64.
+//!
+//! A target that no alignment can produce (longer than its input, or with
+//! repeats that need more blanks than there are frames) is not an error: α
+//! never reaches the last states, so its nll is +∞ and its gradient zero, as
+//! `torch.nn.functional.ctc_loss` gives; `ops::ctc_loss` zeroes it under
+//! `zero_infinity`. The CUDA kernel shares [`check`] and computes the same.
 
 use super::{CpuStorage, Float};
 use crate::error::{Error, Result};
@@ -57,12 +63,20 @@ pub fn check(d: &CtcDims, targets: &[i64], il: &[usize], tl: &[usize]) -> Result
         if let Some(&bad) = lab.iter().find(|&&l| l < 0 || l as usize >= d.v) {
             return Err(Error::IndexOutOfRange { op: "ctc_loss (target label)", index: bad, size: d.v });
         }
-        let repeats = lab.windows(2).filter(|w| w[0] == w[1]).count();
-        if tl[b] > il[b] {
-            return Err(Error::CtcTargetTooLong { seq: b, target_len: tl[b], needed: tl[b] + repeats, input_len: il[b] });
-        }
     }
     Ok(())
+}
+
+/// Frames an alignment of `label` needs: one per token plus a blank between
+/// each pair of equal neighbours. A sequence whose input is shorter has no
+/// alignment: its loss is +∞ (zeroed with its gradient under `zero_infinity`).
+pub fn frames_needed(label: &[i64]) -> usize {
+    label.len() + label.windows(2).filter(|w| w[0] == w[1]).count()
+}
+
+/// How many sequences of a batch have no alignment (input shorter than [`frames_needed`]).
+pub fn count_infeasible(d: &CtcDims, targets: &[i64], il: &[usize], tl: &[usize]) -> usize {
+    (0..d.b.min(il.len()).min(tl.len())).filter(|&b| il[b] < frames_needed(&targets[b * d.s..b * d.s + tl[b].min(d.s)])).count()
 }
 
 /// nll and (optionally) ∂nll/∂lp for one sequence; lp is its (T, V) block.

@@ -84,6 +84,18 @@ impl CpuStorage {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// `n` copies of `v` in `dtype`, or an error when the host cannot allocate them.
+    pub fn try_full(dtype: DType, n: usize, v: f64) -> Result<CpuStorage> {
+        // The element converted as `full` converts it: one rounding rule for every fill.
+        Ok(match CpuStorage::full(dtype, 1, v) {
+            CpuStorage::F32(x) => CpuStorage::F32(try_filled("tensor (f32)", x[0], n)?),
+            CpuStorage::F64(x) => CpuStorage::F64(try_filled("tensor (f64)", x[0], n)?),
+            CpuStorage::F16(x) => CpuStorage::F16(try_filled("tensor (f16)", x[0], n)?),
+            CpuStorage::BF16(x) => CpuStorage::BF16(try_filled("tensor (bf16)", x[0], n)?),
+            CpuStorage::I64(x) => CpuStorage::I64(try_filled("tensor (i64)", x[0], n)?),
+            CpuStorage::U8(x) => CpuStorage::U8(try_filled("tensor (u8)", x[0], n)?),
+        })
+    }
     /// `n` copies of `v` in `dtype`.
     pub fn full(dtype: DType, n: usize, v: f64) -> CpuStorage {
         match dtype {
@@ -328,4 +340,20 @@ pub fn zeros_as<T: Float>(_like: &[T], n: usize) -> Vec<T> {
 /// `v` in the element type of `like`.
 pub fn of_as<T: Float>(_like: &[T], v: f64) -> T {
     T::of(v)
+}
+
+/// An empty vector with room for `n` elements, or [`Error::HostOutOfMemory`]
+/// naming `op` when the host refuses (instead of the allocator's abort).
+pub fn try_with_capacity<T>(op: &'static str, n: usize) -> Result<Vec<T>> {
+    let bytes = n.saturating_mul(std::mem::size_of::<T>());
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| Error::HostOutOfMemory { op, bytes, gib: bytes as f64 / (1u64 << 30) as f64 })?;
+    Ok(v)
+}
+
+/// `n` copies of `x`, allocated with [`try_with_capacity`].
+pub fn try_filled<T: Clone>(op: &'static str, x: T, n: usize) -> Result<Vec<T>> {
+    let mut v = try_with_capacity(op, n)?;
+    v.resize(n, x);
+    Ok(v)
 }
