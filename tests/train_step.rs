@@ -219,7 +219,7 @@ fn batchnorm_executor() -> Executor {
     let model = AsrModel::new(&mcfg, DType::F32, &mut Rng::new(1)).unwrap();
     let optim = init_optimizer_and_scheduler(&cfg, &Resume::default()).unwrap();
     let engine = SingleProcess::new(model.named_parameters(), optim.adam).unwrap();
-    Executor::new(model, Box::new(engine), optim, None, None, cfg, dir, Position::default())
+    Executor::new(ExecutorParts { model_dir: dir, ..ExecutorParts::new(model, Box::new(engine), optim, cfg) })
 }
 
 #[test]
