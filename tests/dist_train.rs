@@ -100,7 +100,7 @@ fn uneven_ranks_end_each_epoch_together_and_cv_is_reduced() {
     let params: Vec<String> = rs.iter().map(|r| r.lines_with("PARAMS ").pop().unwrap()).collect();
     assert!(params.iter().all(|p| *p == params[0]), "every rank ends with the same parameters: {params:?}");
 
-    // Only rank 0 wrote: one TensorBoard file; the checkpoints of init and both epochs.
+    // Only rank 0 wrote: one TensorBoard file; the checkpoints of init and both epochs, and final (WeNet's final.pt).
     let exp = dir.join("exp");
     train_common::event_file(&exp.join("tb"));
     let mut files: Vec<String> =
@@ -109,7 +109,7 @@ fn uneven_ranks_end_each_epoch_together_and_cv_is_reduced() {
     let want: Vec<String> = ["epoch_0", "epoch_1", "init"]
         .iter()
         .flat_map(|t| [format!("{t}.safetensors"), format!("{t}.state.safetensors"), format!("{t}.yaml")])
-        .chain(["train.yaml".to_string()])
+        .chain(["train.yaml".to_string(), "final.safetensors".to_string(), "final.yaml".to_string()])
         .collect();
     let mut want = want;
     want.sort();
