@@ -146,87 +146,11 @@ impl Prod {
             let a = self.a + (i * self.sa * es) as u64;
             let b = self.b + (i * self.sb * es) as u64;
             let c = self.c + (i * self.sc * es) as u64;
-            let ldc = self.ldc as isize;
             match self.dtype {
-                DType::F64 => {
-                    // SAFETY: the ranges were checked; the gemm crate reads
-                    // A, B at the given strides and writes C (read_dst = false).
-                    unsafe {
-                        if k == 0 {
-                            for j in 0..n {
-                                std::ptr::write_bytes((c as *mut f64).add(j * self.ldc), 0, m);
-                            }
-                        } else {
-                            gemm::gemm(
-                                m,
-                                n,
-                                k,
-                                c as *mut f64,
-                                ldc,
-                                1,
-                                false,
-                                a as *const f64,
-                                acs,
-                                ars,
-                                b as *const f64,
-                                bcs,
-                                brs,
-                                0.0,
-                                1.0,
-                                false,
-                                false,
-                                false,
-                                par,
-                            );
-                        }
-                        if let Some(bp) = bias {
-                            for j in 0..n {
-                                for r in 0..m {
-                                    *(c as *mut f64).add(r + j * self.ldc) += *(bp as *const f64).add(r);
-                                }
-                            }
-                        }
-                    }
-                }
-                DType::F32 if !self.tf32 => {
-                    // SAFETY: as for f64.
-                    unsafe {
-                        if k == 0 {
-                            for j in 0..n {
-                                std::ptr::write_bytes((c as *mut f32).add(j * self.ldc), 0, m);
-                            }
-                        } else {
-                            gemm::gemm(
-                                m,
-                                n,
-                                k,
-                                c as *mut f32,
-                                ldc,
-                                1,
-                                false,
-                                a as *const f32,
-                                acs,
-                                ars,
-                                b as *const f32,
-                                bcs,
-                                brs,
-                                0.0,
-                                1.0,
-                                false,
-                                false,
-                                false,
-                                par,
-                            );
-                        }
-                        if let Some(bp) = bias {
-                            for j in 0..n {
-                                for r in 0..m {
-                                    *(c as *mut f32).add(r + j * self.ldc) += *(bp as *const f32).add(r);
-                                }
-                            }
-                        }
-                    }
-                }
+                // SAFETY: the ranges were checked; the buffers stay live (run's contract).
+                DType::F64 => unsafe { exact::<f64>(m, n, k, a, (ars, acs), b, (brs, bcs), c, self.ldc, bias, par) },
+                // SAFETY: as for f64.
+                DType::F32 if !self.tf32 => unsafe { exact::<f32>(m, n, k, a, (ars, acs), b, (brs, bcs), c, self.ldc, bias, par) },
                 dt => {
                     // Widen op(A) and op(B) to contiguous column-major f32
                     // (TF32-rounded for f32), multiply, then add the bias
@@ -284,6 +208,46 @@ impl Prod {
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+/// One product in the operands' own type (f32 without TF32, f64): C (m×n,
+/// column-major, ld `ldc`) = op(A)·op(B) at the given (row, column) strides,
+/// plus `bias[r]` on every row r when given.
+///
+/// # Safety
+/// Every address of op(A), op(B), C and the bias lies in a checked, live range.
+#[allow(clippy::too_many_arguments)]
+unsafe fn exact<T>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: DevPtr,
+    (ars, acs): (isize, isize),
+    b: DevPtr,
+    (brs, bcs): (isize, isize),
+    c: DevPtr,
+    ldc: usize,
+    bias: Option<DevPtr>,
+    par: Parallelism,
+) where
+    T: Copy + 'static + num_traits::Zero + num_traits::One + std::ops::AddAssign,
+{
+    let c = c as *mut T;
+    if k == 0 {
+        for j in 0..n {
+            std::ptr::write_bytes(c.add(j * ldc), 0, m);
+        }
+    } else {
+        // read_dst = false: C is written, never read.
+        gemm::gemm(m, n, k, c, ldc as isize, 1, false, a as *const T, acs, ars, b as *const T, bcs, brs, T::zero(), T::one(), false, false, false, par);
+    }
+    if let Some(bp) = bias {
+        for j in 0..n {
+            for r in 0..m {
+                *c.add(r + j * ldc) += *(bp as *const T).add(r);
             }
         }
     }
