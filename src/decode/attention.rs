@@ -24,7 +24,7 @@ use crate::decode::ctc::Hypothesis;
 use crate::error::{Error, Result};
 use crate::models::AsrModel;
 use crate::ops;
-use crate::tensor::{Device, Tensor};
+use crate::tensor::Tensor;
 
 /// The result of one utterance's attention decoding or rescoring.
 #[derive(Clone, Debug, PartialEq)]
@@ -65,7 +65,7 @@ pub fn next_token_log_probs(model: &AsrModel, enc_out: &Tensor, enc_len: usize, 
         return Err(Error::invalid("next_token_log_probs", "expected one or more non-empty prefixes of equal length"));
     }
     let flat: Vec<i64> = prefixes.iter().flatten().copied().collect();
-    let ys = Tensor::from_vec(flat, [n, l], &Device::Cpu)?;
+    let ys = Tensor::from_vec(flat, [n, l], &enc_out.device())?;
     let mem = repeat_rows(enc_out, n)?;
     let (logits, _) = model.decoder.forward(&mem, &vec![enc_len; n], &ys, &vec![l; n], None)?;
     let v = logits.dims()[2];

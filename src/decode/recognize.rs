@@ -39,7 +39,7 @@ use crate::models::mask::ChunkRequest;
 use crate::models::{load_checkpoint, AsrModel, ModelConfig};
 use crate::nn::Module;
 use crate::ops;
-use crate::tensor::{DType, Rng};
+use crate::tensor::{DType, Device, Rng};
 
 /// The decoding modes, by WeNet's names.
 pub const MODES: &[&str] = &["ctc_greedy_search", "ctc_prefix_beam_search", "attention", "attention_rescoring"];
@@ -101,7 +101,7 @@ pub struct RecognizeArgs {
     /// The symbol table (units.txt); defaults to the config's tokenizer_conf.symbol_table_path.
     #[arg(long = "symbol_table", alias = "dict")]
     pub symbol_table: Option<PathBuf>,
-    /// Only `cpu`.
+    /// `cpu` or `cuda` (the GPU numbered LOCAL_RANK, 0 by default).
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Feature threads.
@@ -139,14 +139,15 @@ impl Detokenizer {
 
 /// Checks the flags that have a fixed set of values.
 fn check_args(args: &RecognizeArgs) -> Result<()> {
-    if args.device != "cpu" {
-        return Err(Error::invalid("recognize", format!("--device: expected cpu, found `{}`", args.device)));
+    if args.device != "cpu" && args.device != "cuda" {
+        return Err(Error::invalid("recognize", format!("--device: expected cpu or cuda, found `{}`", args.device)));
     }
     if args.decoding_chunk_size == 0 {
         return Err(Error::invalid("recognize", "--decoding_chunk_size: expected -1 (full context) or a chunk size >= 1, found 0"));
     }
     match args.dtype.as_str() {
         "fp32" => {}
+        "fp16" | "bf16" if args.device == "cuda" => {}
         "fp16" | "bf16" => {
             return Err(Error::invalid(
                 "recognize",
@@ -203,50 +204,57 @@ pub struct DecodeOptions {
     pub chunk: ChunkRequest,
     /// Encode chunk by chunk with the caches.
     pub simulate_streaming: bool,
+    /// The model's device: each batch is moved there before encoding.
+    pub device: Device,
+    /// The half type of autocast (`--dtype fp16/bf16` on the GPU), if any.
+    pub autocast: Option<DType>,
 }
 
 /// Decodes one batch in every mode: for each mode, `(key, token ids)` per utterance.
 pub fn decode_batch(model: &AsrModel, batch: &Batch, modes: &[String], opts: &DecodeOptions) -> Result<Vec<ModeResults>> {
-    let DecodeOptions { beam_size, penalty, ctc_weight, reverse_weight, blank_penalty, chunk, simulate_streaming } = *opts;
+    let DecodeOptions { beam_size, penalty, ctc_weight, reverse_weight, blank_penalty, chunk, simulate_streaming, device, autocast } = *opts;
+    let batch = &batch.to_device(&device)?;
     autograd::no_grad(|| {
-        let (enc, enc_lens) = model.encode_with(&batch.feats, &batch.feats_lengths, chunk, simulate_streaming).map_err(|e| {
-            if simulate_streaming {
-                Error::invalid("recognize", format!("streaming the batch of {}: {e}", batch.keys.join(", ")))
-            } else {
-                e
-            }
-        })?;
-        let lp = model.ctc_log_probs_with_blank_penalty(&enc, blank_penalty)?;
-        let (t, v) = (lp.dims()[1], lp.dims()[2]);
-        let flat: Vec<f32> = lp.to_f64_vec()?.into_iter().map(|x| x as f32).collect();
-        let blank = model.ctc.blank;
-        let mut out: Vec<ModeResults> = vec![Vec::with_capacity(batch.len()); modes.len()];
-        for (b, key) in batch.keys.iter().enumerate() {
-            let n = enc_lens[b].max(1).min(t);
-            let rows = &flat[b * t * v..(b * t + n) * v];
-            let enc_b = ops::narrow(&ops::narrow(&enc, 0, b, 1)?, 1, 0, n)?;
-            let mut nbest: Option<Vec<Hypothesis>> = None;
-            for (m, mode) in modes.iter().enumerate() {
-                let tokens = match mode.as_str() {
-                    "ctc_greedy_search" => ctc_greedy_search(rows, v, blank)?.tokens,
-                    "attention" => attention_beam_search(model, &enc_b, n, beam_size, penalty)?.tokens,
-                    "ctc_prefix_beam_search" | "attention_rescoring" => {
-                        if nbest.is_none() {
-                            nbest = Some(ctc_prefix_beam_search(rows, v, blank, beam_size)?);
+        ops::autocast(autocast, || {
+            let (enc, enc_lens) = model.encode_with(&batch.feats, &batch.feats_lengths, chunk, simulate_streaming).map_err(|e| {
+                if simulate_streaming {
+                    Error::invalid("recognize", format!("streaming the batch of {}: {e}", batch.keys.join(", ")))
+                } else {
+                    e
+                }
+            })?;
+            let lp = model.ctc_log_probs_with_blank_penalty(&enc, blank_penalty)?;
+            let (t, v) = (lp.dims()[1], lp.dims()[2]);
+            let flat: Vec<f32> = lp.to_f64_vec()?.into_iter().map(|x| x as f32).collect();
+            let blank = model.ctc.blank;
+            let mut out: Vec<ModeResults> = vec![Vec::with_capacity(batch.len()); modes.len()];
+            for (b, key) in batch.keys.iter().enumerate() {
+                let n = enc_lens[b].max(1).min(t);
+                let rows = &flat[b * t * v..(b * t + n) * v];
+                let enc_b = ops::narrow(&ops::narrow(&enc, 0, b, 1)?, 1, 0, n)?;
+                let mut nbest: Option<Vec<Hypothesis>> = None;
+                for (m, mode) in modes.iter().enumerate() {
+                    let tokens = match mode.as_str() {
+                        "ctc_greedy_search" => ctc_greedy_search(rows, v, blank)?.tokens,
+                        "attention" => attention_beam_search(model, &enc_b, n, beam_size, penalty)?.tokens,
+                        "ctc_prefix_beam_search" | "attention_rescoring" => {
+                            if nbest.is_none() {
+                                nbest = Some(ctc_prefix_beam_search(rows, v, blank, beam_size)?);
+                            }
+                            let hyps = nbest.as_deref().unwrap_or(&[]);
+                            if mode == "attention_rescoring" {
+                                attention_rescoring(model, &enc_b, n, hyps, ctc_weight, reverse_weight)?.tokens
+                            } else {
+                                hyps.first().map(|h| h.tokens.clone()).unwrap_or_default()
+                            }
                         }
-                        let hyps = nbest.as_deref().unwrap_or(&[]);
-                        if mode == "attention_rescoring" {
-                            attention_rescoring(model, &enc_b, n, hyps, ctc_weight, reverse_weight)?.tokens
-                        } else {
-                            hyps.first().map(|h| h.tokens.clone()).unwrap_or_default()
-                        }
-                    }
-                    other => return Err(Error::invalid("recognize", format!("unknown mode `{other}`"))),
-                };
-                out[m].push((key.clone(), tokens));
+                        other => return Err(Error::invalid("recognize", format!("unknown mode `{other}`"))),
+                    };
+                    out[m].push((key.clone(), tokens));
+                }
             }
-        }
-        Ok(out)
+            Ok(out)
+        })
     })
 }
 
@@ -287,6 +295,19 @@ pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
         serde_yaml_ng::to_string(&root).map_err(|e| Error::ConfigFile { path: args.config.display().to_string(), msg: format!("cannot re-serialize: {e}") })?;
     let data_cfg = DataConfig::from_yaml_str(&text, &args.config.display().to_string())?;
     let model = load_model(&root, &args.checkpoint)?;
+    let device = match args.device.as_str() {
+        "cuda" => {
+            let rank = std::env::var("LOCAL_RANK").ok().and_then(|r| r.parse::<usize>().ok()).unwrap_or(0);
+            Device::cuda(rank).map_err(|e| Error::invalid("recognize", format!("--device cuda (LOCAL_RANK {rank}): {e}")))?
+        }
+        _ => Device::Cpu,
+    };
+    crate::train::device::move_model(&model, &device)?;
+    let autocast = match args.dtype.as_str() {
+        "fp16" => Some(DType::F16),
+        "bf16" => Some(DType::BF16),
+        _ => None,
+    };
 
     let table_path = match (&args.symbol_table, &data_cfg.tokenizer_conf.symbol_table_path) {
         (Some(p), _) => p.clone(),
@@ -332,6 +353,8 @@ pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
         blank_penalty: args.blank_penalty,
         chunk: ChunkRequest { decoding_chunk_size: args.decoding_chunk_size, num_decoding_left_chunks: args.num_decoding_left_chunks },
         simulate_streaming: args.simulate_streaming,
+        device,
+        autocast,
     };
     let loader = DataLoader::new(list, processor, LoaderConf { num_workers: args.num_workers, partition: false, ..LoaderConf::default() })?;
     let bar = progress::decode_bar(order.len());

@@ -19,7 +19,7 @@ use super::decoder::{DecoderLayer, TransformerDecoder};
 use crate::error::{Error, Result};
 use crate::nn::{AttentionMask, LayerNorm};
 use crate::ops;
-use crate::tensor::{Device, Tensor};
+use crate::tensor::Tensor;
 
 /// One block's cached keys and values, (N, H, len, d_k) each.
 #[derive(Clone, Debug)]
@@ -64,7 +64,7 @@ impl DecoderCache {
         if rows.is_empty() || rows.iter().any(|&r| r >= self.rows) {
             return Err(Error::invalid("DecoderCache::select", format!("expected 1 or more row indices below {}, found {rows:?}", self.rows)));
         }
-        let idx = Tensor::from_vec(rows.iter().map(|&r| r as i64).collect::<Vec<_>>(), [rows.len()], &Device::Cpu)?;
+        let idx = Tensor::from_vec(rows.iter().map(|&r| r as i64).collect::<Vec<_>>(), [rows.len()], &self.mem_mask.0.device())?;
         let pick = |kv: &KeysValues| -> Result<KeysValues> { Ok(KeysValues { k: ops::index_select(&kv.k, 0, &idx)?, v: ops::index_select(&kv.v, 0, &idx)? }) };
         // Memory rows are identical copies of one utterance when the cache was
         // built for beam search, but not in general, so they are selected too.
@@ -140,7 +140,7 @@ impl TransformerDecoder {
             });
         }
         let n = tokens.len();
-        let ys = Tensor::from_vec(tokens.to_vec(), [n, 1], &Device::Cpu)?;
+        let ys = Tensor::from_vec(tokens.to_vec(), [n, 1], &cache.mem_mask.0.device())?;
         let (mut x, _) = self.pos_enc.forward_at(&self.embed.forward(&ys)?, cache.len)?;
         for (i, layer) in self.decoders.iter().enumerate() {
             x = layer.forward_step(&x, &mut cache.self_kv[i], &cache.src_kv[i], &cache.mem_mask)?;
