@@ -14,6 +14,12 @@
 #   past-row  softmax writes one element past the end of its row
 #   swapped   reduce.cu's sum_cols kernel takes (n, outer) where the host passes (outer, n)
 #   ln-read   layer norm's statistics read one element past the row
+#   dyn-shared  (Rust side) LaunchConfig::rows asks for 4 bytes of dynamic
+#             shared memory per thread where its kernels keep one f64 (8):
+#             applied to a copy of the whole tree, whose test binaries are
+#             built in their own target dir ($EMU_MUTANTS_TARGET, default
+#             /tmp/asrforge-emu-mutants-target, seeded once from ./target so
+#             only the crate rebuilds) and run on the unchanged modules.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -21,16 +27,21 @@ export CARGO_PROFILE_RELEASE_INCREMENTAL=${CARGO_PROFILE_RELEASE_INCREMENTAL:-tr
 
 # The GPU suites' test binaries (built once; the kernels are loaded at run time).
 SUITES=(cuda_ops cuda_ops_nn cuda_ops_loss ops_grad)
-JSON=$(mktemp)
-cargo test --release --no-run --message-format=json $(printf -- '--test %s ' "${SUITES[@]}") > "$JSON" || { echo "emu-mutants: build failed" >&2; exit 1; }
-mapfile -t BINS < <(python3 -c '
+# Builds the suites in the current folder and prints their executables.
+build_suites() {
+    local json
+    json=$(mktemp)
+    cargo test --release --no-run --message-format=json $(printf -- '--test %s ' "${SUITES[@]}") > "$json" || { rm -f "$json"; return 1; }
+    python3 -c '
 import json, sys
 for line in open(sys.argv[1]):
     try: m = json.loads(line)
     except ValueError: continue
     if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"]:
-        print(m["executable"])' "$JSON")
-rm -f "$JSON"
+        print(m["executable"])' "$json"
+    rm -f "$json"
+}
+mapfile -t BINS < <(build_suites)
 [ ${#BINS[@]} -eq ${#SUITES[@]} ] || { echo "emu-mutants: expected ${#SUITES[@]} test binaries, found ${#BINS[@]}" >&2; exit 1; }
 
 # The emulated modules of this build (build.rs's $OUT_DIR/emu).
@@ -65,10 +76,12 @@ build_mutant() {
 
 # Runs every suite on the emulated device with modules from $1 under order $2;
 # prints a summary and returns 0 only if all pass.
+# The test binaries are $BINS, or those named in $RUN_BINS (space separated).
 run_suites() {
-    local dir=$1 sched=$2 log=$3 ok=0
+    local dir=$1 sched=$2 log=$3 ok=0 bins
+    read -ra bins <<< "${RUN_BINS:-${BINS[*]}}"
     : > "$log"
-    for b in "${BINS[@]}"; do
+    for b in "${bins[@]}"; do
         if ! env ASRFORGE_CUDA_EMU=1 ASRFORGE_EMU_DIR="$dir" ASRFORGE_EMU_SCHEDULE="$sched" ASRFORGE_EMU_SEED=${ASRFORGE_EMU_SEED:-7} \
             timeout 900 "$b" --test-threads=2 >> "$log" 2>&1; then
             ok=1
@@ -137,6 +150,34 @@ for name in barrier past-row swapped ln-read; do
     done
     if [ $caught -eq 1 ]; then echo "  CAUGHT"; else echo "  NOT CAUGHT: the suites passed with the bug"; STATUS=1; fi
 done
+# The Rust-side mutant: a copy of the tree with the launch configuration changed.
+echo "mutant dyn-shared (Rust side):"
+RT=$WORK/dyn-shared-tree
+mkdir -p "$RT"
+git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -x -C "$RT"
+if python3 - "$RT/src/backend/cuda/launch.rs" <<'PY'
+import sys
+p = sys.argv[1]; s = open(p).read()
+old = "block: (threads, 1, 1), shared_bytes: threads * 8 }"
+assert s.count(old) == 1, "LaunchConfig::rows's shared_bytes not found"
+open(p, "w").write(s.replace(old, "block: (threads, 1, 1), shared_bytes: threads * 4 }"))
+PY
+then
+    export_target=${EMU_MUTANTS_TARGET:-/tmp/asrforge-emu-mutants-target}
+    [ -d "$export_target" ] || cp -a "$ROOT/target" "$export_target"
+    mapfile -t RBINS < <(cd "$RT" && CARGO_TARGET_DIR=$export_target build_suites)
+    if [ ${#RBINS[@]} -eq ${#SUITES[@]} ]; then
+        caught=0
+        for sched in asc random; do
+            RUN_BINS="${RBINS[*]}" run_suites "$EMU" "$sched" "$WORK/dyn-shared-$sched.log" || caught=1
+        done
+        if [ $caught -eq 1 ]; then echo "  CAUGHT"; else echo "  NOT CAUGHT: the suites passed with the bug"; STATUS=1; fi
+    else
+        echo "  could not build"; STATUS=1
+    fi
+else
+    echo "  could not apply"; STATUS=1
+fi
 echo "unchanged tree:"
 clean=0
 for sched in asc random; do
