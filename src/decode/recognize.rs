@@ -7,11 +7,13 @@
 //! The test data get the config's features without perturbation,
 //! augmentation, shuffling, sorting or dither, no length filter, and static
 //! batches of `--batch_size`. An utterance longer than the model's
-//! positional table is skipped and reported (key and reason) and every other
-//! utterance is decoded. The model runs in eval mode under no_grad.
+//! positional table, or too short to give one encoder frame (fewer feature
+//! frames than the subsampling reads, so nothing to decode or stream), is
+//! skipped, counted and reported (key and reason) and every other utterance
+//! is decoded. The model runs in eval mode under no_grad.
 //! Hypotheses are written in the order of the test list (a batch is ordered
-//! longest first inside). A progress bar shows utterances done and
-//! utterances/s on a terminal.
+//! longest first inside). A progress bar shows utterances done (of the
+//! list's, for a raw list), utterances/s and the ETA on a terminal.
 //!
 //! `--blank_penalty` is subtracted from the CTC blank logit before the
 //! log-softmax, as WeNet's `ASRModel.ctc_logprobs` does (wenet/transformer/
@@ -350,7 +352,8 @@ pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
         simulate_streaming: args.simulate_streaming,
     };
     let loader = DataLoader::new(list, processor, LoaderConf { num_workers: args.num_workers, partition: false, ..LoaderConf::default() })?;
-    let bar = progress::decode_bar(order.len());
+    // A raw list's utterances are its lines; a shard list's are inside its tars.
+    let bar = progress::decode_bar((!order.is_empty()).then_some(order.len()));
     // Per mode: (position in the list, key, text), sorted into list order at the end.
     let mut results: Vec<Vec<(usize, String, String)>> = vec![Vec::new(); args.modes.len()];
     let mut utts = 0usize;
