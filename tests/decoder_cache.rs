@@ -101,3 +101,60 @@ fn right_to_left_decoder_uses_the_same_cache() {
     check_decoder(right, 3);
     check_decoder(m.decoder.left(), 4);
 }
+
+/// The three ways the decoder scores a transcript agree: the cached steps of
+/// beam search, the full-prefix recomputation of attention rescoring
+/// (`decoder_logits`), and the teacher-forced training forward (the
+/// attention loss of `AsrModel::forward` with no label smoothing, which is
+/// `−Σ log p(y_j | <sos> y_<j) − log p(<eos> | <sos> y)` summed over a padded
+/// batch and divided by its size).
+#[test]
+fn cached_scores_equal_rescoring_and_the_training_forward() {
+    let mut m = model(|_| {}, 9);
+    m.ctc_weight = 0.0;
+    m.lsm_weight = 0.0;
+    m.length_normalized_loss = false;
+    let mut rng = Rng::new(21);
+    let (t, f) = (60, 80);
+    let feats = Tensor::randn([2, t, f], 0.0, 1.0, DType::F32, &mut rng, &Device::Cpu).unwrap();
+    // Different feature lengths and transcript lengths: both paddings are exercised.
+    let feats_lens = [60usize, 41];
+    let hyps: [Vec<i64>; 2] = [vec![5, 9, 9, 2, 40, 17, 3], vec![12, 7, 33]];
+    let mut target = vec![-1i64; 2 * 7];
+    for (b, h) in hyps.iter().enumerate() {
+        target[b * 7..b * 7 + h.len()].copy_from_slice(h);
+    }
+    let target = Tensor::from_vec(target, [2, 7], &Device::Cpu).unwrap();
+    let (loss, enc, enc_lens) = no_grad(|| {
+        let l = m.forward(&feats, &feats_lens, &target, &[7, 3])?;
+        let (e, el) = m.encode(&feats, &feats_lens)?;
+        Ok::<_, asrforge::Error>((l.loss.to_f64_vec()?[0], e, el))
+    })
+    .unwrap();
+    let eos = m.eos;
+    let mut total = 0.0;
+    for (b, h) in hyps.iter().enumerate() {
+        let e = ops::narrow(&ops::narrow(&enc, 0, b, 1).unwrap(), 1, 0, enc_lens[b]).unwrap();
+        // Cached steps, one position at a time.
+        let dec = m.decoder.left();
+        let mut cache = no_grad(|| dec.init_cache(&e, &[enc_lens[b]])).unwrap();
+        let mut cached = 0.0;
+        let mut fed = m.sos as i64;
+        for &want in h.iter().chain([&(eos as i64)]) {
+            let lp = no_grad(|| ops::log_softmax(&dec.forward_step(&[fed], &mut cache)?)).unwrap().to_f64_vec().unwrap();
+            cached += lp[want as usize];
+            fed = want;
+        }
+        // Full prefix, as attention rescoring computes it.
+        let (logits, _) = no_grad(|| m.decoder_logits(&e, &[enc_lens[b]], std::slice::from_ref(h))).unwrap();
+        let v = logits.dims()[2];
+        let rows = no_grad(|| ops::log_softmax(&logits)).unwrap().to_f64_vec().unwrap();
+        let toks: Vec<usize> = h.iter().map(|&k| k as usize).collect();
+        let rescored = asrforge::decode::attention::sequence_score(&rows, v, &toks, eos, false).unwrap();
+        assert!((cached - rescored).abs() < 1e-4, "row {b}: cached {cached} vs rescoring {rescored}");
+        assert!(cached < 0.0 && cached.is_finite());
+        total += rescored;
+    }
+    let from_training = -loss * 2.0;
+    assert!((total - from_training).abs() < 1e-4 * total.abs().max(1.0), "Σ rescoring scores {total} vs −loss·B {from_training}");
+}

@@ -210,3 +210,62 @@ fn simulated_streaming_writes_what_chunk_masked_decoding_writes() {
         }
     }
 }
+
+/// Appends utterances of random noise of the given lengths (seconds) to the test list.
+fn add_utts(d: &Path, utts: &[(&str, f64)]) {
+    let spec = hound::WavSpec { channels: 1, sample_rate: 16000, bits_per_sample: 16, sample_format: hound::SampleFormat::Int };
+    let mut rng = Rng::new(12);
+    let mut list = std::fs::read_to_string(d.join("data.list")).unwrap();
+    for (key, secs) in utts {
+        let wav = d.join(format!("{key}.wav"));
+        let mut w = hound::WavWriter::create(&wav, spec).unwrap();
+        for x in rng.normal((16000.0 * secs) as usize) {
+            w.write_sample((x * 3000.0) as i16).unwrap();
+        }
+        w.finalize().unwrap();
+        list.push_str(&format!("{{\"key\": \"{key}\", \"wav\": \"{}\", \"txt\": \"A\"}}\n", wav.display()));
+    }
+    std::fs::write(d.join("data.list"), list).unwrap();
+}
+
+#[test]
+fn utterances_too_short_to_encode_are_skipped_and_counted_in_every_decoding() {
+    let d = setup("short");
+    // 25 ms windows every 10 ms: 0.07 s is 5 feature frames and 0.1 s is 8. conv2d
+    // subsampling reads 7 frames per encoder frame: "tiny" gives none, "eight" one.
+    add_utts(&d, &[("tiny", 0.07), ("eight", 0.1)]);
+    let limits = asrforge::data::ModelLimits { subsampling: vec![(3, 2), (3, 2)], max_encoder_frames: None, ctc: false };
+    assert_eq!((limits.min_feature_frames(), limits.encoder_frames(6), limits.encoder_frames(7)), (7, 0, 1));
+    let dynamic = ["--override_config", "encoder_conf.use_dynamic_chunk true", "--override_config", "encoder_conf.causal true"];
+    let modes = ["ctc_greedy_search", "ctc_prefix_beam_search", "attention", "attention_rescoring"];
+    for chunk in [None, Some("4"), Some("1")] {
+        for stream in [false, true] {
+            if chunk.is_none() && stream {
+                continue;
+            }
+            let mut args: Vec<&str> = dynamic.to_vec();
+            args.extend(["--beam_size", "3", "--batch_size", "2", "--attention_ctc_weight", "0.3"]);
+            if let Some(c) = chunk {
+                args.extend(["--decoding_chunk_size", c]);
+            }
+            if stream {
+                args.push("--simulate_streaming");
+            }
+            args.push("--modes");
+            args.extend(modes);
+            let out = recognize(&d, &args);
+            let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success(), "chunk {chunk:?} stream {stream}: {said}");
+            assert!(said.contains("too_short_to_encode 1") && said.contains("tiny (too_short_to_encode)"), "{said}");
+            assert!(said.contains("expected at least 7 feature frames (what one encoder frame reads), found 5"), "{said}");
+            for m in modes {
+                let text = std::fs::read_to_string(d.join("result").join(m).join("text")).unwrap();
+                let keys: Vec<&str> = text.lines().map(|l| l.split(' ').next().unwrap()).collect();
+                assert_eq!(keys, ["u0", "u1", "u2", "eight"], "{m}, chunk {chunk:?} stream {stream}");
+            }
+        }
+    }
+    let out = recognize(&d, &["--attention_ctc_weight", "1.5", "--modes", "attention"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--attention_ctc_weight: expected a weight in [0, 1], found 1.5"));
+}

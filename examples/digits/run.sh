@@ -21,6 +21,7 @@ num_workers=2
 average_num=5
 beam_size=10
 ctc_weight=0.3
+attention_ctc_weight=0.3      # CTC prefix scores in attention beam search; 0: WeNet's attention only
 reverse_weight=0.0
 decode_modes="ctc_greedy_search ctc_prefix_beam_search attention attention_rescoring"
 use_dynamic_chunk=false       # true: U2 dynamic chunk training (with causal: true)
@@ -130,6 +131,7 @@ if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
       --beam_size "$beam_size" \
       --batch_size 16 \
       --ctc_weight "$ctc_weight" \
+      --attention_ctc_weight "$attention_ctc_weight" \
       --reverse_weight "$reverse_weight" \
       --decoding_chunk_size "$chunk" \
       --num_decoding_left_chunks "$num_decoding_left_chunks" \

@@ -10,6 +10,9 @@
 //! data problem, skipped and counted like any other. With CTC trained, a
 //! target needs at least one encoder frame per token plus one per repeated
 //! neighbour (`frames_needed`), checked on T', not on the feature frames.
+//! An utterance shorter than what one encoder frame reads (T' = 0) can be
+//! neither trained nor decoded (full context or chunk by chunk) and is
+//! skipped as `too_short_to_encode`.
 
 use crate::data::skip::SkipReason;
 
@@ -30,6 +33,12 @@ impl ModelLimits {
         self.subsampling.iter().fold(frames, |l, &(k, s)| if l >= k { (l - k) / s.max(1) + 1 } else { 0 })
     }
 
+    /// The fewest feature frames that give one encoder frame (the subsampling's context plus one).
+    pub fn min_feature_frames(&self) -> usize {
+        // Invert each conv from the last: (L − k)/s + 1 >= 1 holds from L = k.
+        self.subsampling.iter().rev().fold(1, |m, &(k, s)| (m - 1) * s.max(1) + k.max(1))
+    }
+
     /// The most feature frames whose encoder frames fit the table (`None`: unbounded).
     pub fn max_feature_frames(&self) -> Option<usize> {
         let max = self.max_encoder_frames?;
@@ -40,6 +49,12 @@ impl ModelLimits {
     /// Why an utterance of `frames` feature frames and `label` cannot be trained, or `None`.
     pub fn check(&self, frames: usize, label: &[i64]) -> Option<(SkipReason, String)> {
         let enc = self.encoder_frames(frames);
+        if enc == 0 {
+            return Some((
+                SkipReason::TooShortToEncode,
+                format!("expected at least {} feature frames (what one encoder frame reads), found {frames}", self.min_feature_frames()),
+            ));
+        }
         if let Some(max) = self.max_encoder_frames {
             if enc > max {
                 return Some((

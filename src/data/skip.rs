@@ -43,6 +43,9 @@ pub enum SkipReason {
     DuplicateKey,
     /// More encoder frames (after subsampling) than the model's positional table holds.
     BeyondModel,
+    /// Fewer feature frames than one encoder frame reads (the subsampling's
+    /// context, 7 for conv2d): nothing to encode, decode or stream.
+    TooShortToEncode,
     /// A target that no CTC alignment fits in its encoder frames (after subsampling).
     CtcInfeasible,
     /// Features with NaN or infinite values (non-finite or huge samples).
@@ -51,7 +54,7 @@ pub enum SkipReason {
 
 impl SkipReason {
     /// Every reason, in a fixed order (the slots of a tally sent between ranks).
-    pub const ALL: [SkipReason; 17] = [
+    pub const ALL: [SkipReason; 18] = [
         SkipReason::MalformedLine,
         SkipReason::MissingFile,
         SkipReason::UnreadableFile,
@@ -67,6 +70,7 @@ impl SkipReason {
         SkipReason::OverBatchBudget,
         SkipReason::DuplicateKey,
         SkipReason::BeyondModel,
+        SkipReason::TooShortToEncode,
         SkipReason::CtcInfeasible,
         SkipReason::NonFiniteFeatures,
     ];
@@ -89,6 +93,7 @@ impl SkipReason {
             SkipReason::OverBatchBudget => "over_batch_budget",
             SkipReason::DuplicateKey => "duplicate_key",
             SkipReason::BeyondModel => "beyond_model",
+            SkipReason::TooShortToEncode => "too_short_to_encode",
             SkipReason::CtcInfeasible => "ctc_infeasible",
             SkipReason::NonFiniteFeatures => "non_finite_features",
         }

@@ -1,18 +1,10 @@
 //! Decoding with the attention decoder, one utterance at a time, with
-//! WeNet's semantics (`wenet/transformer/search.py`, `attention_beam_search`).
+//! WeNet's semantics (`wenet/transformer/search.py`).
 //!
-//! Beam search starts from `<sos>` and runs the decoder one step at a time
-//! with its per-layer cache ([`crate::models::DecoderCache`]), so each step
-//! computes only the new position. Every live hypothesis is extended by its
-//! `beam_size` most likely next tokens (log-softmax of the decoder's output);
-//! a hypothesis that has emitted `<eos>` is carried on unchanged at no cost
-//! (WeNet's `mask_finished_scores` / `mask_finished_preds`). The `beam_size`
-//! best of all candidates survive. A hypothesis ends only when `<eos>` is
-//! chosen for it, so `<eos>`'s probability is part of every finished score;
-//! the search stops when every survivor has ended or after `max_len` steps
-//! (WeNet: the encoder's frame count). The final choice divides each score
-//! by `len^length_penalty` (`len` = tokens without `<sos>`/`<eos>`; WeNet's
-//! `scores / lengths.pow(length_penalty)`, 0 = plain log-probabilities).
+//! Attention beam search ([`crate::decode::beam`]) steps the decoder one
+//! position at a time with its per-layer cache
+//! ([`crate::models::DecoderCache`]), so each step computes only the new
+//! position.
 //!
 //! Attention rescoring scores each CTC n-best hypothesis `y` by the decoder:
 //! `Σ log p(y_j | <sos> y_<j) + log p(<eos> | <sos> y)`; with a right-to-left
@@ -20,8 +12,11 @@
 //! mixed in as `(1 − w)·left + w·right`; the CTC score is then added times
 //! `ctc_weight`, and the best total wins (the first on ties).
 
+use crate::decode::beam::{beam_search, tokens_of, top_k, BeamOptions, CtcJoint, StepScorer};
 use crate::decode::ctc::Hypothesis;
 use crate::error::{Error, Result};
+use crate::models::decoder::TransformerDecoder;
+use crate::models::decoder_cache::DecoderCache;
 use crate::models::AsrModel;
 use crate::ops;
 use crate::tensor::Tensor;
@@ -74,40 +69,41 @@ pub fn next_token_log_probs(model: &AsrModel, enc_out: &Tensor, enc_len: usize, 
     Ok(lp.chunks(v).map(<[f64]>::to_vec).collect())
 }
 
-/// The `k` largest entries of `row` as (id, value), largest first, lower id first on ties.
-fn top_k(row: &[f64], k: usize) -> Vec<(usize, f64)> {
-    let mut ids: Vec<usize> = (0..row.len()).collect();
-    ids.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-    ids.into_iter().take(k).map(|i| (i, row[i])).collect()
+/// The left-to-right decoder stepped with its per-layer cache: a [`StepScorer`]
+/// whose rows are hypotheses over one utterance's encoder output.
+pub struct DecoderScorer<'m> {
+    decoder: &'m TransformerDecoder,
+    cache: DecoderCache,
+    sos: i64,
 }
 
-/// A prefix (with `<sos>`), its summed log-probability, whether it has
-/// emitted `<eos>`, and its row in the decoder cache while it is live.
-#[derive(Clone)]
-struct Live {
-    ys: Vec<i64>,
-    score: f64,
-    ended: bool,
-    row: usize,
+impl<'m> DecoderScorer<'m> {
+    /// A scorer over `enc_out` (1, T, D) with `enc_len` valid frames, one row (`<sos>`) to start.
+    pub fn new(model: &'m AsrModel, enc_out: &Tensor, enc_len: usize) -> Result<Self> {
+        check_single("DecoderScorer", enc_out, enc_len)?;
+        let decoder = model.decoder.left();
+        let mem = ops::narrow(enc_out, 1, 0, enc_len)?;
+        let cache = decoder.init_cache(&mem, &[enc_len])?;
+        Ok(DecoderScorer { decoder, cache, sos: model.sos as i64 })
+    }
 }
 
-/// The tokens of a prefix (without `<sos>` and anything from `<eos>` on).
-fn tokens_of(ys: &[i64], eos: i64) -> Vec<usize> {
-    ys.iter().skip(1).take_while(|&&t| t != eos).map(|&t| t as usize).collect()
-}
-
-/// WeNet's final normalisation: `score / len^length_penalty`.
-fn normalized(score: f64, len: usize, length_penalty: f64) -> f64 {
-    if length_penalty == 0.0 {
-        score
-    } else {
-        score / (len as f64).powf(length_penalty)
+impl StepScorer for DecoderScorer<'_> {
+    fn step(&mut self, prefixes: &[&[i64]]) -> Result<Vec<f64>> {
+        // The cache holds every position but the last of each prefix.
+        let last: Vec<i64> = prefixes.iter().map(|p| *p.last().unwrap_or(&self.sos)).collect();
+        let logits = self.decoder.forward_step(&last, &mut self.cache)?;
+        ops::log_softmax(&logits)?.to_f64_vec()
+    }
+    fn select(&mut self, parents: &[usize]) -> Result<()> {
+        self.cache = self.cache.select(parents)?;
+        Ok(())
     }
 }
 
 /// Autoregressive beam search with the attention decoder over one
 /// utterance's encoder output `enc_out` (1, T, D) of `enc_len` valid frames,
-/// for at most `enc_len` steps (WeNet's limit).
+/// for at most `enc_len` steps (WeNet's limit); see [`crate::decode::beam`].
 pub fn attention_beam_search(model: &AsrModel, enc_out: &Tensor, enc_len: usize, beam_size: usize, length_penalty: f64) -> Result<AttentionResult> {
     attention_beam_search_max(model, enc_out, enc_len, beam_size, length_penalty, enc_len)
 }
@@ -121,63 +117,15 @@ pub fn attention_beam_search_max(
     length_penalty: f64,
     max_len: usize,
 ) -> Result<AttentionResult> {
-    const OP: &str = "attention_beam_search";
-    check_single(OP, enc_out, enc_len)?;
-    if beam_size == 0 || max_len == 0 {
-        return Err(Error::invalid(OP, format!("expected beam_size >= 1 and max_len >= 1, got {beam_size} and {max_len}")));
-    }
-    let (sos, eos) = (model.sos as i64, model.eos as i64);
-    let decoder = model.decoder.left();
-    let mem = ops::narrow(enc_out, 1, 0, enc_len)?;
-    let mut cache = decoder.init_cache(&mem, &[enc_len])?;
-    let mut beams = vec![Live { ys: vec![sos], score: 0.0, ended: false, row: 0 }];
-    for _ in 0..max_len {
-        let live: Vec<&Live> = beams.iter().filter(|b| !b.ended).collect();
-        if live.is_empty() {
-            break;
-        }
-        // Live hypotheses occupy cache rows 0..live in beam order.
-        let last: Vec<i64> = live.iter().map(|b| *b.ys.last().unwrap_or(&sos)).collect();
-        let logits = decoder.forward_step(&last, &mut cache)?;
-        let v = logits.dims()[1];
-        let lp = ops::log_softmax(&logits)?.to_f64_vec()?;
-        let mut cands: Vec<Live> = Vec::new();
-        for b in &beams {
-            if b.ended {
-                cands.push(b.clone());
-                continue;
-            }
-            let row = &lp[b.row * v..(b.row + 1) * v];
-            for (tok, l) in top_k(row, beam_size) {
-                let mut ys = b.ys.clone();
-                ys.push(tok as i64);
-                cands.push(Live { ys, score: b.score + l, ended: tok as i64 == eos, row: b.row });
-            }
-        }
-        // Stable: equal scores keep the order of hypothesis, then token rank.
-        cands.sort_by(|a, b| b.score.total_cmp(&a.score));
-        cands.truncate(beam_size);
-        // The survivors still live keep their parent's cache row, renumbered in beam order.
-        let parents: Vec<usize> = cands.iter().filter(|c| !c.ended).map(|c| c.row).collect();
-        let mut next = 0;
-        for c in cands.iter_mut().filter(|c| !c.ended) {
-            c.row = next;
-            next += 1;
-        }
-        if !parents.is_empty() {
-            cache = cache.select(&parents)?;
-        }
-        beams = cands;
-    }
-    let mut best: Option<AttentionResult> = None;
-    for b in &beams {
-        let tokens = tokens_of(&b.ys, eos);
-        let score = normalized(b.score, tokens.len(), length_penalty);
-        if best.as_ref().is_none_or(|a| score > a.score) {
-            best = Some(AttentionResult { tokens, score });
-        }
-    }
-    best.ok_or_else(|| Error::invalid(OP, "no hypothesis survived"))
+    attention_beam_search_joint(model, enc_out, enc_len, BeamOptions { beam_size, length_penalty, max_len, sos: model.sos, eos: model.eos }, None)
+}
+
+/// Attention beam search with the options spelled out and, when `ctc` is
+/// given, joint CTC/attention scores (`ctc.rows`: this utterance's `enc_len` CTC rows).
+pub fn attention_beam_search_joint(model: &AsrModel, enc_out: &Tensor, enc_len: usize, opts: BeamOptions, ctc: Option<CtcJoint>) -> Result<AttentionResult> {
+    let mut scorer = DecoderScorer::new(model, enc_out, enc_len)?;
+    let r = beam_search(&mut scorer, opts, ctc)?;
+    Ok(AttentionResult { tokens: r.tokens, score: r.score })
 }
 
 /// Greedy decoding with the attention decoder, recomputing the whole prefix

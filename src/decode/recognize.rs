@@ -7,11 +7,13 @@
 //! The test data get the config's features without perturbation,
 //! augmentation, shuffling, sorting or dither, no length filter, and static
 //! batches of `--batch_size`. An utterance longer than the model's
-//! positional table is skipped and reported (key and reason) and every other
-//! utterance is decoded. The model runs in eval mode under no_grad.
+//! positional table, or too short to give one encoder frame (fewer feature
+//! frames than the subsampling reads, so nothing to decode or stream), is
+//! skipped, counted and reported (key and reason) and every other utterance
+//! is decoded. The model runs in eval mode under no_grad.
 //! Hypotheses are written in the order of the test list (a batch is ordered
-//! longest first inside). A progress bar shows utterances done and
-//! utterances/s on a terminal.
+//! longest first inside). A progress bar shows utterances done (of the
+//! list's, for a raw list), utterances/s and the ETA on a terminal.
 //!
 //! `--blank_penalty` is subtracted from the CTC blank logit before the
 //! log-softmax, as WeNet's `ASRModel.ctc_logprobs` does (wenet/transformer/
@@ -30,8 +32,10 @@ use crate::data::loader::{DataLoader, LoaderConf};
 use crate::data::process::Processor;
 use crate::data::tokenizer::{SymbolTable, SPACE};
 use crate::data::Batch;
-use crate::decode::attention::{attention_beam_search, attention_rescoring};
+use crate::decode::attention::{attention_beam_search_joint, attention_rescoring};
+use crate::decode::beam::{BeamOptions, CtcJoint};
 use crate::decode::ctc::{ctc_greedy_search, ctc_prefix_beam_search, Hypothesis};
+use crate::decode::ctc_prefix::CtcRows;
 use crate::decode::progress;
 use crate::error::{Error, Result};
 use crate::models::config::{apply_override, load_yaml};
@@ -86,6 +90,10 @@ pub struct RecognizeArgs {
     /// Weight of the CTC score in attention rescoring.
     #[arg(long = "ctc_weight", alias = "ctc-weight", default_value_t = 0.0)]
     pub ctc_weight: f64,
+    /// Weight of CTC prefix scores in `attention` beam search (joint CTC/attention
+    /// decoding); 0, the default, is WeNet's attention-only search.
+    #[arg(long = "attention_ctc_weight", alias = "attention-ctc-weight", default_value_t = 0.0)]
+    pub attention_ctc_weight: f64,
     /// Weight of the right-to-left decoder in attention rescoring.
     #[arg(long = "reverse_weight", alias = "reverse-weight", default_value_t = 0.0)]
     pub reverse_weight: f64,
@@ -165,6 +173,9 @@ fn check_args(args: &RecognizeArgs) -> Result<()> {
     if let Some(m) = args.modes.iter().find(|m| !MODES.contains(&m.as_str())) {
         return Err(Error::invalid("recognize", format!("--modes: expected some of {}, found `{m}`", MODES.join(", "))));
     }
+    if !(0.0..=1.0).contains(&args.attention_ctc_weight) {
+        return Err(Error::invalid("recognize", format!("--attention_ctc_weight: expected a weight in [0, 1], found {}", args.attention_ctc_weight)));
+    }
     if args.beam_size == 0 || args.batch_size == 0 {
         return Err(Error::invalid("recognize", format!("expected --beam_size and --batch_size >= 1, found {} and {}", args.beam_size, args.batch_size)));
     }
@@ -198,6 +209,8 @@ pub struct DecodeOptions {
     pub ctc_weight: f64,
     /// Right-to-left weight in attention rescoring.
     pub reverse_weight: f64,
+    /// CTC weight of joint CTC/attention beam search (0: attention only).
+    pub attention_ctc_weight: f64,
     /// Subtracted from the CTC blank logit before the log-softmax.
     pub blank_penalty: f64,
     /// Chunked decoding's chunk size and left chunks (full context by default).
@@ -212,7 +225,8 @@ pub struct DecodeOptions {
 
 /// Decodes one batch in every mode: for each mode, `(key, token ids)` per utterance.
 pub fn decode_batch(model: &AsrModel, batch: &Batch, modes: &[String], opts: &DecodeOptions) -> Result<Vec<ModeResults>> {
-    let DecodeOptions { beam_size, penalty, ctc_weight, reverse_weight, blank_penalty, chunk, simulate_streaming, device, autocast } = *opts;
+    let DecodeOptions { beam_size, penalty, ctc_weight, reverse_weight, attention_ctc_weight, blank_penalty, chunk, simulate_streaming, device, autocast } =
+        *opts;
     let batch = &batch.to_device(&device)?;
     autograd::no_grad(|| {
         ops::autocast(autocast, || {
@@ -236,7 +250,12 @@ pub fn decode_batch(model: &AsrModel, batch: &Batch, modes: &[String], opts: &De
                 for (m, mode) in modes.iter().enumerate() {
                     let tokens = match mode.as_str() {
                         "ctc_greedy_search" => ctc_greedy_search(rows, v, blank)?.tokens,
-                        "attention" => attention_beam_search(model, &enc_b, n, beam_size, penalty)?.tokens,
+                        "attention" => {
+                            let beam = BeamOptions { beam_size, length_penalty: penalty, max_len: n, sos: model.sos, eos: model.eos };
+                            let ctc =
+                                (attention_ctc_weight > 0.0).then_some(CtcJoint { rows: CtcRows { rows, vocab: v, blank }, weight: attention_ctc_weight });
+                            attention_beam_search_joint(model, &enc_b, n, beam, ctc)?.tokens
+                        }
                         "ctc_prefix_beam_search" | "attention_rescoring" => {
                             if nbest.is_none() {
                                 nbest = Some(ctc_prefix_beam_search(rows, v, blank, beam_size)?);
@@ -350,6 +369,7 @@ pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
         penalty: args.penalty,
         ctc_weight: args.ctc_weight,
         reverse_weight: args.reverse_weight,
+        attention_ctc_weight: args.attention_ctc_weight,
         blank_penalty: args.blank_penalty,
         chunk: ChunkRequest { decoding_chunk_size: args.decoding_chunk_size, num_decoding_left_chunks: args.num_decoding_left_chunks },
         simulate_streaming: args.simulate_streaming,
@@ -357,7 +377,8 @@ pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
         autocast,
     };
     let loader = DataLoader::new(list, processor, LoaderConf { num_workers: args.num_workers, partition: false, ..LoaderConf::default() })?;
-    let bar = progress::decode_bar(order.len());
+    // A raw list's utterances are its lines; a shard list's are inside its tars.
+    let bar = progress::decode_bar((!order.is_empty()).then_some(order.len()));
     // Per mode: (position in the list, key, text), sorted into list order at the end.
     let mut results: Vec<Vec<(usize, String, String)>> = vec![Vec::new(); args.modes.len()];
     let mut utts = 0usize;
