@@ -62,6 +62,27 @@ __device__ __forceinline__ void bcast_offsets(const Bcast& bc, i64 i, i64* oa, i
     *ob = b;
 }
 
+// A strided view of up to MAX_DIMS dims, passed by value as 64-bit words
+// (host: `nn_common::strided_words`), so a launch uploads no shape buffer and
+// never waits for a copy: `rank` dims `dims[d]`, element strides `strides[d]`
+// (0 along a broadcast dim).
+struct Strided {
+    i64 rank;
+    i64 dims[MAX_DIMS];
+    i64 strides[MAX_DIMS];
+};
+
+// Offset through `s` of element `e` of the row-major order over `s.dims`.
+__device__ __forceinline__ size_t strided_offset(const Strided& s, size_t e) {
+    size_t off = 0;
+    for (int d = (int)s.rank - 1; d >= 0; --d) {
+        const size_t dim = (size_t)s.dims[d];
+        off += (e % dim) * (size_t)s.strides[d];
+        e /= dim;
+    }
+    return off;
+}
+
 // Block-wide reduction of one value per thread through `smem` (blockDim.x
 // slots of A, blockDim.x a power of two) with the binary functor `op`.
 // Fixed tree order: deterministic. Every thread of the block must call it;

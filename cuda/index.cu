@@ -17,8 +17,8 @@
 // masked_fill, x and y of shape dims (rank dims), mask u8 broadcast to it:
 //   y[e] = mask[moff(e)] != 0 ? value : x[e]
 // where: y[e] = mask[moff(e)] != 0 ? a[e] : b[e]
-// moff(e) = sum_d coord_d(e) * mstride_d; `shape` holds dims[rank] followed
-// by mstride[rank] (0 on broadcast dims). The fill value arrives as the bits
+// moff(e) = sum_d coord_d(e) * mstride_d; `s` (a Strided, by value) holds
+// dims[rank] and mstride[rank] (0 on broadcast dims). The fill value arrives as the bits
 // of the tensor's dtype, so one raw-element kernel serves every dtype.
 #include "nn_common.cuh"
 
@@ -47,28 +47,17 @@ __device__ void index_add(const T* __restrict__ g, const long long* __restrict__
     }
 }
 
-// Offset in the mask of output element e.
-__device__ __forceinline__ size_t mask_offset(size_t e, const long long* __restrict__ shape, uint32_t rank) {
-    size_t off = 0;
-    for (int d = (int)rank - 1; d >= 0; --d) {
-        const size_t dim = (size_t)shape[d];
-        off += (e % dim) * (size_t)shape[rank + d];
-        e /= dim;
-    }
-    return off;
-}
-
 template <typename T>
-__device__ void masked_fill(const T* __restrict__ x, const uint8_t* __restrict__ mask, const long long* __restrict__ shape,
-                            T* __restrict__ y, uint64_t total, uint32_t rank, uint64_t value_bits) {
+__device__ void masked_fill(const T* __restrict__ x, const uint8_t* __restrict__ mask, const Strided& s, T* __restrict__ y,
+                            uint64_t total, uint64_t value_bits) {
     const T v = nn_from_bits<T>(value_bits);
-    NN_GRID_STRIDE(e, total) y[e] = mask[mask_offset(e, shape, rank)] != 0 ? v : x[e];
+    NN_GRID_STRIDE(e, total) y[e] = mask[strided_offset(s, e)] != 0 ? v : x[e];
 }
 
 template <typename T>
-__device__ void where_cond(const uint8_t* __restrict__ mask, const long long* __restrict__ shape, const T* __restrict__ a,
-                           const T* __restrict__ b, T* __restrict__ y, uint64_t total, uint32_t rank) {
-    NN_GRID_STRIDE(e, total) y[e] = mask[mask_offset(e, shape, rank)] != 0 ? a[e] : b[e];
+__device__ void where_cond(const uint8_t* __restrict__ mask, const Strided& s, const T* __restrict__ a, const T* __restrict__ b,
+                           T* __restrict__ y, uint64_t total) {
+    NN_GRID_STRIDE(e, total) y[e] = mask[strided_offset(s, e)] != 0 ? a[e] : b[e];
 }
 
 #define INDEX_COPY_KERNELS(SUF, T)                                                                                        \
@@ -76,13 +65,13 @@ __device__ void where_cond(const uint8_t* __restrict__ mask, const long long* __
                                                   uint64_t inner, uint64_t nidx) {                                        \
         index_select<T>(x, idx, y, outer, n, inner, nidx);                                                                \
     }                                                                                                                     \
-    extern "C" __global__ void masked_fill_##SUF(const T* x, const uint8_t* mask, const long long* shape, T* y,           \
-                                                 uint64_t total, uint32_t rank, uint64_t value_bits) {                    \
-        masked_fill<T>(x, mask, shape, y, total, rank, value_bits);                                                       \
+    extern "C" __global__ void masked_fill_##SUF(const T* x, const uint8_t* mask, Strided s, T* y, uint64_t total,        \
+                                                 uint64_t value_bits) {                                                   \
+        masked_fill<T>(x, mask, s, y, total, value_bits);                                                                 \
     }                                                                                                                     \
-    extern "C" __global__ void where_cond_##SUF(const uint8_t* mask, const long long* shape, const T* a, const T* b,      \
-                                                T* y, uint64_t total, uint32_t rank) {                                    \
-        where_cond<T>(mask, shape, a, b, y, total, rank);                                                                 \
+    extern "C" __global__ void where_cond_##SUF(const uint8_t* mask, Strided s, const T* a, const T* b, T* y,             \
+                                                uint64_t total) {                                                         \
+        where_cond<T>(mask, s, a, b, y, total);                                                                           \
     }
 NN_ALL_DTYPES(INDEX_COPY_KERNELS)
 

@@ -4,8 +4,8 @@
 //
 // permute, x of rank R, y with dims odims (output dim d is input dim perm[d]):
 //   y[e] = x[sum_d coord_d(e) * istride[perm[d]]]
-// `shape` holds odims[R] followed by the permuted input strides[R]; one
-// thread per output element (grid-stride, 64-bit offsets).
+// `s` (a Strided, by value) holds odims[R] and the permuted input strides[R];
+// one thread per output element (grid-stride, 64-bit offsets).
 //
 // Around one dim, tensors are viewed as (outer, n, inner):
 //   narrow: y (outer, len, inner)      = x[o, start + j, i]
@@ -16,17 +16,8 @@
 #include "nn_common.cuh"
 
 template <typename T>
-__device__ void permute(const T* __restrict__ x, const long long* __restrict__ shape, T* __restrict__ y, uint64_t total,
-                        uint32_t rank) {
-    NN_GRID_STRIDE(e, total) {
-        size_t rem = e, off = 0;
-        for (int d = (int)rank - 1; d >= 0; --d) {
-            const size_t dim = (size_t)shape[d];
-            off += (rem % dim) * (size_t)shape[rank + d];
-            rem /= dim;
-        }
-        y[e] = x[off];
-    }
+__device__ void permute(const T* __restrict__ x, const Strided& s, T* __restrict__ y, uint64_t total) {
+    NN_GRID_STRIDE(e, total) y[e] = x[strided_offset(s, e)];
 }
 
 template <typename T>
@@ -65,8 +56,8 @@ __device__ void cat_part(const T* __restrict__ x, T* __restrict__ y, uint64_t ou
 }
 
 #define LAYOUT_KERNELS(SUF, T)                                                                                            \
-    extern "C" __global__ void permute_##SUF(const T* x, const long long* shape, T* y, uint64_t total, uint32_t rank) {   \
-        permute<T>(x, shape, y, total, rank);                                                                             \
+    extern "C" __global__ void permute_##SUF(const T* x, Strided s, T* y, uint64_t total) {                               \
+        permute<T>(x, s, y, total);                                                                                       \
     }                                                                                                                     \
     extern "C" __global__ void narrow_##SUF(const T* x, T* y, uint64_t outer, uint64_t n, uint64_t inner, uint64_t start, \
                                             uint64_t len) {                                                               \

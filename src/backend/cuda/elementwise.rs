@@ -6,7 +6,7 @@ use super::{dtype_suffix, launch::scalar_arg, Arg, CudaStorage, LaunchConfig};
 use crate::backend::cpu::elementwise::{Bcast, Binary, Unary};
 use crate::error::{Error, Result};
 
-const MAX_DIMS: usize = 8;
+use super::nn_common::MAX_DIMS;
 
 /// The error for a dtype an elementwise kernel does not take.
 fn float_only(op: &'static str, x: &CudaStorage) -> Result<()> {

@@ -4,7 +4,7 @@
 //! (an out-of-range index is `Error::IndexOutOfRange`, as on the CPU), and
 //! the backward sums are deterministic (a host-built inverse index, no atomics).
 
-use super::nn_common::{elems, expect_dtype, expect_len, launch, same, shape_buffer, u32_arg, upload_i64, value_bits, FLOATS};
+use super::nn_common::{elems, expect_dtype, expect_len, launch, same, strided_words, upload_i64, value_bits, FLOATS};
 use super::{Arg, CudaStorage};
 use crate::backend::cpu::elementwise::Bcast;
 use crate::backend::cpu::index::{check_indices, gather_offsets};
@@ -103,7 +103,7 @@ pub fn scatter_add(g: &CudaStorage, xdims: &[usize], idims: &[usize], dim: usize
     add_back("scatter_add", g, 1, xdims.iter().product(), 1, &offs)
 }
 
-fn mask_args(op: &'static str, mask: &CudaStorage, bc: &Bcast, out_len: usize) -> Result<(CudaStorage, u32)> {
+fn mask_args(op: &'static str, mask: &CudaStorage, bc: &Bcast, out_len: usize) -> Result<[u64; 1 + 2 * super::nn_common::MAX_DIMS]> {
     if mask.dtype() != DType::U8 {
         return Err(Error::DTypeMismatch { op, expected: DType::U8, got: mask.dtype() });
     }
@@ -115,20 +115,19 @@ fn mask_args(op: &'static str, mask: &CudaStorage, bc: &Bcast, out_len: usize) -
     if out_len > 0 && last >= mask.len() {
         return Err(Error::ShapeMismatch { op, expected: format!("a mask of more than {last} elements"), got: format!("{} elements", mask.len()) });
     }
-    let rank = u32_arg(op, "rank", bc.out_dims.len())?;
-    Ok((shape_buffer(mask.device(), &bc.out_dims, &bc.sb)?, rank))
+    strided_words(op, &bc.out_dims, &bc.sb)
 }
 
 /// `out = mask ? value : x`, the mask (u8) broadcast to `x` through `bc` (a: x, b: mask).
 pub(crate) fn masked_fill(x: &CudaStorage, mask: &CudaStorage, bc: &Bcast, value: f64) -> Result<CudaStorage> {
     let op = "masked_fill";
-    let (shape, rank) = mask_args(op, mask, bc, x.len())?;
+    let shape = mask_args(op, mask, bc, x.len())?;
     if mask.ordinal() != x.ordinal() {
         return Err(Error::invalid(op, format!("expected the mask on cuda:{}, got cuda:{}", x.ordinal(), mask.ordinal())));
     }
     let dev = x.device();
     let y = dev.alloc(x.dtype(), x.len())?;
-    let args = [Arg::Ptr(x), Arg::Ptr(mask), Arg::Ptr(&shape), Arg::Ptr(&y), Arg::U64(x.len() as u64), Arg::U32(rank), Arg::U64(value_bits(x.dtype(), value))];
+    let args = [Arg::Ptr(x), Arg::Ptr(mask), Arg::Words(&shape), Arg::Ptr(&y), Arg::U64(x.len() as u64), Arg::U64(value_bits(x.dtype(), value))];
     launch(dev, "index", op, x.dtype(), x.len(), elems(x.len()), &args)?;
     Ok(y)
 }
@@ -139,13 +138,13 @@ pub(crate) fn where_cond(mask: &CudaStorage, bc: &Bcast, a: &CudaStorage, b: &Cu
     let op = "where";
     same(op, a, b)?;
     expect_len(op, "b", b, a.len())?;
-    let (shape, rank) = mask_args(op, mask, bc, a.len())?;
+    let shape = mask_args(op, mask, bc, a.len())?;
     if mask.ordinal() != a.ordinal() {
         return Err(Error::invalid(op, format!("expected the mask on cuda:{}, got cuda:{}", a.ordinal(), mask.ordinal())));
     }
     let dev = a.device();
     let y = dev.alloc(a.dtype(), a.len())?;
-    let args = [Arg::Ptr(mask), Arg::Ptr(&shape), Arg::Ptr(a), Arg::Ptr(b), Arg::Ptr(&y), Arg::U64(a.len() as u64), Arg::U32(rank)];
+    let args = [Arg::Ptr(mask), Arg::Words(&shape), Arg::Ptr(a), Arg::Ptr(b), Arg::Ptr(&y), Arg::U64(a.len() as u64)];
     launch(dev, "index", "where_cond", a.dtype(), a.len(), elems(a.len()), &args)?;
     Ok(y)
 }

@@ -1,7 +1,7 @@
 //! Copy kernels for the layouts the model needs on the GPU (`cuda/layout.cu`):
 //! permute, narrow, pad, cat, for every dtype; mirrors `backend::cpu::layout`.
 
-use super::nn_common::{elems, expect_len, launch, same, shape_buffer, u32_arg, value_bits};
+use super::nn_common::{elems, expect_len, launch, same, strided_words, value_bits};
 use super::{Arg, CudaStorage};
 use crate::error::{Error, Result};
 
@@ -19,8 +19,8 @@ pub fn permute(x: &CudaStorage, dims: &[usize], perm: &[usize]) -> Result<CudaSt
     let pstrides: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
     let dev = x.device();
     let y = dev.alloc(x.dtype(), x.len())?;
-    let shape = shape_buffer(dev, &odims, &pstrides)?;
-    let args = [Arg::Ptr(x), Arg::Ptr(&shape), Arg::Ptr(&y), Arg::U64(x.len() as u64), Arg::U32(u32_arg(op, "rank", rank)?)];
+    let shape = strided_words(op, &odims, &pstrides)?;
+    let args = [Arg::Ptr(x), Arg::Words(&shape), Arg::Ptr(&y), Arg::U64(x.len() as u64)];
     launch(dev, "layout", op, x.dtype(), x.len(), elems(x.len()), &args)?;
     Ok(y)
 }

@@ -89,10 +89,27 @@ pub(crate) fn upload_i64(dev: &Arc<CudaDevice>, v: &[i64]) -> Result<CudaStorage
     CudaStorage::from_cpu(dev, &crate::backend::cpu::CpuStorage::I64(v.to_vec()))
 }
 
-/// `dims` followed by `strides`, as the kernels' `shape` argument.
-pub(crate) fn shape_buffer(dev: &Arc<CudaDevice>, dims: &[usize], strides: &[usize]) -> Result<CudaStorage> {
-    let v: Vec<i64> = dims.iter().chain(strides).map(|&d| d as i64).collect();
-    upload_i64(dev, &v)
+/// Dims of the `Strided` struct of `cuda/common.cuh`.
+pub(crate) const MAX_DIMS: usize = 8;
+
+/// The `Strided` struct of `cuda/common.cuh` as 64-bit words (rank,
+/// dims[8], strides[8]), passed to a kernel by value (`Arg::Words`): no
+/// upload, no allocation, no wait for the copy.
+pub(crate) fn strided_words(op: &'static str, dims: &[usize], strides: &[usize]) -> Result<[u64; 1 + 2 * MAX_DIMS]> {
+    let r = dims.len();
+    if r > MAX_DIMS || strides.len() != r {
+        return Err(Error::invalid(
+            op,
+            format!("expected at most {MAX_DIMS} dims with one stride each (the CUDA kernel's limit), found {r} dims and {} strides", strides.len()),
+        ));
+    }
+    let mut w = [0u64; 1 + 2 * MAX_DIMS];
+    w[0] = r as u64;
+    for d in 0..r {
+        w[1 + d] = dims[d] as u64;
+        w[1 + MAX_DIMS + d] = strides[d] as u64;
+    }
+    Ok(w)
 }
 
 /// The bits of `v` converted to `dtype` as the CPU converts it (round to
