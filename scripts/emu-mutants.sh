@@ -45,7 +45,7 @@ mapfile -t BINS < <(build_suites)
 [ ${#BINS[@]} -eq ${#SUITES[@]} ] || { echo "emu-mutants: expected ${#SUITES[@]} test binaries, found ${#BINS[@]}" >&2; exit 1; }
 
 # The emulated modules of this build (build.rs's $OUT_DIR/emu).
-EMU=$(ls -dt "$ROOT"/target/release/build/asrforge-*/out/emu 2>/dev/null | while read -r d; do [ -f "$d/runtime.o" ] && echo "$d"; done | head -1)
+EMU=$(ls -dt "$ROOT"/target/release/build/asrforge-*/out/emu 2>/dev/null | while read -r d; do [ -f "$d/rt_runtime.o" ] && echo "$d"; done | head -1)
 [ -n "$EMU" ] || { echo "emu-mutants: no emulated modules under target/release/build (is g++ >= 12 installed?)" >&2; exit 1; }
 CXX=${CXX:-g++}
 FLAGS=(-std=c++17 -O2 -fPIC -fvisibility=hidden -fno-extern-tls-init -ffp-contract=off -fno-math-errno -w)
@@ -69,7 +69,7 @@ build_mutant() {
         "$CXX" "${FLAGS[@]}" -I"$ROOT/cuda/emu" -x c++ -include "$ROOT/cuda/emu/emu.h" -I"$m/cuda" -I"$ROOT/cuda/emu/include" \
             -c -o "$m/emu/$stem.o" "$m/emu/${stem}_emu.cpp" || return 1
         rm -f "$m/emu/lib$stem.so"
-        "$CXX" -shared -fPIC -o "$m/emu/lib$stem.so" "$m/emu/$stem.o" "$EMU/runtime.o" -ldl -lpthread || return 1
+        "$CXX" -shared -fPIC -o "$m/emu/lib$stem.so" "$m/emu/$stem.o" "$EMU"/rt_*.o -ldl -lpthread || return 1
         echo "  rebuilt $stem from the mutated copy"
     done
 }
