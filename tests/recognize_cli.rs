@@ -126,8 +126,15 @@ fn unsupported_flags_are_typed_errors() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("use_dynamic_chunk"), "{}", String::from_utf8_lossy(&out.stderr));
     let out = recognize(&d, &["--modes", "joint_decoding"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("found `joint_decoding`"));
-    let out = recognize(&d, &["--device", "cuda", "--modes", "attention"]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--device: expected cpu, found `cuda`"));
+    let out = recognize(&d, &["--device", "tpu", "--modes", "attention"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--device: expected cpu or cuda, found `tpu`"), "{}", String::from_utf8_lossy(&out.stderr));
+    // Without a usable GPU (and not on the emulated one), cuda is a clear error naming the flag.
+    if std::env::var_os("ASRFORGE_CUDA_EMU").is_none() && asrforge::Device::cuda(0).is_err() {
+        let out = recognize(&d, &["--device", "cuda", "--modes", "attention"]);
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--device cuda (LOCAL_RANK 0)"), "{}", String::from_utf8_lossy(&out.stderr));
+    }
 }
 
 #[test]
