@@ -49,6 +49,9 @@ MODELS = {
     "unigram_bytes": dict(model_type="unigram", vocab_size=320, character_coverage=0.98,
                           byte_fallback=True, user_defined_symbols=["<NOISE>"],
                           hard_vocab_limit=False),
+    # No normalisation rules (a small file: the parser property tests mutate it).
+    "bpe_identity": dict(model_type="bpe", vocab_size=150, character_coverage=1.0,
+                         normalization_rule_name="identity"),
 }
 
 NON_LANG = ["<NOISE>"]

@@ -1,6 +1,7 @@
 //! asrforge's sentencepiece reader and WeNet BpeTokenizer rules against the
-//! output of sentencepiece itself: tests/fixtures/spm/ holds three models
-//! (unigram, bpe, unigram with byte fallback and a user-defined symbol)
+//! output of sentencepiece itself: tests/fixtures/spm/ holds four models
+//! (unigram, bpe, unigram with byte fallback and a user-defined symbol, bpe
+//! without normalisation rules)
 //! trained by scripts/make_spm_fixtures.py, and for 32 sentences the
 //! normalised text, pieces and ids that sentencepiece gave, and the tokens of
 //! WeNet's BpeTokenizer rules with `<NOISE>` as a non-language symbol.
@@ -31,7 +32,7 @@ fn strings(v: &Value) -> Vec<String> {
 fn pieces_and_ids_equal_sentencepiece_for_every_model_and_sentence() {
     let exp = expected();
     let models = exp["models"].as_object().unwrap();
-    assert_eq!(models.len(), 3);
+    assert_eq!(models.len(), 4);
     for (name, m) in models {
         let spm = SentencePiece::read(&fixtures().join(m["model"].as_str().unwrap())).unwrap();
         let cases = m["cases"].as_array().unwrap();
