@@ -126,6 +126,9 @@ fn units_txt_has_wenets_layout_and_ids_round_trip_to_text() {
     let by_id: std::collections::HashMap<i64, String> = t.entries().map(|(p, i)| (i, p.to_string())).collect();
     let pieces: Vec<&str> = ids.iter().map(|i| by_id[i].as_str()).collect();
     assert_eq!(bpe_text(&pieces), text);
+    // recognize writes hypotheses through the same rule.
+    let ids: Vec<usize> = ids.iter().map(|&i| i as usize).collect();
+    assert_eq!(asrforge::decode::recognize::Detokenizer::bpe(t).text(&ids).unwrap(), text);
     assert_eq!(bpe_text(&["\u{2581}A", "B", "\u{2581}", "\u{2581}C\u{2581}"]), "AB  C");
 }
 
