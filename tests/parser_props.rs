@@ -254,7 +254,7 @@ fn sentencepiece_models_never_panic_and_errors_name_the_file() {
     }
     // The nmt_nfkc model: edits inside its 240 kB character map reach the trie reader.
     let big = std::fs::read(dir.join("unigram.model")).unwrap();
-    for _ in 0..30 {
+    for _ in 0..100 {
         check(&mutate(&mut rng, &big, &pieces), &mut counts);
     }
     let (ok, err) = counts;

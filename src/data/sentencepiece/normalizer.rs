@@ -6,8 +6,10 @@
 //! says the node has a leaf, the low 8 bits (with bit 31) are the label, the
 //! offset to the children is `(u >> 10) << ((u & (1 << 9)) >> 6)`, and a
 //! leaf unit's low 31 bits are the byte offset of its replacement. The trie
-//! is walked once when the model is read and turned into a table of rules,
-//! so a broken map is an error at load time and normalising cannot fail.
+//! is checked once when the model is read (every reachable node and leaf in
+//! range, every replacement NUL-terminated UTF-8), so a broken map is an
+//! error at load time and normalising cannot fail; lookups are
+//! sentencepiece's common-prefix search on the array itself.
 //!
 //! Normalising follows sentencepiece's `Normalizer::Normalize`: at each
 //! position the longest user-defined symbol is kept as it is, otherwise the
@@ -25,20 +27,22 @@ use crate::error::{Error, Result};
 const SPACE: &str = "\u{2581}";
 /// Sentencepiece reads at most this many prefix matches of the rule trie.
 const MAX_TRIE_RESULTS: usize = 32;
-/// Bounds of the walk over a charsmap trie (nmt_nfkc has a few thousand keys of at most a few dozen bytes).
-const MAX_KEY: usize = 256;
-const MAX_VISITS: usize = 1 << 21;
 
 /// A normaliser built from a model's `NormalizerSpec`.
 #[derive(Clone, Debug)]
 pub struct Normalizer {
     spec: NormalizerSpec,
     treat_whitespace_as_suffix: bool,
-    /// Key bytes → replacement text.
-    rules: HashMap<Vec<u8>, String>,
-    longest_rule: usize,
+    charsmap: Option<CharsMap>,
     /// User-defined symbols, matched before the rules and kept whole.
     user_defined: Vec<String>,
+}
+
+/// A checked precompiled charsmap: the double array and its replacements by offset.
+#[derive(Clone, Debug)]
+pub struct CharsMap {
+    units: Vec<u32>,
+    replacements: HashMap<u32, String>,
 }
 
 fn has_leaf(u: u32) -> bool {
@@ -57,74 +61,97 @@ fn offset(u: u32) -> usize {
     ((u >> 10) << ((u & (1 << 9)) >> 6)) as usize
 }
 
-/// Reads a precompiled charsmap into `key → replacement` rules.
-pub fn read_charsmap(blob: &[u8], path: &str) -> Result<HashMap<Vec<u8>, String>> {
-    let err = |msg: String| Error::Data { path: path.into(), msg: format!("sentencepiece model, normalizer_spec.precompiled_charsmap: {msg}") };
-    if blob.len() <= 4 {
-        return Err(err(format!("expected a 4-byte trie size and a trie, found {} bytes", blob.len())));
-    }
-    let size = u32::from_le_bytes([blob[0], blob[1], blob[2], blob[3]]) as usize;
-    if size >= blob.len() - 4 + 1 || size % 4 != 0 || size == 0 {
-        return Err(err(format!("expected a trie size that is a positive multiple of 4 below {}, found {size}", blob.len() - 4)));
-    }
-    let units: Vec<u32> = blob[4..4 + size].chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    let strings = &blob[4 + size..];
-    let replacement = |v: u32| -> Result<String> {
-        let start = v as usize;
-        let Some(rest) = strings.get(start..) else {
-            return Err(err(format!("a rule points at byte {start} of the {}-byte replacement strings", strings.len())));
-        };
-        let Some(end) = rest.iter().position(|&b| b == 0) else {
-            return Err(err(format!("the replacement at byte {start} has no terminating NUL")));
-        };
-        String::from_utf8(rest[..end].to_vec()).map_err(|_| err(format!("the replacement at byte {start} is not UTF-8")))
-    };
-    let mut rules = HashMap::new();
-    // Depth-first walk from the root. darts-clone shares identical subtrees
-    // (a DAWG), so a node can be reached by several keys; the key length and
-    // the number of visits bound the walk on a broken (cyclic) array.
-    let mut stack: Vec<(usize, Vec<u8>)> = vec![(offset(units[0]), Vec::new())];
-    let mut visited = 0usize;
-    while let Some((pos, key)) = stack.pop() {
-        visited += 1;
-        if visited > MAX_VISITS || key.len() > MAX_KEY {
-            return Err(err(format!("expected a trie of keys up to {MAX_KEY} bytes and {MAX_VISITS} nodes, found a longer walk (a cycle?)")));
+impl CharsMap {
+    /// Reads and checks a precompiled charsmap.
+    pub fn read(blob: &[u8], path: &str) -> Result<CharsMap> {
+        let err = |msg: String| Error::Data { path: path.into(), msg: format!("sentencepiece model, normalizer_spec.precompiled_charsmap: {msg}") };
+        if blob.len() <= 4 {
+            return Err(err(format!("expected a 4-byte trie size and a trie, found {} bytes", blob.len())));
         }
-        for c in 1..=255u8 {
-            let child = pos ^ c as usize;
-            let Some(&u) = units.get(child) else { continue };
-            if label(u) != u32::from(c) {
-                continue;
-            }
-            let next = child ^ offset(u);
-            let mut k = key.clone();
-            k.push(c);
-            if has_leaf(u) {
-                let Some(&leaf) = units.get(next) else {
-                    return Err(err(format!("a leaf at unit {next} is outside the {}-unit trie", units.len())));
-                };
-                if std::str::from_utf8(&k).is_err() {
-                    return Err(err(format!("a rule's key {k:?} is not UTF-8")));
+        let size = u32::from_le_bytes([blob[0], blob[1], blob[2], blob[3]]) as usize;
+        if size > blob.len() - 4 || size % 4 != 0 || size == 0 {
+            return Err(err(format!("expected a trie size that is a positive multiple of 4 up to {}, found {size}", blob.len() - 4)));
+        }
+        let units: Vec<u32> = blob[4..4 + size].chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let strings = &blob[4 + size..];
+        let mut replacements = HashMap::new();
+        // darts-clone shares identical subtrees (a DAWG), so the walk visits
+        // each node once by its position; that also ends it on a cyclic array.
+        let mut seen = vec![false; units.len()];
+        let mut stack = vec![offset(units[0])];
+        while let Some(pos) = stack.pop() {
+            if let Some(s) = seen.get_mut(pos) {
+                if *s {
+                    continue;
                 }
-                rules.insert(k.clone(), replacement(value(leaf))?);
+                *s = true;
             }
-            stack.push((next, k));
+            for c in 1..=255u8 {
+                let child = pos ^ c as usize;
+                let Some(&u) = units.get(child) else { continue };
+                if label(u) != u32::from(c) {
+                    continue;
+                }
+                let next = child ^ offset(u);
+                if has_leaf(u) {
+                    let Some(&leaf) = units.get(next) else {
+                        return Err(err(format!("a leaf at unit {next} is outside the {}-unit trie", units.len())));
+                    };
+                    let v = value(leaf);
+                    if let std::collections::hash_map::Entry::Vacant(e) = replacements.entry(v) {
+                        let Some(rest) = strings.get(v as usize..) else {
+                            return Err(err(format!("a rule points at byte {v} of the {}-byte replacement strings", strings.len())));
+                        };
+                        let Some(end) = rest.iter().position(|&b| b == 0) else {
+                            return Err(err(format!("the replacement at byte {v} has no terminating NUL")));
+                        };
+                        let text = String::from_utf8(rest[..end].to_vec()).map_err(|_| err(format!("the replacement at byte {v} is not UTF-8")))?;
+                        e.insert(text);
+                    }
+                }
+                if next < units.len() && !seen[next] {
+                    stack.push(next);
+                }
+            }
         }
+        Ok(CharsMap { units, replacements })
     }
-    Ok(rules)
+
+    /// The longest rule matching a prefix of `s` (among the first 32 matches,
+    /// as sentencepiece's fixed-size result buffer): its replacement and length.
+    fn longest_prefix<'a>(&'a self, s: &str) -> Option<(&'a str, usize)> {
+        let mut pos = offset(self.units[0]);
+        let (mut found, mut best) = (0, None);
+        for (i, &b) in s.as_bytes().iter().enumerate() {
+            pos ^= b as usize;
+            let Some(&u) = self.units.get(pos) else { break };
+            if label(u) != u32::from(b) {
+                break;
+            }
+            pos ^= offset(u);
+            if has_leaf(u) {
+                if found < MAX_TRIE_RESULTS && s.is_char_boundary(i + 1) {
+                    if let Some(r) = self.units.get(pos).and_then(|&v| self.replacements.get(&value(v))) {
+                        best = Some((r.as_str(), i + 1));
+                    }
+                }
+                found += 1;
+            }
+        }
+        best
+    }
 }
 
 impl Normalizer {
     /// A normaliser for `spec`; `user_defined` are the model's user-defined pieces.
     pub fn new(spec: &NormalizerSpec, treat_whitespace_as_suffix: bool, user_defined: Vec<String>, path: &str) -> Result<Normalizer> {
-        let rules = if spec.precompiled_charsmap.is_empty() { HashMap::new() } else { read_charsmap(&spec.precompiled_charsmap, path)? };
-        let longest_rule = rules.keys().map(Vec::len).max().unwrap_or(0);
-        Ok(Normalizer { spec: spec.clone(), treat_whitespace_as_suffix, rules, longest_rule, user_defined })
+        let charsmap = if spec.precompiled_charsmap.is_empty() { None } else { Some(CharsMap::read(&spec.precompiled_charsmap, path)?) };
+        Ok(Normalizer { spec: spec.clone(), treat_whitespace_as_suffix, charsmap, user_defined })
     }
 
-    /// The number of replacement rules (0 for `identity`).
-    pub fn rule_count(&self) -> usize {
-        self.rules.len()
+    /// The distinct replacement strings of the rules (0 for `identity`).
+    pub fn replacement_count(&self) -> usize {
+        self.charsmap.as_ref().map_or(0, |m| m.replacements.len())
     }
 
     /// The longest user-defined symbol at the start of `s`, in bytes.
@@ -137,18 +164,7 @@ impl Normalizer {
         if let Some(n) = self.user_defined_prefix(s) {
             return (&s[..n], n);
         }
-        let bytes = s.as_bytes();
-        let mut found = 0;
-        let mut best: Option<(&str, usize)> = None;
-        for n in 1..=self.longest_rule.min(bytes.len()) {
-            if let Some(r) = self.rules.get(&bytes[..n]) {
-                found += 1;
-                best = Some((r.as_str(), n));
-                if found == MAX_TRIE_RESULTS {
-                    break;
-                }
-            }
-        }
+        let best = self.charsmap.as_ref().and_then(|m| m.longest_prefix(s));
         match best {
             Some(b) => b,
             None => {
