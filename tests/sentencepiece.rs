@@ -82,7 +82,7 @@ fn tokenizer(name: &str, non_lang: bool) -> Tokenizer {
     if non_lang {
         let table = SymbolTable::read(Path::new(conf.symbol_table_path.as_deref().unwrap())).unwrap();
         let spm = Arc::new(SentencePiece::read(Path::new(conf.bpe_path.as_deref().unwrap())).unwrap());
-        return Tokenizer::bpe(table, spm, vec!["<NOISE>".into()]);
+        return Tokenizer::bpe(table, spm, Some(vec!["<NOISE>".into()]));
     }
     tok
 }
@@ -111,6 +111,18 @@ fn without_non_language_symbols_brackets_go_through_the_model() {
     let want: Vec<String> = spm.encode("<NOISE> HELLO").into_iter().map(|p| p.piece).collect();
     assert_eq!(tok.tokens("<noise> hello"), want);
     assert!(want.len() > 2, "the bracketed symbol is split into pieces: {want:?}");
+    // With a symbol file that does not list it, WeNet still cuts the line
+    // around the bracketed part and encodes the parts one by one.
+    let table = SymbolTable::read(&fixtures().join("bpe.units.txt")).unwrap();
+    let cut = Tokenizer::bpe(table, Arc::new(spm.clone()), Some(vec![]));
+    let mut parts: Vec<String> = Vec::new();
+    for p in ["HELLO", "<NOISE>", "WORLD"] {
+        parts.extend(spm.encode(p).into_iter().map(|p| p.piece));
+    }
+    assert_eq!(cut.tokens("hello<noise>world"), parts);
+    let whole: Vec<String> = spm.encode("HELLO<NOISE>WORLD").into_iter().map(|p| p.piece).collect();
+    assert_eq!(tok.tokens("hello<noise>world"), whole);
+    assert_ne!(parts, whole, "cutting changes the pieces here (each part gets its own `▁`)");
 }
 
 #[test]

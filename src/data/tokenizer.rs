@@ -148,6 +148,9 @@ pub struct Tokenizer {
     non_lang: Vec<String>,
     unk: Option<i64>,
     spm: Option<Arc<SentencePiece>>,
+    /// Whether a non-language symbol file was given: WeNet then splits the
+    /// line around every bracketed part, listed or not.
+    split_brackets: bool,
 }
 
 impl Tokenizer {
@@ -157,13 +160,15 @@ impl Tokenizer {
     pub fn new(table: SymbolTable, mode: TokenizeMode, non_lang: Vec<String>) -> Tokenizer {
         let unk = table.get("<unk>");
         let mode = if mode == TokenizeMode::Bpe { TokenizeMode::Char } else { mode };
-        Tokenizer { table, mode, non_lang, unk, spm: None }
+        Tokenizer { table, mode, non_lang, unk, spm: None, split_brackets: false }
     }
 
-    /// WeNet's BpeTokenizer: `spm` splits the text, `table` gives the ids.
-    pub fn bpe(table: SymbolTable, spm: Arc<SentencePiece>, non_lang: Vec<String>) -> Tokenizer {
+    /// WeNet's BpeTokenizer: `spm` splits the text, `table` gives the ids;
+    /// `non_lang` is the content of `non_lang_syms_path` (`None`: no file).
+    pub fn bpe(table: SymbolTable, spm: Arc<SentencePiece>, non_lang: Option<Vec<String>>) -> Tokenizer {
         let unk = table.get("<unk>");
-        Tokenizer { table, mode: TokenizeMode::Bpe, non_lang, unk, spm: Some(spm) }
+        let split_brackets = non_lang.is_some();
+        Tokenizer { table, mode: TokenizeMode::Bpe, non_lang: non_lang.unwrap_or_default(), unk, spm: Some(spm), split_brackets }
     }
 
     /// The split mode.
@@ -202,12 +207,12 @@ impl Tokenizer {
             (Some(other), _) => return Err(bad(format!("mode: expected `char`, `word` or `wordpiece`, found `{other}`"))),
         };
         let non_lang = match &conf.non_lang_syms_path {
-            Some(p) => read_non_lang_syms(Path::new(p))?,
-            None => Vec::new(),
+            Some(p) => Some(read_non_lang_syms(Path::new(p))?),
+            None => None,
         };
         match spm {
             Some(spm) => Ok(Tokenizer::bpe(table, spm, non_lang)),
-            None => Ok(Tokenizer::new(table, mode, non_lang)),
+            None => Ok(Tokenizer::new(table, mode, non_lang.unwrap_or_default())),
         }
     }
 
@@ -219,7 +224,7 @@ impl Tokenizer {
     /// Splits `text` into tokens (before id lookup).
     pub fn tokens(&self, text: &str) -> Vec<String> {
         if let Some(spm) = &self.spm {
-            return bpe_tokens(spm, &self.non_lang, text);
+            return bpe_tokens(spm, self.split_brackets.then_some(self.non_lang.as_slice()), text);
         }
         let mut out = Vec::new();
         for (part, is_sym) in split_non_lang(text.trim(), &self.non_lang) {
@@ -301,11 +306,14 @@ fn bracketed_at(s: &str, i: usize) -> Option<usize> {
     None
 }
 
-/// Tokens of `text` by WeNet's BpeTokenizer rules (see the module doc).
-pub fn bpe_tokens(spm: &SentencePiece, non_lang: &[String], text: &str) -> Vec<String> {
+/// Tokens of `text` by WeNet's BpeTokenizer rules (see the module doc);
+/// `non_lang` is the symbol file's content, `None` when there is no file.
+pub fn bpe_tokens(spm: &SentencePiece, non_lang: Option<&[String]>, text: &str) -> Vec<String> {
     let line = text.trim_matches(py_space).to_uppercase();
     let mut parts: Vec<&str> = Vec::new();
-    if non_lang.is_empty() {
+    let split = non_lang.is_some();
+    let non_lang = non_lang.unwrap_or_default();
+    if !split {
         parts.push(&line);
     } else {
         let (mut start, mut i) = (0, 0);
