@@ -204,3 +204,60 @@ fn safetensors_headers_never_panic_and_errors_name_the_file() {
     println!("safetensors: {ok} loaded, {err} refused");
     assert!(ok > 0 && err > 0, "{ok} ok, {err} errors");
 }
+
+/// Sentences that reach the normaliser's and the encoders' corner cases.
+const SPM_TEXTS: [&str; 5] = ["The quick  brown fox", "  café 你好 <NOISE>x ", "ＦＵＬＬ ﬁ ½", "", "😀😀 zz"];
+
+#[test]
+fn sentencepiece_models_never_panic_and_errors_name_the_file() {
+    use asrforge::data::sentencepiece::SentencePiece;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/spm");
+    let mut rng = Rng::new(15);
+    // Protobuf keys and values of the schema: a piece (field 1), its type
+    // (3: unknown, byte, user-defined), trainer and normalizer specs, long
+    // varints, a 32-bit float key.
+    let pieces = [
+        "\n",
+        "\u{12}",
+        "\u{1a}",
+        "\u{15}",
+        "\u{18}\u{02}",
+        "\u{18}\u{06}",
+        "\u{18}\u{04}",
+        "\u{18}\u{05}",
+        "\u{08}\u{7f}",
+        "<0x41>",
+        "\u{7f}\u{7f}\u{7f}\u{7f}\u{7f}",
+        "\n\u{01}A",
+    ];
+    let check =
+        |input: &[u8], cases: &mut (usize, usize)| match no_panic("SentencePiece::from_bytes", input, || SentencePiece::from_bytes(input, "fuzz/x.model")) {
+            Ok(spm) => {
+                for t in SPM_TEXTS {
+                    let got = no_panic("SentencePiece::encode", input, || spm.encode(t));
+                    if !spm.proto().byte_fallback {
+                        let joined: String = got.iter().map(|p| p.piece.as_str()).collect();
+                        assert_eq!(joined, spm.normalize(t), "the pieces spell the normalised text `{t}`");
+                    }
+                }
+                cases.0 += 1;
+            }
+            Err(e) => {
+                assert!(e.to_string().contains("fuzz/x.model"), "the error names the file: {e}");
+                cases.1 += 1;
+            }
+        };
+    let small = std::fs::read(dir.join("bpe_identity.model")).unwrap();
+    let mut counts = (0, 0);
+    for _ in 0..3000 {
+        check(&mutate(&mut rng, &small, &pieces), &mut counts);
+    }
+    // The nmt_nfkc model: edits inside its 240 kB character map reach the trie reader.
+    let big = std::fs::read(dir.join("unigram.model")).unwrap();
+    for _ in 0..100 {
+        check(&mutate(&mut rng, &big, &pieces), &mut counts);
+    }
+    let (ok, err) = counts;
+    println!("sentencepiece .model: {ok} parsed, {err} refused");
+    assert!(ok > 0 && err > 0, "the cases reach both outcomes: {ok} ok, {err} errors");
+}

@@ -9,6 +9,10 @@
 # U2 (one model for streaming and full context): `./run.sh --use_dynamic_chunk true`
 # trains with dynamic chunk masks and a causal convolution, then decodes with
 # full context and with chunks of 16 and 4 frames (--decoding_chunk_sizes).
+# BPE units (WeNet's `tokenizer: bpe`): `./run.sh --token_type bpe --nbpe 24`
+# trains a sentencepiece model on the training transcripts in stage 0
+# (local/train_bpe.py; sentencepiece goes into ~/.cache/asrforge/spm-venv)
+# and trains and decodes with it; use another --dir than the char model's.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -27,6 +31,9 @@ decode_modes="ctc_greedy_search ctc_prefix_beam_search attention attention_resco
 use_dynamic_chunk=false       # true: U2 dynamic chunk training (with causal: true)
 decoding_chunk_sizes=""       # default: -1, or "-1 16 4" with use_dynamic_chunk
 num_decoding_left_chunks=-1
+token_type=char               # char, or bpe (a sentencepiece model trained in stage 0)
+nbpe=24                       # sentencepiece vocabulary size with --token_type bpe
+bpemode=unigram               # unigram (WeNet's LibriSpeech default) or bpe
 nproc="${NPROC:-1}"                       # training processes on this node
 train_engine="${TRAIN_ENGINE:-torch_ddp}" # torch_ddp or deepspeed
 deepspeed_config="${DS_CONFIG:-}"         # the DeepSpeed JSON of --train_engine deepspeed
@@ -59,12 +66,27 @@ fi
 # The results of chunk size c go to $dir/test (c = -1) or $dir/test_chunk$c.
 result_dir_of() { if [ "$1" = -1 ]; then echo "$dir/test"; else echo "$dir/test_chunk$1"; fi; }
 
+# The units table and, for bpe, the sentencepiece model and the config keys that name them.
+dict="$data/dict/units.txt"
+token_args=()
+if [ "$token_type" = bpe ]; then
+  bpemodel="$data/dict/bpe_${bpemode}${nbpe}"
+  dict="$data/dict/units_${bpemode}${nbpe}.txt"
+  token_args=(--override_config "tokenizer bpe" --override_config "tokenizer_conf.bpe_path $bpemodel.model")
+elif [ "$token_type" != char ]; then
+  echo "error: --token_type: expected char or bpe, found '$token_type'" >&2
+  exit 1
+fi
+
 cmvn="$data/train/global_cmvn"
 decode_checkpoint="$dir/avg_${average_num}.safetensors"
 
 if [ "$stage" -le 0 ] && [ "$stop_stage" -ge 0 ]; then
   echo "stage 0: data" >&2
   local/make_data.sh --data "$data"
+  if [ "$token_type" = bpe ]; then
+    python3 local/train_bpe.py --text "$data/train/text" --nbpe "$nbpe" --mode "$bpemode" --out "$data/dict"
+  fi
 fi
 
 if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
@@ -95,19 +117,22 @@ if [ "$stage" -le 2 ] && [ "$stop_stage" -ge 2 ]; then
     fi
     engine_args+=(--deepspeed_config "$deepspeed_config")
   fi
+  # output_dim follows the units table (the char table's 19 is in conf/train.yaml).
+  token_args+=(--override_config "output_dim $(grep -c . "$dict")")
   "${launcher[@]}" train \
     --config "$train_config" \
     --data_type raw \
     --train_data "$data/train/data.list" \
     --cv_data "$data/dev/data.list" \
     --model_dir "$dir" \
-    --symbol_table "$data/dict/units.txt" \
+    --symbol_table "$dict" \
     --num_workers "$num_workers" \
     --dist_backend gloo \
     "${engine_args[@]}" \
     "${chunk_args[@]}" \
+    "${token_args[@]}" \
     --override_config "cmvn_conf.cmvn_file $cmvn" \
-    --override_config "tokenizer_conf.symbol_table_path $data/dict/units.txt"
+    --override_config "tokenizer_conf.symbol_table_path $dict"
 fi
 
 if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
@@ -135,7 +160,7 @@ if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
       --reverse_weight "$reverse_weight" \
       --decoding_chunk_size "$chunk" \
       --num_decoding_left_chunks "$num_decoding_left_chunks" \
-      --symbol_table "$data/dict/units.txt" \
+      --symbol_table "$dict" \
       --num_workers "$num_workers" \
       --override_config "cmvn_conf.cmvn_file $cmvn" \
       --result_dir "$(result_dir_of "$chunk")" \

@@ -338,7 +338,7 @@ impl DatasetConf {
     }
 }
 
-/// `tokenizer_conf` of a WeNet train.yaml (char tokenizer fields).
+/// `tokenizer_conf` of a WeNet train.yaml (char and bpe tokenizer fields).
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct TokenizerConf {
@@ -348,7 +348,7 @@ pub struct TokenizerConf {
     pub split_with_space: bool,
     /// File of non-language symbols such as `<noise>`, one per line.
     pub non_lang_syms_path: Option<String>,
-    /// A sentencepiece model (not read by asrforge; see the tokenizer module).
+    /// The sentencepiece `.model` of `tokenizer: bpe`.
     pub bpe_path: Option<String>,
     /// asrforge's addition: `char` (default), `word`, or `wordpiece` (greedy
     /// longest match of a units table of pieces such as `▁HE`).
@@ -361,7 +361,7 @@ pub struct TokenizerConf {
 pub struct DataConfig {
     /// `dataset_conf`.
     pub dataset_conf: DatasetConf,
-    /// `tokenizer`: `char` (or `bpe`, which is refused when building a tokenizer).
+    /// `tokenizer`: `char` (default) or `bpe` (WeNet's BpeTokenizer over `tokenizer_conf.bpe_path`).
     pub tokenizer: Option<String>,
     /// `tokenizer_conf`.
     pub tokenizer_conf: TokenizerConf,

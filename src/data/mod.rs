@@ -19,6 +19,7 @@ pub mod loader;
 pub mod par;
 pub mod process;
 pub mod resample;
+pub mod sentencepiece;
 pub mod shard;
 pub mod skip;
 pub mod specaug;

@@ -7,13 +7,21 @@
 //! word) and `wordpiece` (greedy longest match of the table's pieces inside
 //! `▁`-prefixed words, for tables whose units are multi-character pieces).
 //! Out-of-vocabulary tokens map to `<unk>`. Non-language symbols such as
-//! `<noise>` are kept whole. Sentencepiece `.model` files are not read: no
-//! maintained pure-Rust crate parses and applies them.
+//! `<noise>` are kept whole.
+//!
+//! `tokenizer: bpe` follows WeNet's BpeTokenizer: the line is upper-cased,
+//! non-language symbols (bracketed as `<…>`, `[…]` or `{…}` and listed in
+//! `non_lang_syms_path`) are kept whole, CJK ideographs (U+4E00–U+9FFF) are
+//! single tokens, and the rest goes through the sentencepiece model of
+//! `bpe_path` (read by [`crate::data::sentencepiece`]); pieces become ids
+//! through units.txt, `<unk>` where missing.
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::data::config::TokenizerConf;
+use crate::data::sentencepiece::SentencePiece;
 use crate::error::{Error, Result};
 
 /// The word-boundary mark of WeNet and sentencepiece.
@@ -128,6 +136,8 @@ pub enum TokenizeMode {
     Word,
     /// Greedy longest match of table entries within `▁`-prefixed words.
     WordPiece,
+    /// WeNet's BpeTokenizer over a sentencepiece model.
+    Bpe,
 }
 
 /// Symbol table + split mode + non-language symbols.
@@ -137,24 +147,53 @@ pub struct Tokenizer {
     mode: TokenizeMode,
     non_lang: Vec<String>,
     unk: Option<i64>,
+    spm: Option<Arc<SentencePiece>>,
+    /// Whether a non-language symbol file was given: WeNet then splits the
+    /// line around every bracketed part, listed or not.
+    split_brackets: bool,
 }
 
 impl Tokenizer {
-    /// A tokenizer over `table`; `non_lang` symbols are matched whole before splitting.
+    /// A tokenizer over `table`; `non_lang` symbols are matched whole before
+    /// splitting. `TokenizeMode::Bpe` needs a model: use [`Tokenizer::bpe`]
+    /// (without one it splits as `Char`).
     pub fn new(table: SymbolTable, mode: TokenizeMode, non_lang: Vec<String>) -> Tokenizer {
         let unk = table.get("<unk>");
-        Tokenizer { table, mode, non_lang, unk }
+        let mode = if mode == TokenizeMode::Bpe { TokenizeMode::Char } else { mode };
+        Tokenizer { table, mode, non_lang, unk, spm: None, split_brackets: false }
+    }
+
+    /// WeNet's BpeTokenizer: `spm` splits the text, `table` gives the ids;
+    /// `non_lang` is the content of `non_lang_syms_path` (`None`: no file).
+    pub fn bpe(table: SymbolTable, spm: Arc<SentencePiece>, non_lang: Option<Vec<String>>) -> Tokenizer {
+        let unk = table.get("<unk>");
+        let split_brackets = non_lang.is_some();
+        Tokenizer { table, mode: TokenizeMode::Bpe, non_lang: non_lang.unwrap_or_default(), unk, spm: Some(spm), split_brackets }
+    }
+
+    /// The split mode.
+    pub fn mode(&self) -> TokenizeMode {
+        self.mode
     }
 
     /// Builds the tokenizer a train.yaml describes; `symbol_table` overrides
     /// `tokenizer_conf.symbol_table_path` (WeNet's `--symbol_table`).
     pub fn from_conf(kind: Option<&str>, conf: &TokenizerConf, symbol_table: Option<&Path>) -> Result<Tokenizer> {
         let bad = |msg: String| Error::ConfigFile { path: "tokenizer_conf".into(), msg };
-        if kind == Some("bpe") || conf.bpe_path.is_some() {
-            return Err(bad("sentencepiece models (`tokenizer: bpe` / `bpe_path`) are not read by asrforge; \
-                 use `tokenizer: char` with `mode: wordpiece` over the model's units.txt"
-                .into()));
-        }
+        let spm = match (kind, conf.bpe_path.as_deref()) {
+            (Some("bpe"), Some(p)) => Some(Arc::new(SentencePiece::read(Path::new(p)).map_err(|e| {
+                Error::config(
+                    "tokenizer_conf.bpe_path",
+                    format!("`{p}` read from the config: {e}; relative paths are taken from the current folder, pass --override_config 'tokenizer_conf.bpe_path PATH' to name the model"),
+                )
+            })?)),
+            (Some("bpe"), None) => return Err(bad("tokenizer: bpe: expected `tokenizer_conf.bpe_path` (a sentencepiece .model), found none".into())),
+            (None, Some(p)) => {
+                return Err(bad(format!("`bpe_path: {p}` is set but `tokenizer` is not: expected `tokenizer: bpe` to use the sentencepiece model (or no bpe_path)")))
+            }
+            (Some("char") | None, _) => None,
+            (Some(other), _) => return Err(bad(format!("tokenizer: expected `char` or `bpe`, found `{other}`"))),
+        };
         let path = match (symbol_table, conf.symbol_table_path.as_deref()) {
             (Some(p), _) => p.to_path_buf(),
             (None, Some(p)) => Path::new(p).to_path_buf(),
@@ -168,10 +207,13 @@ impl Tokenizer {
             (Some(other), _) => return Err(bad(format!("mode: expected `char`, `word` or `wordpiece`, found `{other}`"))),
         };
         let non_lang = match &conf.non_lang_syms_path {
-            Some(p) => read_non_lang_syms(Path::new(p))?,
-            None => Vec::new(),
+            Some(p) => Some(read_non_lang_syms(Path::new(p))?),
+            None => None,
         };
-        Ok(Tokenizer::new(table, mode, non_lang))
+        match spm {
+            Some(spm) => Ok(Tokenizer::bpe(table, spm, non_lang)),
+            None => Ok(Tokenizer::new(table, mode, non_lang.unwrap_or_default())),
+        }
     }
 
     /// The symbol table.
@@ -181,6 +223,9 @@ impl Tokenizer {
 
     /// Splits `text` into tokens (before id lookup).
     pub fn tokens(&self, text: &str) -> Vec<String> {
+        if let Some(spm) = &self.spm {
+            return bpe_tokens(spm, self.split_brackets.then_some(self.non_lang.as_slice()), text);
+        }
         let mut out = Vec::new();
         for (part, is_sym) in split_non_lang(text.trim(), &self.non_lang) {
             if is_sym {
@@ -190,7 +235,7 @@ impl Tokenizer {
             match self.mode {
                 TokenizeMode::Char => out.extend(part.chars().map(|c| if c == ' ' { SPACE.to_string() } else { c.to_string() })),
                 TokenizeMode::Word => out.extend(part.split(' ').filter(|w| !w.is_empty()).map(str::to_string)),
-                TokenizeMode::WordPiece => {
+                TokenizeMode::WordPiece | TokenizeMode::Bpe => {
                     for word in part.split_whitespace() {
                         self.pieces(&format!("{SPACE}{word}"), &mut out);
                     }
@@ -223,6 +268,103 @@ impl Tokenizer {
     pub fn encode(&self, text: &str) -> Vec<i64> {
         self.tokens(text).iter().filter_map(|t| self.table.get(t).or(self.unk)).collect()
     }
+}
+
+/// Whitespace as Python's `str.strip` sees it (WeNet trims with it).
+fn py_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+/// Whether `c` is a CJK unified ideograph, which WeNet keeps as one token.
+fn is_cjk(c: char) -> bool {
+    ('\u{4e00}'..='\u{9fff}').contains(&c)
+}
+
+/// The end (exclusive) of a bracketed symbol `<…>`, `[…]` or `{…}` starting
+/// at byte `i` of `s`: an opening bracket, one or more characters that are
+/// neither bracket of its kind, the closing bracket (WeNet's non-language
+/// symbol pattern).
+fn bracketed_at(s: &str, i: usize) -> Option<usize> {
+    let mut chars = s[i..].char_indices();
+    let (_, open) = chars.next()?;
+    let close = match open {
+        '<' => '>',
+        '[' => ']',
+        '{' => '}',
+        _ => return None,
+    };
+    let mut inner = 0;
+    for (j, c) in chars {
+        if c == close {
+            return if inner > 0 { Some(i + j + c.len_utf8()) } else { None };
+        }
+        if c == open {
+            return None;
+        }
+        inner += 1;
+    }
+    None
+}
+
+/// Tokens of `text` by WeNet's BpeTokenizer rules (see the module doc);
+/// `non_lang` is the symbol file's content, `None` when there is no file.
+pub fn bpe_tokens(spm: &SentencePiece, non_lang: Option<&[String]>, text: &str) -> Vec<String> {
+    let line = text.trim_matches(py_space).to_uppercase();
+    let mut parts: Vec<&str> = Vec::new();
+    let split = non_lang.is_some();
+    let non_lang = non_lang.unwrap_or_default();
+    if !split {
+        parts.push(&line);
+    } else {
+        let (mut start, mut i) = (0, 0);
+        while i < line.len() {
+            match bracketed_at(&line, i) {
+                Some(end) => {
+                    parts.push(&line[start..i]);
+                    parts.push(&line[i..end]);
+                    start = end;
+                    i = end;
+                }
+                None => i += line[i..].chars().next().map_or(1, char::len_utf8),
+            }
+        }
+        parts.push(&line[start..]);
+    }
+    let mut out = Vec::new();
+    for part in parts.into_iter().filter(|p| !p.trim_matches(py_space).is_empty()) {
+        if non_lang.iter().any(|s| s == part) {
+            out.push(part.to_string());
+            continue;
+        }
+        // The part is upper-cased already, as WeNet upper-cases it again.
+        let mut rest = part;
+        while !rest.is_empty() {
+            let cut = rest.char_indices().find(|&(_, c)| is_cjk(c)).map(|(j, _)| j);
+            let (latin, cjk) = match cut {
+                Some(j) => {
+                    let n = rest[j..].chars().next().map_or(0, char::len_utf8);
+                    (&rest[..j], Some(&rest[j..j + n]))
+                }
+                None => (rest, None),
+            };
+            if !latin.trim_matches(py_space).is_empty() {
+                out.extend(spm.encode(latin).into_iter().map(|p| p.piece));
+            }
+            match cjk {
+                Some(c) => {
+                    out.push(c.to_string());
+                    rest = &rest[latin.len() + c.len()..];
+                }
+                None => rest = "",
+            }
+        }
+    }
+    out
+}
+
+/// Text of BPE pieces as WeNet's BpeTokenizer writes it: pieces joined, `▁` → space, trimmed.
+pub fn bpe_text(pieces: &[&str]) -> String {
+    pieces.concat().replace(SPACE, " ").trim_matches(py_space).to_string()
 }
 
 /// Splits `text` around whole occurrences of the `syms`; yields `(part, is_symbol)`.

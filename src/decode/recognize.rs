@@ -30,7 +30,7 @@ use crate::data::config::DataConfig;
 use crate::data::list::{parse_raw_line, DataList, ListFormat};
 use crate::data::loader::{DataLoader, LoaderConf};
 use crate::data::process::Processor;
-use crate::data::tokenizer::{SymbolTable, SPACE};
+use crate::data::tokenizer::{bpe_text, SymbolTable, SPACE};
 use crate::data::Batch;
 use crate::decode::attention::{attention_beam_search_joint, attention_rescoring};
 use crate::decode::beam::{BeamOptions, CtcJoint};
@@ -121,13 +121,19 @@ pub struct RecognizeArgs {
 pub struct Detokenizer {
     tokens: HashMap<usize, String>,
     join: &'static str,
+    bpe: bool,
 }
 
 impl Detokenizer {
     /// From a symbol table; `words` joins tokens with spaces.
     pub fn new(table: &SymbolTable, words: bool) -> Detokenizer {
         let tokens = table.entries().filter(|(_, i)| *i >= 0).map(|(t, i)| (i as usize, t.to_string())).collect();
-        Detokenizer { tokens, join: if words { " " } else { "" } }
+        Detokenizer { tokens, join: if words { " " } else { "" }, bpe: false }
+    }
+
+    /// For `tokenizer: bpe`: pieces joined, `▁` → space, trimmed (WeNet's BpeTokenizer).
+    pub fn bpe(table: &SymbolTable) -> Detokenizer {
+        Detokenizer { bpe: true, ..Detokenizer::new(table, false) }
     }
 
     /// The text of `ids`; an id missing from the table is an error naming it.
@@ -141,6 +147,9 @@ impl Detokenizer {
                     .ok_or_else(|| Error::invalid("recognize", format!("token id {i} is not in the symbol table ({} entries)", self.tokens.len())))
             })
             .collect::<Result<Vec<&str>>>()?;
+        if self.bpe {
+            return Ok(bpe_text(&parts));
+        }
         Ok(parts.join(self.join).replace(SPACE, " ").split_whitespace().collect::<Vec<_>>().join(" "))
     }
 }
@@ -347,7 +356,7 @@ pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
         });
     }
     let words = data_cfg.tokenizer_conf.mode.as_deref() == Some("word") || (data_cfg.tokenizer_conf.mode.is_none() && data_cfg.tokenizer_conf.split_with_space);
-    let detok = Detokenizer::new(&table, words);
+    let detok = if data_cfg.tokenizer.as_deref() == Some("bpe") { Detokenizer::bpe(&table) } else { Detokenizer::new(&table, words) };
 
     let mut conf = data_cfg.dataset_conf.for_cv();
     conf.sort = false;
