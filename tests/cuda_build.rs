@@ -99,6 +99,8 @@ fn info_prints_the_kernels_and_the_driver_state() {
     if cfg!(feature = "cuda") {
         let driver = text.lines().find(|l| l.starts_with("CUDA driver:")).unwrap_or_else(|| panic!("no driver line in:\n{text}"));
         match cuda::device_count() {
+            // The emulated device (ASRFORGE_CUDA_EMU=1) is named as such, never as a GPU.
+            Ok(_) if cuda::emulation_requested() => assert!(text.contains("GPUs: cuda:0 is EMULATED on the CPU"), "{text}"),
             // No driver here: the line says why.
             Err(_) => assert!(driver.contains("not found") || driver.contains("failed"), "{driver}"),
             Ok(n) => assert!(text.contains(&format!("GPUs: {n} visible")), "{text}"),
