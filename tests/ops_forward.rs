@@ -247,6 +247,34 @@ fn convolutions_against_direct_sums() {
 }
 
 #[test]
+fn exp_f32_within_two_ulp_of_the_rounded_exp() {
+    // A dense sweep of the whole finite range, then the ends and specials.
+    let ulps = |a: f32, b: f32| (a.to_bits() as i64 - b.to_bits() as i64).abs();
+    let mut worst = (0, 0.0f32);
+    for i in 0..=400_000 {
+        let x = -104.0 + 193.0 * (i as f32 / 400_000.0);
+        let (got, want) = (asrforge::backend::cpu::exp_f32(x), (x as f64).exp() as f32);
+        if ulps(got, want) > worst.0 {
+            worst = (ulps(got, want), x);
+        }
+    }
+    assert!(worst.0 <= 2, "exp_f32 is {} ulp off at x = {}", worst.0, worst.1);
+    let e = asrforge::backend::cpu::exp_f32;
+    assert_eq!((e(0.0), e(1.0), e(-1.0)), (1.0, std::f32::consts::E, (-1.0f64).exp() as f32));
+    assert_eq!((e(100.0), e(f32::INFINITY), e(-120.0), e(f32::NEG_INFINITY)), (f32::INFINITY, f32::INFINITY, 0.0, 0.0));
+    assert!(e(f32::NAN).is_nan());
+    // silu in f32 through it, against f64.
+    let xs: Vec<f64> = (0..2001).map(|i| -30.0 + 0.03 * i as f64).collect();
+    let got = ops::silu(&ops::to_dtype(&t(&xs, &[xs.len()]), DType::F32).unwrap()).unwrap().to_f64_vec().unwrap();
+    for (x, g) in xs.iter().zip(got) {
+        // The f32 input exactly, so that only the kernel's rounding is measured.
+        let x = *x as f32 as f64;
+        let want = x / (1.0 + (-x).exp());
+        assert!((g - want).abs() <= 8.0 * f32::EPSILON as f64 * want.abs(), "silu({x}) = {g}, want {want}");
+    }
+}
+
+#[test]
 fn label_smoothing_matches_its_formula() {
     let x = t(&[1.0, 2.0, 0.5, 0.0, 0.0, 0.0], &[1, 2, 3]);
     let tg = ids(&[1, -1], &[1, 2]);

@@ -45,7 +45,7 @@ impl Unary {
 
 #[inline]
 fn sigmoid<T: Float>(x: T) -> T {
-    T::one() / (T::one() + (-x).exp())
+    T::one() / (T::one() + (-x).exp_v())
 }
 
 const INV_SQRT2: f64 = std::f64::consts::FRAC_1_SQRT_2;
