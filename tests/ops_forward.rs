@@ -247,6 +247,32 @@ fn convolutions_against_direct_sums() {
 }
 
 #[test]
+fn conv2d_strided_and_padded_against_direct_sums() {
+    // Every stride/padding pair the im2col walks distinguish, on odd shapes.
+    let mut rng = Rng::new(common::fresh_seed());
+    for (s, p) in [(1, 0), (1, 1), (2, 0), (2, 1), (2, 2), (3, 1)] {
+        let (b, ci, h, w, co, kh, kw) = (2, 3, 7, 6, 2, 3, 2);
+        let xv = common::draw(&mut rng, &[b, ci, h, w], common::Kind::Normal);
+        let wv = common::draw(&mut rng, &[co, ci, kh, kw], common::Kind::Normal);
+        let y = ops::conv2d(&t(&xv, &[b, ci, h, w]), &t(&wv, &[co, ci, kh, kw]), None, s, p).unwrap();
+        let (ho, wo) = ((h + 2 * p - kh) / s + 1, (w + 2 * p - kw) / s + 1);
+        assert_eq!(y.dims(), &[b, co, ho, wo], "stride {s} pad {p}");
+        let mut want = vec![0.0; b * co * ho * wo];
+        for (n, o, oy, ox) in (0..b).flat_map(|n| (0..co).flat_map(move |o| (0..ho).flat_map(move |oy| (0..wo).map(move |ox| (n, o, oy, ox))))) {
+            let mut acc = 0.0;
+            for (c, i, j) in (0..ci).flat_map(|c| (0..kh).flat_map(move |i| (0..kw).map(move |j| (c, i, j)))) {
+                let (yy, xx) = ((oy * s + i) as isize - p as isize, (ox * s + j) as isize - p as isize);
+                if yy >= 0 && (yy as usize) < h && xx >= 0 && (xx as usize) < w {
+                    acc += wv[((o * ci + c) * kh + i) * kw + j] * xv[((n * ci + c) * h + yy as usize) * w + xx as usize];
+                }
+            }
+            want[((n * co + o) * ho + oy) * wo + ox] = acc;
+        }
+        assert_vec(&format!("conv2d s{s} p{p}"), &y.to_f64_vec().unwrap(), &want, 1e-12);
+    }
+}
+
+#[test]
 fn exp_f32_within_two_ulp_of_the_rounded_exp() {
     // A dense sweep of the whole finite range, then the ends and specials.
     let ulps = |a: f32, b: f32| (a.to_bits() as i64 - b.to_bits() as i64).abs();
