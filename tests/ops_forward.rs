@@ -51,6 +51,31 @@ fn philox_matches_the_published_known_answer() {
 }
 
 #[test]
+fn bernoulli_map_draws_the_philox_words() {
+    // Word i of a draw at block offset o is word i%4 of Philox block o + i/4,
+    // kept when (w + 0.5)/2^32 < p: sizes across the 32-word groups, the
+    // 16384-word parallel chunks and their tails, from odd offsets.
+    for (n, off) in [(1usize, 0u64), (31, 3), (32, 5), (33, 7), (16384 + 37, 11), (3 * 16384 + 5, (1 << 32) - 2)] {
+        let mut r = Rng { seed: 0x0123_4567_89ab_cdef, offset: off };
+        let got = r.bernoulli_map(n, 0.7, 2.0f32, 0.0);
+        let key = [0x89ab_cdefu32, 0x0123_4567];
+        let want: Vec<f32> = (0..n)
+            .map(|i| {
+                let b = off + (i / 4) as u64;
+                let w = rng::philox4x32([b as u32, (b >> 32) as u32, 0, 0], key)[i % 4];
+                if (w as f64 + 0.5) / 4_294_967_296.0 < 0.7 {
+                    2.0
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        assert_eq!(got, want, "n = {n}, offset = {off}");
+        assert_eq!(r.offset, off + n.div_ceil(4) as u64);
+    }
+}
+
+#[test]
 fn elementwise_and_broadcast() {
     let a = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
     let b = t(&[10.0, 20.0, 30.0], &[3]);
