@@ -142,6 +142,58 @@ fn valid_cols(g: &Conv2d, wo: usize, j: usize) -> (usize, usize, usize) {
     (lo, hi, (lo * s + j).saturating_sub(p))
 }
 
+/// `out[k] = line[k·s]`. Strides 1 and 2 (the subsampling convs) get loops
+/// the compiler vectorises (a copy; pairs of which the first is kept, all
+/// but the last element, whose pair may end past the line).
+fn gather<T: Float>(out: &mut [T], line: &[T], s: usize) {
+    let n = out.len();
+    if n == 0 {
+        return;
+    }
+    match s {
+        1 => out.copy_from_slice(&line[..n]),
+        2 => {
+            let (head, last) = out.split_at_mut(n - 1);
+            for (o, pair) in head.iter_mut().zip(line.chunks_exact(2)) {
+                *o = pair[0];
+            }
+            last[0] = line[2 * (n - 1)];
+        }
+        _ => {
+            for (o, &v) in out.iter_mut().zip(line.iter().step_by(s)) {
+                *o = v;
+            }
+        }
+    }
+}
+
+/// `line[k·s] += src[k]`: the adjoint of [`gather`], vectorised alike.
+fn scatter_add<T: Float>(src: &[T], line: &mut [T], s: usize) {
+    let n = src.len();
+    if n == 0 {
+        return;
+    }
+    match s {
+        1 => {
+            for (d, &v) in line.iter_mut().zip(src) {
+                *d = *d + v;
+            }
+        }
+        2 => {
+            for (pair, &v) in line.chunks_exact_mut(2).zip(&src[..n - 1]) {
+                pair[0] = pair[0] + v;
+            }
+            let k = 2 * (n - 1);
+            line[k] = line[k] + src[n - 1];
+        }
+        _ => {
+            for (d, &v) in line.iter_mut().step_by(s).zip(src) {
+                *d = *d + v;
+            }
+        }
+    }
+}
+
 /// Writes the columns (Ci·kh·kw, |oys|·Wo) of output rows `oys` of one
 /// image `xb` (Ci, H, W) into `cb` (zeros where the kernel reads padding). Each column row is a kernel
 /// tap (c, i, j): its output row oy reads input row oy·s+i−p from column
@@ -166,9 +218,7 @@ fn im2col_rows<T: Float>(xb: &[T], g: &Conv2d, oys: Range<usize>, cb: &mut [T]) 
                 continue;
             }
             let line = &plane[y as usize * g.w + x0..(y as usize + 1) * g.w];
-            for (o, &v) in out[lo..hi].iter_mut().zip(line.iter().step_by(s)) {
-                *o = v;
-            }
+            gather(&mut out[lo..hi], line, s);
         }
     }
 }
@@ -189,9 +239,7 @@ fn col2im_rows<T: Float>(cb: &[T], g: &Conv2d, oys: Range<usize>, gxb: &mut [T])
                 continue;
             }
             let line = &mut plane[y as usize * g.w + x0..(y as usize + 1) * g.w];
-            for (d, &v) in line.iter_mut().step_by(s).zip(&src[lo..hi]) {
-                *d = *d + v;
-            }
+            scatter_add(&src[lo..hi], line, s);
         }
     }
 }
