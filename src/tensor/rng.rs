@@ -24,37 +24,6 @@ pub fn philox4x32(ctr: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     c
 }
 
-/// Blocks [`philox_lanes`] computes side by side.
-const LANES: usize = 8;
-
-/// [`philox4x32`] of the counters `first, first + 1, …` (LANES of them, the
-/// upper two counter words 0), word `j` of block `l` at `[j][l]`: the lanes
-/// sit side by side so that each round is a few vector operations instead
-/// of a scalar chain per block (dropout's masks are most of the draws).
-fn philox_lanes(first: u64, key: [u32; 2]) -> [[u32; LANES]; 4] {
-    let mut c = [[0u32; LANES]; 4];
-    for l in 0..LANES {
-        let b = first + l as u64;
-        c[0][l] = b as u32;
-        c[1][l] = (b >> 32) as u32;
-    }
-    let mut k = key;
-    for _ in 0..10 {
-        let mut n = [[0u32; LANES]; 4];
-        for l in 0..LANES {
-            let p0 = (M0 as u64) * (c[0][l] as u64);
-            let p1 = (M1 as u64) * (c[2][l] as u64);
-            n[0][l] = ((p1 >> 32) as u32) ^ c[1][l] ^ k[0];
-            n[1][l] = p1 as u32;
-            n[2][l] = ((p0 >> 32) as u32) ^ c[3][l] ^ k[1];
-            n[3][l] = p0 as u32;
-        }
-        c = n;
-        k = [k[0].wrapping_add(W0), k[1].wrapping_add(W1)];
-    }
-    c
-}
-
 /// A seeded generator: a seed and a running offset (in 4-word blocks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rng {
@@ -130,20 +99,8 @@ impl Rng {
         let o = self.advance(n);
         let mut out = vec![no; n];
         let fill = |ci: usize, c: &mut [T]| {
-            let b0 = o + ((ci * CHUNK) / 4) as u64;
-            // Groups of LANES blocks at once; the tail block by block.
-            let (full, rest) = c.split_at_mut(c.len() / (4 * LANES) * (4 * LANES));
-            for (gi, grp) in full.chunks_mut(4 * LANES).enumerate() {
-                let w = philox_lanes(b0 + (gi * LANES) as u64, key);
-                for (e, d) in grp.iter_mut().enumerate() {
-                    if to_unit(w[e % 4][e / 4]) < p {
-                        *d = yes;
-                    }
-                }
-            }
-            let tail0 = b0 + (full.len() / 4) as u64;
-            for (bi, quad) in rest.chunks_mut(4).enumerate() {
-                let b = tail0 + bi as u64;
+            for (bi, quad) in c.chunks_mut(4).enumerate() {
+                let b = o + ((ci * CHUNK) / 4 + bi) as u64;
                 let w = philox4x32([b as u32, (b >> 32) as u32, 0, 0], key);
                 for (d, &wi) in quad.iter_mut().zip(&w) {
                     if to_unit(wi) < p {
