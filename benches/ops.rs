@@ -96,5 +96,71 @@ fn mlp(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, matmul, kernels, mlp);
+/// Forward + backward of the training step's heaviest kernels at the shapes
+/// of the 4x144 conformer (B 16, T 300; the conv2d at a quarter batch).
+fn train_kernels(c: &mut Criterion) {
+    let mut rng = Rng::new(4);
+    let mut g = c.benchmark_group("train_kernels");
+    g.sample_size(10);
+    let x = randn(&[4, 144, 149, 39], &mut rng).requires_grad_();
+    let w = randn(&[144, 144, 3, 3], &mut rng).requires_grad_();
+    let bias = randn(&[144], &mut rng).requires_grad_();
+    let gy = randn(&[4, 144, 74, 19], &mut rng);
+    g.throughput(Throughput::Elements(2 * 4 * 144 * 74 * 19 * 144 * 9u64));
+    g.bench_function("conv2d fwd B4 144x149x39 k3 s2", |b| b.iter(|| black_box(autograd::no_grad(|| ops::conv2d(&x, &w, Some(&bias), 2, 0).unwrap()))));
+    g.throughput(Throughput::Elements(3 * 2 * 4 * 144 * 74 * 19 * 144 * 9u64));
+    g.bench_function("conv2d fwd+bwd B4 144x149x39 k3 s2", |b| {
+        b.iter(|| {
+            let y = ops::conv2d(&x, &w, Some(&bias), 2, 0).unwrap();
+            autograd::backward_with(&[(y, gy.clone())]).unwrap();
+            for p in [&x, &w, &bias] {
+                p.zero_grad();
+            }
+        })
+    });
+    for (name, n) in [("relu", 1usize << 22), ("silu", 1 << 20), ("dropout", 1 << 22)] {
+        let x = randn(&[n], &mut rng).requires_grad_();
+        let gy = randn(&[n], &mut rng);
+        g.throughput(Throughput::Elements(n as u64));
+        g.bench_function(format!("{name} fwd+bwd {n}"), |b| {
+            b.iter(|| {
+                let y = match name {
+                    "relu" => ops::relu(&x).unwrap(),
+                    "silu" => ops::silu(&x).unwrap(),
+                    _ => ops::dropout(&x, 0.1, true).unwrap(),
+                };
+                autograd::backward_with(&[(y, gy.clone())]).unwrap();
+                x.zero_grad();
+            })
+        });
+    }
+    let (x, w) = (randn(&[16 * 75, 144], &mut rng).requires_grad_(), randn(&[576, 144], &mut rng).requires_grad_());
+    let bias = randn(&[576], &mut rng).requires_grad_();
+    let gy = randn(&[16 * 75, 576], &mut rng);
+    g.throughput(Throughput::Elements(3 * 2 * 16 * 75 * 144 * 576u64));
+    g.bench_function("linear fwd+bwd 1200x144 -> 576", |b| {
+        b.iter(|| {
+            let y = ops::linear(&x, &w, Some(&bias)).unwrap();
+            autograd::backward_with(&[(y, gy.clone())]).unwrap();
+            for p in [&x, &w, &bias] {
+                p.zero_grad();
+            }
+        })
+    });
+    // The model's linears take (B, T, D): the weight's gradient sums over B and T.
+    let x3 = randn(&[16, 75, 144], &mut rng).requires_grad_();
+    let gy3 = randn(&[16, 75, 576], &mut rng);
+    g.bench_function("linear fwd+bwd 16x75x144 -> 576", |b| {
+        b.iter(|| {
+            let y = ops::linear(&x3, &w, Some(&bias)).unwrap();
+            autograd::backward_with(&[(y, gy3.clone())]).unwrap();
+            for p in [&x3, &w, &bias] {
+                p.zero_grad();
+            }
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, matmul, kernels, mlp, train_kernels);
 criterion_main!(benches);

@@ -51,6 +51,31 @@ fn philox_matches_the_published_known_answer() {
 }
 
 #[test]
+fn bernoulli_map_draws_the_philox_words() {
+    // Word i of a draw at block offset o is word i%4 of Philox block o + i/4,
+    // kept when (w + 0.5)/2^32 < p: sizes across the 32-word groups, the
+    // 16384-word parallel chunks and their tails, from odd offsets.
+    for (n, off) in [(1usize, 0u64), (31, 3), (32, 5), (33, 7), (16384 + 37, 11), (3 * 16384 + 5, (1 << 32) - 2)] {
+        let mut r = Rng { seed: 0x0123_4567_89ab_cdef, offset: off };
+        let got = r.bernoulli_map(n, 0.7, 2.0f32, 0.0);
+        let key = [0x89ab_cdefu32, 0x0123_4567];
+        let want: Vec<f32> = (0..n)
+            .map(|i| {
+                let b = off + (i / 4) as u64;
+                let w = rng::philox4x32([b as u32, (b >> 32) as u32, 0, 0], key)[i % 4];
+                if (w as f64 + 0.5) / 4_294_967_296.0 < 0.7 {
+                    2.0
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        assert_eq!(got, want, "n = {n}, offset = {off}");
+        assert_eq!(r.offset, off + n.div_ceil(4) as u64);
+    }
+}
+
+#[test]
 fn elementwise_and_broadcast() {
     let a = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
     let b = t(&[10.0, 20.0, 30.0], &[3]);
@@ -244,6 +269,60 @@ fn convolutions_against_direct_sums() {
     // Pointwise conv1d: a per-frame linear map over channels.
     let pw = t(&[1.0, -1.0, 2.0, 0.0], &[2, 2, 1]);
     assert_vec("pointwise", &v(ops::conv1d_pointwise(&x, &pw, None)), &[0.0, 1.0, 2.0, 3.0, 2.0, 4.0, 6.0, 8.0], 0.0);
+}
+
+#[test]
+fn conv2d_strided_and_padded_against_direct_sums() {
+    // Every stride/padding pair the im2col walks distinguish, on odd shapes.
+    let mut rng = Rng::new(common::fresh_seed());
+    for (s, p) in [(1, 0), (1, 1), (2, 0), (2, 1), (2, 2), (3, 1)] {
+        let (b, ci, h, w, co, kh, kw) = (2, 3, 7, 6, 2, 3, 2);
+        let xv = common::draw(&mut rng, &[b, ci, h, w], common::Kind::Normal);
+        let wv = common::draw(&mut rng, &[co, ci, kh, kw], common::Kind::Normal);
+        let y = ops::conv2d(&t(&xv, &[b, ci, h, w]), &t(&wv, &[co, ci, kh, kw]), None, s, p).unwrap();
+        let (ho, wo) = ((h + 2 * p - kh) / s + 1, (w + 2 * p - kw) / s + 1);
+        assert_eq!(y.dims(), &[b, co, ho, wo], "stride {s} pad {p}");
+        let mut want = vec![0.0; b * co * ho * wo];
+        for (n, o, oy, ox) in (0..b).flat_map(|n| (0..co).flat_map(move |o| (0..ho).flat_map(move |oy| (0..wo).map(move |ox| (n, o, oy, ox))))) {
+            let mut acc = 0.0;
+            for (c, i, j) in (0..ci).flat_map(|c| (0..kh).flat_map(move |i| (0..kw).map(move |j| (c, i, j)))) {
+                let (yy, xx) = ((oy * s + i) as isize - p as isize, (ox * s + j) as isize - p as isize);
+                if yy >= 0 && (yy as usize) < h && xx >= 0 && (xx as usize) < w {
+                    acc += wv[((o * ci + c) * kh + i) * kw + j] * xv[((n * ci + c) * h + yy as usize) * w + xx as usize];
+                }
+            }
+            want[((n * co + o) * ho + oy) * wo + ox] = acc;
+        }
+        assert_vec(&format!("conv2d s{s} p{p}"), &y.to_f64_vec().unwrap(), &want, 1e-12);
+    }
+}
+
+#[test]
+fn exp_f32_within_two_ulp_of_the_rounded_exp() {
+    // A dense sweep of the whole finite range, then the ends and specials.
+    let ulps = |a: f32, b: f32| (a.to_bits() as i64 - b.to_bits() as i64).abs();
+    let mut worst = (0, 0.0f32);
+    for i in 0..=400_000 {
+        let x = -104.0 + 193.0 * (i as f32 / 400_000.0);
+        let (got, want) = (asrforge::backend::cpu::exp_f32(x), (x as f64).exp() as f32);
+        if ulps(got, want) > worst.0 {
+            worst = (ulps(got, want), x);
+        }
+    }
+    assert!(worst.0 <= 2, "exp_f32 is {} ulp off at x = {}", worst.0, worst.1);
+    let e = asrforge::backend::cpu::exp_f32;
+    assert_eq!((e(0.0), e(1.0), e(-1.0)), (1.0, std::f32::consts::E, (-1.0f64).exp() as f32));
+    assert_eq!((e(100.0), e(f32::INFINITY), e(-120.0), e(f32::NEG_INFINITY)), (f32::INFINITY, f32::INFINITY, 0.0, 0.0));
+    assert!(e(f32::NAN).is_nan());
+    // silu in f32 through it, against f64.
+    let xs: Vec<f64> = (0..2001).map(|i| -30.0 + 0.03 * i as f64).collect();
+    let got = ops::silu(&ops::to_dtype(&t(&xs, &[xs.len()]), DType::F32).unwrap()).unwrap().to_f64_vec().unwrap();
+    for (x, g) in xs.iter().zip(got) {
+        // The f32 input exactly, so that only the kernel's rounding is measured.
+        let x = *x as f32 as f64;
+        let want = x / (1.0 + (-x).exp());
+        assert!((g - want).abs() <= 8.0 * f32::EPSILON as f64 * want.abs(), "silu({x}) = {g}, want {want}");
+    }
 }
 
 #[test]

@@ -125,6 +125,8 @@ grad!(conv1d_depthwise, [([2, 3, 9], Normal, true), ([3, 1, 3], Normal, true), (
 grad!(conv1d_depthwise_k5_nobias, [([1, 4, 7], Normal, true), ([4, 1, 5], Normal, true)], |x| ops::conv1d_depthwise(&x[0], &x[1], None, 2));
 grad!(conv2d_stride2, [([2, 1, 9, 8], Normal, true), ([3, 1, 3, 3], Normal, true), ([3], Normal, true)], |x| ops::conv2d(&x[0], &x[1], Some(&x[2]), 2, 0));
 grad!(conv2d_pad1, [([1, 2, 6, 5], Normal, true), ([3, 2, 3, 3], Normal, true)], |x| ops::conv2d(&x[0], &x[1], None, 1, 1));
+// Stride and padding together: the padded ends of the strided column walks.
+grad!(conv2d_stride2_pad2, [([2, 2, 7, 6], Normal, true), ([2, 2, 3, 3], Normal, true)], |x| ops::conv2d(&x[0], &x[1], None, 2, 2));
 grad!(conv1d_pointwise, [([2, 3, 5], Normal, true), ([4, 3, 1], Normal, true), ([4], Normal, true)], |x| ops::conv1d_pointwise(&x[0], &x[1], Some(&x[2])));
 // Losses.
 grad!(ctc_loss_raw_log_probs, [([2, 6, 4], Normal, true)], |x| {

@@ -78,13 +78,21 @@ pub fn matmul_t(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<
             None
         };
         let gb = if needs[1] {
-            let gb = if bd.rank() == 2 && ad.rank() > 2 && !trans_a && !trans_b {
-                // Shared weight: (batch·M, K)ᵀ · (batch·M, N) sums over the batch in one GEMM.
+            let gb = if bd.rank() == 2 && ad.rank() > 2 && !trans_a {
+                // Shared weight: one GEMM over all batch·M rows sums over the
+                // batch inside the product: (batch·M, K)ᵀ·(batch·M, N), or
+                // for a transposed weight (linear's) its transpose
+                // (batch·M, N)ᵀ·(batch·M, K), instead of a product per batch
+                // element and a sum of their copies.
                 let kk = ad.dims()[ad.rank() - 1];
                 let rows = ad.elem_count() / kk.max(1);
                 let a2 = ad.reshaped(Shape::from([rows, kk]), false);
                 let g2 = g.reshaped(Shape::from([rows, g.dims()[g.rank() - 1]]), false);
-                matmul_t(&a2, &g2, true, false)?
+                if trans_b {
+                    matmul_t(&g2, &a2, true, false)?
+                } else {
+                    matmul_t(&a2, &g2, true, false)?
+                }
             } else if !trans_b {
                 matmul_t(&ad, g, !trans_a, false)?
             } else {

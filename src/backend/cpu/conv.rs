@@ -5,17 +5,18 @@
 //!   y[b,c,t] = bias[c] + Σ_k w[c,k]·x[b,c,t+k−p]
 //!
 //! Conv2d (the subsampling front end), x (B, Ci, H, W), w (Co, Ci, kh, kw),
-//! stride s, zero padding p: im2col to (Ci·kh·kw, Ho·Wo) per image, then one
-//! GEMM with the weight viewed as (Co, Ci·kh·kw). The backward uses the same
+//! stride s, zero padding p: im2col to (Ci·kh·kw, Ho·Wo) per image, then
+//! GEMMs with the weight viewed as (Co, Ci·kh·kw). The backward uses the same
 //! columns: gw = Σ_b g_b·colsᵀ, gcols = wᵀ·g_b, then col2im. The images are
-//! the parallel tasks (each GEMM single-threaded), so a batch's columns are
-//! never all alive at once.
+//! the parallel tasks (each GEMM single-threaded), and an image's columns
+//! are made and used in blocks of output rows small enough to stay in L2.
 
-use super::matmul::{gemm_into, MatmulDims};
+use super::matmul::{gemm_view, View};
 use super::{CpuStorage, Float};
 use crate::error::Result;
 use crate::float_match;
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Geometry of a depthwise conv1d.
 #[derive(Clone, Copy, Debug)]
@@ -130,51 +131,115 @@ impl Conv2d {
     }
 }
 
-/// Writes the columns (Ci·kh·kw, Ho·Wo) of one image `xb` (Ci, H, W) into
-/// `cb` (zeros where the kernel reads padding). Each column row is a kernel
-/// tap (c, i, j): its output row oy reads input row oy·s+i−p from column
-/// j−p with stride s, so the copy walks rows, never dividing per element.
-fn im2col_one<T: Float>(xb: &[T], g: &Conv2d, cb: &mut [T]) {
-    let (ho, wo) = g.out_hw();
-    let (s, p) = (g.stride, g.pad as isize);
-    for (r, row) in cb.chunks_mut((ho * wo).max(1)).enumerate().take(g.ckk()) {
-        let (c, i, j) = (r / (g.kh * g.kw), (r / g.kw) % g.kh, r % g.kw);
-        let plane = &xb[c * g.h * g.w..(c + 1) * g.h * g.w];
-        for (oy, out) in row.chunks_mut(wo.max(1)).enumerate() {
-            let y = (oy * s + i) as isize - p;
-            if y < 0 || y as usize >= g.h {
-                out.fill(T::zero());
-                continue;
+/// The output columns `ox` of tap column `j` that read inside a row of
+/// width `w` (`x = ox·s + j − p` in `0..w`): `lo..hi`, and the first `x`.
+fn valid_cols(g: &Conv2d, wo: usize, j: usize) -> (usize, usize, usize) {
+    let (s, p) = (g.stride, g.pad);
+    // x >= 0  <=>  ox >= ceil((p − j)/s).
+    let lo = if p > j { (p - j).div_ceil(s) } else { 0 }.min(wo);
+    // x <= w − 1  <=>  ox <= (w − 1 + p − j)/s.
+    let hi = if g.w + p > j { ((g.w - 1 + p - j) / s + 1).min(wo) } else { 0 }.max(lo);
+    (lo, hi, (lo * s + j).saturating_sub(p))
+}
+
+/// `out[k] = line[k·s]`. Strides 1 and 2 (the subsampling convs) get loops
+/// the compiler vectorises (a copy; pairs of which the first is kept, all
+/// but the last element, whose pair may end past the line).
+fn gather<T: Float>(out: &mut [T], line: &[T], s: usize) {
+    let n = out.len();
+    if n == 0 {
+        return;
+    }
+    match s {
+        1 => out.copy_from_slice(&line[..n]),
+        2 => {
+            let (head, last) = out.split_at_mut(n - 1);
+            for (o, pair) in head.iter_mut().zip(line.chunks_exact(2)) {
+                *o = pair[0];
             }
-            let line = &plane[y as usize * g.w..(y as usize + 1) * g.w];
-            for (ox, o) in out.iter_mut().enumerate() {
-                let x = (ox * s + j) as isize - p;
-                *o = if x < 0 || x as usize >= g.w { T::zero() } else { line[x as usize] };
+            last[0] = line[2 * (n - 1)];
+        }
+        _ => {
+            for (o, &v) in out.iter_mut().zip(line.iter().step_by(s)) {
+                *o = v;
             }
         }
     }
 }
 
-/// Adds the columns `cb` (Ci·kh·kw, Ho·Wo) of one image back into its
-/// gradient `gxb` (Ci, H, W): the adjoint of [`im2col_one`], taps in order.
-fn col2im_one<T: Float>(cb: &[T], g: &Conv2d, gxb: &mut [T]) {
-    let (ho, wo) = g.out_hw();
+/// `line[k·s] += src[k]`: the adjoint of [`gather`], vectorised alike.
+fn scatter_add<T: Float>(src: &[T], line: &mut [T], s: usize) {
+    let n = src.len();
+    if n == 0 {
+        return;
+    }
+    match s {
+        1 => {
+            for (d, &v) in line.iter_mut().zip(src) {
+                *d = *d + v;
+            }
+        }
+        2 => {
+            for (pair, &v) in line.chunks_exact_mut(2).zip(&src[..n - 1]) {
+                pair[0] = pair[0] + v;
+            }
+            let k = 2 * (n - 1);
+            line[k] = line[k] + src[n - 1];
+        }
+        _ => {
+            for (d, &v) in line.iter_mut().step_by(s).zip(src) {
+                *d = *d + v;
+            }
+        }
+    }
+}
+
+/// Writes the columns (Ci·kh·kw, |oys|·Wo) of output rows `oys` of one
+/// image `xb` (Ci, H, W) into `cb` (zeros where the kernel reads padding). Each column row is a kernel
+/// tap (c, i, j): its output row oy reads input row oy·s+i−p from column
+/// j−p with stride s, so the copy walks rows; the padded ends of a row are
+/// found once per tap ([`valid_cols`]), leaving a branch-free strided copy.
+fn im2col_rows<T: Float>(xb: &[T], g: &Conv2d, oys: Range<usize>, cb: &mut [T]) {
+    let (_, wo) = g.out_hw();
     let (s, p) = (g.stride, g.pad as isize);
-    for (r, row) in cb.chunks((ho * wo).max(1)).enumerate().take(g.ckk()) {
+    for (r, row) in cb.chunks_mut((oys.len() * wo).max(1)).enumerate().take(g.ckk()) {
         let (c, i, j) = (r / (g.kh * g.kw), (r / g.kw) % g.kh, r % g.kw);
-        let plane = &mut gxb[c * g.h * g.w..(c + 1) * g.h * g.w];
-        for (oy, src) in row.chunks(wo.max(1)).enumerate() {
+        let plane = &xb[c * g.h * g.w..(c + 1) * g.h * g.w];
+        let (lo, hi, x0) = valid_cols(g, wo, j);
+        for (oy, out) in oys.clone().zip(row.chunks_mut(wo.max(1))) {
             let y = (oy * s + i) as isize - p;
             if y < 0 || y as usize >= g.h {
+                out.fill(T::zero());
                 continue;
             }
-            let line = &mut plane[y as usize * g.w..(y as usize + 1) * g.w];
-            for (ox, &v) in src.iter().enumerate() {
-                let x = (ox * s + j) as isize - p;
-                if x >= 0 && (x as usize) < g.w {
-                    line[x as usize] = line[x as usize] + v;
-                }
+            out[..lo].fill(T::zero());
+            out[hi..].fill(T::zero());
+            if lo == hi {
+                continue;
             }
+            let line = &plane[y as usize * g.w + x0..(y as usize + 1) * g.w];
+            gather(&mut out[lo..hi], line, s);
+        }
+    }
+}
+
+/// Adds the columns `cb` (Ci·kh·kw, |oys|·Wo) of output rows `oys` of one
+/// image back into its gradient `gxb` (Ci, H, W): the adjoint of
+/// [`im2col_rows`], taps in order.
+fn col2im_rows<T: Float>(cb: &[T], g: &Conv2d, oys: Range<usize>, gxb: &mut [T]) {
+    let (_, wo) = g.out_hw();
+    let (s, p) = (g.stride, g.pad as isize);
+    for (r, row) in cb.chunks((oys.len() * wo).max(1)).enumerate().take(g.ckk()) {
+        let (c, i, j) = (r / (g.kh * g.kw), (r / g.kw) % g.kh, r % g.kw);
+        let plane = &mut gxb[c * g.h * g.w..(c + 1) * g.h * g.w];
+        let (lo, hi, x0) = valid_cols(g, wo, j);
+        for (oy, src) in oys.clone().zip(row.chunks(wo.max(1))) {
+            let y = (oy * s + i) as isize - p;
+            if y < 0 || y as usize >= g.h || lo == hi {
+                continue;
+            }
+            let line = &mut plane[y as usize * g.w + x0..(y as usize + 1) * g.w];
+            scatter_add(&src[lo..hi], line, s);
         }
     }
 }
@@ -188,16 +253,39 @@ pub fn conv2d(x: &CpuStorage, w: &CpuStorage, bias: Option<&CpuStorage>, g: &Con
     Ok(float_match!("conv2d", (x, w, bs), |x, w, bs| Float::store(conv2d_t(x, w, bias.map(|_| bs.as_slice()), g))))
 }
 
+/// Output rows per block of columns: the block (Ci·kh·kw × rows·Wo) is
+/// about [`BLOCK_BYTES`], so im2col writes it and the GEMM reads it in L2
+/// instead of through memory (a whole image's columns are several MiB).
+fn block_rows<T>(g: &Conv2d) -> usize {
+    let (_, wo) = g.out_hw();
+    (BLOCK_BYTES / std::mem::size_of::<T>() / (g.ckk() * wo).max(1)).max(1)
+}
+
+/// The size a block of columns aims at (L2 holds it with the GEMM's packing).
+const BLOCK_BYTES: usize = 3 << 19;
+
+/// The blocks of output rows of one image.
+fn row_blocks(ho: usize, rows: usize) -> impl Iterator<Item = Range<usize>> {
+    (0..ho).step_by(rows).map(move |r0| r0..(r0 + rows).min(ho))
+}
+
 fn conv2d_t<T: Float>(x: &[T], w: &[T], bias: Option<&[T]>, g: &Conv2d) -> Vec<T> {
-    {
-        let (ho, wo) = g.out_hw();
-        let (ckk, hw, img) = (g.ckk(), ho * wo, g.ci * g.h * g.w);
-        let d = MatmulDims { batch: 1, m: g.co, n: hw, k: ckk, trans_a: false, trans_b: false, a_stride: 0, b_stride: 0 };
-        let mut y = vec![T::zero(); g.b * g.co * hw];
-        y.par_chunks_mut((g.co * hw).max(1)).enumerate().for_each(|(bi, yb)| {
-            let mut cols = vec![T::zero(); ckk * hw];
-            im2col_one(&x[bi * img..(bi + 1) * img], g, &mut cols);
-            gemm_into(&d, w, &cols, yb);
+    let (ho, wo) = g.out_hw();
+    let (ckk, hw, img, co) = (g.ckk(), ho * wo, g.ci * g.h * g.w, g.co);
+    let rows = block_rows::<T>(g);
+    let mut y = vec![T::zero(); g.b * co * hw];
+    // One columns buffer per rayon job, reused by its images and blocks.
+    y.par_chunks_mut((co * hw).max(1)).enumerate().for_each_init(
+        || vec![T::zero(); ckk * rows.min(ho) * wo],
+        |cols, (bi, yb)| {
+            let xb = &x[bi * img..(bi + 1) * img];
+            for oys in row_blocks(ho, rows) {
+                let nc = oys.len() * wo;
+                let cb = &mut cols[..ckk * nc];
+                im2col_rows(xb, g, oys.clone(), cb);
+                // y[:, block] = w (Co, Ci·kh·kw) · cols (Ci·kh·kw, nc), rows of y hw apart.
+                gemm_view(co, nc, ckk, View { data: w, rs: ckk, cs: 1 }, View { data: cb, rs: nc, cs: 1 }, &mut yb[oys.start * wo..], hw, false);
+            }
             if let Some(bs) = bias {
                 for (row, yr) in yb.chunks_mut(hw.max(1)).enumerate() {
                     let b0 = bs[row];
@@ -206,9 +294,9 @@ fn conv2d_t<T: Float>(x: &[T], w: &[T], bias: Option<&[T]>, g: &Conv2d) -> Vec<T
                     }
                 }
             }
-        });
-        y
-    }
+        },
+    );
+    y
 }
 
 /// Conv2d backward: `(gx, gw, gbias)`; `gx` is only computed when `need_gx`
@@ -225,25 +313,36 @@ pub fn conv2d_backward(x: &CpuStorage, w: &CpuStorage, gy: &CpuStorage, g: &Conv
 fn conv2d_backward_t<T: Float>(x: &[T], w: &[T], gy: &[T], g: &Conv2d, need_gx: bool) -> (Vec<T>, Vec<T>, Vec<T>) {
     {
         let (ho, wo) = g.out_hw();
-        let (ckk, hw, img) = (g.ckk(), ho * wo, g.ci * g.h * g.w);
-        let dw = MatmulDims { batch: 1, m: g.co, n: ckk, k: hw, trans_a: false, trans_b: true, a_stride: 0, b_stride: 0 };
-        let dc = MatmulDims { batch: 1, m: ckk, n: hw, k: g.co, trans_a: true, trans_b: false, a_stride: 0, b_stride: 0 };
+        let (ckk, hw, img, co) = (g.ckk(), ho * wo, g.ci * g.h * g.w, g.co);
+        let rows = block_rows::<T>(g);
         let mut gx = vec![T::zero(); if need_gx { g.b * img } else { 0 }];
-        let mut gwb = vec![T::zero(); g.b * g.co * ckk];
-        let per_image = |bi: usize, gwi: &mut [T], gxb: Option<&mut [T]>| {
-            let gyb = &gy[bi * g.co * hw..(bi + 1) * g.co * hw];
-            let mut cols = vec![T::zero(); ckk * hw];
-            im2col_one(&x[bi * img..(bi + 1) * img], g, &mut cols);
-            gemm_into(&dw, gyb, &cols, gwi);
-            if let Some(gxb) = gxb {
-                gemm_into(&dc, w, gyb, &mut cols);
-                col2im_one(&cols, g, gxb);
+        let mut gwb = vec![T::zero(); g.b * co * ckk];
+        // Per image, per block of output rows: its columns again, then
+        // gw_b += g_b[:, block]·colsᵀ, cols = wᵀ·g_b[:, block] and col2im.
+        // `cols` is one buffer per rayon job, reused by its images.
+        let per_image = |cols: &mut Vec<T>, bi: usize, gwi: &mut [T], mut gxb: Option<&mut [T]>| {
+            let gyb = &gy[bi * co * hw..(bi + 1) * co * hw];
+            let xb = &x[bi * img..(bi + 1) * img];
+            for oys in row_blocks(ho, rows) {
+                let (nc, first) = (oys.len() * wo, oys.start == 0);
+                let gblk = View { data: &gyb[oys.start * wo..], rs: hw, cs: 1 };
+                let cb = &mut cols[..ckk * nc];
+                im2col_rows(xb, g, oys.clone(), cb);
+                gemm_view(co, ckk, nc, gblk, View { data: cb, rs: 1, cs: nc }, gwi, ckk, !first);
+                if let Some(gxb) = gxb.as_deref_mut() {
+                    gemm_view(ckk, nc, co, View { data: w, rs: 1, cs: ckk }, gblk, cb, nc, false);
+                    col2im_rows(cb, g, oys, gxb);
+                }
             }
         };
+        let new_cols = || vec![T::zero(); ckk * rows.min(ho) * wo];
         if need_gx {
-            gwb.par_chunks_mut((g.co * ckk).max(1)).zip(gx.par_chunks_mut(img.max(1))).enumerate().for_each(|(bi, (gwi, gxb))| per_image(bi, gwi, Some(gxb)));
+            gwb.par_chunks_mut((co * ckk).max(1))
+                .zip(gx.par_chunks_mut(img.max(1)))
+                .enumerate()
+                .for_each_init(new_cols, |cols, (bi, (gwi, gxb))| per_image(cols, bi, gwi, Some(gxb)));
         } else {
-            gwb.par_chunks_mut((g.co * ckk).max(1)).enumerate().for_each(|(bi, gwi)| per_image(bi, gwi, None));
+            gwb.par_chunks_mut((co * ckk).max(1)).enumerate().for_each_init(new_cols, |cols, (bi, gwi)| per_image(cols, bi, gwi, None));
         }
         let mut gw = vec![T::zero(); g.co * ckk];
         for chunk in gwb.chunks(g.co * ckk) {

@@ -43,8 +43,9 @@ impl Unary {
     }
 }
 
+#[inline]
 fn sigmoid<T: Float>(x: T) -> T {
-    T::one() / (T::one() + (-x).exp())
+    T::one() / (T::one() + (-x).exp_v())
 }
 
 const INV_SQRT2: f64 = std::f64::consts::FRAC_1_SQRT_2;
@@ -95,6 +96,59 @@ fn derivative<T: Float>(op: Unary, x: T, y: T) -> T {
     }
 }
 
+/// Every op of [`Unary`] as a constant: `$body` is compiled once per op, so
+/// the `match` on the op in [`apply`] and [`derivative`] folds away and the
+/// loop over the elements vectorises (a runtime op inside the loop kept it
+/// scalar).
+macro_rules! per_op {
+    ($op:expr, |$k:ident| $body:expr) => {
+        match $op {
+            Unary::Exp => {
+                const $k: Unary = Unary::Exp;
+                $body
+            }
+            Unary::Log => {
+                const $k: Unary = Unary::Log;
+                $body
+            }
+            Unary::Sqrt => {
+                const $k: Unary = Unary::Sqrt;
+                $body
+            }
+            Unary::Rsqrt => {
+                const $k: Unary = Unary::Rsqrt;
+                $body
+            }
+            Unary::Abs => {
+                const $k: Unary = Unary::Abs;
+                $body
+            }
+            Unary::Relu => {
+                const $k: Unary = Unary::Relu;
+                $body
+            }
+            Unary::Silu => {
+                const $k: Unary = Unary::Silu;
+                $body
+            }
+            Unary::Gelu => {
+                const $k: Unary = Unary::Gelu;
+                $body
+            }
+            Unary::Sigmoid => {
+                const $k: Unary = Unary::Sigmoid;
+                $body
+            }
+            Unary::Tanh => {
+                const $k: Unary = Unary::Tanh;
+                $body
+            }
+        }
+    };
+}
+
+/// `f` over `x` in fixed chunks (parallel when large), through iterators
+/// that carry no bounds checks.
 fn map<T: Float>(x: &[T], f: impl Fn(T) -> T + Sync + Send) -> Vec<T> {
     let mut out = vec![T::zero(); x.len()];
     par_chunks(&mut out, CHUNK, |s, o| {
@@ -106,22 +160,33 @@ fn map<T: Float>(x: &[T], f: impl Fn(T) -> T + Sync + Send) -> Vec<T> {
     out
 }
 
+/// `f(x, y, g)` elementwise over three equal-length slices, as [`map`].
+fn map3<T: Float>(x: &[T], y: &[T], g: &[T], f: impl Fn(T, T, T) -> T + Sync + Send) -> Vec<T> {
+    let mut out = vec![T::zero(); x.len()];
+    par_chunks(&mut out, CHUNK, |s, o| {
+        let n = o.len();
+        let (x, y, g) = (&x[s..s + n], &y[s..s + n], &g[s..s + n]);
+        for (((o, &a), &b), &c) in o.iter_mut().zip(x).zip(y).zip(g) {
+            *o = f(a, b, c);
+        }
+    });
+    out
+}
+
 /// `y = f(x)`.
 pub fn unary(op: Unary, x: &CpuStorage) -> Result<CpuStorage> {
-    Ok(float_match!(op.name(), x, |x| Float::store(map(x, |v| apply(op, v)))))
+    Ok(float_match!(op.name(), x, |x| per_op!(op, |K| Float::store(map(x, |v| apply(K, v))))))
 }
 
 /// `gx = gy · f'(x)` from the forward's input and output.
 pub fn unary_backward(op: Unary, x: &CpuStorage, y: &CpuStorage, gy: &CpuStorage) -> Result<CpuStorage> {
-    Ok(float_match!(op.name(), (x, y, gy), |x, y, g| {
-        let mut out = super::zeros_as(x, x.len());
-        par_chunks(&mut out, CHUNK, |s, o| {
-            for (i, o) in o.iter_mut().enumerate() {
-                *o = g[s + i] * derivative(op, x[s + i], y[s + i]);
-            }
-        });
-        Float::store(out)
-    }))
+    if x.len() != y.len() || x.len() != gy.len() {
+        return Err(crate::error::Error::invalid(
+            op.name(),
+            format!("backward expected x, y and gy of one length, got {}, {} and {}", x.len(), y.len(), gy.len()),
+        ));
+    }
+    Ok(float_match!(op.name(), (x, y, gy), |x, y, g| per_op!(op, |K| Float::store(map3(x, y, g, |a, b, c| c * derivative(K, a, b))))))
 }
 
 /// `y = x·mul + add`.
@@ -161,16 +226,6 @@ impl Binary {
     }
 }
 
-#[inline]
-fn bin<T: Float>(op: Binary, a: T, b: T) -> T {
-    match op {
-        Binary::Add => a + b,
-        Binary::Sub => a - b,
-        Binary::Mul => a * b,
-        Binary::Div => a / b,
-    }
-}
-
 /// Iterates the output of a broadcast in rows of its last dim, giving each
 /// row's start offset in both operands.
 pub(crate) struct Bcast {
@@ -207,12 +262,23 @@ impl Bcast {
 }
 
 fn binary_t<T: Float>(op: Binary, a: &[T], b: &[T], bc: &Bcast) -> Vec<T> {
+    // One copy of the loops per op (as `per_op!`), so they vectorise.
+    match op {
+        Binary::Add => binary_k(a, b, bc, |x, y| x + y),
+        Binary::Sub => binary_k(a, b, bc, |x, y| x - y),
+        Binary::Mul => binary_k(a, b, bc, |x, y| x * y),
+        Binary::Div => binary_k(a, b, bc, |x, y| x / y),
+    }
+}
+
+fn binary_k<T: Float>(a: &[T], b: &[T], bc: &Bcast, f: impl Fn(T, T) -> T + Sync + Send) -> Vec<T> {
     let n: usize = bc.out_dims.iter().product();
     let mut out = vec![T::zero(); n];
     if a.len() == n && b.len() == n {
         par_chunks(&mut out, CHUNK, |s, o| {
-            for (i, o) in o.iter_mut().enumerate() {
-                *o = bin(op, a[s + i], b[s + i]);
+            let m = o.len();
+            for ((o, &x), &y) in o.iter_mut().zip(&a[s..s + m]).zip(&b[s..s + m]) {
+                *o = f(x, y);
             }
         });
         return out;
@@ -220,8 +286,9 @@ fn binary_t<T: Float>(op: Binary, a: &[T], b: &[T], bc: &Bcast) -> Vec<T> {
     if b.len() == 1 && a.len() == n {
         let bv = b[0];
         par_chunks(&mut out, CHUNK, |s, o| {
-            for (i, o) in o.iter_mut().enumerate() {
-                *o = bin(op, a[s + i], bv);
+            let m = o.len();
+            for (o, &x) in o.iter_mut().zip(&a[s..s + m]) {
+                *o = f(x, bv);
             }
         });
         return out;
@@ -230,8 +297,30 @@ fn binary_t<T: Float>(op: Binary, a: &[T], b: &[T], bc: &Bcast) -> Vec<T> {
     let (ia, ib) = bc.inner();
     super::par_rows(&mut out, row, |r, o| {
         let (oa, ob) = bc.offsets(r);
-        for (j, o) in o.iter_mut().enumerate() {
-            *o = bin(op, a[oa + j * ia], b[ob + j * ib]);
+        match (ia, ib) {
+            // Both rows contiguous (a bias added to each row, a mask over rows).
+            (1, 1) => {
+                for ((o, &x), &y) in o.iter_mut().zip(&a[oa..oa + row]).zip(&b[ob..ob + row]) {
+                    *o = f(x, y);
+                }
+            }
+            (1, 0) => {
+                let y = b[ob];
+                for (o, &x) in o.iter_mut().zip(&a[oa..oa + row]) {
+                    *o = f(x, y);
+                }
+            }
+            (0, 1) => {
+                let x = a[oa];
+                for (o, &y) in o.iter_mut().zip(&b[ob..ob + row]) {
+                    *o = f(x, y);
+                }
+            }
+            _ => {
+                for (j, o) in o.iter_mut().enumerate() {
+                    *o = f(a[oa + j * ia], b[ob + j * ib]);
+                }
+            }
         }
     });
     out

@@ -31,34 +31,71 @@ pub struct MatmulDims {
 /// Products at least this large (m·n·k) use all cores inside one GEMM.
 const PAR_GEMM: usize = 96 * 96 * 96;
 
-fn gemm_one<T: Float>(d: &MatmulDims, a: &[T], b: &[T], c: &mut [T], par: Parallelism) {
-    let (m, n, k) = (d.m, d.n, d.k);
-    let (a_rs, a_cs) = if d.trans_a { (1, m as isize) } else { (k as isize, 1) };
-    let (b_rs, b_cs) = if d.trans_b { (1, k as isize) } else { (n as isize, 1) };
-    // Bounds the pointers below may reach; the callers slice exactly these.
-    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
-    // SAFETY: `a`, `b` and `c` are live slices of at least m·k, k·n and m·n
-    // elements (asserted above); the strides address exactly those row-major
-    // (or, for a transposed operand, column-major) matrices, so every element
-    // gemm reads or writes lies inside its slice, and `c` is borrowed mutably
-    // and alone. T is f32 or f64, types gemm implements.
+/// An operand read through strides: element (i, j) at `i·rs + j·cs`.
+#[derive(Clone, Copy)]
+pub(crate) struct View<'a, T> {
+    pub data: &'a [T],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+/// `c = a·b`, or `c += a·b` when `acc`, for (m×k)·(k×n) operands read
+/// through strides into `c` with row stride `ldc`: the one call into gemm.
+fn gemm_raw<T: Float>(m: usize, n: usize, k: usize, a: View<T>, b: View<T>, c: &mut [T], ldc: usize, acc: bool, par: Parallelism) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !acc {
+            for row in c.chunks_mut(ldc.max(1)).take(m) {
+                row[..n].fill(T::zero());
+            }
+        }
+        return;
+    }
+    // The last element each pointer below may reach lies inside its slice.
+    assert!((m - 1) * a.rs + (k - 1) * a.cs < a.data.len() && (k - 1) * b.rs + (n - 1) * b.cs < b.data.len() && (m - 1) * ldc + n - 1 < c.len());
+    // SAFETY: every element gemm reads or writes is (i, j) at i·rs + j·cs of
+    // its operand for i, j below the dims, so at most the offsets asserted
+    // above, inside the live slices; `c` is borrowed mutably and alone, so
+    // it aliases neither operand. T is f32 or f64, types gemm implements.
     unsafe {
-        gemm::gemm(m, n, k, c.as_mut_ptr(), 1, n as isize, false, a.as_ptr(), a_cs, a_rs, b.as_ptr(), b_cs, b_rs, T::zero(), T::one(), false, false, false, par)
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            ldc as isize,
+            acc,
+            a.data.as_ptr(),
+            a.cs as isize,
+            a.rs as isize,
+            b.data.as_ptr(),
+            b.cs as isize,
+            b.rs as isize,
+            T::one(),
+            T::one(),
+            false,
+            false,
+            false,
+            par,
+        )
     }
 }
 
-/// One single-threaded product `c = op(a)·op(b)` of `d`'s shape (its batch
-/// and strides ignored) into `c`, overwriting it; for callers that already
-/// run one task per thread.
-pub(crate) fn gemm_into<T: Float>(d: &MatmulDims, a: &[T], b: &[T], c: &mut [T]) {
-    if d.m * d.n == 0 {
-        return;
-    }
-    if d.k == 0 {
-        c[..d.m * d.n].fill(T::zero());
-        return;
-    }
-    gemm_one(d, a, b, c, Parallelism::None);
+fn gemm_one<T: Float>(d: &MatmulDims, a: &[T], b: &[T], c: &mut [T], par: Parallelism) {
+    let (m, n, k) = (d.m, d.n, d.k);
+    let (a_rs, a_cs) = if d.trans_a { (1, m) } else { (k, 1) };
+    let (b_rs, b_cs) = if d.trans_b { (1, k) } else { (n, 1) };
+    gemm_raw(m, n, k, View { data: a, rs: a_rs, cs: a_cs }, View { data: b, rs: b_rs, cs: b_cs }, c, n, false, par);
+}
+
+/// One single-threaded `c = a·b` (or `c += a·b` when `acc`) of (m×k)·(k×n)
+/// strided operands into `c` of row stride `ldc`, for callers that already
+/// run one task per thread and work on blocks of larger matrices.
+pub(crate) fn gemm_view<T: Float>(m: usize, n: usize, k: usize, a: View<T>, b: View<T>, c: &mut [T], ldc: usize, acc: bool) {
+    gemm_raw(m, n, k, a, b, c, ldc, acc, Parallelism::None);
 }
 
 pub(crate) fn matmul_t<T: Float>(d: &MatmulDims, a: &[T], b: &[T]) -> Vec<T> {
