@@ -10,6 +10,7 @@ pub mod buckets;
 pub mod comm_thread;
 pub mod ddp;
 pub mod deepspeed;
+mod deepspeed_json;
 pub mod flat;
 pub mod single;
 pub mod update;
