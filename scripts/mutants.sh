@@ -29,12 +29,15 @@ mutants=(
   'src/backend/cpu/ctc.rs @@ if s >= 2 && ext(s) != blank && ext(s) != ext(s - 2) { @@ if s >= 2 && ext(s) != blank { @@ ctc'
   'src/optim/clip.rs @@ let c = max_norm / (norm + 1e-6); @@ let c = norm / (max_norm + 1e-6); @@ optim'
   'src/train/executor.rs @@ let mut loss = crate::ops::mul_scalar(&out.loss, 1.0 / self.cfg.accum_grad as f64)?; @@ let mut loss = crate::ops::mul_scalar(&out.loss, 1.0)?; @@ dist_ddp'
+  'src/ops/label_smoothing.rs @@ if normalize_length { valid.max(1) } else { b.max(1) } @@ if normalize_length { b.max(1) } else { valid.max(1) } @@ train_e2e'
+  'src/models/ctc.rs @@ Ok((ops::mul_scalar(&sum, 1.0 / b as f64)?, infeasible)) @@ Ok((ops::mul_scalar(&sum, 1.0)?, infeasible)) @@ train_e2e'
 )
 
 mkdir -p "$dir/logs"
-# The copy: the working tree's tracked and untracked (not ignored) files.
+# The copy: the working tree's tracked and untracked (not ignored) files,
+# less those deleted in the working tree but not yet committed.
 rm -rf "$tree" && mkdir -p "$tree"
-(cd "$root" && git ls-files -co --exclude-standard -z | tar --null -T - -cf -) | tar -x -C "$tree"
+(cd "$root" && git ls-files -co --exclude-standard -z | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done | tar --null -T - -cf -) | tar -x -C "$tree"
 [ -d "$CARGO_TARGET_DIR" ] || cp -a "$root/target" "$CARGO_TARGET_DIR"
 
 pick=("$@")

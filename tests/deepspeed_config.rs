@@ -193,3 +193,43 @@ fn fp16_dynamic_scale_follows_deepspeed_rules() {
     // A static scale never moves.
     assert_eq!(run_scaler(r#"{"fp16": {"enabled": true, "loss_scale": 128}}"#, &[o, k, o]), vec![128.0, 128.0, 128.0]);
 }
+
+#[test]
+fn errors_deep_in_a_section_name_the_whole_key_path() {
+    // The section structs hand each key's value to its field type; the path is the JSON's, however deep.
+    let cases = [
+        (r#"{"zero_optimization": {"offload_param": {"device": 1}}}"#, "key zero_optimization.offload_param.device: expected a string, found number 1"),
+        (r#"{"zero_optimization": {"offload_optimizer": "cpu"}}"#, "key zero_optimization.offload_optimizer: expected an object, found string \"cpu\""),
+        (
+            r#"{"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": [1]}}}"#,
+            "key scheduler.params.warmup_num_steps: expected a number or \"auto\", found a list",
+        ),
+        (r#"{"optimizer": {"type": "Adam", "params": {"adam_w_mode": 0}}}"#, "key optimizer.params.adam_w_mode: expected true or false, found number 0"),
+        (
+            r#"{"bfloat16": {"enabled": null, "check_grad_overflow": 1}, "bf16": {"enabled": "no"}}"#,
+            "key bf16.enabled: expected true or false, found string \"no\"",
+        ),
+        (r#"{"fp16": {"loss_scale_window": -2}}"#, "key fp16.loss_scale_window: expected a non-negative integer, found -2"),
+    ];
+    for (text, want) in cases {
+        let e = err(text);
+        assert!(e == format!("config conf/x.json: {want}"), "{text}: {e:?}, expected the message {want:?}");
+    }
+    // null sections and keys are absent ones; keys DeepSpeed has and asrforge does not read are accepted silently.
+    let (c, w) = parse(
+        r#"{"fp16": null, "zero_optimization": {"stage": 1, "round_robin_gradients": true, "offload_param": {"device": "none", "pin_memory": true}}, "bf16": {"enabled": null}, "scheduler": {"type": "WarmupLR", "params": {"last_batch_iteration": -1, "warmup_type": "linear"}}}"#,
+    )
+    .expect("parse");
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!((c.zero.stage, c.fp16.enabled, c.bf16), (1, false, false));
+    assert_eq!(c.scheduler.expect("scheduler").warmup_type.as_deref(), Some("linear"));
+    let (_, w) = parse(r#"{"zero_optimization": {"offload_param": {"devise": "none"}}, "optimizer": {"type": "AdamW", "params": {"lr": 1, "beta": 2}}}"#)
+        .expect("parse");
+    assert_eq!(
+        w,
+        vec![
+            "deepspeed config conf/x.json: unknown key zero_optimization.offload_param.devise (ignored)".to_string(),
+            "deepspeed config conf/x.json: unknown key optimizer.params.beta (ignored)".to_string(),
+        ]
+    );
+}

@@ -1,6 +1,7 @@
 //! Faults in the TCP communicator, with real processes: a worker killed
 //! (SIGKILL) in the middle of large all-reduces, a worker that exits between
-//! collectives, and ranks that call different collectives. The survivors'
+//! collectives, ranks that call different collectives, and a rank that gives
+//! up because of another communicator (it tells its peers why). The survivors'
 //! next collective fails within the timeout (+ a few seconds), naming the
 //! rank at fault, and every later call fails at once.
 
@@ -197,4 +198,39 @@ fn a_rank_that_never_joins_the_group_is_named_after_the_timeout() {
         let ms: u64 = r.lines_with("MS ")[0].parse().unwrap();
         assert!((2000..4000).contains(&ms), "rank {} gave up after {ms} ms", r.rank);
     }
+}
+
+fn abort_body(w: Worker) {
+    let (_server, store, mut join) = group(&w, "join-like");
+    let mut engine = TcpCommunicator::new(&store, "engine-like", w.rank, w.world_size, TIMEOUT).unwrap();
+    join.barrier().unwrap();
+    let t = Tensor::from_vec(vec![1.0f32; 4096], vec![4096], &Device::Cpu).unwrap();
+    if w.rank == 0 {
+        // This rank failed outside `engine` (as a join that rank 1 completed
+        // and rank 0 did not) while rank 1's part of the all-reduce already
+        // sits unread in this rank's socket: it tells rank 1 why, and closes.
+        std::thread::sleep(Duration::from_millis(300));
+        engine.abort("rank 0 stopped: distributed join on rank 0: rank 2 closed its connection (did it exit?)");
+        return;
+    }
+    let t0 = Instant::now();
+    let err = engine.all_reduce(&t, ReduceOp::Sum).unwrap_err();
+    println!("MS {}", t0.elapsed().as_millis());
+    println!("ERR {err}");
+}
+
+#[test]
+fn a_rank_that_gives_up_elsewhere_tells_its_peers_why_on_another_communicator() {
+    if let Some(w) = worker() {
+        return abort_body(w);
+    }
+    let rs = spawn("a_rank_that_gives_up_elsewhere_tells_its_peers_why_on_another_communicator", 2, &[], &|_| Vec::new());
+    rs.iter().for_each(|r| r.assert_ok());
+    let err = &rs[1].lines_with("ERR ")[0];
+    assert!(
+        err.contains("rank 0 stopped: distributed join on rank 0: rank 2 closed its connection"),
+        "rank 1 names the cause, not rank 0's closed connection: {err}"
+    );
+    let ms: u64 = rs[1].lines_with("MS ")[0].parse().unwrap();
+    assert!(ms < 3000, "rank 1 failed {ms} ms after entering the all-reduce, not at once when told");
 }

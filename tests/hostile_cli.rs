@@ -1,9 +1,11 @@
 //! The "hostile user" suite: the real binary on bad input. Each case is a
 //! row of the table below — how to set up its directory, the command line,
-//! the exit code expected, the words its stderr must hold (the file, key or
-//! rank at fault) — and one shared runner checks every row the same way:
-//! the exit code, the words, no panic or backtrace text, and a model_dir
-//! with no temporary files and none of the files the case forbids.
+//! the exit code expected, the words its stderr must hold (the file, key,
+//! argument or rank at fault) — and one shared runner checks every row the
+//! same way: the exit code, the words, no panic or backtrace text, and a
+//! model_dir (`dir/exp`) with no temporary files, none of the files the
+//! case forbids, all the files it requires, and (where the case says so)
+//! byte for byte what it held before the command.
 //!
 //! To add a case: write a `fn setup_x(dir) -> Vec<String>` that prepares
 //! `dir` and returns the arguments, add a `Case` row, and a `hostile!` line.
@@ -25,21 +27,59 @@ struct Case {
     env: &'static [(&'static str, &'static str)],
     /// The exit code expected.
     rc: i32,
-    /// Words stderr must contain (the file, key or rank named, the reason).
+    /// Words stderr must contain (the file, key or rank named, the reason);
+    /// `{dir}` stands for the case's directory.
     stderr_has: &'static [&'static str],
     /// Words stderr must not contain.
     stderr_lacks: &'static [&'static str],
     /// File-name prefixes that must not be in `dir/exp` afterwards (besides any `.tmp`).
     forbidden_in_model_dir: &'static [&'static str],
+    /// Files that must be in `dir/exp` afterwards.
+    required_in_model_dir: &'static [&'static str],
+    /// Whether `dir/exp` must be left exactly as the setup left it.
+    model_dir_unchanged: bool,
+    /// A last check of what the command left in `dir`.
+    after: Option<fn(&Path)>,
 }
+
+fn no_setup(_: &Path) -> Vec<String> {
+    Vec::new()
+}
+
+/// The fields most rows leave as they are.
+const ROW: Case = Case {
+    setup: no_setup,
+    env: &[],
+    rc: 1,
+    stderr_has: &[],
+    stderr_lacks: &[],
+    forbidden_in_model_dir: &[],
+    required_in_model_dir: &[],
+    model_dir_unchanged: false,
+    after: None,
+};
 
 /// Text that only a panic, an abort or a backtrace prints.
 const CRASH_TEXT: &[&str] = &["panicked at", "stack backtrace", "RUST_BACKTRACE", "memory allocation of", "core dumped", "Aborted"];
+
+/// Every file of `dir` (not below it) with its bytes; empty when `dir` does not exist.
+fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut v: Vec<(String, Vec<u8>)> = rd
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
+        .collect();
+    v.sort();
+    v
+}
 
 /// Runs one case in a fresh directory named after it and checks everything.
 fn check(name: &str, case: &Case) {
     let dir = train_common::tmpdir(&format!("hostile-{name}"));
     let args = (case.setup)(&dir);
+    let model_dir = dir.join("exp");
+    let before = snapshot(&model_dir);
     // ASRFORGE_HOSTILE_BIN runs the table against another build (a before/after comparison).
     let bin = std::env::var("ASRFORGE_HOSTILE_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_asrforge").to_string());
     let out = Command::new(bin)
@@ -55,20 +95,25 @@ fn check(name: &str, case: &Case) {
     let code = out.status.code().unwrap_or(-1);
     assert_eq!(code, case.rc, "{name}: exit code {code} (expected {}); stderr:\n{err}", case.rc);
     for w in case.stderr_has {
-        assert!(err.contains(w), "{name}: stderr lacks {w:?}:\n{err}");
+        let w = w.replace("{dir}", &dir.display().to_string());
+        assert!(err.contains(&w), "{name}: stderr lacks {w:?}:\n{err}");
     }
     for w in case.stderr_lacks.iter().chain(CRASH_TEXT) {
         assert!(!err.contains(w), "{name}: stderr has {w:?}:\n{err}");
     }
-    let model_dir = dir.join("exp");
-    if let Ok(rd) = std::fs::read_dir(&model_dir) {
-        for e in rd.flatten() {
-            let f = e.file_name().to_string_lossy().to_string();
-            assert!(!f.contains(".tmp"), "{name}: temporary file {f} left in {}", model_dir.display());
-            for p in case.forbidden_in_model_dir {
-                assert!(!f.starts_with(p), "{name}: {f} left in {} after a failed run", model_dir.display());
-            }
+    let after = snapshot(&model_dir);
+    for (f, _) in &after {
+        assert!(!f.contains(".tmp"), "{name}: temporary file {f} left in {}", model_dir.display());
+        for p in case.forbidden_in_model_dir {
+            assert!(!f.starts_with(p), "{name}: {f} left in {}", model_dir.display());
         }
+    }
+    for f in case.required_in_model_dir {
+        assert!(after.iter().any(|(n, _)| n == f), "{name}: no {f} in {}", model_dir.display());
+    }
+    assert!(!case.model_dir_unchanged || after == before, "{name}: {} changed", model_dir.display());
+    if let Some(f) = case.after {
+        f(&dir);
     }
 }
 
@@ -116,14 +161,7 @@ fn setup_huge_lr(dir: &Path) -> Vec<String> {
     a
 }
 
-const HUGE_LR: Case = Case {
-    setup: setup_huge_lr,
-    env: &[],
-    rc: 1,
-    stderr_has: &["cv loss is NaN", "not saving epoch_0"],
-    stderr_lacks: &[],
-    forbidden_in_model_dir: &["epoch_0"],
-};
+const HUGE_LR: Case = Case { setup: setup_huge_lr, stderr_has: &["cv loss is NaN", "not saving epoch_0"], forbidden_in_model_dir: &["epoch_0"], ..ROW };
 
 // ---- defect 2: recognize skips an utterance past the positional table ----
 
@@ -168,11 +206,10 @@ fn setup_recognize_long(dir: &Path) -> Vec<String> {
 
 const RECOGNIZE_LONG: Case = Case {
     setup: setup_recognize_long,
-    env: &[],
     rc: 0,
     stderr_has: &["long_utt (beyond_model)", "at most 5000 encoder frames", "ctc_greedy_search: 3 utterances"],
     stderr_lacks: &["error:"],
-    forbidden_in_model_dir: &[],
+    ..ROW
 };
 
 // ---- defect 3: training on nothing is an error naming the rank -----------
@@ -185,11 +222,10 @@ fn setup_empty_list(dir: &Path) -> Vec<String> {
 
 const EMPTY_TRAIN_LIST: Case = Case {
     setup: setup_empty_list,
-    env: &[],
-    rc: 1,
     stderr_has: &["no training data: rank 0 formed 0 batches", "empty.list"],
     stderr_lacks: &["trained 0 batches"],
     forbidden_in_model_dir: &["epoch_"],
+    ..ROW
 };
 
 fn setup_raw_as_shard(dir: &Path) -> Vec<String> {
@@ -200,12 +236,10 @@ fn setup_raw_as_shard(dir: &Path) -> Vec<String> {
 
 const RAW_LIST_AS_SHARD: Case = Case {
     setup: setup_raw_as_shard,
-    env: &[],
-    rc: 1,
     // Each JSON line is taken for a shard path that does not exist.
     stderr_has: &["rank 0 formed 0 batches (skipped 4 (missing_file 4))", "data.list"],
-    stderr_lacks: &[],
     forbidden_in_model_dir: &["epoch_"],
+    ..ROW
 };
 
 /// Two ranks over a list of one good line and seven missing files: the
@@ -227,11 +261,9 @@ fn setup_rank_without_files(dir: &Path) -> Vec<String> {
 
 const RANK_WITHOUT_FILES: Case = Case {
     setup: setup_rank_without_files,
-    env: &[],
-    rc: 1,
     stderr_has: &["formed 0 batches (skipped", "missing_file", "holes.list", "data per rank: rank 0 skipped", "; rank 1 skipped"],
-    stderr_lacks: &[],
     forbidden_in_model_dir: &["epoch_"],
+    ..ROW
 };
 
 // ---- defect 4: units.txt is validated, naming the file and line ----------
@@ -244,11 +276,9 @@ fn setup_duplicate_id(dir: &Path) -> Vec<String> {
 
 const UNITS_DUPLICATE_ID: Case = Case {
     setup: setup_duplicate_id,
-    env: &[],
-    rc: 1,
     stderr_has: &["units.txt: line 5: id 3 of `B` is already the id of `A` (line 4)"],
-    stderr_lacks: &[],
     forbidden_in_model_dir: &["init", "epoch_"],
+    ..ROW
 };
 
 fn setup_units_gap(dir: &Path) -> Vec<String> {
@@ -259,11 +289,10 @@ fn setup_units_gap(dir: &Path) -> Vec<String> {
 
 const UNITS_GAP: Case = Case {
     setup: setup_units_gap,
-    env: &[],
-    rc: 1,
     stderr_has: &["units.txt: line 9: expected contiguous ids 0..8", "no id 8"],
     stderr_lacks: &["index 19 is out of range"],
     forbidden_in_model_dir: &["init", "epoch_"],
+    ..ROW
 };
 
 // ---- defect 5: an absurd config is a clear error, not an abort ------------
@@ -273,14 +302,8 @@ fn setup_absurd_model_info(dir: &Path) -> Vec<String> {
     vec!["model-info".into(), "--config".into(), p(dir, "train.yaml")]
 }
 
-const ABSURD_MODEL_INFO: Case = Case {
-    setup: setup_absurd_model_info,
-    env: &[],
-    rc: 1,
-    stderr_has: &["config key `encoder_conf.output_size`", "output_size 100000000", "ASRFORGE_MAX_MODEL_BYTES"],
-    stderr_lacks: &[],
-    forbidden_in_model_dir: &[],
-};
+const ABSURD_MODEL_INFO: Case =
+    Case { setup: setup_absurd_model_info, stderr_has: &["config key `encoder_conf.output_size`", "output_size 100000000", "ASRFORGE_MAX_MODEL_BYTES"], ..ROW };
 
 fn setup_absurd_train(dir: &Path) -> Vec<String> {
     let mut a = train_setup(dir, 4, "");
@@ -288,14 +311,8 @@ fn setup_absurd_train(dir: &Path) -> Vec<String> {
     a
 }
 
-const ABSURD_TRAIN: Case = Case {
-    setup: setup_absurd_train,
-    env: &[],
-    rc: 1,
-    stderr_has: &["config key `encoder_conf.output_size`", "GiB"],
-    stderr_lacks: &[],
-    forbidden_in_model_dir: &["init", "epoch_"],
-};
+const ABSURD_TRAIN: Case =
+    Case { setup: setup_absurd_train, stderr_has: &["config key `encoder_conf.output_size`", "GiB"], forbidden_in_model_dir: &["init", "epoch_"], ..ROW };
 
 fn setup_model_over_a_set_limit(dir: &Path) -> Vec<String> {
     train_setup(dir, 4, "")
@@ -304,10 +321,9 @@ fn setup_model_over_a_set_limit(dir: &Path) -> Vec<String> {
 const MODEL_OVER_A_SET_LIMIT: Case = Case {
     setup: setup_model_over_a_set_limit,
     env: &[("ASRFORGE_MAX_MODEL_BYTES", "100000")],
-    rc: 1,
     stderr_has: &["expected at most 0.0 GiB (set ASRFORGE_MAX_MODEL_BYTES"],
-    stderr_lacks: &[],
     forbidden_in_model_dir: &["init", "epoch_"],
+    ..ROW
 };
 
 // ---- defect 7: bad values are errors or warnings -------------------------
@@ -320,11 +336,9 @@ fn setup_negative_lr(dir: &Path) -> Vec<String> {
 
 const NEGATIVE_LR: Case = Case {
     setup: setup_negative_lr,
-    env: &[],
-    rc: 1,
     stderr_has: &["config key `optim_conf.lr`: expected a finite learning rate >= 0, found -0.001"],
-    stderr_lacks: &[],
     forbidden_in_model_dir: &["init", "epoch_"],
+    ..ROW
 };
 
 fn setup_nan_lr(dir: &Path) -> Vec<String> {
@@ -333,8 +347,7 @@ fn setup_nan_lr(dir: &Path) -> Vec<String> {
     a
 }
 
-const NAN_LR: Case =
-    Case { setup: setup_nan_lr, env: &[], rc: 1, stderr_has: &["optim_conf.lr", "found NaN"], stderr_lacks: &[], forbidden_in_model_dir: &["init", "epoch_"] };
+const NAN_LR: Case = Case { setup: setup_nan_lr, stderr_has: &["optim_conf.lr", "found NaN"], forbidden_in_model_dir: &["init", "epoch_"], ..ROW };
 
 /// compute-cmvn over a list whose only utterance has a 1e30 sample.
 fn setup_cmvn_non_finite(dir: &Path) -> Vec<String> {
@@ -346,14 +359,8 @@ fn setup_cmvn_non_finite(dir: &Path) -> Vec<String> {
     s(&["compute-cmvn", "--train_config", &p(dir, "train.yaml"), "--in_scp", &p(dir, "wav.scp"), "--out_cmvn", &p(dir, "exp_cmvn.json")])
 }
 
-const CMVN_NON_FINITE: Case = Case {
-    setup: setup_cmvn_non_finite,
-    env: &[],
-    rc: 1,
-    stderr_has: &["wav.scp", "expected at least one usable utterance", "non_finite_features 1"],
-    stderr_lacks: &[],
-    forbidden_in_model_dir: &[],
-};
+const CMVN_NON_FINITE: Case =
+    Case { setup: setup_cmvn_non_finite, stderr_has: &["wav.scp", "expected at least one usable utterance", "non_finite_features 1"], ..ROW };
 
 fn setup_ds_fp16_on_cpu(dir: &Path) -> Vec<String> {
     let mut a = train_setup(dir, 4, "");
@@ -367,14 +374,7 @@ fn setup_ds_fp16_on_cpu(dir: &Path) -> Vec<String> {
     a
 }
 
-const DS_FP16_ON_CPU: Case = Case {
-    setup: setup_ds_fp16_on_cpu,
-    env: &[],
-    rc: 0,
-    stderr_has: &["ds.json: fp16 is enabled but the CPU backend trains in f32"],
-    stderr_lacks: &[],
-    forbidden_in_model_dir: &[],
-};
+const DS_FP16_ON_CPU: Case = Case { setup: setup_ds_fp16_on_cpu, rc: 0, stderr_has: &["ds.json: fp16 is enabled but the CPU backend trains in f32"], ..ROW };
 
 // ---- defect 9: an infeasible CTC target is skipped and counted -----------
 
@@ -387,12 +387,148 @@ fn setup_ctc_infeasible(dir: &Path) -> Vec<String> {
 
 const CTC_INFEASIBLE: Case = Case {
     setup: setup_ctc_infeasible,
-    env: &[],
     rc: 0,
     stderr_has: &["utt004 (ctc_infeasible)", "utt013 (ctc_infeasible)"],
     stderr_lacks: &["CtcTargetTooLong", "is longer than its input", "skipped, "],
-    forbidden_in_model_dir: &[],
+    ..ROW
 };
+
+// ---- defect 8: runs do not mix -------------------------------------------
+
+/// The corpus, and a first two-epoch run of `train` into `dir/exp`; returns its command line.
+fn trained(dir: &Path) -> Vec<String> {
+    train_common::setup(dir, 4, &train_common::tiny_yaml(0.0, 4, 2, ""));
+    let mut a = train_args(dir, "data.list");
+    a.extend(s(&["--seed", "7"]));
+    let out = Command::new(env!("CARGO_BIN_EXE_asrforge")).args(&a).output().expect("run the first training");
+    assert!(out.status.success(), "the first run trains:\n{}", String::from_utf8_lossy(&out.stderr));
+    a
+}
+
+/// The overrides that make a run another run.
+const OTHER_RUN: [&str; 4] = ["--override_config", "max_epoch 1", "--override_config", "optim_conf.lr 0.002"];
+
+fn setup_other_run(dir: &Path) -> Vec<String> {
+    let mut a = trained(dir);
+    a.extend(s(&OTHER_RUN));
+    a
+}
+
+const OTHER_RUN_IN_MODEL_DIR: Case =
+    Case { setup: setup_other_run, stderr_has: &["{dir}/exp", "epoch_0.safetensors", "--overwrite", "--checkpoint"], model_dir_unchanged: true, ..ROW };
+
+fn setup_checkpoint_from_elsewhere(dir: &Path) -> Vec<String> {
+    let mut a = trained(dir);
+    std::fs::copy(dir.join("exp/epoch_0.safetensors"), dir.join("elsewhere.safetensors")).unwrap();
+    a.extend(s(&["--checkpoint", &p(dir, "elsewhere.safetensors")]));
+    a
+}
+
+const CHECKPOINT_FROM_ELSEWHERE: Case =
+    Case { setup: setup_checkpoint_from_elsewhere, stderr_has: &["epoch_0.safetensors", "elsewhere.safetensors"], model_dir_unchanged: true, ..ROW };
+
+fn setup_resume_own(dir: &Path) -> Vec<String> {
+    let mut a = trained(dir);
+    std::fs::write(dir.join("exp/.epoch_1.yaml.tmp.5"), b"x").unwrap();
+    a.extend(s(&["--checkpoint", &p(dir, "exp/epoch_0.safetensors")]));
+    a
+}
+
+/// Resuming from one of its own checkpoints is the same run (the stale temporary goes).
+const RESUME_OWN_CHECKPOINT: Case = Case { setup: setup_resume_own, rc: 0, required_in_model_dir: &["epoch_1.safetensors"], ..ROW };
+
+fn setup_overwrite(dir: &Path) -> Vec<String> {
+    let mut a = setup_other_run(dir);
+    a.push("--overwrite".into());
+    a
+}
+
+/// Every checkpoint YAML left holds the new run's config.
+fn only_the_new_run(dir: &Path) {
+    let config = |f: &str| {
+        let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(dir.join("exp").join(f)).unwrap()).unwrap();
+        v["config"].clone()
+    };
+    let new = config("epoch_0.yaml");
+    assert_eq!(new["max_epoch"].as_u64(), Some(1));
+    for (n, _) in snapshot(&dir.join("exp")).iter().filter(|(n, _)| n.ends_with(".yaml") && *n != "train.yaml") {
+        assert_eq!(config(n), new, "{n} belongs to the new run");
+    }
+}
+
+const OVERWRITE: Case = Case {
+    setup: setup_overwrite,
+    rc: 0,
+    forbidden_in_model_dir: &["epoch_1"],
+    required_in_model_dir: &["epoch_0.yaml"],
+    after: Some(only_the_new_run),
+    ..ROW
+};
+
+fn average_args(dir: &Path) -> Vec<String> {
+    s(&["average", "--dst_model", &p(dir, "exp/avg.safetensors"), "--src_path", &p(dir, "exp"), "--num", "2"])
+}
+
+fn setup_average_one_run(dir: &Path) -> Vec<String> {
+    trained(dir);
+    average_args(dir)
+}
+
+const AVERAGE_ONE_RUN: Case = Case { setup: setup_average_one_run, rc: 0, required_in_model_dir: &["avg.safetensors"], ..ROW };
+
+/// A checkpoint of another run (its train.yaml differs in one key) slipped in as epoch 7.
+fn setup_average_two_runs(dir: &Path) -> Vec<String> {
+    trained(dir);
+    let exp = dir.join("exp");
+    std::fs::copy(exp.join("epoch_0.safetensors"), exp.join("epoch_7.safetensors")).unwrap();
+    let mut infos: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(exp.join("epoch_0.yaml")).unwrap()).unwrap();
+    infos["epoch"] = 7.into();
+    infos["config"]["optim_conf"]["lr"] = 0.5.into();
+    std::fs::write(exp.join("epoch_7.yaml"), serde_yaml_ng::to_string(&infos).unwrap()).unwrap();
+    average_args(dir)
+}
+
+const AVERAGE_TWO_RUNS: Case = Case {
+    setup: setup_average_two_runs,
+    stderr_has: &["epoch_1.safetensors", "epoch_7", "optim_conf.lr", "different runs"],
+    forbidden_in_model_dir: &["avg"],
+    model_dir_unchanged: true,
+    ..ROW
+};
+
+// ---- defect 10: missing arguments are named; stale temporaries go ---------
+
+fn setup_train_bare(_: &Path) -> Vec<String> {
+    s(&["train"])
+}
+
+const TRAIN_WITHOUT_ARGUMENTS: Case = Case { setup: setup_train_bare, stderr_has: &["--config", "--model_dir", "--train_data", "--cv_data"], ..ROW };
+
+fn setup_average_bare(_: &Path) -> Vec<String> {
+    s(&["average"])
+}
+
+const AVERAGE_WITHOUT_ARGUMENTS: Case = Case { setup: setup_average_bare, stderr_has: &["--dst_model", "--src_path"], ..ROW };
+
+fn setup_train_half(_: &Path) -> Vec<String> {
+    s(&["train", "--config", "c.yaml", "--model_dir", "m"])
+}
+
+/// Only the missing ones are named.
+const TRAIN_WITH_HALF_THE_ARGUMENTS: Case = Case { setup: setup_train_half, stderr_has: &["--train_data", "--cv_data"], stderr_lacks: &["--config <"], ..ROW };
+
+/// Temporary files a kill -9 during a save leaves behind (write_atomic's names).
+fn setup_stale_temporaries(dir: &Path) -> Vec<String> {
+    let a = train_setup(dir, 4, "");
+    std::fs::create_dir_all(dir.join("exp")).unwrap();
+    std::fs::write(dir.join("exp/.epoch_0.safetensors.tmp.4242"), b"half a checkpoint").unwrap();
+    std::fs::write(dir.join("exp/.train.yaml.tmp.17"), b"half a yaml").unwrap();
+    a
+}
+
+/// The removal is reported; the runner checks no temporary is left.
+const STALE_TEMPORARIES: Case =
+    Case { setup: setup_stale_temporaries, rc: 0, stderr_has: &[".epoch_0.safetensors.tmp.4242"], required_in_model_dir: &["epoch_0.safetensors"], ..ROW };
 
 hostile!(huge_learning_rate_makes_cv_nan_and_fails, HUGE_LR);
 hostile!(recognize_skips_an_utterance_past_the_positional_table, RECOGNIZE_LONG);
@@ -409,3 +545,13 @@ hostile!(a_nan_learning_rate_is_an_error, NAN_LR);
 hostile!(compute_cmvn_on_non_finite_audio_is_an_error, CMVN_NON_FINITE);
 hostile!(deepspeed_fp16_on_the_cpu_warns, DS_FP16_ON_CPU);
 hostile!(an_infeasible_ctc_target_is_skipped_and_counted, CTC_INFEASIBLE);
+hostile!(a_model_dir_of_another_run_is_refused_untouched, OTHER_RUN_IN_MODEL_DIR);
+hostile!(a_checkpoint_from_elsewhere_does_not_make_the_model_dir_ours, CHECKPOINT_FROM_ELSEWHERE);
+hostile!(resuming_from_an_own_checkpoint_is_allowed_and_removes_stale_temporaries, RESUME_OWN_CHECKPOINT);
+hostile!(overwrite_leaves_only_the_new_runs_files, OVERWRITE);
+hostile!(average_over_one_run_succeeds, AVERAGE_ONE_RUN);
+hostile!(average_refuses_checkpoints_of_two_runs, AVERAGE_TWO_RUNS);
+hostile!(missing_required_arguments_of_train_are_named, TRAIN_WITHOUT_ARGUMENTS);
+hostile!(missing_required_arguments_of_average_are_named, AVERAGE_WITHOUT_ARGUMENTS);
+hostile!(only_the_missing_arguments_are_named, TRAIN_WITH_HALF_THE_ARGUMENTS);
+hostile!(stale_temporaries_of_interrupted_saves_are_removed_at_start, STALE_TEMPORARIES);

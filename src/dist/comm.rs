@@ -54,6 +54,12 @@ pub trait Communicator: Send {
     fn reduce_scatter(&mut self, input: &Tensor, output: &Tensor, op: ReduceOp) -> Result<()>;
     /// Returns once every rank has entered the barrier.
     fn barrier(&mut self) -> Result<()>;
+    /// Tells every peer that this process gives up and why (an error on
+    /// another communicator of the job, or outside any collective), so their
+    /// current or next call fails with `reason` rather than with "rank r
+    /// closed its connection"; the communicator is unusable afterwards. Does
+    /// nothing after a failed call (the peers were told then) or on one process.
+    fn abort(&mut self, _reason: &str) {}
 
     /// All-reduces a few f64 values in place (loss sums, squared gradient
     /// norms, utterance counts) without building a tensor by hand.

@@ -53,6 +53,11 @@ impl JoinGroup {
         self.comm.timeout()
     }
 
+    /// Tells the other ranks why this one gives up (see [`Communicator::abort`]).
+    pub fn abort(&mut self, reason: &str) {
+        self.comm.abort(reason);
+    }
+
     /// Which ranks have a batch for this step (`has` is this rank's answer);
     /// the same on every rank.
     pub fn who_has_batch(&mut self, has: bool) -> Result<Vec<bool>> {

@@ -280,9 +280,11 @@ impl TcpCommunicator {
 
 impl Drop for TcpCommunicator {
     /// After a failure, reads and discards what peers still send until they
-    /// close their side (at most 2 s): closing a socket with unread data
-    /// makes the kernel send a reset, which would destroy the abort frame a
-    /// peer has not read yet and leave it blaming this rank.
+    /// close their side, or stay silent for 0.5 s (a stopped peer never
+    /// closes; a job's two communicators must not each wait the full time
+    /// for it), at most 2 s: closing a socket with unread data makes the
+    /// kernel send a reset, which would destroy the abort frame a peer has
+    /// not read yet and leave it blaming this rank.
     fn drop(&mut self) {
         if self.broken.is_none() {
             return;
@@ -291,7 +293,7 @@ impl Drop for TcpCommunicator {
         let mut sink = vec![0u8; 64 << 10];
         for s in self.peers.iter().flatten() {
             loop {
-                let left = deadline.saturating_duration_since(Instant::now());
+                let left = deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(500));
                 if left.is_zero() || s.set_read_timeout(Some(left)).is_err() {
                     return;
                 }
@@ -438,5 +440,13 @@ impl Communicator for TcpCommunicator {
 
     fn barrier(&mut self) -> Result<()> {
         self.run("barrier", |c, deadline| c.barrier_frames(deadline))
+    }
+
+    fn abort(&mut self, reason: &str) {
+        if self.broken.is_some() || self.world == 1 {
+            return;
+        }
+        self.abort_all("abort", reason, None);
+        self.broken = Some(reason.to_string());
     }
 }

@@ -248,4 +248,12 @@ impl Engine for Ddp {
     fn load_optimizer_state(&mut self, saved: &[OptimizerState]) -> Result<()> {
         load_adam_state(&mut self.adam, saved)
     }
+    fn abort(&mut self, reason: &str) {
+        // Queued behind any collective still in flight; the thread runs it before it ends (dropping the engine joins it).
+        let reason = reason.to_string();
+        let _ = self.comm.submit("abort", move |c| {
+            c.abort(&reason);
+            Ok(())
+        });
+    }
 }

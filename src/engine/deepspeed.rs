@@ -8,10 +8,11 @@
 //! at most one of fp16 and bf16 enabled; the JSON's fp16/bf16 decides the
 //! deepspeed engine's precision (`--use_amp` is for torch_ddp).
 
+use super::deepspeed_json::{kind_of, read_top, CountOrAuto};
 use super::zero::ZeroOptions;
 use crate::error::{Error, Result};
 use crate::optim::{AdamConfig, ScalerConfig};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::path::Path;
 
 /// A value that may be `"auto"` (decided by train.yaml).
@@ -187,184 +188,80 @@ const NO_EFFECT: [&str; 12] = [
     "dump_state",
 ];
 
-struct Reader<'a> {
-    path: &'a str,
-    warnings: Vec<String>,
-}
+/// The order of the warnings: top-level keys, then each section's in the
+/// order of the file format (shallower keys first).
+const SECTIONS: [&str; 6] = ["zero_optimization", "fp16", "bf16", "bfloat16", "optimizer", "scheduler"];
 
-fn kind_of(v: &Value) -> String {
-    match v {
-        Value::Null => "null".into(),
-        Value::Bool(b) => format!("boolean {b}"),
-        Value::Number(n) => format!("number {n}"),
-        Value::String(s) => format!("string {s:?}"),
-        Value::Array(_) => "a list".into(),
-        Value::Object(_) => "an object".into(),
-    }
-}
-
-fn join(prefix: &str, key: &str) -> String {
-    if prefix.is_empty() {
-        key.to_string()
+/// The warning for a key path no section struct has.
+fn unknown_key_warning(path: &str, key: &str) -> String {
+    if NO_EFFECT.contains(&key) {
+        format!("deepspeed config {path}: key {key} has no effect in asrforge (ignored)")
     } else {
-        format!("{prefix}.{key}")
-    }
-}
-
-impl<'a> Reader<'a> {
-    fn err(&self, key: &str, msg: String) -> Error {
-        Error::ConfigFile { path: self.path.to_string(), msg: format!("key {key}: {msg}") }
-    }
-
-    /// The object at `key` (None when absent), warning about keys outside `known`.
-    fn object<'v>(&mut self, v: Option<&'v Value>, key: &str, known: &[&str]) -> Result<Option<&'v Map<String, Value>>> {
-        match v {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Object(m)) => {
-                for k in m.keys() {
-                    if !known.contains(&k.as_str()) {
-                        self.warnings.push(format!("deepspeed config {}: unknown key {} (ignored)", self.path, join(key, k)));
-                    }
-                }
-                Ok(Some(m))
-            }
-            Some(other) => Err(self.err(key, format!("expected an object, found {}", kind_of(other)))),
-        }
-    }
-
-    fn bool(&self, m: Option<&Map<String, Value>>, prefix: &str, key: &str, default: bool) -> Result<bool> {
-        match m.and_then(|m| m.get(key)) {
-            None | Some(Value::Null) => Ok(default),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(other) => Err(self.err(&join(prefix, key), format!("expected true or false, found {}", kind_of(other)))),
-        }
-    }
-
-    fn num(&self, m: Option<&Map<String, Value>>, prefix: &str, key: &str, auto: bool) -> Result<Option<Setting<f64>>> {
-        let k = join(prefix, key);
-        match m.and_then(|m| m.get(key)) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Number(n)) => n.as_f64().map(|x| Some(Setting::Value(x))).ok_or_else(|| self.err(&k, format!("expected a number, found {n}"))),
-            Some(Value::String(s)) if auto && s == "auto" => Ok(Some(Setting::Auto)),
-            Some(other) => Err(self.err(&k, format!("expected a number{}, found {}", if auto { " or \"auto\"" } else { "" }, kind_of(other)))),
-        }
-    }
-
-    fn count(&self, m: Option<&Map<String, Value>>, prefix: &str, key: &str, auto: bool) -> Result<Option<Setting<u64>>> {
-        let k = join(prefix, key);
-        match self.num(m, prefix, key, auto)? {
-            None => Ok(None),
-            Some(Setting::Auto) => Ok(Some(Setting::Auto)),
-            // DeepSpeed's own files write counts as 1e8; any integral value is a count.
-            Some(Setting::Value(x)) if x >= 0.0 && x.fract() == 0.0 && x < 1.8e19 => Ok(Some(Setting::Value(x as u64))),
-            Some(Setting::Value(x)) => Err(self.err(&k, format!("expected a non-negative integer, found {x}"))),
-        }
-    }
-
-    fn fixed<T>(&self, s: Option<Setting<T>>, key: &str) -> Result<Option<T>> {
-        match s {
-            Some(Setting::Auto) => Err(self.err(key, "\"auto\" is not allowed here".into())),
-            Some(Setting::Value(v)) => Ok(Some(v)),
-            None => Ok(None),
-        }
-    }
-
-    fn string(&self, m: Option<&Map<String, Value>>, prefix: &str, key: &str) -> Result<Option<String>> {
-        match m.and_then(|m| m.get(key)) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(other) => Err(self.err(&join(prefix, key), format!("expected a string, found {}", kind_of(other)))),
-        }
+        format!("deepspeed config {path}: unknown key {key} (ignored)")
     }
 }
 
 /// Parses a DeepSpeed JSON config's text; returns it with one warning per unknown key path.
 pub fn parse_deepspeed_config(text: &str, path: &str) -> Result<(DeepSpeedConfig, Vec<String>)> {
+    let err = |key: &str, msg: String| Error::ConfigFile { path: path.to_string(), msg: format!("key {key}: {msg}") };
     let root: Value = serde_json::from_str(text).map_err(|e| Error::ConfigFile { path: path.to_string(), msg: format!("not valid JSON: {e}") })?;
-    let mut r = Reader { path, warnings: Vec::new() };
-    const TOP: [&str; 10] = [
-        "train_micro_batch_size_per_gpu",
-        "gradient_accumulation_steps",
-        "gradient_clipping",
-        "steps_per_print",
-        "zero_optimization",
-        "fp16",
-        "bf16",
-        "optimizer",
-        "scheduler",
-        "bfloat16",
-    ];
-    let top = match &root {
-        Value::Object(m) => m,
-        other => return Err(Error::ConfigFile { path: path.to_string(), msg: format!("expected a JSON object at the top level, found {}", kind_of(other)) }),
+    if !root.is_object() {
+        return Err(Error::ConfigFile { path: path.to_string(), msg: format!("expected a JSON object at the top level, found {}", kind_of(&root)) });
+    }
+    let (top, mut unknown) = read_top(&root).map_err(|(key, msg)| err(&key, msg))?;
+    unknown.sort_by_key(|k| {
+        let section = k.split('.').next().and_then(|s| SECTIONS.iter().position(|&x| x == s));
+        (k.contains('.'), section, k.matches('.').count())
+    });
+    let warnings = unknown.iter().map(|k| unknown_key_warning(path, k)).collect();
+
+    let d = ZeroSection::default();
+    let zero = match top.zero_optimization.0 {
+        None => d,
+        Some(z) => {
+            let stage = match z.stage.0.unwrap_or(0) {
+                s @ 0..=2 => s as u8,
+                3 => return Err(err("zero_optimization.stage", "ZeRO stage 3 is not supported (use stage 1 or 2)".into())),
+                s => return Err(err("zero_optimization.stage", format!("expected 0, 1 or 2, found {s}"))),
+            };
+            let bucket = |key: &str, s: CountOrAuto, default: usize| match s.0 {
+                Some(Setting::Value(0)) => Err(err(&format!("zero_optimization.{key}"), "expected at least 1 element, found 0".into())),
+                Some(Setting::Value(v)) => Ok(v as usize),
+                Some(Setting::Auto) | None => Ok(default),
+            };
+            for (key, off) in [("offload_optimizer", &z.offload_optimizer), ("offload_param", &z.offload_param)] {
+                let device = off.0.as_ref().and_then(|o| o.device.0.clone()).unwrap_or_else(|| "none".into());
+                if device != "none" {
+                    return Err(err(&format!("zero_optimization.{key}.device"), format!("offloading is not supported, expected \"none\", found {device:?}")));
+                }
+            }
+            ZeroSection {
+                stage,
+                reduce_bucket_size: bucket("reduce_bucket_size", z.reduce_bucket_size, d.reduce_bucket_size)?,
+                allgather_bucket_size: bucket("allgather_bucket_size", z.allgather_bucket_size, d.allgather_bucket_size)?,
+                overlap_comm: z.overlap_comm.0.unwrap_or(d.overlap_comm),
+                contiguous_gradients: z.contiguous_gradients.0.unwrap_or(d.contiguous_gradients),
+                reduce_scatter: z.reduce_scatter.0.unwrap_or(d.reduce_scatter),
+                allgather_partitions: z.allgather_partitions.0.unwrap_or(d.allgather_partitions),
+            }
+        }
     };
-    for k in top.keys() {
-        if NO_EFFECT.contains(&k.as_str()) {
-            r.warnings.push(format!("deepspeed config {path}: key {k} has no effect in asrforge (ignored)"));
-        } else if !TOP.contains(&k.as_str()) {
-            r.warnings.push(format!("deepspeed config {path}: unknown key {k} (ignored)"));
-        }
-    }
-    let t = Some(top);
-    let zk = [
-        "stage",
-        "reduce_bucket_size",
-        "allgather_bucket_size",
-        "overlap_comm",
-        "contiguous_gradients",
-        "reduce_scatter",
-        "allgather_partitions",
-        "offload_optimizer",
-        "offload_param",
-        "round_robin_gradients",
-    ];
-    let zm = r.object(top.get("zero_optimization"), "zero_optimization", &zk)?;
-    let mut zero = ZeroSection::default();
-    if let Some(stage) = r.count(zm, "zero_optimization", "stage", false)? {
-        let stage = r.fixed(Some(stage), "zero_optimization.stage")?.unwrap_or(0);
-        zero.stage = match stage {
-            0..=2 => stage as u8,
-            3 => return Err(r.err("zero_optimization.stage", "ZeRO stage 3 is not supported (use stage 1 or 2)".into())),
-            s => return Err(r.err("zero_optimization.stage", format!("expected 0, 1 or 2, found {s}"))),
-        };
-    }
-    for (key, slot) in [("reduce_bucket_size", &mut zero.reduce_bucket_size), ("allgather_bucket_size", &mut zero.allgather_bucket_size)] {
-        match r.count(zm, "zero_optimization", key, true)? {
-            Some(Setting::Value(0)) => return Err(r.err(&join("zero_optimization", key), "expected at least 1 element, found 0".into())),
-            Some(Setting::Value(v)) => *slot = v as usize,
-            Some(Setting::Auto) | None => {}
-        }
-    }
-    zero.overlap_comm = r.bool(zm, "zero_optimization", "overlap_comm", false)?;
-    zero.contiguous_gradients = r.bool(zm, "zero_optimization", "contiguous_gradients", true)?;
-    zero.reduce_scatter = r.bool(zm, "zero_optimization", "reduce_scatter", true)?;
-    zero.allgather_partitions = r.bool(zm, "zero_optimization", "allgather_partitions", true)?;
-    for off in ["offload_optimizer", "offload_param"] {
-        let key = join("zero_optimization", off);
-        let om = r.object(zm.and_then(|m| m.get(off)), &key, &["device", "pin_memory", "nvme_path", "buffer_count", "fast_init", "ratio"])?;
-        let device = r.string(om, &key, "device")?.unwrap_or_else(|| "none".into());
-        if device != "none" {
-            return Err(r.err(&format!("{key}.device"), format!("offloading is not supported, expected \"none\", found {device:?}")));
-        }
-    }
-    let fk = ["enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis", "min_loss_scale"];
-    let fm = r.object(top.get("fp16"), "fp16", &fk)?;
+
     let d = Fp16Config::default();
-    let f16n = |r: &Reader, key: &str, def: f64| -> Result<f64> { Ok(r.fixed(r.num(fm, "fp16", key, false)?, &join("fp16", key))?.unwrap_or(def)) };
-    let f16c = |r: &Reader, key: &str, def: u64| -> Result<u64> { Ok(r.fixed(r.count(fm, "fp16", key, false)?, &join("fp16", key))?.unwrap_or(def)) };
+    let f = top.fp16.0.unwrap_or_default();
     let fp16 = Fp16Config {
-        enabled: r.bool(fm, "fp16", "enabled", false)?,
-        auto_cast: r.bool(fm, "fp16", "auto_cast", false)?,
-        loss_scale: f16n(&r, "loss_scale", d.loss_scale)?,
-        initial_scale_power: u32::try_from(f16c(&r, "initial_scale_power", d.initial_scale_power as u64)?)
-            .map_err(|_| r.err("fp16.initial_scale_power", "expected at most 127".into()))?,
-        loss_scale_window: f16c(&r, "loss_scale_window", d.loss_scale_window)?,
-        hysteresis: f16c(&r, "hysteresis", d.hysteresis)?,
-        consecutive_hysteresis: r.bool(fm, "fp16", "consecutive_hysteresis", false)?,
-        min_loss_scale: f16n(&r, "min_loss_scale", d.min_loss_scale)?,
+        enabled: f.enabled.0.unwrap_or(d.enabled),
+        auto_cast: f.auto_cast.0.unwrap_or(d.auto_cast),
+        loss_scale: f.loss_scale.0.unwrap_or(d.loss_scale),
+        initial_scale_power: u32::try_from(f.initial_scale_power.0.unwrap_or(d.initial_scale_power.into()))
+            .map_err(|_| err("fp16.initial_scale_power", "expected at most 127".into()))?,
+        loss_scale_window: f.loss_scale_window.0.unwrap_or(d.loss_scale_window),
+        hysteresis: f.hysteresis.0.unwrap_or(d.hysteresis),
+        consecutive_hysteresis: f.consecutive_hysteresis.0.unwrap_or(d.consecutive_hysteresis),
+        min_loss_scale: f.min_loss_scale.0.unwrap_or(d.min_loss_scale),
     };
     if fp16.loss_scale < 0.0 || fp16.initial_scale_power > 127 || fp16.loss_scale_window == 0 {
-        return Err(r.err(
+        return Err(err(
             "fp16",
             format!(
                 "expected loss_scale >= 0, initial_scale_power <= 127 and loss_scale_window >= 1, found {}, {} and {}",
@@ -372,79 +269,56 @@ pub fn parse_deepspeed_config(text: &str, path: &str) -> Result<(DeepSpeedConfig
             ),
         ));
     }
-    let mut bf16 = false;
-    for key in ["bf16", "bfloat16"] {
-        let bm = r.object(top.get(key), key, &["enabled", "immediate_grad_update", "check_grad_overflow"])?;
-        bf16 |= r.bool(bm, key, "enabled", false)?;
-    }
-    let om = r.object(top.get("optimizer"), "optimizer", &["type", "params"])?;
-    let optimizer = match om {
+    let bf16 = [&top.bf16, &top.bfloat16].iter().any(|s| s.0.as_ref().and_then(|b| b.enabled.0).unwrap_or(false));
+
+    let optimizer = match top.optimizer.0 {
         None => None,
-        Some(m) => {
-            let kind = r.string(Some(m), "optimizer", "type")?.ok_or_else(|| r.err("optimizer.type", "missing (expected Adam or AdamW)".into()))?;
+        Some(o) => {
+            let kind = o.kind.0.ok_or_else(|| err("optimizer.type", "missing (expected Adam or AdamW)".into()))?;
             if !matches!(kind.to_ascii_lowercase().as_str(), "adam" | "adamw") {
-                return Err(r.err("optimizer.type", format!("expected Adam or AdamW, found {kind:?}")));
+                return Err(err("optimizer.type", format!("expected Adam or AdamW, found {kind:?}")));
             }
-            let pm = r.object(m.get("params"), "optimizer.params", &["lr", "betas", "eps", "weight_decay", "adam_w_mode", "torch_adam"])?;
-            let betas = match pm.and_then(|p| p.get("betas")) {
-                None | Some(Value::Null) => None,
-                Some(Value::String(s)) if s == "auto" => Some(Setting::Auto),
-                Some(Value::Array(a)) if a.len() == 2 && a.iter().all(Value::is_number) => {
-                    Some(Setting::Value((a[0].as_f64().unwrap_or(0.9), a[1].as_f64().unwrap_or(0.999))))
-                }
-                Some(other) => return Err(r.err("optimizer.params.betas", format!("expected a list of two numbers or \"auto\", found {}", kind_of(other)))),
-            };
-            Some(OptimizerSection {
-                kind,
-                lr: r.num(pm, "optimizer.params", "lr", true)?,
-                betas,
-                eps: r.num(pm, "optimizer.params", "eps", true)?,
-                weight_decay: r.num(pm, "optimizer.params", "weight_decay", true)?,
-                adam_w_mode: match pm.and_then(|p| p.get("adam_w_mode")) {
-                    None => None,
-                    Some(_) => Some(r.bool(pm, "optimizer.params", "adam_w_mode", true)?),
-                },
-            })
+            let p = o.params.0.unwrap_or_default();
+            Some(OptimizerSection { kind, lr: p.lr.0, betas: p.betas.0, eps: p.eps.0, weight_decay: p.weight_decay.0, adam_w_mode: p.adam_w_mode.0 })
         }
     };
-    let sm = r.object(top.get("scheduler"), "scheduler", &["type", "params"])?;
-    let scheduler = match sm {
+
+    let scheduler = match top.scheduler.0 {
         None => None,
-        Some(m) => {
-            let kind = r.string(Some(m), "scheduler", "type")?.ok_or_else(|| r.err("scheduler.type", "missing (expected WarmupLR)".into()))?;
+        Some(s) => {
+            let kind = s.kind.0.ok_or_else(|| err("scheduler.type", "missing (expected WarmupLR)".into()))?;
             if kind != "WarmupLR" {
-                return Err(r.err("scheduler.type", format!("expected WarmupLR, found {kind:?}")));
+                return Err(err("scheduler.type", format!("expected WarmupLR, found {kind:?}")));
             }
-            let pm =
-                r.object(m.get("params"), "scheduler.params", &["warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"])?;
-            let warmup_type = r.string(pm, "scheduler.params", "warmup_type")?;
-            if let Some(w) = &warmup_type {
+            let p = s.params.0.unwrap_or_default();
+            if let Some(w) = &p.warmup_type.0 {
                 if w != "log" && w != "linear" {
-                    return Err(r.err("scheduler.params.warmup_type", format!("expected log or linear, found {w:?}")));
+                    return Err(err("scheduler.params.warmup_type", format!("expected log or linear, found {w:?}")));
                 }
             }
             Some(SchedulerSection {
                 kind,
-                warmup_min_lr: r.num(pm, "scheduler.params", "warmup_min_lr", true)?,
-                warmup_max_lr: r.num(pm, "scheduler.params", "warmup_max_lr", true)?,
-                warmup_num_steps: r.num(pm, "scheduler.params", "warmup_num_steps", true)?,
-                warmup_type,
+                warmup_min_lr: p.warmup_min_lr.0,
+                warmup_max_lr: p.warmup_max_lr.0,
+                warmup_num_steps: p.warmup_num_steps.0,
+                warmup_type: p.warmup_type.0,
             })
         }
     };
+
     let cfg = DeepSpeedConfig {
         path: path.to_string(),
-        train_micro_batch_size_per_gpu: r.count(t, "", "train_micro_batch_size_per_gpu", true)?,
-        gradient_accumulation_steps: r.count(t, "", "gradient_accumulation_steps", true)?,
-        gradient_clipping: r.num(t, "", "gradient_clipping", true)?,
-        steps_per_print: r.fixed(r.count(t, "", "steps_per_print", false)?, "steps_per_print")?,
+        train_micro_batch_size_per_gpu: top.train_micro_batch_size_per_gpu.0,
+        gradient_accumulation_steps: top.gradient_accumulation_steps.0,
+        gradient_clipping: top.gradient_clipping.0,
+        steps_per_print: top.steps_per_print.0,
         zero,
         fp16,
         bf16,
         optimizer,
         scheduler,
     };
-    Ok((cfg, r.warnings))
+    Ok((cfg, warnings))
 }
 
 /// Reads and parses a DeepSpeed JSON file; the warnings are also printed to stderr.

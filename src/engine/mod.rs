@@ -10,6 +10,7 @@ pub mod buckets;
 pub mod comm_thread;
 pub mod ddp;
 pub mod deepspeed;
+mod deepspeed_json;
 pub mod flat;
 pub mod single;
 pub mod update;
@@ -76,4 +77,7 @@ pub trait Engine {
     /// rank order (one for an unsharded engine). A sharded engine re-shards
     /// when their number differs from this job's world size.
     fn load_optimizer_state(&mut self, saved: &[OptimizerState]) -> Result<()>;
+    /// Tells the other ranks why this one gives up (see
+    /// `Communicator::abort`); nothing on one process.
+    fn abort(&mut self, _reason: &str) {}
 }

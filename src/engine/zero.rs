@@ -323,6 +323,9 @@ impl Engine for ZeroEngine {
         (self.exp_avg, self.exp_avg_sq, self.master, self.step) = (m, v, p, step);
         Ok(())
     }
+    fn abort(&mut self, reason: &str) {
+        self.comm.abort(reason);
+    }
 }
 
 /// The group of one process: reductions, broadcasts and gathers leave the data as it is.

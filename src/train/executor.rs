@@ -360,6 +360,23 @@ impl Executor {
         self.engine.rank() == 0
     }
 
+    /// After `err` ends this rank's run, tells the other ranks why on both
+    /// the engine's communicator and the join group, so that the ones waiting
+    /// in either fail naming the cause (a dead rank) rather than this rank's
+    /// closed connection: a collective can complete on some ranks and not on
+    /// others (rank 2 killed after sending its part of a join to rank 1 but
+    /// not to rank 0), leaving the ranks in different communicators.
+    pub fn abort(&mut self, err: &Error) {
+        if self.engine.world_size() < 2 {
+            return;
+        }
+        let reason = format!("rank {} stopped: {err}", self.engine.rank());
+        self.engine.abort(&reason);
+        if let Some(j) = self.join.as_mut() {
+            j.abort(&reason);
+        }
+    }
+
     /// Returns once every rank got here (a no-op on one process).
     pub fn barrier(&mut self) -> Result<()> {
         if self.engine.world_size() > 1 {

@@ -38,14 +38,20 @@ pub fn run_train(args: &TrainArgs) -> Result<Executor> {
         device,
         autocast,
     });
-    if args.checkpoint.is_none() {
-        exec.save("init", 0, None)?;
+    let ran = (|| {
+        if args.checkpoint.is_none() {
+            exec.save("init", 0, None)?;
+        }
+        while exec.position.epoch < exec.cfg.max_epoch {
+            exec.train_epoch(&train_loader)?;
+            let cv = exec.cv(&cv_loader)?;
+            exec.finish_epoch(&cv)?;
+        }
+        exec.save_final()
+    })();
+    if let Err(e) = ran {
+        exec.abort(&e);
+        return Err(e);
     }
-    while exec.position.epoch < exec.cfg.max_epoch {
-        exec.train_epoch(&train_loader)?;
-        let cv = exec.cv(&cv_loader)?;
-        exec.finish_epoch(&cv)?;
-    }
-    exec.save_final()?;
     Ok(exec)
 }
