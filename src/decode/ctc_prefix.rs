@@ -18,19 +18,8 @@
 //! (`⊕` is log-add.) The empty prefix has `rn = −∞` and `rb[t] = Σ_{τ≤t} x_τ(blank)`.
 //! Each extension costs O(T).
 
+use crate::backend::cpu::ctc::log_add;
 use crate::error::{Error, Result};
-
-/// Log-add of two log-probabilities.
-fn log_add(a: f64, b: f64) -> f64 {
-    if a == f64::NEG_INFINITY {
-        return b;
-    }
-    if b == f64::NEG_INFINITY {
-        return a;
-    }
-    let m = a.max(b);
-    m + ((a - m).exp() + (b - m).exp()).ln()
-}
 
 /// One utterance's CTC log-probabilities, T rows of V (after the log-softmax).
 #[derive(Clone, Copy, Debug)]
