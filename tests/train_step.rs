@@ -209,9 +209,10 @@ fn state_bits(e: &Executor) -> Vec<(String, Vec<u64>)> {
     e.model.state_dict().iter().map(|t| (t.name.clone(), t.tensor.to_f64_vec().unwrap().iter().map(|x| x.to_bits()).collect())).collect()
 }
 
-/// A tiny conformer with BatchNorm in its convolution module.
-fn batchnorm_executor() -> Executor {
-    let dir = train_common::tmpdir("train-bn");
+/// A tiny conformer with BatchNorm in its convolution module, its files in
+/// a folder named after `test` (tests run in parallel in one process).
+fn batchnorm_executor(test: &str) -> Executor {
+    let dir = train_common::tmpdir(&format!("train-bn-{test}"));
     std::fs::write(dir.join("t.yaml"), format!("input_dim: 20\noutput_dim: 9\n{}", train_common::tiny_yaml(0.0, 2, 1, ""))).unwrap();
     let root = read_config(&dir.join("t.yaml"), &["encoder_conf.cnn_module_norm batch_norm".into()]).unwrap();
     let cfg = parse_train_config(&root).unwrap();
@@ -224,7 +225,7 @@ fn batchnorm_executor() -> Executor {
 
 #[test]
 fn a_skipped_step_leaves_every_parameter_and_buffer_bitwise_as_before() {
-    let mut e = batchnorm_executor();
+    let mut e = batchnorm_executor("skipped-step");
     assert!(e.model.named_buffers().iter().any(|(n, _)| n.ends_with("running_var")), "the model has BatchNorm statistics");
     // A clean step first, so the statistics are not at their initial values.
     e.train_batch(&batch(&[0, 1])).unwrap();
@@ -255,7 +256,7 @@ fn a_skipped_step_leaves_every_parameter_and_buffer_bitwise_as_before() {
 fn a_non_finite_cv_loss_is_an_error_saying_so() {
     use asrforge::data::{DataList, DataLoader, ListFormat, LoaderConf, Processor};
     let dir = train_common::tmpdir("train-cv-nan");
-    let mut e = batchnorm_executor();
+    let mut e = batchnorm_executor("cv-nan");
     let args = train_common::setup(&dir, 4, &format!("input_dim: 20\noutput_dim: 9\n{}", train_common::tiny_yaml(0.0, 2, 1, "")));
     let tok = asrforge::data::Tokenizer::new(asrforge::data::SymbolTable::read(&dir.join("units.txt")).unwrap(), asrforge::data::TokenizeMode::Char, vec![]);
     let proc = Processor::new(&e.cfg.data.dataset_conf.for_cv(), Some(std::sync::Arc::new(tok))).unwrap();

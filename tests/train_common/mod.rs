@@ -8,6 +8,7 @@ mod data_common;
 use asrforge::train::TrainArgs;
 use std::path::{Path, PathBuf};
 
+#[allow(unused_imports)]
 pub use data_common::tmpdir;
 
 /// A tiny conformer with every training key; `dropout` for all its dropouts.
