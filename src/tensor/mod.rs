@@ -158,6 +158,12 @@ impl Tensor {
     /// A tensor filled with `v`.
     pub fn full(shape: impl Into<Shape>, v: f64, dtype: DType, device: &Device) -> Result<Tensor> {
         let shape = shape.into();
+        // Zeros on a GPU are a memset on the stream: no host buffer, no
+        // upload, no wait (+0.0 is all-zero bytes in every dtype).
+        if let (Device::Cuda(n), true) = (device, v == 0.0 && v.is_sign_positive()) {
+            let g = crate::backend::cuda::device(*n)?.zeros(dtype, shape.elem_count())?;
+            return Ok(Tensor::build(Storage::Cuda(g), shape, false, false));
+        }
         Tensor::from_cpu(CpuStorage::try_full(dtype, shape.elem_count(), v)?, shape)?.to_device(device)
     }
 

@@ -64,6 +64,11 @@ impl CudaStorage {
     pub(crate) fn ptr(&self) -> DevPtr {
         self.block.ptr
     }
+    /// The device address of the first element: which pool block this
+    /// storage holds (tests of the allocator's reuse, debugging).
+    pub fn address(&self) -> u64 {
+        self.block.ptr
+    }
 
     /// Sets every byte to `byte` (stream-ordered).
     pub(crate) fn memset(&self, byte: u8) -> Result<()> {

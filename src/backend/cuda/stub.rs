@@ -89,6 +89,10 @@ impl CudaStorage {
     pub fn ordinal(&self) -> usize {
         match *self {}
     }
+    /// The device address of the first element.
+    pub fn address(&self) -> u64 {
+        match *self {}
+    }
     /// Its device.
     pub fn device(&self) -> &Arc<CudaDevice> {
         match *self {}
