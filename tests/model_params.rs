@@ -7,6 +7,12 @@ use asrforge::models::AsrModel;
 use asrforge::nn::{format_shape, Module};
 use asrforge::tensor::{DType, Rng};
 use std::path::Path;
+use std::sync::RwLock;
+
+/// `an_absurd_model_is_refused_before_any_allocation` reads the process-wide
+/// count of live tensor bytes, so it runs alone (write); the other tests of
+/// this file, which build models, share the lock (read).
+static ALLOCS: RwLock<()> = RwLock::new(());
 
 fn aishell() -> AsrModel {
     let root = load_yaml(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/train_conformer.yaml"))).unwrap();
@@ -18,6 +24,7 @@ fn aishell() -> AsrModel {
 
 #[test]
 fn aishell_conformer_has_wenets_parameter_count() {
+    let _shared = ALLOCS.read().unwrap_or_else(|e| e.into_inner());
     let m = aishell();
     let (d, ff, v) = (256usize, 2048usize, 4233usize);
     let lin = |i: usize, o: usize| i * o + o;
@@ -49,6 +56,7 @@ fn aishell_conformer_has_wenets_parameter_count() {
 
 #[test]
 fn aishell_layer_keys_and_shapes_are_wenets() {
+    let _shared = ALLOCS.read().unwrap_or_else(|e| e.into_inner());
     let m = aishell();
     let keys = state_dict_keys(&m);
     let layer3: Vec<&str> = keys.lines().filter(|l| l.starts_with("encoder.encoders.3.")).collect();
@@ -158,6 +166,7 @@ fn aishell_layer_keys_and_shapes_are_wenets() {
 
 #[test]
 fn parameter_order_is_stable_and_init_is_seeded() {
+    let _shared = ALLOCS.read().unwrap_or_else(|e| e.into_inner());
     let cfg_root: serde_yaml_ng::Value =
         serde_yaml_ng::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/tiny.yaml")).unwrap()).unwrap();
     let (cfg, _) = ModelConfig::from_yaml(&cfg_root).unwrap();
@@ -189,6 +198,7 @@ fn same_children(m: &mut dyn Module, path: &str) {
 
 #[test]
 fn children_mut_follows_children_in_the_model_and_its_encoder_layers() {
+    let _shared = ALLOCS.read().unwrap_or_else(|e| e.into_inner());
     // Conformer layers (macaron, conv module, five norms) and the model's
     // three heads; other modules list in children_mut only the children
     // with a training mode.
@@ -212,6 +222,7 @@ fn build(yaml: &str) -> (ModelConfig, AsrModel) {
 
 #[test]
 fn model_size_from_the_config_equals_the_built_model() {
+    let _shared = ALLOCS.read().unwrap_or_else(|e| e.into_inner());
     use asrforge::models::limits::model_size;
     let m = aishell();
     let root = load_yaml(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/train_conformer.yaml"))).unwrap();
@@ -237,6 +248,7 @@ fn model_size_from_the_config_equals_the_built_model() {
 
 #[test]
 fn an_absurd_model_is_refused_before_any_allocation() {
+    let _alone = ALLOCS.write().unwrap_or_else(|e| e.into_inner());
     use asrforge::models::limits::{check_model_size, DEFAULT_MAX_MODEL_BYTES};
     let yaml = "input_dim: 80\noutput_dim: 10\nencoder_conf: {output_size: 100000000, attention_heads: 4}\n";
     let root: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).unwrap();
@@ -254,6 +266,7 @@ fn an_absurd_model_is_refused_before_any_allocation() {
 
 #[test]
 fn a_host_allocation_the_system_refuses_is_an_error_not_an_abort() {
+    let _shared = ALLOCS.read().unwrap_or_else(|e| e.into_inner());
     let e = asrforge::Tensor::zeros([1usize << 62], DType::F32, &asrforge::Device::Cpu).unwrap_err().to_string();
     assert!(e.starts_with("tensor (f32): out of host memory, cannot allocate"), "{e}");
     let e = asrforge::Tensor::rand([1usize << 61], 0.0, 1.0, DType::F32, &mut Rng::new(0), &asrforge::Device::Cpu).unwrap_err().to_string();
