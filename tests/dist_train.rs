@@ -173,12 +173,7 @@ fn a_killed_worker_makes_the_others_fail_naming_it() {
     let extra = [("JOB_DIR", dir.display().to_string()), ("JOB_TIMEOUT", TIMEOUT.to_string())];
     let mut children = dist_common::start_workers("a_killed_worker_makes_the_others_fail_naming_it", 3, &extra, &|_| Vec::new());
     // Wait until training is under way (rank 0 saved step 2 of 40), then kill rank 2.
-    let marker = dir.join("exp").join("step_2.yaml");
-    let t0 = Instant::now();
-    while !marker.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(120), "training never reached step 2");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_step_2(&dir.join("exp"));
     children[2].1.kill().unwrap();
     let killed = Instant::now();
     let victim = children.remove(2).1.wait_with_output().unwrap();
@@ -224,43 +219,10 @@ fn asrforge_launch_stops_the_job_when_a_training_worker_is_killed() {
     const TIMEOUT: u64 = 10;
     let dir = prepare("dist-launch-kill", &[], 6, 1, "save_interval: 2\n");
     std::fs::write(dir.join("train.list"), good_lines(&dir, 3 * 40).join("\n") + "\n").unwrap();
-    let a = worker_args(&dir, 0, TIMEOUT);
-    let port = dist_common::free_port().to_string();
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_asrforge"));
-    cmd.args([
-        "launch",
-        "--nproc_per_node",
-        "3",
-        "--master_port",
-        &port,
-        "--grace_period",
-        "3",
-        "train",
-        "--dist_backend",
-        "gloo",
-        "--num_workers",
-        "1",
-        "--timeout",
-        &TIMEOUT.to_string(),
-    ]);
-    for (flag, p) in [
-        ("--config", &a.config),
-        ("--model_dir", &a.model_dir),
-        ("--tensorboard_dir", &a.tensorboard_dir),
-        ("--train_data", &dir.join("train.list")),
-        ("--cv_data", &a.cv_data),
-        ("--symbol_table", &dir.join("units.txt")),
-    ] {
-        cmd.arg(flag).arg(p);
-    }
-    cmd.env_remove("ASRFORGE_RDZV_TOKEN").stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let (mut cmd, model_dir) = launch_command(&dir, 3, TIMEOUT);
+    cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
     let launcher = cmd.spawn().unwrap();
-    let marker = a.model_dir.join("step_2.yaml");
-    let t0 = Instant::now();
-    while !marker.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(120), "training never reached step 2");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_step_2(&model_dir);
     let workers = workers_of(launcher.id());
     assert_eq!(workers.iter().map(|(r, _)| *r).collect::<Vec<_>>(), [0, 1, 2], "three workers: {workers:?}");
     assert!(std::process::Command::new("kill").args(["-KILL", &workers[2].1.to_string()]).status().unwrap().success());
@@ -283,12 +245,13 @@ fn asrforge_launch_stops_the_job_when_a_training_worker_is_killed() {
     std::thread::sleep(Duration::from_millis(200));
     let left: Vec<u32> = workers.iter().map(|(_, p)| *p).filter(|p| alive(*p)).collect();
     assert!(left.is_empty(), "workers left behind: {left:?}");
-    assert!(!a.model_dir.join("epoch_0.yaml").exists(), "killed mid-epoch");
+    assert!(!model_dir.join("epoch_0.yaml").exists(), "killed mid-epoch");
 }
 
 /// The launcher's `train` command over `dir`'s `train.list` with `nproc`
-/// workers and `--timeout`, its output in `dir/launch.{out,err}`.
-fn launch_train(dir: &Path, nproc: usize, timeout: u64) -> (std::process::Child, PathBuf) {
+/// workers and `--timeout` (stdin closed, stdout/stderr left to the caller),
+/// and the model_dir it trains into.
+fn launch_command(dir: &Path, nproc: usize, timeout: u64) -> (std::process::Command, PathBuf) {
     let a = worker_args(dir, 0, timeout);
     let port = dist_common::free_port().to_string();
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_asrforge"));
@@ -305,10 +268,25 @@ fn launch_train(dir: &Path, nproc: usize, timeout: u64) -> (std::process::Child,
     ] {
         cmd.arg(flag).arg(p);
     }
-    let out = std::fs::File::create(dir.join("launch.out")).unwrap();
-    let err = std::fs::File::create(dir.join("launch.err")).unwrap();
-    cmd.env_remove("ASRFORGE_RDZV_TOKEN").stdin(std::process::Stdio::null()).stdout(out).stderr(err);
-    (cmd.spawn().unwrap(), a.model_dir)
+    cmd.env_remove("ASRFORGE_RDZV_TOKEN").stdin(std::process::Stdio::null());
+    (cmd, a.model_dir)
+}
+
+/// [`launch_command`] started, its output in `dir/launch.{out,err}`.
+fn launch_train(dir: &Path, nproc: usize, timeout: u64) -> (std::process::Child, PathBuf) {
+    let (mut cmd, model_dir) = launch_command(dir, nproc, timeout);
+    cmd.stdout(std::fs::File::create(dir.join("launch.out")).unwrap()).stderr(std::fs::File::create(dir.join("launch.err")).unwrap());
+    (cmd.spawn().unwrap(), model_dir)
+}
+
+/// Waits (at most 120 s) until the run in `model_dir` has saved step 2.
+fn wait_for_step_2(model_dir: &Path) {
+    let marker = model_dir.join("step_2.yaml");
+    let t0 = Instant::now();
+    while !marker.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(120), "training never reached step 2");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -320,12 +298,7 @@ fn a_stopped_worker_fails_the_job_within_the_timeout_naming_it() {
     let dir = prepare("dist-launch-stop", &[], 6, 1, "save_interval: 2\n");
     std::fs::write(dir.join("train.list"), good_lines(&dir, 2 * 60).join("\n") + "\n").unwrap();
     let (mut launcher, model_dir) = launch_train(&dir, 2, TIMEOUT);
-    let marker = model_dir.join("step_2.yaml");
-    let t0 = Instant::now();
-    while !marker.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(120), "training never reached step 2");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_step_2(&model_dir);
     let workers = workers_of(launcher.id());
     assert_eq!(workers.iter().map(|(r, _)| *r).collect::<Vec<_>>(), [0, 1], "two workers: {workers:?}");
     assert!(std::process::Command::new("kill").args(["-STOP", &workers[1].1.to_string()]).status().unwrap().success());
