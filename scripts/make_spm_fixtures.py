@@ -16,28 +16,13 @@ itself there. Run from anywhere: python3 scripts/make_spm_fixtures.py
 import json
 import os
 import re
-import subprocess
 import sys
-import venv
 
-SPM_VERSION = "0.2.1"
-VENV = os.path.expanduser("~/.cache/asrforge/spm-venv")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from spm_venv import ensure_sentencepiece  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures", "spm")
-
-
-def ensure_sentencepiece():
-    """Re-runs this script in the venv when sentencepiece is not importable."""
-    try:
-        import sentencepiece  # noqa: F401
-        return
-    except ImportError:
-        pass
-    py = os.path.join(VENV, "bin", "python")
-    if not os.path.exists(py):
-        venv.create(VENV, with_pip=True)
-    subprocess.check_call([py, "-m", "pip", "install", "-q", f"sentencepiece=={SPM_VERSION}"])
-    os.execv(py, [py] + sys.argv)
 
 
 # The models: name -> sentencepiece trainer options.

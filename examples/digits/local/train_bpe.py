@@ -14,26 +14,10 @@ the repository) and the script re-runs itself there.
 
 import argparse
 import os
-import subprocess
 import sys
-import venv
 
-SPM_VERSION = "0.2.1"
-VENV = os.path.expanduser("~/.cache/asrforge/spm-venv")
-
-
-def ensure_sentencepiece():
-    try:
-        import sentencepiece  # noqa: F401
-        return
-    except ImportError:
-        pass
-    py = os.path.join(VENV, "bin", "python")
-    if not os.path.exists(py):
-        print(f"creating {VENV} for sentencepiece", file=sys.stderr)
-        venv.create(VENV, with_pip=True)
-    subprocess.check_call([py, "-m", "pip", "install", "-q", f"sentencepiece=={SPM_VERSION}"])
-    os.execv(py, [py] + sys.argv)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "scripts"))
+from spm_venv import ensure_sentencepiece  # noqa: E402
 
 
 def main():
