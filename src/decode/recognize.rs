@@ -325,7 +325,8 @@ pub fn run_recognize(args: &RecognizeArgs) -> Result<String> {
     let model = load_model(&root, &args.checkpoint)?;
     let device = match args.device.as_str() {
         "cuda" => {
-            let rank = std::env::var("LOCAL_RANK").ok().and_then(|r| r.parse::<usize>().ok()).unwrap_or(0);
+            // The local rank as `train` reads it (torchrun, SLURM or Open MPI variables; 0 alone).
+            let rank = crate::train::dist::dist_info_from(&|k| std::env::var(k).ok())?.local_rank;
             Device::cuda(rank).map_err(|e| Error::invalid("recognize", format!("--device cuda (LOCAL_RANK {rank}): {e}")))?
         }
         _ => Device::Cpu,
