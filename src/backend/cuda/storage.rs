@@ -128,9 +128,6 @@ impl CudaStorage {
             // synchronisation below completes the copy.
             unsafe { self.dev.seam().dtoh(bytes, self.ptr(), COMPUTE) }?;
         }
-        if std::env::var_os("TMP_SYNC_BT").is_some() {
-            eprintln!("DTOH {}", std::backtrace::Backtrace::force_capture());
-        }
         self.dev.synchronize()?;
         Ok(v)
     }
