@@ -8,7 +8,10 @@
 // The column sums are two deterministic passes and no atomics: pass 1 sums
 // chunks of LN_CHUNK consecutive rows per column, in row order, into
 // partials (chunks, n); pass 2 sums the partials of each column in chunk
-// order. The same inputs give the same bits every run.
+// order. The same inputs give the same bits every run. Layer norm also
+// takes f16 and bf16 inputs (autocast's half activations): x, y and their
+// gradients in half, the weight, bias, their gradients, mean and rstd in
+// f32, every sum in f32.
 //
 // batch_norm over the channel dim of x (B, C, T) (T = 1 for (B, C) inputs),
 // statistics per channel over the B*T values of that channel:
@@ -20,9 +23,9 @@
 // for apply and gx. f32 accumulates in f32, f64 in f64.
 #include "nn_common.cuh"
 
-template <typename T>
-__device__ void layer_norm_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
-                               T* __restrict__ mean, T* __restrict__ rstd, uint64_t rows, uint32_t n, double eps, uint32_t has_w,
+template <typename T, typename W>
+__device__ void layer_norm_fwd(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ b, T* __restrict__ y,
+                               W* __restrict__ mean, W* __restrict__ rstd, uint64_t rows, uint32_t n, double eps, uint32_t has_w,
                                uint32_t has_b) {
     typedef typename Num<T>::acc A;
     __shared__ A sh[NN_BLOCK];
@@ -41,20 +44,20 @@ __device__ void layer_norm_fwd(const T* __restrict__ x, const T* __restrict__ w,
         const A inv = A(1) / nn_sqrt(var + A(eps));
         for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
             A v = (Num<T>::to(xr[i]) - mu) * inv;
-            if (has_w) v = v * Num<T>::to(w[i]);
-            if (has_b) v = v + Num<T>::to(b[i]);
+            if (has_w) v = v * Num<W>::to(w[i]);
+            if (has_b) v = v + Num<W>::to(b[i]);
             yr[i] = Num<T>::from(v);
         }
         if (threadIdx.x == 0) {
-            mean[r] = Num<T>::from(mu);
-            rstd[r] = Num<T>::from(inv);
+            mean[r] = Num<W>::from(mu);
+            rstd[r] = Num<W>::from(inv);
         }
     }
 }
 
-template <typename T>
-__device__ void layer_norm_bwd_dx(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ mean,
-                                  const T* __restrict__ rstd, const T* __restrict__ g, T* __restrict__ gx, uint64_t rows, uint32_t n,
+template <typename T, typename W>
+__device__ void layer_norm_bwd_dx(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ mean,
+                                  const W* __restrict__ rstd, const T* __restrict__ g, T* __restrict__ gx, uint64_t rows, uint32_t n,
                                   uint32_t has_w) {
     typedef typename Num<T>::acc A;
     __shared__ A sh[NN_BLOCK];
@@ -62,17 +65,17 @@ __device__ void layer_norm_bwd_dx(const T* __restrict__ x, const T* __restrict__
         const T* xr = x + r * n;
         const T* gr = g + r * n;
         T* o = gx + r * n;
-        const A mu = Num<T>::to(mean[r]), inv = Num<T>::to(rstd[r]);
+        const A mu = Num<W>::to(mean[r]), inv = Num<W>::to(rstd[r]);
         A s1 = 0, s2 = 0;
         for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
-            const A gh = Num<T>::to(gr[i]) * (has_w ? Num<T>::to(w[i]) : A(1));
+            const A gh = Num<T>::to(gr[i]) * (has_w ? Num<W>::to(w[i]) : A(1));
             s1 += gh;
             s2 += gh * (Num<T>::to(xr[i]) - mu) * inv;
         }
         const A m1 = block_reduce(s1, sh, SumOp()) / A(n);
         const A m2 = block_reduce(s2, sh, SumOp()) / A(n);
         for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
-            const A gh = Num<T>::to(gr[i]) * (has_w ? Num<T>::to(w[i]) : A(1));
+            const A gh = Num<T>::to(gr[i]) * (has_w ? Num<W>::to(w[i]) : A(1));
             const A xh = (Num<T>::to(xr[i]) - mu) * inv;
             o[i] = Num<T>::from(inv * (gh - m1 - xh * m2));
         }
@@ -81,9 +84,9 @@ __device__ void layer_norm_bwd_dx(const T* __restrict__ x, const T* __restrict__
 
 // Pass 1 of gw/gb: partial sums over rows [c*chunk, min((c+1)*chunk, rows))
 // for element e = c*n + col of the (chunks, n) partials.
-template <typename T>
-__device__ void layer_norm_bwd_wb_partial(const T* __restrict__ x, const T* __restrict__ mean, const T* __restrict__ rstd,
-                                          const T* __restrict__ g, T* __restrict__ pw, T* __restrict__ pb, uint64_t rows, uint32_t n,
+template <typename T, typename W>
+__device__ void layer_norm_bwd_wb_partial(const T* __restrict__ x, const W* __restrict__ mean, const W* __restrict__ rstd,
+                                          const T* __restrict__ g, W* __restrict__ pw, W* __restrict__ pb, uint64_t rows, uint32_t n,
                                           uint64_t chunks, uint32_t chunk) {
     typedef typename Num<T>::acc A;
     NN_GRID_STRIDE(e, chunks * n) {
@@ -94,15 +97,16 @@ __device__ void layer_norm_bwd_wb_partial(const T* __restrict__ x, const T* __re
         for (size_t r = r0; r < r1; ++r) {
             const size_t k = r * n + col;
             const A gv = Num<T>::to(g[k]);
-            sw += gv * ((Num<T>::to(x[k]) - Num<T>::to(mean[r])) * Num<T>::to(rstd[r]));
+            sw += gv * ((Num<T>::to(x[k]) - Num<W>::to(mean[r])) * Num<W>::to(rstd[r]));
             sb += gv;
         }
-        pw[e] = Num<T>::from(sw);
-        pb[e] = Num<T>::from(sb);
+        pw[e] = Num<W>::from(sw);
+        pb[e] = Num<W>::from(sb);
     }
 }
 
-// Pass 2 of gw/gb: column `col` summed over the partials in chunk order.
+// Pass 2 of gw/gb: column `col` summed over the partials in chunk order
+// (all in the parameters' type W).
 template <typename T>
 __device__ void layer_norm_bwd_wb_final(const T* __restrict__ pw, const T* __restrict__ pb, T* __restrict__ gw, T* __restrict__ gb,
                                         uint64_t chunks, uint32_t n) {
@@ -204,24 +208,34 @@ __device__ void batch_norm_bwd_dx(const T* __restrict__ x, const T* __restrict__
     }
 }
 
-#define NORM_KERNELS(SUF, T)                                                                                               \
-    extern "C" __global__ void layer_norm_fwd_##SUF(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd,            \
+// Layer norm's kernels for input type T and parameter type W: the half
+// types read and write x, y, g and gx in half and keep the weight, bias,
+// their gradients and the per-row mean and rstd in f32 (W = float),
+// accumulating in f32; f32 and f64 use one type for all.
+#define LN_KERNELS(SUF, T, W)                                                                                              \
+    extern "C" __global__ void layer_norm_fwd_##SUF(const T* x, const W* w, const W* b, T* y, W* mean, W* rstd,            \
                                                     uint64_t rows, uint32_t n, double eps, uint32_t has_w, uint32_t has_b) { \
-        layer_norm_fwd<T>(x, w, b, y, mean, rstd, rows, n, eps, has_w, has_b);                                             \
+        layer_norm_fwd<T, W>(x, w, b, y, mean, rstd, rows, n, eps, has_w, has_b);                                          \
     }                                                                                                                      \
-    extern "C" __global__ void layer_norm_bwd_dx_##SUF(const T* x, const T* w, const T* mean, const T* rstd, const T* g,   \
+    extern "C" __global__ void layer_norm_bwd_dx_##SUF(const T* x, const W* w, const W* mean, const W* rstd, const T* g,   \
                                                        T* gx, uint64_t rows, uint32_t n, uint32_t has_w) {                 \
-        layer_norm_bwd_dx<T>(x, w, mean, rstd, g, gx, rows, n, has_w);                                                     \
+        layer_norm_bwd_dx<T, W>(x, w, mean, rstd, g, gx, rows, n, has_w);                                                  \
     }                                                                                                                      \
-    extern "C" __global__ void layer_norm_bwd_wb_partial_##SUF(const T* x, const T* mean, const T* rstd, const T* g,       \
-                                                               T* pw, T* pb, uint64_t rows, uint32_t n, uint64_t chunks,   \
+    extern "C" __global__ void layer_norm_bwd_wb_partial_##SUF(const T* x, const W* mean, const W* rstd, const T* g,       \
+                                                               W* pw, W* pb, uint64_t rows, uint32_t n, uint64_t chunks,   \
                                                                uint32_t chunk) {                                           \
-        layer_norm_bwd_wb_partial<T>(x, mean, rstd, g, pw, pb, rows, n, chunks, chunk);                                    \
+        layer_norm_bwd_wb_partial<T, W>(x, mean, rstd, g, pw, pb, rows, n, chunks, chunk);                                 \
     }                                                                                                                      \
-    extern "C" __global__ void layer_norm_bwd_wb_final_##SUF(const T* pw, const T* pb, T* gw, T* gb, uint64_t chunks,      \
+    extern "C" __global__ void layer_norm_bwd_wb_final_##SUF(const W* pw, const W* pb, W* gw, W* gb, uint64_t chunks,      \
                                                              uint32_t n) {                                                 \
-        layer_norm_bwd_wb_final<T>(pw, pb, gw, gb, chunks, n);                                                             \
-    }                                                                                                                      \
+        layer_norm_bwd_wb_final<W>(pw, pb, gw, gb, chunks, n);                                                             \
+    }
+LN_KERNELS(f32, float, float)
+LN_KERNELS(f64, double, double)
+LN_KERNELS(f16, __half, float)
+LN_KERNELS(bf16, __nv_bfloat16, float)
+
+#define BN_KERNELS(SUF, T)                                                                                               \
     extern "C" __global__ void batch_norm_stats_##SUF(const T* x, T* mean, T* var, uint64_t b, uint32_t c, uint64_t t) {   \
         batch_norm_stats<T>(x, mean, var, b, c, t);                                                                        \
     }                                                                                                                      \
@@ -238,4 +252,4 @@ __device__ void batch_norm_bwd_dx(const T* __restrict__ x, const T* __restrict__
                                                        uint64_t t, uint32_t train) {                                       \
         batch_norm_bwd_dx<T>(x, w, mean, rstd, g, sg, sgx, gx, total, c, t, train);                                        \
     }
-NN_F32_F64(NORM_KERNELS)
+NN_F32_F64(BN_KERNELS)

@@ -9,7 +9,7 @@
 //   log_softmax backward: gx = g - exp(y) * sum(g)
 //
 // The row max is subtracted first (numerically stable); sums accumulate in
-// f32 (f64 for f64) through a fixed shared-memory tree, so results are
+// f32 (f64 for f64; f16 and bf16 are read and written in half) through a fixed shared-memory tree, so results are
 // reproducible. A row that is all -inf gives NaN, as on the CPU.
 #include "nn_common.cuh"
 
@@ -68,4 +68,4 @@ __device__ void softmax_bwd(const T* __restrict__ y, const T* __restrict__ g, T*
     extern "C" __global__ void log_softmax_bwd_##SUF(const T* y, const T* g, T* gx, uint64_t rows, uint32_t n) {    \
         softmax_bwd<T, true>(y, g, gx, rows, n);                                                                    \
     }
-NN_F32_F64(SOFTMAX_KERNELS)
+NN_FLOAT_DTYPES(SOFTMAX_KERNELS)

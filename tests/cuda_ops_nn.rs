@@ -79,6 +79,11 @@ fn softmax_and_log_softmax_match_the_cpu() {
     for s in shapes {
         both(&format!("softmax {s:?}"), &dev, &[(s, Normal, true)], &move |x| ops::softmax(&x[0]));
         both(&format!("log_softmax {s:?}"), &dev, &[(s, Normal, true)], &move |x| ops::log_softmax(&x[0]));
+        // Half activations: read and written in half, summed in f32.
+        for dt in [DType::F16, DType::BF16] {
+            compare(&format!("softmax {s:?}"), &dev, dt, gpu::tol(dt), &[(s, Normal, true)], &move |x| ops::softmax(&x[0]));
+            compare(&format!("log_softmax {s:?}"), &dev, dt, gpu::tol(dt), &[(s, Normal, true)], &move |x| ops::log_softmax(&x[0]));
+        }
     }
 }
 
@@ -106,6 +111,30 @@ fn layer_norm_matches_the_cpu() {
             ops::layer_norm(&t[0], Some(&t[1]), Some(&t[2]), 1e-5)
         });
         both(&format!("layer_norm plain {x:?}"), &dev, &[(x, Normal, true)], &move |t| ops::layer_norm(&t[0], None, None, 1e-5));
+    }
+}
+
+/// Layer norm of half activations (autocast): x, y and gx in f16/bf16, the
+/// weight and bias in f32 (cast inside the op so the harness's one dtype
+/// draws them), statistics and sums in f32, against the CPU's f32 reference.
+#[test]
+fn half_layer_norm_matches_the_cpu() {
+    let Some(dev) = gpu("half_layer_norm_matches_the_cpu") else { return };
+    let cases: [(&'static [usize], &'static [usize]); 4] = [(&[300, 7], &[7]), (&[67, 200], &[200]), (&[2, 3, 1000], &[1000]), (&[129, 256], &[256])];
+    for dt in [DType::F16, DType::BF16] {
+        for (x, p) in cases {
+            compare(&format!("half layer_norm affine {x:?}"), &dev, dt, gpu::tol(dt), &[(x, Normal, true), (p, Normal, true), (p, Normal, true)], &move |t| {
+                let f32 = |v: &Tensor| ops::to_dtype(v, DType::F32);
+                ops::layer_norm(&t[0], Some(&f32(&t[1])?), Some(&f32(&t[2])?), 1e-5)
+            });
+            compare(&format!("half layer_norm plain {x:?}"), &dev, dt, gpu::tol(dt), &[(x, Normal, true)], &move |t| {
+                let y = ops::layer_norm(&t[0], None, None, 1e-5)?;
+                if y.dtype() != t[0].dtype() {
+                    return Err(Error::invalid("test", format!("expected a {:?} output, got {:?}", t[0].dtype(), y.dtype())));
+                }
+                Ok(y)
+            });
+        }
     }
 }
 

@@ -56,7 +56,14 @@ pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f64) 
     for (p, what) in [(w, "weight"), (b, "bias")] {
         if let Some(p) = p {
             expect_shape("layer_norm", what, p, &[n])?;
-            same_kind("layer_norm", x, p)?;
+            if p.device() != x.device() {
+                return Err(Error::DeviceMismatch { op: "layer_norm", lhs: x.device(), rhs: p.device() });
+            }
+            // Half inputs (autocast) are normalised with f32 parameters.
+            let want = crate::backend::cpu::norm::ln_param_dtype(x.dtype());
+            if p.dtype() != want {
+                return Err(Error::DTypeMismatch { op: "layer_norm", expected: want, got: p.dtype() });
+            }
         }
     }
     let rows = if n == 0 { 0 } else { x.elem_count() / n };

@@ -71,6 +71,9 @@ pub type OpFn = dyn Fn(&[Tensor]) -> Result<Tensor>;
 /// `Σ f(x)·r` for a fixed random `r`: a scalar whose gradient reaches every output element.
 fn weighted(f: &OpFn, xs: &[Tensor], r: &[f64]) -> Result<Tensor> {
     let y = f(xs)?;
+    // A half output (the CPU has no half arithmetic) is weighed in f32; its
+    // gradient reaches the op through the cast, rounded to the half type.
+    let y = if matches!(y.dtype(), DType::F16 | DType::BF16) { asrforge::ops::to_dtype(&y, DType::F32)? } else { y };
     let rt = tensor(&r[..y.elem_count()], y.dims(), y.dtype(), &y.device());
     asrforge::ops::sum_all(&asrforge::ops::mul(&y, &rt)?)
 }

@@ -12,6 +12,7 @@
 use super::{CpuStorage, Float};
 use crate::error::Result;
 use crate::float_match;
+use crate::tensor::DType;
 use rayon::prelude::*;
 
 fn ln_fwd<T: Float>(x: &[T], w: Option<&[T]>, b: Option<&[T]>, n: usize, eps: f64) -> (Vec<T>, Vec<T>, Vec<T>) {
@@ -41,8 +42,25 @@ fn ln_fwd<T: Float>(x: &[T], w: Option<&[T]>, b: Option<&[T]>, n: usize, eps: f6
     (y, mean, rstd)
 }
 
+/// The dtype of layer norm's weight, bias, their gradients and per-row
+/// statistics for an input of dtype `x`: f32 for the half types (autocast's
+/// half activations are normalised with f32 parameters, in f32), else `x`.
+pub fn ln_param_dtype(x: DType) -> DType {
+    match x {
+        DType::F16 | DType::BF16 => DType::F32,
+        d => d,
+    }
+}
+
 /// Layer norm forward: `(y, mean, rstd)`, the last two per row.
 pub fn layer_norm(x: &CpuStorage, w: Option<&CpuStorage>, b: Option<&CpuStorage>, n: usize, eps: f64) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+    if ln_param_dtype(x.dtype()) != x.dtype() {
+        // A half input with f32 parameters: computed in f32 from the half
+        // values, the output rounded once to the half type (what the GPU's
+        // half kernel does, up to the order of its sums).
+        let (y, m, r) = layer_norm(&x.to_dtype(DType::F32), w, b, n, eps)?;
+        return Ok((y.to_dtype(x.dtype()), m, r));
+    }
     let wb = (w.unwrap_or(x), b.unwrap_or(x));
     Ok(float_match!("layer_norm", (x, wb.0, wb.1), |x, wv, bv| {
         let (y, m, r) = ln_fwd(x, w.map(|_| &wv[..]), b.map(|_| &bv[..]), n, eps);
@@ -95,6 +113,10 @@ pub fn layer_norm_backward(
     g: &CpuStorage,
     n: usize,
 ) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+    if ln_param_dtype(x.dtype()) != x.dtype() {
+        let (gx, gw, gb) = layer_norm_backward(&x.to_dtype(DType::F32), w, mean, rstd, &g.to_dtype(DType::F32), n)?;
+        return Ok((gx.to_dtype(x.dtype()), gw, gb));
+    }
     let wv = w.unwrap_or(x);
     Ok(float_match!("layer_norm_backward", (x, wv, g), |x, wv, g| {
         let (m, r) = (super::slice_as(mean, x)?, super::slice_as(rstd, x)?);

@@ -7,6 +7,7 @@
 use super::{par_rows, CpuStorage, Float};
 use crate::error::Result;
 use crate::float_match;
+use crate::tensor::DType;
 
 fn softmax_t<T: Float>(x: &[T], n: usize, log: bool) -> Vec<T> {
     let mut out = vec![T::zero(); x.len()];
@@ -36,11 +37,24 @@ fn softmax_t<T: Float>(x: &[T], n: usize, log: bool) -> Vec<T> {
 
 /// Softmax over rows of length `n`.
 pub fn softmax(x: &CpuStorage, n: usize) -> Result<CpuStorage> {
+    if let Some(h) = half(x) {
+        return Ok(softmax(&x.to_dtype(DType::F32), n)?.to_dtype(h));
+    }
     Ok(float_match!("softmax", x, |x| Float::store(softmax_t(x, n, false))))
+}
+
+/// The half type of a half storage: half inputs (autocast's activations)
+/// are computed in f32 from their values and the result rounded once, as
+/// the GPU's half kernels read half, accumulate in f32 and write half.
+fn half(x: &CpuStorage) -> Option<DType> {
+    matches!(x.dtype(), DType::F16 | DType::BF16).then(|| x.dtype())
 }
 
 /// Log-softmax over rows of length `n`.
 pub fn log_softmax(x: &CpuStorage, n: usize) -> Result<CpuStorage> {
+    if let Some(h) = half(x) {
+        return Ok(log_softmax(&x.to_dtype(DType::F32), n)?.to_dtype(h));
+    }
     Ok(float_match!("log_softmax", x, |x| Float::store(softmax_t(x, n, true))))
 }
 
@@ -65,10 +79,16 @@ fn backward_t<T: Float>(y: &[T], g: &[T], n: usize, log: bool) -> Vec<T> {
 
 /// Softmax's backward from its output `y` and output gradient `g`.
 pub fn softmax_backward(y: &CpuStorage, g: &CpuStorage, n: usize) -> Result<CpuStorage> {
+    if let (Some(h), true) = (half(y), y.dtype() == g.dtype()) {
+        return Ok(softmax_backward(&y.to_dtype(DType::F32), &g.to_dtype(DType::F32), n)?.to_dtype(h));
+    }
     Ok(float_match!("softmax_backward", (y, g), |y, g| Float::store(backward_t(y, g, n, false))))
 }
 
 /// Log-softmax's backward from its output `y` and output gradient `g`.
 pub fn log_softmax_backward(y: &CpuStorage, g: &CpuStorage, n: usize) -> Result<CpuStorage> {
+    if let (Some(h), true) = (half(y), y.dtype() == g.dtype()) {
+        return Ok(log_softmax_backward(&y.to_dtype(DType::F32), &g.to_dtype(DType::F32), n)?.to_dtype(h));
+    }
     Ok(float_match!("log_softmax_backward", (y, g), |y, g| Float::store(backward_t(y, g, n, true))))
 }

@@ -2,25 +2,39 @@
 //! (`cuda/norm.cu`); mirrors `backend::cpu::norm`. The weight and bias
 //! gradients are deterministic column sums (no atomics).
 
-use super::nn_common::{elems, expect_dtype, expect_len, launch, rows, same, u32_arg, F32_F64};
+use super::nn_common::{elems, expect_dtype, expect_len, launch, rows, same, u32_arg, F32_F64, FLOATS};
 use super::{Arg, CudaStorage};
-use crate::error::Result;
+use crate::backend::cpu::norm::ln_param_dtype;
+use crate::error::{Error, Result};
 
 /// Rows per partial sum in the first pass of layer norm's gw/gb.
 const LN_CHUNK: usize = 64;
 
-/// Layer norm forward: `(y, mean, rstd)`, the last two per row.
+/// A layer-norm parameter or statistic: on x's GPU, of x's parameter dtype, `len` long.
+fn ln_param(op: &'static str, what: &str, x: &CudaStorage, p: &CudaStorage, len: usize) -> Result<()> {
+    if p.ordinal() != x.ordinal() {
+        return Err(Error::invalid(op, format!("expected the {what} on cuda:{}, found cuda:{}", x.ordinal(), p.ordinal())));
+    }
+    let want = ln_param_dtype(x.dtype());
+    if p.dtype() != want {
+        return Err(Error::DTypeMismatch { op, expected: want, got: p.dtype() });
+    }
+    expect_len(op, what, p, len)
+}
+
+/// Layer norm forward: `(y, mean, rstd)`, the last two per row. Half
+/// inputs take an f32 weight and bias and give f32 statistics.
 pub fn layer_norm(x: &CudaStorage, w: Option<&CudaStorage>, b: Option<&CudaStorage>, n: usize, eps: f64) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
     let op = "layer_norm";
-    expect_dtype(op, x, F32_F64)?;
+    expect_dtype(op, x, FLOATS)?;
     for p in [w, b].into_iter().flatten() {
-        same(op, x, p)?;
-        expect_len(op, "weight and bias", p, n)?;
+        ln_param(op, "weight and bias", x, p, n)?;
     }
     let nn = u32_arg(op, "row length", n)?;
     let r = if n == 0 { 0 } else { x.len() / n };
     let dev = x.device();
-    let (y, mean, rstd) = (dev.alloc(x.dtype(), x.len())?, dev.alloc(x.dtype(), r)?, dev.alloc(x.dtype(), r)?);
+    let pd = ln_param_dtype(x.dtype());
+    let (y, mean, rstd) = (dev.alloc(x.dtype(), x.len())?, dev.alloc(pd, r)?, dev.alloc(pd, r)?);
     // An absent weight or bias is never read; x stands in for its pointer.
     let args = [
         Arg::Ptr(x),
@@ -49,18 +63,19 @@ pub fn layer_norm_backward(
     n: usize,
 ) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
     let op = "layer_norm_backward";
-    expect_dtype(op, x, F32_F64)?;
+    expect_dtype(op, x, FLOATS)?;
     let nn = u32_arg(op, "row length", n)?;
     let r = if n == 0 { 0 } else { x.len() / n };
-    for (s, what, len) in [(mean, "mean", r), (rstd, "rstd", r), (g, "the output gradient", x.len())] {
-        same(op, x, s)?;
-        expect_len(op, what, s, len)?;
+    for (s, what) in [(mean, "mean"), (rstd, "rstd")] {
+        ln_param(op, what, x, s, r)?;
     }
+    same(op, x, g)?;
+    expect_len(op, "the output gradient", g, x.len())?;
     if let Some(w) = w {
-        same(op, x, w)?;
-        expect_len(op, "weight", w, n)?;
+        ln_param(op, "weight", x, w, n)?;
     }
     let (dt, dev) = (x.dtype(), x.device());
+    let pd = ln_param_dtype(dt);
     let gx = dev.alloc(dt, x.len())?;
     let args = [
         Arg::Ptr(x),
@@ -75,7 +90,7 @@ pub fn layer_norm_backward(
     ];
     launch(dev, "norm", "layer_norm_bwd_dx", dt, x.len(), rows(r), &args)?;
     let chunks = r.div_ceil(LN_CHUNK);
-    let (pw, pb) = (dev.alloc(dt, (chunks * n).max(1))?, dev.alloc(dt, (chunks * n).max(1))?);
+    let (pw, pb) = (dev.alloc(pd, (chunks * n).max(1))?, dev.alloc(pd, (chunks * n).max(1))?);
     let args = [
         Arg::Ptr(x),
         Arg::Ptr(mean),
@@ -89,7 +104,7 @@ pub fn layer_norm_backward(
         Arg::U32(LN_CHUNK as u32),
     ];
     launch(dev, "norm", "layer_norm_bwd_wb_partial", dt, chunks * n, elems(chunks * n), &args)?;
-    let (gw, gb) = (dev.alloc(dt, n)?, dev.alloc(dt, n)?);
+    let (gw, gb) = (dev.alloc(pd, n)?, dev.alloc(pd, n)?);
     // With no rows the final pass writes zeros (an empty sum).
     let args = [Arg::Ptr(&pw), Arg::Ptr(&pb), Arg::Ptr(&gw), Arg::Ptr(&gb), Arg::U64(chunks as u64), Arg::U32(nn)];
     launch(dev, "norm", "layer_norm_bwd_wb_final", dt, n, elems(n), &args)?;

@@ -1,12 +1,13 @@
 //! Softmax and log-softmax over rows of length `n` on the GPU, forward and
-//! backward (`cuda/softmax.cu`); mirrors `backend::cpu::softmax`.
+//! backward (`cuda/softmax.cu`); mirrors `backend::cpu::softmax`. f16 and
+//! bf16 rows are read and written in half and accumulated in f32.
 
-use super::nn_common::{expect_dtype, expect_len, launch, rows, same, u32_arg, F32_F64};
+use super::nn_common::{expect_dtype, expect_len, launch, rows, same, u32_arg, FLOATS};
 use super::{Arg, CudaStorage};
 use crate::error::Result;
 
 fn forward(op: &'static str, x: &CudaStorage, n: usize) -> Result<CudaStorage> {
-    expect_dtype(op, x, F32_F64)?;
+    expect_dtype(op, x, FLOATS)?;
     let nn = u32_arg(op, "row length", n)?;
     let r = if n == 0 { 0 } else { x.len() / n };
     let dev = x.device();
@@ -16,7 +17,7 @@ fn forward(op: &'static str, x: &CudaStorage, n: usize) -> Result<CudaStorage> {
 }
 
 fn backward(op: &'static str, y: &CudaStorage, g: &CudaStorage, n: usize) -> Result<CudaStorage> {
-    expect_dtype(op, y, F32_F64)?;
+    expect_dtype(op, y, FLOATS)?;
     same(op, y, g)?;
     expect_len(op, "the output gradient", g, y.len())?;
     let nn = u32_arg(op, "row length", n)?;
