@@ -27,12 +27,18 @@ fn seed() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
 }
 
+/// conf/tiny.yaml: the build tree's, or the one staged beside the binary on a GPU host (.device/conf).
+fn tiny_config() -> std::path::PathBuf {
+    let built = std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/tiny.yaml"));
+    [built.clone(), "conf/tiny.yaml".into(), ".device/conf/tiny.yaml".into()].into_iter().find(|p| p.is_file()).unwrap_or(built)
+}
+
 #[test]
 fn the_profile_of_a_bench_step_counts_every_launch_the_seam_counted() {
     let Some(_) = common::gpu::gpu("the_profile_of_a_bench_step_counts_every_launch_the_seam_counted") else { return };
     let _s = serial();
     let args = BenchTrainArgs {
-        config: concat!(env!("CARGO_MANIFEST_DIR"), "/conf/tiny.yaml").into(),
+        config: tiny_config(),
         override_config: Vec::new(),
         steps: 2,
         device: "cuda".into(),
