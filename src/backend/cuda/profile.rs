@@ -75,15 +75,14 @@ impl LaunchRecord {
     }
 }
 
-/// The dtype suffixes kernel names end with (`add_bcast_bf16`, `cast_f32_bf16`).
-const SUFFIXES: [&str; 9] = ["_bf16", "_f16", "_f32", "_f64", "_i64", "_i32", "_u32", "_u16", "_u8"];
+/// The dtype words of kernel names (`add_bcast_bf16`, `cast_f32_bf16`, `sum_cols_bf16_to_f32`).
+const DTYPE_WORDS: [&str; 9] = ["bf16", "f16", "f32", "f64", "i64", "i32", "u32", "u16", "u8"];
 
-/// A kernel's family: `module/kernel` without its dtype suffixes.
+/// A kernel's family: `module/kernel` without its dtype words
+/// (`reduce/sum_cols_bf16_to_f32` is `reduce/sum_cols_to`).
 pub fn family_of(module: &str, kernel: &str) -> String {
-    let mut k = kernel;
-    while let Some(s) = SUFFIXES.iter().find(|s| k.len() > s.len() && k.ends_with(*s)) {
-        k = &k[..k.len() - s.len()];
-    }
+    let words: Vec<&str> = kernel.split('_').filter(|w| !DTYPE_WORDS.contains(w)).collect();
+    let k = if words.is_empty() { kernel.to_string() } else { words.join("_") };
     format!("{module}/{k}")
 }
 
@@ -222,6 +221,7 @@ mod tests {
         assert_eq!(family_of("elementwise", "add_bcast_bf16"), "elementwise/add_bcast");
         assert_eq!(family_of("cast", "cast_f32_bf16"), "cast/cast");
         assert_eq!(family_of("optim", "sum_partials"), "optim/sum_partials");
+        assert_eq!(family_of("reduce", "sum_cols_bf16_to_f32"), "reduce/sum_cols_to");
     }
 
     #[test]
