@@ -135,3 +135,31 @@ fn a_launch_that_does_not_match_the_kernels_c_signature_fails_naming_the_argumen
         assert_eq!(b.to_f32(), half::bf16::from_f32(i as f32 * 0.25).to_f32(), "element {i}");
     }
 }
+
+#[test]
+fn bench_train_tf32_runs_the_f32_products_as_tf32() {
+    let Some(_) = common::gpu::gpu("bench_train_tf32_runs_the_f32_products_as_tf32") else { return };
+    let _s = serial();
+    let args = BenchTrainArgs {
+        config: tiny_config(),
+        override_config: Vec::new(),
+        steps: 2,
+        device: "cuda".into(),
+        dtype: "fp32".into(),
+        batch_size: 2,
+        frames: 64,
+        seed: seed() % 1000,
+        warmup: 1,
+        profile: true,
+        tf32: true,
+    };
+    let r = run_bench_train(&args);
+    // TF32 is process-wide: put it back (off, the default) before anything can fail.
+    let allowed = cuda::blas::allow_tf32();
+    cuda::blas::set_allow_tf32(false);
+    let (p, _) = r.expect("bench-train --tf32").kernel_profile.expect("a kernel profile");
+    assert!(allowed, "--tf32 reaches blas::allow_tf32");
+    let tf32: u64 = p.rows.iter().filter(|r| r.family.starts_with("cublas") && r.family.contains("tf32")).map(|r| r.launches).sum();
+    assert!(tf32 > 0, "f32 products run as TF32\n{}", p.table());
+    assert!(p.rows.iter().all(|r| !(r.family.starts_with("cublas") && r.family.ends_with(" f32"))), "no plain f32 product is left\n{}", p.table());
+}
