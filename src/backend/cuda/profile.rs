@@ -45,6 +45,7 @@ pub fn on() -> bool {
 }
 
 /// Turns recording on or off (devices start and stop it; see `CudaDevice::start_profile`).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn set_on(v: bool) {
     ON.store(v, Ordering::Relaxed);
 }
