@@ -157,7 +157,9 @@ impl CudaDevice {
     }
 
     /// Launches `module/kernel` on the compute stream. The arguments must
-    /// match the kernel's C signature in order and type; buffers passed as
+    /// match the kernel's C signature in order and type (checked against the
+    /// signature build.rs scanned from `cuda/*.cu`: a wrong count or kind is
+    /// an error naming the argument); buffers passed as
     /// `Arg::Ptr` must belong to this device. A failed launch is an
     /// [`Error::Cuda`] naming the kernel; with `ASRFORGE_CUDA_SYNC=1` every
     /// launch is also synchronised so an asynchronous fault names its kernel.

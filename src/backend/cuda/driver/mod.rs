@@ -279,13 +279,16 @@ pub(crate) fn open(ordinal: usize) -> Result<Box<dyn Driver>> {
 
 pub(crate) use real::driver_msg;
 
+/// A profiled launch with its timing events (start, and end if one was recorded).
+type Recorded = (LaunchRecord, Option<(Event, Option<Event>)>);
+
 /// A driver with the counters the seam keeps. Every call that waits for the
 /// device on the host counts as a host synchronisation.
 pub(crate) struct Seam {
     drv: Box<dyn Driver>,
     pub(crate) counts: CounterCells,
     /// The launches recorded while the step profile is on, with their timing events.
-    recorded: Mutex<Vec<(LaunchRecord, Option<(Event, Option<Event>)>)>>,
+    recorded: Mutex<Vec<Recorded>>,
     /// cuBLASLt plans by key (a key the driver refused keeps its error).
     lt_plans: Mutex<HashMap<LtKey, std::result::Result<LtPlan, String>>>,
 }
