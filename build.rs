@@ -169,6 +169,11 @@ fn write_index(out_dir: &Path, built: &[(String, PathBuf)], archs: &str, emu: &E
     ));
     s.push_str(&format!("/// The stems of the emulated modules built (empty without g++ >= 12).\npub const EMU_MODULES: &[&str] = &{:?};\n", emu.modules));
     s.push_str(&format!("/// Why no emulated module was built, or \"\".\npub const EMU_PROBLEM: &str = {:?};\n", emu.problem));
+    s.push_str("/// Every kernel's parameter kinds from its `extern \"C\" __global__` signature: (module stem, kernel,\n/// one code per parameter: `i` const pointer, `o` pointer, `4`/`8` integer, `f` float, `d` double, `s` struct),\n/// sorted; empty when no C++ compiler scanned the sources.\npub static SIGNATURES: &[(&str, &str, &str)] = &[\n");
+    for (stem, k, codes) in &emu.signatures {
+        s.push_str(&format!("    ({stem:?}, {k:?}, {codes:?}),\n"));
+    }
+    s.push_str("];\n");
     let dst = out_dir.join("kernels.rs");
     std::fs::write(&dst, s).unwrap_or_else(|e| panic!("cannot write {}: {e}", dst.display()));
 }
@@ -180,6 +185,8 @@ struct EmuBuild {
     dir: PathBuf,
     modules: Vec<String>,
     problem: String,
+    /// (module stem, kernel, parameter codes) of every project kernel, sorted.
+    signatures: Vec<(String, String, String)>,
 }
 
 /// Compiles every `cuda/<stem>.cu`, unchanged, with g++ and the force-included
@@ -190,7 +197,7 @@ fn build_emu(out_dir: &Path, src_dir: &Path, sources: &[PathBuf]) -> EmuBuild {
     let dir = out_dir.join("emu");
     let none = |problem: String| {
         println!("cargo:warning=asrforge: {problem}; the emulated CUDA device (ASRFORGE_CUDA_EMU=1) is unavailable");
-        EmuBuild { dir: dir.clone(), modules: Vec::new(), problem }
+        EmuBuild { dir: dir.clone(), modules: Vec::new(), problem, signatures: Vec::new() }
     };
     let cxx = std::env::var_os("CXX").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("g++"));
     let version = match Command::new(&cxx).arg("-dumpversion").output() {
@@ -237,7 +244,7 @@ fn build_emu(out_dir: &Path, src_dir: &Path, sources: &[PathBuf]) -> EmuBuild {
     }
     for (src, out) in &units {
         let (cxx, emu_src, src_dir, out, src) = (cxx.clone(), emu_src.clone(), src_dir.to_path_buf(), out.clone(), src.clone());
-        jobs.push(std::thread::spawn(move || emu_module(&cxx, &emu_src, &src_dir, &out, &src).map(|stem| Some((stem, out)))));
+        jobs.push(std::thread::spawn(move || emu_module(&cxx, &emu_src, &src_dir, &out, &src).map(|(stem, sigs)| Some((stem, out, sigs)))));
     }
     let mut built = Vec::new();
     let mut failures = Vec::new();
@@ -255,7 +262,7 @@ fn build_emu(out_dir: &Path, src_dir: &Path, sources: &[PathBuf]) -> EmuBuild {
     }
     let links: Vec<_> = built
         .iter()
-        .map(|(stem, out)| {
+        .map(|(stem, out, _)| {
             let (cxx, out, rt, stem) = (cxx.clone(), out.clone(), runtime_objs.clone(), stem.clone());
             std::thread::spawn(move || {
                 let mut cmd = Command::new(&cxx);
@@ -276,9 +283,15 @@ fn build_emu(out_dir: &Path, src_dir: &Path, sources: &[PathBuf]) -> EmuBuild {
         eprintln!("{}", failures.join("\n\n"));
         panic!("linking {} emulated kernel module(s) failed; the messages are above", failures.len());
     }
-    let mut stems: Vec<String> = built.into_iter().filter(|(_, out)| *out == dir).map(|(s, _)| s).collect();
+    let mut stems = Vec::new();
+    let mut signatures = Vec::new();
+    for (stem, _, sigs) in built.into_iter().filter(|(_, out, _)| *out == dir) {
+        signatures.extend(sigs.into_iter().map(|(k, codes)| (stem.clone(), k, codes)));
+        stems.push(stem);
+    }
     stems.sort();
-    EmuBuild { dir, modules: stems, problem: String::new() }
+    signatures.sort();
+    EmuBuild { dir, modules: stems, problem: String::new(), signatures }
 }
 
 /// g++ with the emulated build's flags: C++17, -O2, position independent, only
@@ -299,7 +312,7 @@ fn run_cxx(mut cmd: Command, what: &str) -> Result<(), String> {
 }
 
 /// Scans `src` (preprocessed), writes its table `<stem>_emu.cpp` and compiles it to `<stem>.o`.
-fn emu_module(cxx: &Path, emu_src: &Path, src_dir: &Path, dir: &Path, src: &Path) -> Result<String, String> {
+fn emu_module(cxx: &Path, emu_src: &Path, src_dir: &Path, dir: &Path, src: &Path) -> Result<(String, Vec<(String, String)>), String> {
     let stem = src.file_stem().and_then(|s| s.to_str()).ok_or_else(|| format!("{}: not a UTF-8 file name", src.display()))?.to_string();
     let include = |cmd: &mut Command| {
         cmd.arg("-include").arg(emu_src.join("emu.h"));
@@ -321,7 +334,7 @@ fn emu_module(cxx: &Path, emu_src: &Path, src_dir: &Path, dir: &Path, src: &Path
     include(&mut cmd);
     cmd.arg("-c").arg("-o").arg(dir.join(format!("{stem}.o"))).arg(&table);
     run_cxx(cmd, &src.display().to_string())?;
-    Ok(stem)
+    Ok((stem, scan.signatures))
 }
 
 /// What the table needs from one preprocessed `.cu`.
@@ -329,6 +342,8 @@ fn emu_module(cxx: &Path, emu_src: &Path, src_dir: &Path, dir: &Path, src: &Path
 struct CuScan {
     /// `extern "C" __global__` functions: (namespace path, name).
     kernels: Vec<(Vec<String>, String)>,
+    /// Each kernel's parameter kinds (one code per parameter, see `param_code`), by name.
+    signatures: Vec<(String, String)>,
     /// `extern __shared__` arrays: (namespace path, element type, name).
     shared: Vec<(Vec<String>, String, String)>,
 }
@@ -382,6 +397,8 @@ fn scan_cu(text: &str) -> CuScan {
                         head.chars().rev().take_while(|ch| ch.is_ascii_alphanumeric() || *ch == '_').collect::<Vec<_>>().into_iter().rev().collect();
                     let path = ns_path(&stack);
                     if !name.is_empty() && !out.kernels.iter().any(|(_, n)| *n == name) {
+                        let params = text[j + p + 1..].find(')').map(|close| &text[j + p + 1..j + p + 1 + close]).unwrap_or("");
+                        out.signatures.push((name.clone(), signature_codes(params)));
                         out.kernels.push((path, name));
                     }
                 }
@@ -424,6 +441,48 @@ fn scan_cu(text: &str) -> CuScan {
         i += 1;
     }
     out
+}
+
+/// The kinds of a kernel's parameters (the text between its parentheses,
+/// preprocessed), one code each: `i` a pointer to const (read), `o` a pointer
+/// to non-const (written), `4`/`8` a 4/8-byte integer, `f` float, `d` double,
+/// `s` a struct passed by value (shapes, strides).
+fn signature_codes(params: &str) -> String {
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0i32, 0usize);
+    for (i, ch) in params.char_indices() {
+        match ch {
+            '<' | '(' | '[' => depth += 1,
+            '>' | ')' | ']' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&params[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&params[start..]);
+    parts.into_iter().map(str::trim).filter(|p| !p.is_empty() && *p != "void").map(param_code).collect()
+}
+
+/// The code of one parameter declaration (`const float* __restrict__ x`, `uint32_t n`).
+fn param_code(decl: &str) -> char {
+    if let Some(star) = decl.rfind('*') {
+        let before = &decl[..star];
+        let is_const = before.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).any(|w| w == "const");
+        return if is_const { 'i' } else { 'o' };
+    }
+    // The type is every word but the last (the parameter's name).
+    let words: Vec<&str> = decl.split_whitespace().filter(|w| !matches!(*w, "const" | "__restrict__" | "__restrict")).collect();
+    let ty = words[..words.len().saturating_sub(1)].join(" ");
+    match ty.as_str() {
+        "double" | "acc_t<double>" => 'd',
+        "float" => 'f',
+        t if t.starts_with("acc_t<") => 'f',
+        "int" | "unsigned" | "unsigned int" | "int32_t" | "uint32_t" | "i32" | "u32" => '4',
+        "long long" | "unsigned long long" | "long" | "unsigned long" | "int64_t" | "uint64_t" | "i64" | "u64" | "size_t" => '8',
+        _ => 's',
+    }
 }
 
 /// `decl` without `__align__(..)`, `alignas(..)` and `__attribute__((..))`.

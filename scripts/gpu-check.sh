@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds what the GPU host runs and stages it into .device/ (see GPU.md):
-# the release GPU test binaries (tests/cuda*.rs) and the asrforge binary,
+# the release GPU test binaries (tests/cuda*.rs, tests/gpu_profile.rs) and the asrforge binary,
 # with the CUDA kernels embedded, stripped, plus the configs they read.
 # The GPU host has no Rust and no network: scripts/gpu-run.sh runs them.
 #
@@ -40,7 +40,7 @@ cargo build --release --features cuda --bin asrforge
 
 rm -rf "$DEV"
 mkdir -p "$DEV/tests" "$DEV/bin"
-# Test executables: the GPU suites (target name cuda*), named by their target.
+# Test executables: the GPU suites (target name cuda*, and gpu_profile), named by their target.
 python3 - "$ROOT/target/gpu-check-tests.json" "$DEV/tests" <<'PY'
 import json, shutil, sys
 src, dst = sys.argv[1], sys.argv[2]
@@ -53,7 +53,7 @@ for line in open(src):
     if m.get("reason") != "compiler-artifact" or not m.get("executable"):
         continue
     t = m["target"]
-    if "test" in t["kind"] and t["name"].startswith("cuda"):
+    if "test" in t["kind"] and (t["name"].startswith("cuda") or t["name"] == "gpu_profile"):
         shutil.copy(m["executable"], f"{dst}/{t['name']}")
         staged.append(t["name"])
 print("gpu-check: staged tests:", " ".join(sorted(staged)) or "(none)")

@@ -7,9 +7,14 @@
 #   2. runs every staged GPU test binary with outputs poisoned
 #      (ASRFORGE_CUDA_POISON=1);
 #   3. trains the AISHELL conformer config 50 steps on synthetic features in
-#      f32, fp16-AMP and bf16 on the GPU, and computes the same model's
-#      initial loss on the CPU for each, to compare;
-#   4. prints a table last. Full logs go to $OUT when it is set.
+#      f32, f32 with TF32 products (--tf32), fp16-AMP and bf16 on the GPU, and
+#      computes the same model's initial loss on the CPU for each, to compare;
+#      a throughput table per dtype: frames/s, step time, peak memory and the
+#      seam's per-step counters;
+#   4. the step profile (bench-train --profile) in bf16 and fp32: per kernel
+#      family launches, bytes, GEMM FLOPs, the modelled H200 time and the time
+#      CUDA events measured;
+#   5. prints the tables last. Full logs go to $OUT when it is set.
 # Each piece has its own timeout so the whole stays under 8 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -75,12 +80,14 @@ done
 
 # --- 3. training ------------------------------------------------------------
 field() { grep -o "$1=[^ ]*" <<<"$2" | head -1 | cut -d= -f2; }
-declare -a RROWS
-for dt in fp32 fp16 bf16; do
-    gpu=$(timeout 120 "$BIN" bench-train --config "$CONFIG" "${OVERRIDES[@]}" --steps "$STEPS" --device cuda --dtype "$dt" \
+declare -a RROWS TPROWS
+for dt in fp32 tf32 fp16 bf16; do
+    # tf32: f32 training with TF32 tensor cores allowed for the products.
+    if [ "$dt" = tf32 ]; then DTARGS=(--dtype fp32 --tf32); else DTARGS=(--dtype "$dt"); fi
+    gpu=$(timeout 120 "$BIN" bench-train --config "$CONFIG" "${OVERRIDES[@]}" --steps "$STEPS" --device cuda "${DTARGS[@]}" \
         --batch_size "$BATCH" --frames "$FRAMES" 2> "$LOG/train-cuda-$dt.log" | grep '^bench-train' | tail -1)
     echo "cuda $dt: ${gpu:-failed (see $LOG/train-cuda-$dt.log: $(tail -1 "$LOG/train-cuda-$dt.log"))}"
-    cpu=$(timeout 90 "$BIN" bench-train --config "$CONFIG" "${OVERRIDES[@]}" --steps 0 --device cpu --dtype "$dt" \
+    cpu=$(timeout 90 "$BIN" bench-train --config "$CONFIG" "${OVERRIDES[@]}" --steps 0 --device cpu --dtype "${DTARGS[1]}" \
         --batch_size "$BATCH" --frames "$FRAMES" 2> "$LOG/train-cpu-$dt.log" | grep '^bench-train' | tail -1)
     echo "cpu  $dt: ${cpu:-failed (see $LOG/train-cpu-$dt.log)}"
     echo "$gpu" >> "$LOG/bench-train.txt"
@@ -98,16 +105,42 @@ def num(d, k):
         return float("nan")
 gi, ci = num(g, "init_loss"), num(c, "init_loss")
 rel = abs(gi - ci) / abs(ci) if ci == ci and ci != 0 else float("nan")
-# f32 kernels vs the CPU: summation order only; half types: the GEMM's accumulation order on rounded inputs.
+# f32 kernels vs the CPU: summation order only; TF32 and half types: products on rounded inputs.
 tol = 1e-4 if dt == "fp32" else 2e-3
 first, last = num(g, "first_loss"), num(g, "last_loss")
 ok = "ok" if rel <= tol and last < first else "FAIL"
 print(f"{dt:<5} {gi:>11.5f} {ci:>11.5f} {rel:>9.2e} {first:>10.4f} {last:>10.4f} {g.get('skipped','-'):>4} {num(g,'frames_per_s'):>10.0f} {num(g,'peak_mib'):>9.1f}  {ok} (tol {tol:g}, last<first)")
 PY
 )")
+    TPROWS+=("$(python3 - "$dt" "$gpu" <<'PY'
+import sys
+dt, gpu = sys.argv[1:3]
+head, _, steady = gpu.partition("per_step(")
+g = dict(w.split("=", 1) for w in head.split()[1:] if "=" in w)
+s = dict(w.split("=", 1) for w in steady.split() if "=" in w)
+def get(d, k):
+    return d.get(k, "-")
+print(f"{dt:<5} {get(g,'frames_per_s'):>10} {get(g,'step_ms_median'):>9} {get(g,'peak_mib'):>9} {get(s,'launches'):>9} {get(s,'gemms'):>7} {get(s,'lt_heuristics'):>6} {get(s,'host_syncs'):>6} {get(s,'driver_allocs'):>7}")
+PY
+)")
 done
 
-# --- 4. table ---------------------------------------------------------------
+# --- 4. step profile ------------------------------------------------------
+# One steady-state step (the last of 3, after 2 warm-up steps) per dtype,
+# timed per launch with CUDA events beside the model.
+declare -a PROWS
+for dt in bf16 fp32; do
+    timeout 90 "$BIN" bench-train --config "$CONFIG" "${OVERRIDES[@]}" --steps 3 --warmup 2 --device cuda --dtype "$dt" \
+        --batch_size "$BATCH" --frames "$FRAMES" --profile > "$LOG/profile-$dt.txt" 2> "$LOG/profile-$dt.log"
+    rc=$?
+    echo "profile $dt: rc $rc ($LOG/profile-$dt.txt)"
+    # The kernel-family table: from its title to its total line, the 25 largest families kept.
+    PROWS+=("== $dt (rc $rc) ==")
+    while IFS= read -r line; do PROWS+=("$line"); done < <(
+        sed -n '/^GPU step profile/,/^total /p' "$LOG/profile-$dt.txt" | awk 'NR<=4 || /^total / || n++ < 25')
+done
+
+# --- 5. tables --------------------------------------------------------------
 {
     echo
     echo "== asrforge GPU check ($(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)) =="
@@ -116,5 +149,10 @@ done
     echo "bench-train: $(basename "$CONFIG"), $STEPS steps, batch $BATCH x $FRAMES frames, ${OVERRIDES[*]}"
     echo "  dtype  init(gpu)   init(cpu)   rel.diff  first_loss  last_loss skip   frames/s  peak_MiB  check"
     printf '  %s\n' "${RROWS[@]}"
+    echo "throughput (per steady-state step; tf32 = fp32 with --tf32):"
+    echo "  dtype  frames/s   step_ms  peak_MiB  launches   gemms  lt_heu  syncs  d_alloc"
+    printf '  %s\n' "${TPROWS[@]}"
+    echo "step profile (bench-train --profile, batch $BATCH x $FRAMES; model_ms is a MODEL, measured_ms from CUDA events):"
+    printf '  %s\n' "${PROWS[@]:-none}"
     echo "total $(( $(date +%s) - START )) s; logs in $LOG"
 } | tee "$LOG/summary.txt"

@@ -56,6 +56,9 @@ fn run(command: &Command) -> asrforge::Result<()> {
             if let Some(p) = &r.profile {
                 print!("{}", p.table(40));
             }
+            if let Some((k, _)) = &r.kernel_profile {
+                print!("{}", k.table());
+            }
             println!("{}", r.line())
         }),
         Command::Info => {

@@ -84,6 +84,10 @@ pub struct TrainArgs {
     /// fp32, fp16 (with the loss scaler; --use_amp implies it) or bf16 (no scaler).
     #[arg(long, default_value = "fp32", value_parser = ["fp32", "fp16", "bf16"])]
     pub dtype: String,
+    /// Allows TF32 tensor cores for f32 matrix products on the GPU (off by
+    /// default, as in PyTorch; the config key `tf32: true` does the same).
+    #[arg(long)]
+    pub tf32: bool,
     /// Seed of every random choice.
     #[arg(long, default_value_t = 777)]
     pub seed: u64,

@@ -50,9 +50,14 @@ pub struct BenchTrainArgs {
     /// Warm-up steps left out of the step-time statistics (the first allocates and fills caches).
     #[arg(long, default_value_t = 1)]
     pub warmup: u64,
-    /// Prints a per-op table (forward and backward per op kind: calls, time, bytes) of the timed steps.
+    /// Prints a per-op table (forward and backward per op kind: calls, time, bytes) of the timed steps,
+    /// and on a GPU a per-kernel-family table of the last step (launches, bytes, GEMM FLOPs, a modelled
+    /// H200 time, and on a real GPU the time CUDA events measured).
     #[arg(long)]
     pub profile: bool,
+    /// Allows TF32 tensor cores for f32 matrix products on the GPU (as `train --tf32`).
+    #[arg(long)]
+    pub tf32: bool,
 }
 
 /// What a bench run measured.
@@ -83,6 +88,9 @@ pub struct BenchReport {
     /// On a GPU (real or emulated): the driver seam's counters over the
     /// steady-state steps (after the first) and how many steps they cover.
     pub counters: Option<(crate::backend::cuda::Counters, u64)>,
+    /// On a GPU with `--profile`: the per-kernel-family profile of the last
+    /// step, and the seam's counters over that same step.
+    pub kernel_profile: Option<(crate::backend::cuda::profile::KernelProfile, crate::backend::cuda::Counters)>,
 }
 
 impl BenchReport {
@@ -156,7 +164,8 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
     let root = read_config(&a.config, &a.override_config)?;
     let cfg = parse_train_config(&root)?;
     let dtype = if a.dtype == "f32" { "fp32" } else { a.dtype.as_str() };
-    let targs = TrainArgs { device: a.device.clone(), dtype: dtype.to_string(), ..Default::default() };
+    let targs = TrainArgs { device: a.device.clone(), dtype: dtype.to_string(), tf32: a.tf32, ..Default::default() };
+    super::device::init_gemm(&targs, &cfg);
     let autocast = amp_dtype(&targs)?;
     let device = init_device(&targs, &super::dist::dist_info_from(&|k| std::env::var(k).ok()).unwrap_or_else(|_| DistInfo::single()))?;
     let (mcfg, _) = ModelConfig::from_yaml(&root)?;
@@ -181,6 +190,7 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
     let warmup = if a.steps > a.warmup { a.warmup } else { 0 };
     let mut times = Vec::new();
     let mut profile = a.profile.then(autograd::Profile::default);
+    let mut kernel_profile = None;
     let counters_now = || match device {
         Device::Cuda(n) => crate::backend::cuda::counters(n).map(Some),
         Device::Cpu => Ok(None),
@@ -196,6 +206,14 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
         if timed && profile.is_some() {
             autograd::start_profile(None);
         }
+        // The kernel profile covers the last step, a steady-state one when there was a warm-up.
+        let kernel_step = match device {
+            Device::Cuda(n) if a.profile && step == a.steps => {
+                crate::backend::cuda::start_profile(n)?;
+                Some((n, counters_now()?))
+            }
+            _ => None,
+        };
         let t0 = Instant::now();
         exec.engine.zero_grad();
         autograd::profile_reset_clock();
@@ -209,6 +227,10 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
                 got.steps = 1;
                 p.merge(&got);
             }
+        }
+        if let Some((n, Some(before))) = kernel_step {
+            let step_counts = crate::backend::cuda::counters(n)?.since(&before);
+            kernel_profile = Some((crate::backend::cuda::stop_profile(n)?, step_counts));
         }
         losses.push(bl.loss);
         // On a GPU: what this step cost the host (launches, waits, copies, allocations).
@@ -249,5 +271,6 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
         profile,
         peak_bytes: peak,
         counters,
+        kernel_profile,
     })
 }

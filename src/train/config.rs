@@ -26,12 +26,23 @@ pub struct TrainConfig {
     pub log_interval: usize,
     /// Optimizer steps between `step_N` checkpoints (none when absent).
     pub save_interval: Option<u64>,
+    /// `tf32: true`: allow TF32 tensor cores for f32 products on the GPU (as `--tf32`).
+    pub tf32: bool,
+    /// `cublaslt_workspace_mib`: cuBLASLt's workspace per GPU (default 32).
+    pub cublaslt_workspace_mib: Option<u64>,
 }
 
 fn num(root: &Value, key: &str, default: f64) -> Result<f64> {
     match root.get(key) {
         None | Some(Value::Null) => Ok(default),
         Some(v) => v.as_f64().ok_or_else(|| Error::config(key, format!("expected a number, found {}", crate::models::config::describe(v)))),
+    }
+}
+
+fn flag(root: &Value, key: &str) -> Result<bool> {
+    match root.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(v) => v.as_bool().ok_or_else(|| Error::config(key, format!("expected true or false, found {}", crate::models::config::describe(v)))),
     }
 }
 
@@ -79,6 +90,11 @@ pub fn parse_train_config(root: &Value) -> Result<TrainConfig> {
         max_epoch: count(root, "max_epoch", 100)?,
         log_interval: (count(root, "log_interval", 100)? as usize).max(1),
         save_interval,
+        tf32: flag(root, "tf32")?,
+        cublaslt_workspace_mib: match root.get("cublaslt_workspace_mib") {
+            None | Some(Value::Null) => None,
+            Some(_) => Some(count(root, "cublaslt_workspace_mib", 0)?),
+        },
     })
 }
 

@@ -20,6 +20,16 @@ pub fn amp_dtype(args: &TrainArgs) -> Result<Option<DType>> {
     }
 }
 
+/// Sets how the GPU's matrix products run: TF32 for f32 products when
+/// `--tf32` or the config's `tf32: true` asks (off otherwise, as in
+/// PyTorch), and cuBLASLt's workspace from `cublaslt_workspace_mib`.
+pub fn init_gemm(args: &TrainArgs, cfg: &super::TrainConfig) {
+    crate::backend::cuda::blas::set_allow_tf32(args.tf32 || cfg.tf32);
+    if let Some(mib) = cfg.cublaslt_workspace_mib {
+        crate::backend::cuda::blaslt::set_workspace_mib(mib as usize);
+    }
+}
+
 /// The device of a run: the CPU, or `cuda:LOCAL_RANK` (a clean error when
 /// that GPU cannot be used).
 pub fn init_device(args: &TrainArgs, dist: &DistInfo) -> Result<Device> {

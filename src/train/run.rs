@@ -11,6 +11,7 @@ pub fn run_train(args: &TrainArgs) -> Result<Executor> {
     let device = init_device(args, &dist.info)?;
     let autocast = amp_dtype(args)?;
     let cfg = check_modify_and_save_config(root, args, &dist.info)?;
+    device::init_gemm(args, &cfg);
     let (train_loader, cv_loader) = init_dataset_and_dataloader(args, &cfg, &dist.info)?;
     rng::manual_seed(args.seed);
     let (model, resume) = init_model(args, &cfg)?;

@@ -11,6 +11,8 @@ pub struct Counters {
     pub launches: u64,
     /// cuBLAS/cuBLASLt matrix products (also counted in `launches`).
     pub gemms: u64,
+    /// cuBLASLt algorithm heuristic calls (one per new product shape; a cached shape makes none).
+    pub lt_heuristics: u64,
     /// Calls that made the host wait for the device: explicit synchronisations
     /// and those inside copies to the host and synchronous uploads.
     pub host_syncs: u64,
@@ -43,6 +45,7 @@ impl Counters {
         Counters {
             launches: self.launches - earlier.launches,
             gemms: self.gemms - earlier.gemms,
+            lt_heuristics: self.lt_heuristics - earlier.lt_heuristics,
             host_syncs: self.host_syncs - earlier.host_syncs,
             htod_copies: self.htod_copies - earlier.htod_copies,
             htod_bytes: self.htod_bytes - earlier.htod_bytes,
@@ -61,9 +64,10 @@ impl Counters {
         let n = n.max(1) as f64;
         let f = |v: u64| v as f64 / n;
         format!(
-            "launches={:.1} gemms={:.1} host_syncs={:.1} htod_copies={:.1} htod_bytes={:.0} dtoh_copies={:.1} dtoh_bytes={:.0} dtod_bytes={:.0} driver_allocs={:.1} pool_reuses={:.1} peak_mib={:.1}",
+            "launches={:.1} gemms={:.1} lt_heuristics={:.1} host_syncs={:.1} htod_copies={:.1} htod_bytes={:.0} dtoh_copies={:.1} dtoh_bytes={:.0} dtod_bytes={:.0} driver_allocs={:.1} pool_reuses={:.1} peak_mib={:.1}",
             f(self.launches),
             f(self.gemms),
+            f(self.lt_heuristics),
             f(self.host_syncs),
             f(self.htod_copies),
             f(self.htod_bytes),
@@ -83,6 +87,7 @@ impl Counters {
 pub(crate) struct CounterCells {
     pub launches: AtomicU64,
     pub gemms: AtomicU64,
+    pub lt_heuristics: AtomicU64,
     pub host_syncs: AtomicU64,
     pub htod_copies: AtomicU64,
     pub htod_bytes: AtomicU64,
@@ -106,6 +111,7 @@ impl CounterCells {
         Counters {
             launches: g(&self.launches),
             gemms: g(&self.gemms),
+            lt_heuristics: g(&self.lt_heuristics),
             host_syncs: g(&self.host_syncs),
             htod_copies: g(&self.htod_copies),
             htod_bytes: g(&self.htod_bytes),

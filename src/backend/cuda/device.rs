@@ -1,25 +1,33 @@
 //! `CudaDevice`: one per GPU per process. It holds the driver seam (the real
 //! driver or the emulator, with the compute stream every kernel, copy and
 //! cuBLAS call is ordered on), the caching allocator, and the kernel
-//! functions, resolved by `module/kernel` name once and cached.
+//! functions, resolved by `module/kernel` name once and cached with their C
+//! signatures. While the step profile is on, each launch is recorded with
+//! the bytes of its buffers (see `profile.rs`).
 
 use super::alloc::Pool;
 use super::driver::{self, Counters, DevPtr, DriverKind, Event, Func, Seam, Stream, COMPUTE};
-use super::launch::{Arg, LaunchConfig};
+use super::kernels;
+use super::launch::{check_args, Arg, LaunchConfig, ParamKind};
+use super::profile::{self, KernelProfile, LaunchRecord};
 use super::CudaStorage;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// One GPU (or the emulated device): its driver seam, allocator and kernel functions.
 pub struct CudaDevice {
     ordinal: usize,
     seam: Seam,
     pub(crate) pool: Mutex<Pool>,
-    functions: Mutex<HashMap<String, Func>>,
-    copy_stream: std::sync::OnceLock<usize>,
+    /// Resolved kernels with their signature codes (None: not scanned).
+    functions: Mutex<HashMap<String, (Func, Option<&'static str>)>>,
+    /// cuBLASLt's workspace (address, bytes), obtained from the driver once.
+    lt_workspace: OnceLock<std::result::Result<(DevPtr, usize), String>>,
+    /// The stream batch uploads run on (made at first use).
+    copy_stream: OnceLock<usize>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -38,7 +46,8 @@ impl CudaDevice {
             seam: Seam::new(drv),
             pool: Mutex::new(Pool::default()),
             functions: Mutex::new(HashMap::new()),
-            copy_stream: std::sync::OnceLock::new(),
+            lt_workspace: OnceLock::new(),
+            copy_stream: OnceLock::new(),
         }))
     }
     /// The GPU's ordinal.
@@ -119,24 +128,61 @@ impl CudaDevice {
         Ok(s)
     }
 
-    fn function(&self, module: &str, kernel: &str) -> Result<Func> {
+    fn function(&self, module: &str, kernel: &str) -> Result<(Func, Option<&'static str>)> {
         let key = format!("{module}/{kernel}");
         if let Some(f) = self.functions.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(*f);
         }
-        let f = self.seam.driver().function(module, kernel)?;
+        let f = (self.seam.driver().function(module, kernel)?, kernels::signature(module, kernel));
         self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(key, f);
         Ok(f)
     }
 
+    /// cuBLASLt's workspace of this device: `bytes` (the first caller's
+    /// size; [`super::blaslt::workspace_bytes`]) obtained from the driver once
+    /// and kept for the device's life; (0, 0) when the size is 0.
+    pub(crate) fn lt_workspace(&self, bytes: usize) -> Result<(DevPtr, usize)> {
+        let w = self.lt_workspace.get_or_init(|| {
+            if bytes == 0 {
+                return Ok((0, 0));
+            }
+            match self.seam.malloc(bytes) {
+                Ok(Some(p)) => Ok((p, bytes)),
+                Ok(None) => Err(format!("out of device memory for cuBLASLt's workspace of {bytes} bytes (set ASRFORGE_CUBLASLT_WORKSPACE_MIB lower)")),
+                Err(e) => Err(e.to_string()),
+            }
+        });
+        w.clone().map_err(|msg| Error::Cuda { kernel: "cublasLt workspace".into(), msg })
+    }
+
+    /// Starts recording every launch of this device for the step profile
+    /// (dropping what an earlier profile left).
+    pub fn start_profile(&self) {
+        self.seam.clear_recorded();
+        profile::set_on(true);
+    }
+    /// Stops recording and returns the per-family profile of what ran since
+    /// [`CudaDevice::start_profile`] (waiting for the recorded work on a GPU).
+    pub fn stop_profile(&self) -> Result<KernelProfile> {
+        profile::set_on(false);
+        let recs = self.seam.take_recorded()?;
+        let name = self.name().unwrap_or_else(|_| format!("cuda:{}", self.ordinal));
+        Ok(KernelProfile::from_records(format!("cuda:{} ({name})", self.ordinal), self.is_emulated(), &recs))
+    }
+
     /// Launches `module/kernel` on the compute stream. The arguments must
-    /// match the kernel's C signature in order and type; buffers passed as
+    /// match the kernel's C signature in order and type (checked against the
+    /// signature build.rs scanned from `cuda/*.cu`: a wrong count or kind is
+    /// an error naming the argument); buffers passed as
     /// `Arg::Ptr` must belong to this device. A failed launch is an
     /// [`Error::Cuda`] naming the kernel; with `ASRFORGE_CUDA_SYNC=1` every
     /// launch is also synchronised so an asynchronous fault names its kernel.
     pub fn launch(&self, module: &str, kernel: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
         let name = format!("{module}/{kernel}");
-        let f = self.function(module, kernel)?;
+        let (f, sig) = self.function(module, kernel)?;
+        if let Some(codes) = sig {
+            check_args(codes, args).map_err(|msg| Error::Cuda { kernel: name.clone(), msg })?;
+        }
         let mut slots = vec![[0u8; 8]; args.len()];
         let mut word_ptrs: Vec<*mut c_void> = Vec::with_capacity(args.len());
         let mut buffers: Vec<DevPtr> = Vec::new();
@@ -164,6 +210,7 @@ impl CudaDevice {
                 _ => slot.as_mut_ptr() as *mut c_void,
             });
         }
+        let record = profile::on().then(|| kernel_record(module, kernel, args, sig));
         // SAFETY: `f` was resolved by this device's driver; `word_ptrs` has
         // one pointer per kernel parameter, each to a live value of the
         // parameter's size (`slots` and the caller's `Words` outlive the
@@ -171,7 +218,7 @@ impl CudaDevice {
         // from live `CudaStorage`s of this device whose buffers stay valid
         // until the stream has run the kernel (freed blocks return to the
         // pool and are only reused by work ordered after it on this stream).
-        unsafe { self.seam.launch(f, &name, cfg, &mut word_ptrs, &buffers, COMPUTE) }?;
+        unsafe { self.seam.launch(f, &name, cfg, &mut word_ptrs, &buffers, COMPUTE, record) }?;
         if std::env::var_os("ASRFORGE_CUDA_SYNC").is_some_and(|v| v == "1") {
             self.seam.synchronize(COMPUTE).map_err(|e| Error::Cuda { kernel: name, msg: format!("kernel failed: {e}") })?;
         }
@@ -221,4 +268,28 @@ impl Drop for DeviceEvent {
 /// Whether fresh allocations are poisoned (`ASRFORGE_CUDA_POISON=1`).
 pub(crate) fn poison_enabled() -> bool {
     std::env::var_os("ASRFORGE_CUDA_POISON").is_some_and(|v| v == "1")
+}
+
+/// A kernel launch as the step profile counts it: the bytes of the buffers
+/// passed for `const T*` parameters are read, those for `T*` written (all
+/// read when the signature was not scanned).
+fn kernel_record(module: &str, kernel: &str, args: &[Arg], sig: Option<&'static str>) -> LaunchRecord {
+    let (mut read, mut written) = (0u64, 0u64);
+    for (i, a) in args.iter().enumerate() {
+        if let Arg::Ptr(s) = a {
+            let bytes = s.size_in_bytes() as u64;
+            match sig.and_then(|c| c.as_bytes().get(i)).and_then(|&c| ParamKind::from_code(c)) {
+                Some(ParamKind::Out) => written += bytes,
+                _ => read += bytes,
+            }
+        }
+    }
+    LaunchRecord {
+        family: profile::family_of(module, kernel),
+        bytes_read: read,
+        bytes_written: written,
+        flops: 0,
+        gemm_dtype: None,
+        kinds_known: sig.is_some(),
+    }
 }

@@ -20,8 +20,17 @@ pub const EMU_MODULES: &[&str] = &[];
 #[cfg(not(feature = "cuda"))]
 /// Why no emulated module was built.
 pub const EMU_PROBLEM: &str = "built without the `cuda` feature";
+#[cfg(not(feature = "cuda"))]
+/// Every kernel's parameter kinds (none without the `cuda` feature).
+pub static SIGNATURES: &[(&str, &str, &str)] = &[];
 
 /// The fatbin of module `stem`, if embedded.
 pub fn fatbin(stem: &str) -> Option<&'static [u8]> {
     KERNELS.iter().find(|(s, _)| *s == stem).map(|(_, b)| *b)
+}
+
+/// The parameter codes of `module/kernel` from its C signature (see
+/// [`crate::backend::cuda::launch::ParamKind`]), if the build scanned it.
+pub fn signature(module: &str, kernel: &str) -> Option<&'static str> {
+    SIGNATURES.binary_search_by(|(m, k, _)| (*m, *k).cmp(&(module, kernel))).ok().map(|i| SIGNATURES[i].2)
 }

@@ -82,3 +82,84 @@ pub fn scalar_arg(dt: DType, v: f64) -> Arg<'static> {
         Arg::F32(v as f32)
     }
 }
+
+/// The kind of one kernel parameter, from its C signature (build.rs scans
+/// the `extern "C" __global__` declarations of `cuda/*.cu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamKind {
+    /// `const T*`: a buffer the kernel reads.
+    In,
+    /// `T*`: a buffer the kernel writes (and may read).
+    Out,
+    /// A 4-byte integer (`int`, `uint32_t`).
+    Int32,
+    /// An 8-byte integer (`int64_t`, `uint64_t`, `long long`).
+    Int64,
+    /// `float` (also `acc_t<T>` of the half and f32 kernels).
+    Float,
+    /// `double`.
+    Double,
+    /// A struct passed by value (shapes and strides as 64-bit words).
+    Struct,
+}
+
+impl ParamKind {
+    /// The kind of signature code `c` (build.rs's `param_code`).
+    pub fn from_code(c: u8) -> Option<ParamKind> {
+        Some(match c {
+            b'i' => ParamKind::In,
+            b'o' => ParamKind::Out,
+            b'4' => ParamKind::Int32,
+            b'8' => ParamKind::Int64,
+            b'f' => ParamKind::Float,
+            b'd' => ParamKind::Double,
+            b's' => ParamKind::Struct,
+            _ => return None,
+        })
+    }
+    /// Whether `arg` can be passed for a parameter of this kind.
+    pub fn accepts(self, arg: &Arg) -> bool {
+        matches!(
+            (self, arg),
+            (ParamKind::In | ParamKind::Out, Arg::Ptr(_))
+                | (ParamKind::Int32, Arg::U32(_) | Arg::I32(_))
+                | (ParamKind::Int64, Arg::U64(_) | Arg::I64(_))
+                | (ParamKind::Float, Arg::F32(_))
+                | (ParamKind::Double, Arg::F64(_))
+                | (ParamKind::Struct, Arg::Words(_))
+        )
+    }
+}
+
+impl Arg<'_> {
+    /// The argument's variant name, for errors.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Arg::Ptr(_) => "Ptr",
+            Arg::U32(_) => "U32",
+            Arg::I32(_) => "I32",
+            Arg::U64(_) => "U64",
+            Arg::I64(_) => "I64",
+            Arg::F32(_) => "F32",
+            Arg::F64(_) => "F64",
+            Arg::Words(_) => "Words",
+        }
+    }
+}
+
+/// Checks `args` against the kernel's signature codes: the count and each
+/// argument's kind; the error says which argument, what the signature
+/// expects and what was passed.
+pub fn check_args(codes: &str, args: &[Arg]) -> std::result::Result<(), String> {
+    let kinds = || codes.bytes().map(|c| ParamKind::from_code(c).map_or("?".to_string(), |k| format!("{k:?}"))).collect::<Vec<_>>().join(", ");
+    if codes.len() != args.len() {
+        return Err(format!("{} argument(s) passed, the kernel's C signature has {} ({})", args.len(), codes.len(), kinds()));
+    }
+    for (i, (c, a)) in codes.bytes().zip(args).enumerate() {
+        match ParamKind::from_code(c) {
+            Some(k) if k.accepts(a) => {}
+            k => return Err(format!("argument {i} is {}, the kernel's C signature has {k:?} there ({})", a.kind_name(), kinds())),
+        }
+    }
+    Ok(())
+}

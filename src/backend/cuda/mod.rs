@@ -22,6 +22,7 @@ pub mod kernels;
 pub mod launch;
 pub mod loss;
 pub mod optim;
+pub mod profile;
 pub mod reduce;
 
 #[cfg(feature = "cuda")]
@@ -104,6 +105,27 @@ pub fn archs() -> &'static str {
 pub fn emulation_requested() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("ASRFORGE_CUDA_EMU").is_some_and(|v| v == "1"))
+}
+
+/// Starts the step profile on device `ordinal` (see [`profile`]).
+pub fn start_profile(ordinal: usize) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    {
+        device(ordinal)?.start_profile();
+        Ok(())
+    }
+    #[cfg(not(feature = "cuda"))]
+    device(ordinal).map(|_| ())
+}
+
+/// Stops the step profile on device `ordinal` and returns it per kernel family.
+pub fn stop_profile(ordinal: usize) -> Result<profile::KernelProfile> {
+    #[cfg(feature = "cuda")]
+    {
+        device(ordinal)?.stop_profile()
+    }
+    #[cfg(not(feature = "cuda"))]
+    device(ordinal).map(|_| profile::KernelProfile::default())
 }
 
 /// The driver seam's counters of device `ordinal` (opening it if needed).

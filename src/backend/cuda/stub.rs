@@ -162,4 +162,10 @@ pub mod blaslt {
     pub fn linear_bias(x: &CudaStorage, _w: &CudaStorage, _b: &CudaStorage, _m: usize, _n: usize, _k: usize) -> Result<CudaStorage> {
         match *x {}
     }
+    /// `linear`'s weight and bias gradients.
+    pub fn linear_grad_weight_bias(g: &CudaStorage, _x: &CudaStorage, _m: usize, _n: usize, _k: usize) -> Result<(CudaStorage, CudaStorage)> {
+        match *g {}
+    }
+    /// Sets cuBLASLt's workspace size (no effect in this build).
+    pub fn set_workspace_mib(_mib: usize) {}
 }

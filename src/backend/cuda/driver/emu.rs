@@ -11,7 +11,7 @@
 //! returned (a drop) is kept and reported by the next synchronisation or
 //! launch, as the GPU reports an asynchronous fault.
 
-use super::{emu_blas, DevPtr, Driver, DriverKind, Event, Func, Gemm, LaunchConfig, LtMatmul, Stream};
+use super::{emu_blas, DevPtr, Driver, DriverKind, Event, Func, Gemm, LaunchConfig, LtKey, LtMatmul, LtPlan, Stream};
 use crate::error::{Error, Result};
 use std::alloc::Layout;
 use std::collections::{BTreeMap, HashMap};
@@ -94,6 +94,8 @@ pub(crate) struct EmuDriver {
     /// A fault found where it could not be returned.
     pending: Mutex<Option<String>>,
     streams: Mutex<usize>,
+    /// The cuBLASLt plans made, by handle (the key each was made for).
+    lt_plans: Mutex<Vec<LtKey>>,
 }
 
 impl EmuDriver {
@@ -107,6 +109,7 @@ impl EmuDriver {
             last: Mutex::new(String::from("(none yet)")),
             pending: Mutex::new(None),
             streams: Mutex::new(1),
+            lt_plans: Mutex::new(Vec::new()),
         }
     }
     fn last_kernel(&self) -> String {
@@ -351,8 +354,21 @@ impl Driver for EmuDriver {
         // SAFETY: forwarded from the caller; the ranges are checked inside.
         unsafe { emu_blas::gemm(self, g) }
     }
-    unsafe fn lt_matmul(&self, g: &LtMatmul, _s: Stream) -> Result<()> {
+    fn lt_plan(&self, key: &LtKey) -> Result<LtPlan> {
+        emu_blas::check_plan(key)?;
+        let mut plans = self.lt_plans.lock().unwrap_or_else(|e| e.into_inner());
+        plans.push(*key);
+        Ok(LtPlan(plans.len() - 1))
+    }
+    unsafe fn lt_matmul(&self, plan: LtPlan, g: &LtMatmul, _s: Stream) -> Result<()> {
         self.take_pending()?;
+        let made_for = self.lt_plans.lock().unwrap_or_else(|e| e.into_inner()).get(plan.0).copied();
+        if made_for != Some(g.key) {
+            return Err(Error::Cuda {
+                kernel: "cublasLt/Matmul (emulated)".into(),
+                msg: format!("CUBLAS_STATUS_INVALID_VALUE: plan {} was made for {made_for:?}, used for {:?}", plan.0, g.key),
+            });
+        }
         // SAFETY: forwarded from the caller; the ranges are checked inside.
         unsafe { emu_blas::lt_matmul(self, g) }
     }

@@ -12,7 +12,7 @@
 //! Invalid arguments fail as cuBLAS's CUBLAS_STATUS_INVALID_VALUE would.
 
 use super::emu::EmuDriver;
-use super::{DevPtr, Gemm, LtMatmul};
+use super::{DevPtr, Epilogue, Gemm, LtKey, LtMatmul};
 use crate::error::{Error, Result};
 use crate::tensor::DType;
 use gemm::Parallelism;
@@ -296,23 +296,46 @@ pub(super) unsafe fn gemm(drv: &EmuDriver, g: &Gemm) -> Result<()> {
     Ok(())
 }
 
-/// `cublasLtMatmul` with alpha = 1, beta = 0, C = D, and the BIAS epilogue when a bias is given.
-///
-/// # Safety
-/// As for [`gemm`].
-pub(super) unsafe fn lt_matmul(drv: &EmuDriver, g: &LtMatmul) -> Result<()> {
-    let what = "cublasLt/Matmul";
-    supported(what, g.dtype)?;
-    let (a, b, d) = (g.a_layout, g.b_layout, g.d_layout);
+/// The product's (m, n, k) if `key` describes a valid cuBLASLt matmul, as
+/// `cublasLtMatmulAlgoGetHeuristic` would judge it: shapes that chain,
+/// leading dimensions at least the rows, a supported type, and BGRADB only
+/// for f32/f16/bf16 (no bias-gradient epilogue for f64: NOT_SUPPORTED).
+pub(super) fn check_plan(key: &LtKey) -> Result<(usize, usize, usize)> {
+    let what = "cublasLt/AlgoGetHeuristic";
+    supported(what, key.dtype)?;
+    let (a, b, d) = (key.a_layout, key.b_layout, key.d_layout);
     let dim = |v: u64| usize::try_from(v).map_err(|_| invalid(what, format!("dimension {v} too large")));
-    let (m, k) = if g.trans_a { (dim(a.cols)?, dim(a.rows)?) } else { (dim(a.rows)?, dim(a.cols)?) };
-    let (k2, n) = if g.trans_b { (dim(b.cols)?, dim(b.rows)?) } else { (dim(b.rows)?, dim(b.cols)?) };
+    let (m, k) = if key.trans_a { (dim(a.cols)?, dim(a.rows)?) } else { (dim(a.rows)?, dim(a.cols)?) };
+    let (k2, n) = if key.trans_b { (dim(b.cols)?, dim(b.rows)?) } else { (dim(b.rows)?, dim(b.cols)?) };
     if k != k2 || dim(d.rows)? != m || dim(d.cols)? != n {
         return Err(invalid(what, format!("op(A) is {m}×{k}, op(B) {k2}×{n}, D {}×{}: the shapes do not chain", d.rows, d.cols)));
     }
+    for (name, l) in [("A", a), ("B", b), ("D", d)] {
+        if l.ld < l.rows.max(1) as i64 {
+            return Err(invalid(what, format!("{name}'s ld = {} < its {} rows", l.ld, l.rows)));
+        }
+    }
+    if key.epilogue == Epilogue::BgradB && key.dtype == DType::F64 {
+        return Err(Error::Cuda { kernel: format!("{what} (emulated)"), msg: "CUBLAS_STATUS_NOT_SUPPORTED: no BGRADB epilogue for f64".into() });
+    }
+    Ok((m, n, k))
+}
+
+/// `cublasLtMatmul` with alpha = 1, beta = 0, C = D, and the key's epilogue:
+/// BIAS adds `bias[r]` to row r before D's one rounding; BGRADB writes
+/// `bias[c] = Σ_l op(B)[l, c]`, accumulated in f32 (the compute type) in
+/// ascending l and rounded once to D's type.
+///
+/// # Safety
+/// As for [`gemm`]; the workspace addresses `key.workspace` live bytes.
+pub(super) unsafe fn lt_matmul(drv: &EmuDriver, g: &LtMatmul) -> Result<()> {
+    let what = "cublasLt/Matmul";
+    let key = &g.key;
+    let (m, n, k) = check_plan(key)?;
+    let (a, b, d) = (key.a_layout, key.b_layout, key.d_layout);
     let p = Prod {
-        ta: g.trans_a,
-        tb: g.trans_b,
+        ta: key.trans_a,
+        tb: key.trans_b,
         m,
         n,
         k,
@@ -326,18 +349,43 @@ pub(super) unsafe fn lt_matmul(drv: &EmuDriver, g: &LtMatmul) -> Result<()> {
         ldc: nonneg(what, "D's ld", d.ld)?,
         sc: 0,
         batch: 1,
-        dtype: g.dtype,
-        tf32: g.tf32 && g.dtype == DType::F32,
+        dtype: key.dtype,
+        tf32: key.tf32 && key.dtype == DType::F32,
+    };
+    if key.workspace > 0 {
+        drv.check_range(g.workspace, key.workspace, &format!("{what}: workspace"))?;
+    }
+    let es = key.dtype.size_in_bytes();
+    let bias = match (key.epilogue, g.bias) {
+        (Epilogue::Plain, _) => None,
+        (e, None) => return Err(invalid(what, format!("the {e:?} epilogue has no bias pointer"))),
+        (Epilogue::Bias, Some(bp)) => {
+            drv.check_range(bp, m * es, &format!("{what}: bias"))?;
+            Some(bp)
+        }
+        (Epilogue::BgradB, Some(bp)) => {
+            drv.check_range(bp, n * es, &format!("{what}: bias gradient"))?;
+            None
+        }
     };
     if m == 0 || n == 0 {
         return Ok(());
     }
     p.check(drv, what)?;
-    if let Some(bp) = g.bias {
-        drv.check_range(bp, m * g.dtype.size_in_bytes(), &format!("{what}: bias"))?;
-    }
     // SAFETY: checked above.
-    unsafe { p.run(g.bias) };
+    unsafe { p.run(bias) };
+    if let (Epilogue::BgradB, Some(bp)) = (key.epilogue, g.bias) {
+        let (_, (brs, bcs)) = p.strides();
+        for c in 0..n {
+            let mut acc = 0f32;
+            for l in 0..k {
+                // SAFETY: op(B)'s elements lie in the range `check` verified.
+                acc += unsafe { load(key.dtype, g.b, (l as isize * brs + c as isize * bcs) as usize) };
+            }
+            // SAFETY: the bias gradient's n elements were range-checked above.
+            unsafe { store(key.dtype, bp, c, acc) };
+        }
+    }
     Ok(())
 }
 

@@ -13,11 +13,14 @@ mod real;
 use super::counters::CounterCells;
 pub use super::counters::Counters;
 pub use super::emulation_requested;
+use super::profile::{self, LaunchRecord};
 
 use super::launch::LaunchConfig;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
+use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::Mutex;
 
 /// A device address (a host address on the emulator).
 pub(crate) type DevPtr = u64;
@@ -67,29 +70,67 @@ pub(crate) struct Gemm {
 }
 
 /// A matrix layout of cuBLASLt: `rows × cols`, column-major, leading dimension `ld`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Layout {
     pub rows: u64,
     pub cols: u64,
     pub ld: i64,
 }
 
-/// One cuBLASLt matmul, `D = op(A)·op(B) (+ bias[r] on every row r of D)`,
-/// alpha = 1, beta = 0, C aliasing D, with the layouts as created.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct LtMatmul {
+/// The epilogue of a cuBLASLt matmul.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Epilogue {
+    /// D = op(A)·op(B).
+    Plain,
+    /// BIAS: adds `bias[r]` (rows of D elements, D's type) to every row r of D.
+    Bias,
+    /// BGRADB: also writes `bias[c] = Σ_l op(B)[l, c]` (columns of D
+    /// elements, D's type), the sum over the product's k dimension.
+    BgradB,
+}
+
+/// Everything a cuBLASLt plan depends on (descriptors, layouts, the
+/// preference and the algorithm the heuristic chose): the key of the seam's
+/// plan cache, so a shape seen before makes no heuristic call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct LtKey {
     pub trans_a: bool,
     pub trans_b: bool,
-    pub a: DevPtr,
     pub a_layout: Layout,
-    pub b: DevPtr,
     pub b_layout: Layout,
-    pub d: DevPtr,
     pub d_layout: Layout,
-    /// The BIAS epilogue's vector (rows of D elements, D's type), if any.
-    pub bias: Option<DevPtr>,
     pub dtype: DType,
     pub tf32: bool,
+    pub epilogue: Epilogue,
+    /// The most workspace the algorithm may use, bytes.
+    pub workspace: usize,
+}
+
+impl LtKey {
+    /// (m, n, k) of the product: op(A) m×k, op(B) k×n.
+    pub(crate) fn mnk(&self) -> (u64, u64, u64) {
+        let (m, k) = if self.trans_a { (self.a_layout.cols, self.a_layout.rows) } else { (self.a_layout.rows, self.a_layout.cols) };
+        let n = if self.trans_b { self.b_layout.rows } else { self.b_layout.cols };
+        (m, n, k)
+    }
+}
+
+/// A plan a driver made for an [`LtKey`] (an opaque handle it owns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LtPlan(pub(crate) usize);
+
+/// One cuBLASLt matmul, `D = op(A)·op(B)` with the key's epilogue, alpha = 1,
+/// beta = 0, C aliasing D.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LtMatmul {
+    pub key: LtKey,
+    pub a: DevPtr,
+    pub b: DevPtr,
+    pub d: DevPtr,
+    /// The epilogue's vector (read by BIAS, written by BGRADB), if it has one.
+    pub bias: Option<DevPtr>,
+    /// The device's workspace (`key.workspace` bytes; 0 when none).
+    pub workspace: DevPtr,
 }
 
 /// What a driver is, for `asrforge info` and error messages.
@@ -181,17 +222,28 @@ pub(crate) trait Driver: Send + Sync {
     fn event_query(&self, e: &Event) -> Result<bool>;
     /// Frees an event.
     fn destroy_event(&self, e: Event);
+    /// Records a timing event on `s` (the step profile's), or None where
+    /// the device has no clock worth reading (the emulator).
+    fn timing_event(&self, _s: Stream) -> Result<Option<Event>> {
+        Ok(None)
+    }
+    /// Milliseconds between two finished timing events.
+    fn elapsed_ms(&self, _start: &Event, _end: &Event) -> Result<f32> {
+        Err(Error::Cuda { kernel: "cuEventElapsedTime".into(), msg: "this device records no timing events".into() })
+    }
     /// A cuBLAS strided-batched GEMM on `s`.
     ///
     /// # Safety
     /// The pointers address live buffers holding every element the call
     /// addresses until the stream ran it.
     unsafe fn gemm(&self, g: &Gemm, s: Stream) -> Result<()>;
-    /// A cuBLASLt matmul on `s`.
+    /// Creates the descriptors of `key` and runs cuBLASLt's algorithm heuristic once.
+    fn lt_plan(&self, key: &LtKey) -> Result<LtPlan>;
+    /// A cuBLASLt matmul on `s` with a plan made for `g.key`.
     ///
     /// # Safety
-    /// As for `gemm`.
-    unsafe fn lt_matmul(&self, g: &LtMatmul, s: Stream) -> Result<()>;
+    /// As for `gemm`; the workspace addresses `g.key.workspace` live bytes.
+    unsafe fn lt_matmul(&self, plan: LtPlan, g: &LtMatmul, s: Stream) -> Result<()>;
     /// The cuBLAS version number.
     fn blas_version(&self) -> Result<i32>;
 }
@@ -229,17 +281,24 @@ pub(crate) fn open(ordinal: usize) -> Result<Box<dyn Driver>> {
 
 pub(crate) use real::driver_msg;
 
+/// A profiled launch with its timing events (start, and end if one was recorded).
+type Recorded = (LaunchRecord, Option<(Event, Option<Event>)>);
+
 /// A driver with the counters the seam keeps. Every call that waits for the
 /// device on the host counts as a host synchronisation.
 pub(crate) struct Seam {
     drv: Box<dyn Driver>,
     pub(crate) counts: CounterCells,
+    /// The launches recorded while the step profile is on, with their timing events.
+    recorded: Mutex<Vec<Recorded>>,
+    /// cuBLASLt plans by key (a key the driver refused keeps its error).
+    lt_plans: Mutex<HashMap<LtKey, std::result::Result<LtPlan, String>>>,
 }
 
 impl Seam {
     /// Wraps a driver.
     pub(crate) fn new(drv: Box<dyn Driver>) -> Seam {
-        Seam { drv, counts: CounterCells::default() }
+        Seam { drv, counts: CounterCells::default(), recorded: Mutex::new(Vec::new()), lt_plans: Mutex::new(HashMap::new()) }
     }
     /// The driver, for calls that are not counted (properties, streams, events).
     pub(crate) fn driver(&self) -> &dyn Driver {
@@ -303,10 +362,81 @@ impl Seam {
     ///
     /// # Safety
     /// As [`Driver::launch`].
-    pub(crate) unsafe fn launch(&self, f: Func, name: &str, cfg: LaunchConfig, params: &mut [*mut c_void], buffers: &[DevPtr], s: Stream) -> Result<()> {
+    /// `record` is the launch as the step profile counts it (given only while it is on).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn launch(
+        &self,
+        f: Func,
+        name: &str,
+        cfg: LaunchConfig,
+        params: &mut [*mut c_void],
+        buffers: &[DevPtr],
+        s: Stream,
+        record: Option<LaunchRecord>,
+    ) -> Result<()> {
         self.counts.add(&self.counts.launches, 1);
+        let start = record.as_ref().map(|_| self.timing_event(s));
         // SAFETY: forwarded from the caller.
-        unsafe { self.drv.launch(f, name, cfg, params, buffers, s) }
+        let r = unsafe { self.drv.launch(f, name, cfg, params, buffers, s) };
+        if let (Some(rec), Some(start)) = (record, start) {
+            self.record(rec, start, s);
+        }
+        r
+    }
+    /// A timing event for the profile (None on the emulator or when the driver refuses one).
+    fn timing_event(&self, s: Stream) -> Option<Event> {
+        self.drv.timing_event(s).ok().flatten()
+    }
+    /// Keeps a profiled launch with its start event and an end event recorded now.
+    fn record(&self, rec: LaunchRecord, start: Option<Event>, s: Stream) {
+        let events = start.map(|e| (e, self.timing_event(s)));
+        self.recorded.lock().unwrap_or_else(|e| e.into_inner()).push((rec, events));
+    }
+    /// Drops what an earlier profile left.
+    pub(crate) fn clear_recorded(&self) {
+        let old = std::mem::take(&mut *self.recorded.lock().unwrap_or_else(|e| e.into_inner()));
+        for (_, ev) in old {
+            self.destroy_pair(ev);
+        }
+    }
+    fn destroy_pair(&self, ev: Option<(Event, Option<Event>)>) {
+        if let Some((a, b)) = ev {
+            self.drv.destroy_event(a);
+            if let Some(b) = b {
+                self.drv.destroy_event(b);
+            }
+        }
+    }
+    /// The recorded launches with their measured milliseconds (where events
+    /// were recorded), after waiting for the last one: a host wait that the
+    /// counters leave out, since only profiling makes it.
+    pub(crate) fn take_recorded(&self) -> Result<Vec<(LaunchRecord, Option<f64>)>> {
+        let recs = std::mem::take(&mut *self.recorded.lock().unwrap_or_else(|e| e.into_inner()));
+        let last = recs.iter().rev().find_map(|(_, ev)| ev.as_ref().and_then(|(_, b)| b.as_ref()));
+        let waited = match last {
+            Some(e) => self.drv.event_synchronize(e),
+            None => Ok(()),
+        };
+        let mut out = Vec::with_capacity(recs.len());
+        let mut first_err = waited.err();
+        for (rec, ev) in recs {
+            let ms = match (&ev, &first_err) {
+                (Some((a, Some(b))), None) => match self.drv.elapsed_ms(a, b) {
+                    Ok(v) => Some(v as f64),
+                    Err(e) => {
+                        first_err = Some(e);
+                        None
+                    }
+                },
+                _ => None,
+            };
+            self.destroy_pair(ev);
+            out.push((rec, ms));
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
     }
     /// Counted GEMM (a launch, and a GEMM).
     ///
@@ -315,18 +445,49 @@ impl Seam {
     pub(crate) unsafe fn gemm(&self, g: &Gemm, s: Stream) -> Result<()> {
         self.counts.add(&self.counts.launches, 1);
         self.counts.add(&self.counts.gemms, 1);
+        if !profile::on() {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.drv.gemm(g, s) };
+        }
+        let start = self.timing_event(s);
         // SAFETY: forwarded from the caller.
-        unsafe { self.drv.gemm(g, s) }
+        let r = unsafe { self.drv.gemm(g, s) };
+        self.record(gemm_record(g), start, s);
+        r
     }
     /// Counted cuBLASLt matmul (a launch, and a GEMM).
     ///
     /// # Safety
     /// As [`Driver::lt_matmul`].
     pub(crate) unsafe fn lt_matmul(&self, g: &LtMatmul, s: Stream) -> Result<()> {
+        let plan = self.lt_plan(&g.key)?;
         self.counts.add(&self.counts.launches, 1);
         self.counts.add(&self.counts.gemms, 1);
+        if !profile::on() {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.drv.lt_matmul(plan, g, s) };
+        }
+        let start = self.timing_event(s);
         // SAFETY: forwarded from the caller.
-        unsafe { self.drv.lt_matmul(g, s) }
+        let r = unsafe { self.drv.lt_matmul(plan, g, s) };
+        self.record(lt_record(g), start, s);
+        r
+    }
+    /// The plan of `key`: from the cache, or made once by the driver (a
+    /// heuristic call, counted). A key the driver refused fails again at
+    /// once, without another heuristic call.
+    pub(crate) fn lt_plan(&self, key: &LtKey) -> Result<LtPlan> {
+        let mut plans = self.lt_plans.lock().unwrap_or_else(|e| e.into_inner());
+        let p = match plans.get(key) {
+            Some(p) => p.clone(),
+            None => {
+                self.counts.add(&self.counts.lt_heuristics, 1);
+                let p = self.drv.lt_plan(key).map_err(|e| e.to_string());
+                plans.insert(*key, p.clone());
+                p
+            }
+        };
+        p.map_err(|msg| Error::Cuda { kernel: "cublasLt/plan".into(), msg })
     }
     /// Counted host synchronisation with a stream.
     pub(crate) fn synchronize(&self, s: Stream) -> Result<()> {
@@ -345,5 +506,51 @@ impl Seam {
             return Ok(());
         }
         self.event_synchronize(e)
+    }
+}
+
+/// The product's type for the profile's peak.
+fn gemm_type(dtype: DType, tf32: bool) -> &'static str {
+    match dtype {
+        DType::F32 if tf32 => "tf32",
+        d => d.as_str(),
+    }
+}
+
+/// A cuBLAS GEMM as the profile counts it: each operand once per batch
+/// entry (once in all when its batch stride is 0), 2·m·n·k FLOPs per entry.
+fn gemm_record(g: &Gemm) -> LaunchRecord {
+    let es = g.dtype.size_in_bytes() as u64;
+    let (m, n, k, batch) = (g.m.max(0) as u64, g.n.max(0) as u64, g.k.max(0) as u64, g.batch.max(0) as u64);
+    let times = |stride: i64| if stride == 0 { 1 } else { batch };
+    let ty = gemm_type(g.dtype, g.tf32);
+    LaunchRecord {
+        family: format!("cublas/gemm {ty}"),
+        bytes_read: (times(g.stride_a) * m * k + times(g.stride_b) * k * n) * es,
+        bytes_written: times(g.stride_c) * m * n * es,
+        flops: 2 * m * n * k * batch,
+        gemm_dtype: Some(ty),
+        kinds_known: true,
+    }
+}
+
+/// A cuBLASLt matmul as the profile counts it (the bias read with the operands).
+fn lt_record(g: &LtMatmul) -> LaunchRecord {
+    let key = &g.key;
+    let es = key.dtype.size_in_bytes() as u64;
+    let (m, n, k) = key.mnk();
+    let ty = gemm_type(key.dtype, key.tf32);
+    let (bias_read, bias_written, epi) = match key.epilogue {
+        Epilogue::Plain => (0, 0, ""),
+        Epilogue::Bias => (m, 0, " +bias"),
+        Epilogue::BgradB => (0, n, " +bgradb"),
+    };
+    LaunchRecord {
+        family: format!("cublasLt/matmul {ty}{epi}"),
+        bytes_read: (m * k + k * n + bias_read) * es,
+        bytes_written: (m * n + bias_written) * es,
+        flops: 2 * m * n * k,
+        gemm_dtype: Some(ty),
+        kinds_known: true,
     }
 }

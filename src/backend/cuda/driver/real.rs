@@ -2,7 +2,7 @@
 //! cudarc, on one GPU's primary context. Modules are loaded lazily from the
 //! fatbins build.rs embedded, by file stem.
 
-use super::{DevPtr, Driver, DriverKind, Event, Func, Gemm, LaunchConfig, LtMatmul, Stream, COMPUTE};
+use super::{DevPtr, Driver, DriverKind, Epilogue, Event, Func, Gemm, LaunchConfig, LtKey, LtMatmul, LtPlan, Stream, COMPUTE};
 use crate::backend::cuda::kernels;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
@@ -43,7 +43,25 @@ pub(crate) struct RealDriver {
     modules: Mutex<HashMap<String, Handle<sys::CUmodule>>>,
     blas: OnceLock<std::result::Result<CudaBlas, String>>,
     lt: OnceLock<std::result::Result<Handle<ls::cublasLtHandle_t>, String>>,
+    /// The cuBLASLt plans made, by handle; locked around each matmul that
+    /// uses one (its bias pointer is set on the shared descriptor).
+    lt_plans: Mutex<Vec<RealPlan>>,
 }
+
+/// One cuBLASLt plan: the descriptor, the three layouts and the algorithm
+/// the heuristic chose for them (the preference is only needed for the
+/// heuristic and is destroyed after it).
+struct RealPlan {
+    descs: Descs,
+    a: ls::cublasLtMatrixLayout_t,
+    b: ls::cublasLtMatrixLayout_t,
+    d: ls::cublasLtMatrixLayout_t,
+    algo: ls::cublasLtMatmulAlgo_t,
+}
+
+// SAFETY: the handles are opaque cuBLASLt objects usable from any thread;
+// they are only used under the plans' mutex.
+unsafe impl Send for RealPlan {}
 
 impl RealDriver {
     /// Opens GPU `ordinal` (the caller has checked that the driver is present).
@@ -58,6 +76,7 @@ impl RealDriver {
             modules: Mutex::new(HashMap::new()),
             blas: OnceLock::new(),
             lt: OnceLock::new(),
+            lt_plans: Mutex::new(Vec::new()),
         })
     }
     fn stream(&self, s: Stream) -> Result<Arc<CudaStream>> {
@@ -293,6 +312,23 @@ impl Driver for RealDriver {
         // SAFETY: `e` is a live event of this context, destroyed once (consumed here).
         let _ = unsafe { result::event::destroy(e.0 as sys::CUevent) };
     }
+    fn timing_event(&self, s: Stream) -> Result<Option<Event>> {
+        let st = self.cu(s)?;
+        self.bind()?;
+        let e = check("cuEventCreate", result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+        // SAFETY: `e` was just created on this context and `st` is a live stream of it.
+        if let Err(err) = unsafe { result::event::record(e, st) } {
+            // SAFETY: `e` is live and not recorded anywhere; destroyed once.
+            let _ = unsafe { result::event::destroy(e) };
+            return Err(Error::Cuda { kernel: "cuEventRecord".into(), msg: driver_msg(&err) });
+        }
+        Ok(Some(Event(e as usize)))
+    }
+    fn elapsed_ms(&self, start: &Event, end: &Event) -> Result<f32> {
+        self.bind()?;
+        // SAFETY: both are live timing events of this context, recorded and finished (the caller waited).
+        check("cuEventElapsedTime", unsafe { result::event::elapsed(start.0 as sys::CUevent, end.0 as sys::CUevent) })
+    }
     unsafe fn gemm(&self, g: &Gemm, s: Stream) -> Result<()> {
         side_stream_blas(s)?;
         let h = self.blas()?;
@@ -365,11 +401,10 @@ impl Driver for RealDriver {
         }
         .map_err(|e| blas_err("gemm_strided_batched_ex", e))
     }
-    unsafe fn lt_matmul(&self, g: &LtMatmul, s: Stream) -> Result<()> {
-        side_stream_blas(s)?;
-        let (ty, compute, scale) = match g.dtype {
+    fn lt_plan(&self, key: &LtKey) -> Result<LtPlan> {
+        let (ty, compute, scale) = match key.dtype {
             DType::F64 => (ls::cudaDataType::CUDA_R_64F, ls::cublasComputeType_t::CUBLAS_COMPUTE_64F, ls::cudaDataType::CUDA_R_64F),
-            DType::F32 if g.tf32 => (ls::cudaDataType::CUDA_R_32F, ls::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32, ls::cudaDataType::CUDA_R_32F),
+            DType::F32 if key.tf32 => (ls::cudaDataType::CUDA_R_32F, ls::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32, ls::cudaDataType::CUDA_R_32F),
             DType::F32 => (ls::cudaDataType::CUDA_R_32F, ls::cublasComputeType_t::CUBLAS_COMPUTE_32F, ls::cudaDataType::CUDA_R_32F),
             DType::F16 => (ls::cudaDataType::CUDA_R_16F, ls::cublasComputeType_t::CUBLAS_COMPUTE_32F, ls::cudaDataType::CUDA_R_32F),
             DType::BF16 => (ls::cudaDataType::CUDA_R_16BF, ls::cublasComputeType_t::CUBLAS_COMPUTE_32F, ls::cudaDataType::CUDA_R_32F),
@@ -381,28 +416,24 @@ impl Driver for RealDriver {
         let desc = lr::create_matmul_desc(compute, scale).map_err(|e| lt_err("MatmulDescCreate", e))?;
         d.desc = Some(desc);
         let op = |t: bool| if t { 1i32 } else { 0i32 }; // CUBLAS_OP_T, CUBLAS_OP_N
-        let (op_a, op_b) = (op(g.trans_a), op(g.trans_b));
+        let (op_a, op_b) = (op(key.trans_a), op(key.trans_b));
         use ls::cublasLtMatmulDescAttributes_t as A;
         // SAFETY: each attribute buffer is a live local of the size passed.
         unsafe {
             lr::set_matmul_desc_attribute(desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &op_a as *const i32 as *const c_void, 4).map_err(|e| lt_err("TRANSA", e))?;
             lr::set_matmul_desc_attribute(desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &op_b as *const i32 as *const c_void, 4).map_err(|e| lt_err("TRANSB", e))?;
         }
-        if let Some(bias) = g.bias {
-            let epi = ls::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS as u32;
-            let bias_ptr = bias as *const c_void;
-            // SAFETY: as above; the bias pointer is a device buffer that
-            // outlives the call in stream order (the caller's guarantee).
+        let epi = match key.epilogue {
+            Epilogue::Plain => None,
+            Epilogue::Bias => Some(ls::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS),
+            Epilogue::BgradB => Some(ls::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BGRADB),
+        };
+        if let Some(epi) = epi {
+            let epi = epi as u32;
+            // SAFETY: as above.
             unsafe {
                 lr::set_matmul_desc_attribute(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi as *const u32 as *const c_void, 4)
                     .map_err(|e| lt_err("EPILOGUE", e))?;
-                lr::set_matmul_desc_attribute(
-                    desc,
-                    A::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                    &bias_ptr as *const *const c_void as *const c_void,
-                    std::mem::size_of::<*const c_void>(),
-                )
-                .map_err(|e| lt_err("BIAS_POINTER", e))?;
             }
         }
         let mut layout = |l: super::Layout, what: &str| -> Result<ls::cublasLtMatrixLayout_t> {
@@ -410,12 +441,12 @@ impl Driver for RealDriver {
             d.layouts.push(h);
             Ok(h)
         };
-        let a_l = layout(g.a_layout, "layout A")?;
-        let b_l = layout(g.b_layout, "layout B")?;
-        let d_l = layout(g.d_layout, "layout D")?;
+        let a_l = layout(key.a_layout, "layout A")?;
+        let b_l = layout(key.b_layout, "layout B")?;
+        let d_l = layout(key.d_layout, "layout D")?;
         let pref = lr::create_matmul_pref().map_err(|e| lt_err("PreferenceCreate", e))?;
         d.pref = Some(pref);
-        let ws: usize = 0;
+        let ws: usize = key.workspace;
         // SAFETY: the buffer is a live usize; the handles were created above.
         let heur = unsafe {
             lr::set_matmul_pref_attribute(
@@ -427,17 +458,51 @@ impl Driver for RealDriver {
             .map_err(|e| lt_err("MAX_WORKSPACE_BYTES", e))?;
             lr::get_matmul_algo_heuristic(h, desc, a_l, b_l, d_l, d_l, pref).map_err(|e| lt_err("AlgoGetHeuristic", e))?
         };
+        if let Some(p) = d.pref.take() {
+            // SAFETY: created above, used only by the heuristic, destroyed once.
+            let _ = unsafe { lr::destroy_matmul_pref(p) };
+        }
+        let mut plans = self.lt_plans.lock().unwrap_or_else(|e| e.into_inner());
+        plans.push(RealPlan { descs: d, a: a_l, b: b_l, d: d_l, algo: heur.algo });
+        Ok(LtPlan(plans.len() - 1))
+    }
+    unsafe fn lt_matmul(&self, plan: LtPlan, g: &LtMatmul, s: Stream) -> Result<()> {
+        side_stream_blas(s)?;
+        let h = self.lt()?;
+        self.bind()?;
+        let plans = self.lt_plans.lock().unwrap_or_else(|e| e.into_inner());
+        let p = plans.get(plan.0).ok_or_else(|| Error::Cuda { kernel: "cublasLt/Matmul".into(), msg: format!("no plan {}", plan.0) })?;
+        let desc = p.descs.desc.ok_or_else(|| Error::Cuda { kernel: "cublasLt/Matmul".into(), msg: "a plan without a descriptor".into() })?;
+        if g.key.epilogue != Epilogue::Plain {
+            let bias_ptr =
+                g.bias.ok_or_else(|| Error::Cuda { kernel: "cublasLt/Matmul".into(), msg: format!("the {:?} epilogue has no bias pointer", g.key.epilogue) })?
+                    as *const c_void;
+            // SAFETY: the attribute buffer is a live local pointer; the bias
+            // buffer outlives the call in stream order (the caller's
+            // guarantee); the descriptor is only used under this lock.
+            unsafe {
+                lr::set_matmul_desc_attribute(
+                    desc,
+                    ls::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                    &bias_ptr as *const *const c_void as *const c_void,
+                    std::mem::size_of::<*const c_void>(),
+                )
+                .map_err(|e| lt_err("BIAS_POINTER", e))?;
+            }
+        }
         let (a32, b32) = (1.0f32, 0.0f32);
         let (a64, b64) = (1.0f64, 0.0f64);
-        let (alpha, beta) = if g.dtype == DType::F64 {
+        let (alpha, beta) = if g.key.dtype == DType::F64 {
             (&a64 as *const f64 as *const c_void, &b64 as *const f64 as *const c_void)
         } else {
             (&a32 as *const f32 as *const c_void, &b32 as *const f32 as *const c_void)
         };
-        // SAFETY: the caller guarantees the buffers match the layouts; C
-        // aliases D with beta = 0 (allowed); alpha/beta are host scalars of
-        // the scale type; no workspace is used; the call is ordered on the
-        // compute stream.
+        let ws = if g.key.workspace > 0 { g.workspace as *mut c_void } else { std::ptr::null_mut() };
+        // SAFETY: the caller guarantees the buffers match the plan's layouts
+        // (the plan was made for g.key) and the workspace holds
+        // g.key.workspace bytes; C aliases D with beta = 0 (allowed);
+        // alpha/beta are host scalars of the scale type; the call is
+        // ordered on the compute stream.
         unsafe {
             lr::matmul(
                 h,
@@ -445,16 +510,16 @@ impl Driver for RealDriver {
                 alpha,
                 beta,
                 g.a as *const c_void,
-                a_l,
+                p.a,
                 g.b as *const c_void,
-                b_l,
+                p.b,
                 g.d as *const c_void,
-                d_l,
+                p.d,
                 g.d as *mut c_void,
-                d_l,
-                &heur.algo,
-                std::ptr::null_mut(),
-                0,
+                p.d,
+                &p.algo,
+                ws,
+                g.key.workspace,
                 self.compute.cu_stream() as ls::cudaStream_t,
             )
         }

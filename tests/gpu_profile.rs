@@ -1,0 +1,165 @@
+//! The GPU step profile and the launch signature check, on `Cuda(0)` (a GPU,
+//! or the emulated one in CI): the profile of a `bench-train` step counts
+//! exactly the launches and GEMMs the seam's counters saw in that step; a
+//! known kernel's bytes read and written are its tensors' sizes and a
+//! product's FLOPs are 2·m·n·k; and a launch whose arguments do not match
+//! the kernel's C signature (scanned by build.rs) fails naming the argument.
+//!
+//! The profile is process-wide while on, so these tests run one at a time.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use asrforge::backend::cpu::CpuStorage;
+use asrforge::backend::cuda::{self, kernels, Arg, CudaStorage, LaunchConfig};
+use asrforge::tensor::Rng;
+use asrforge::train::bench::{run_bench_train, BenchTrainArgs};
+use asrforge::{DType, Device, Tensor};
+use std::sync::{Mutex, MutexGuard};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+}
+
+/// conf/tiny.yaml: the build tree's, or the one staged beside the binary on a GPU host (.device/conf).
+fn tiny_config() -> std::path::PathBuf {
+    let built = std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/conf/tiny.yaml"));
+    [built.clone(), "conf/tiny.yaml".into(), ".device/conf/tiny.yaml".into()].into_iter().find(|p| p.is_file()).unwrap_or(built)
+}
+
+#[test]
+fn the_profile_of_a_bench_step_counts_every_launch_the_seam_counted() {
+    let Some(_) = common::gpu::gpu("the_profile_of_a_bench_step_counts_every_launch_the_seam_counted") else { return };
+    let _s = serial();
+    let args = BenchTrainArgs {
+        config: tiny_config(),
+        override_config: Vec::new(),
+        steps: 2,
+        device: "cuda".into(),
+        dtype: "bf16".into(),
+        batch_size: 2,
+        frames: 64,
+        seed: seed() % 1000,
+        warmup: 1,
+        profile: true,
+        tf32: false,
+    };
+    let r = run_bench_train(&args).expect("bench-train --device cuda --profile");
+    let (p, step) = r.kernel_profile.expect("a kernel profile on the GPU with --profile");
+    assert!(step.launches > 50, "a training step launches many kernels: {step:?}");
+    assert_eq!(p.launches(), step.launches, "the profile's launches equal the seam's launch counter for the step\n{}", p.table());
+    let gemms: u64 = p.rows.iter().filter(|r| r.family.starts_with("cublas")).map(|r| r.launches).sum();
+    assert_eq!(gemms, step.gemms, "the profile's GEMM launches equal the seam's GEMM counter\n{}", p.table());
+    assert_eq!(p.unknown_kinds, 0, "every kernel launched has a scanned signature\n{}", p.table());
+    for row in &p.rows {
+        assert!(row.bytes_read + row.bytes_written > 0, "{} moves bytes", row.family);
+        assert!(row.model_ms > 0.0, "{} has a modelled time", row.family);
+        assert_eq!(row.flops > 0, row.family.starts_with("cublas"), "{}: FLOPs are the products'", row.family);
+        assert!(!row.family.ends_with("_bf16") && !row.family.ends_with("_f32"), "families carry no dtype suffix: {}", row.family);
+    }
+    // bf16 autocast: the products run in bf16.
+    assert!(p.rows.iter().any(|r| r.family == "cublas/gemm bf16"), "bf16 GEMMs under bf16 autocast\n{}", p.table());
+    let table = p.table();
+    assert!(table.contains("MODEL") && table.contains("total"), "{table}");
+    if p.emulated {
+        assert!(p.rows.iter().all(|r| r.measured_ms.is_none()), "the emulator measures nothing");
+    } else {
+        assert!(p.rows.iter().all(|r| r.measured_ms.is_some_and(|m| m >= 0.0)), "a GPU measures every family with events\n{table}");
+    }
+}
+
+#[test]
+fn a_known_kernel_and_a_product_are_counted_from_their_tensors_sizes() {
+    let Some(dev) = common::gpu::gpu("a_known_kernel_and_a_product_are_counted_from_their_tensors_sizes") else { return };
+    let _s = serial();
+    let mut rng = Rng::new(seed());
+    let n = 1000 + rng.below(5000);
+    let host = |len: usize, rng: &mut Rng| rng.normal(len).into_iter().map(|v| v as f32).collect::<Vec<f32>>();
+    let a = Tensor::from_vec(host(n, &mut rng), [n], &dev).unwrap();
+    let b = Tensor::from_vec(host(n, &mut rng), [n], &dev).unwrap();
+    let (m, k, nn) = (3 + rng.below(40), 5 + rng.below(40), 7 + rng.below(40));
+    let x = Tensor::from_vec(host(m * k, &mut rng), [m, k], &dev).unwrap();
+    let w = Tensor::from_vec(host(k * nn, &mut rng), [k, nn], &dev).unwrap();
+    let Device::Cuda(ord) = dev else { unreachable!("gpu() gives a CUDA device") };
+    let before = cuda::counters(ord).unwrap();
+    cuda::start_profile(ord).unwrap();
+    let ab = asrforge::ops::to_dtype(&a, DType::BF16).unwrap();
+    let bb = asrforge::ops::to_dtype(&b, DType::BF16).unwrap();
+    let sum = asrforge::ops::add(&ab, &bb).unwrap();
+    let prod = asrforge::ops::matmul(&x, &w).unwrap();
+    let p = cuda::stop_profile(ord).unwrap();
+    let step = cuda::counters(ord).unwrap().since(&before);
+    drop((sum, prod));
+    assert_eq!(p.launches(), step.launches, "{}", p.table());
+    let cast = p.row("cast/cast").unwrap_or_else(|| panic!("the f32 -> bf16 casts ran\n{}", p.table()));
+    assert_eq!((cast.launches, cast.bytes_read, cast.bytes_written), (2, 2 * 4 * n as u64, 2 * 2 * n as u64), "two casts of {n} elements");
+    let add = p.row("elementwise/add").unwrap_or_else(|| panic!("the bf16 add ran\n{}", p.table()));
+    assert_eq!((add.launches, add.bytes_read, add.bytes_written), (1, 2 * 2 * n as u64, 2 * n as u64), "a + b of {n} bf16 elements");
+    let g = p.row("cublas/gemm f32").unwrap_or_else(|| panic!("the f32 product ran\n{}", p.table()));
+    assert_eq!(g.launches, 1);
+    assert_eq!(g.flops, 2 * (m * k * nn) as u64, "({m}, {k}) x ({k}, {nn})");
+    assert_eq!((g.bytes_read, g.bytes_written), (4 * (m * k + k * nn) as u64, 4 * (m * nn) as u64));
+    assert!(g.model_ms > 0.0 && add.model_ms > 0.0);
+}
+
+#[test]
+fn a_launch_that_does_not_match_the_kernels_c_signature_fails_naming_the_argument() {
+    let Some(Device::Cuda(ord)) = common::gpu::gpu("a_launch_that_does_not_match_the_kernels_c_signature_fails_naming_the_argument") else { return };
+    let _s = serial();
+    // build.rs scanned `cast_f32_bf16(const float* x, bf16* y, i64 n)` and
+    // `add_bcast_f32(const T* a, const T* b, T* y, Bcast bc, i64 n)`.
+    assert_eq!(kernels::signature("cast", "cast_f32_bf16"), Some("io8"));
+    assert_eq!(kernels::signature("elementwise", "add_bcast_f32"), Some("iios8"));
+    assert_eq!(kernels::signature("cast", "no_such_kernel"), None);
+    let dev = cuda::device(ord).unwrap();
+    let n = 300usize;
+    let x = CudaStorage::from_cpu(&dev, &CpuStorage::F32((0..n).map(|i| i as f32 * 0.25).collect())).unwrap();
+    let y = dev.alloc(DType::BF16, n).unwrap();
+    let cfg = LaunchConfig::for_elems(n);
+    let e = dev.launch("cast", "cast_f32_bf16", cfg, &[Arg::Ptr(&x), Arg::Ptr(&y)]).unwrap_err().to_string();
+    assert!(e.contains("cast/cast_f32_bf16") && e.contains("2 argument(s) passed") && e.contains("has 3"), "{e}");
+    let e = dev.launch("cast", "cast_f32_bf16", cfg, &[Arg::Ptr(&x), Arg::Ptr(&y), Arg::U32(n as u32)]).unwrap_err().to_string();
+    assert!(e.contains("argument 2 is U32") && e.contains("Int64"), "{e}");
+    let e = dev.launch("cast", "cast_f32_bf16", cfg, &[Arg::Ptr(&x), Arg::F64(1.0), Arg::I64(n as i64)]).unwrap_err().to_string();
+    assert!(e.contains("argument 1 is F64") && e.contains("Out"), "{e}");
+    // The matching launch runs, and rounds each value to bf16 (exact here: multiples of 1/4 below 75).
+    dev.launch("cast", "cast_f32_bf16", cfg, &[Arg::Ptr(&x), Arg::Ptr(&y), Arg::I64(n as i64)]).unwrap();
+    let CpuStorage::BF16(v) = y.to_cpu().unwrap() else { panic!("bf16 storage") };
+    for (i, b) in v.iter().enumerate() {
+        assert_eq!(b.to_f32(), half::bf16::from_f32(i as f32 * 0.25).to_f32(), "element {i}");
+    }
+}
+
+#[test]
+fn bench_train_tf32_runs_the_f32_products_as_tf32() {
+    let Some(_) = common::gpu::gpu("bench_train_tf32_runs_the_f32_products_as_tf32") else { return };
+    let _s = serial();
+    let args = BenchTrainArgs {
+        config: tiny_config(),
+        override_config: Vec::new(),
+        steps: 2,
+        device: "cuda".into(),
+        dtype: "fp32".into(),
+        batch_size: 2,
+        frames: 64,
+        seed: seed() % 1000,
+        warmup: 1,
+        profile: true,
+        tf32: true,
+    };
+    let r = run_bench_train(&args);
+    // TF32 is process-wide: put it back (off, the default) before anything can fail.
+    let allowed = cuda::blas::allow_tf32();
+    cuda::blas::set_allow_tf32(false);
+    let (p, _) = r.expect("bench-train --tf32").kernel_profile.expect("a kernel profile");
+    assert!(allowed, "--tf32 reaches blas::allow_tf32");
+    let tf32: u64 = p.rows.iter().filter(|r| r.family.starts_with("cublas") && r.family.contains("tf32")).map(|r| r.launches).sum();
+    assert!(tf32 > 0, "f32 products run as TF32\n{}", p.table());
+    assert!(p.rows.iter().all(|r| !(r.family.starts_with("cublas") && r.family.ends_with(" f32"))), "no plain f32 product is left\n{}", p.table());
+}
