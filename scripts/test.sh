@@ -20,7 +20,7 @@ cargo test --release "$@"
 # train --device cuda with cv passes and checkpoints, recognize --device cuda
 # (fp32 equal to the CPU, fp16, bf16), a resume, and bench-train --device cuda
 # in fp32, fp16 and bf16 against the CPU's losses (tests/gpu_cli.rs).
-GPU_SUITES=(--test cuda_ops --test cuda_ops_nn --test cuda_ops_loss --test ops_grad --test train_gpu --test gpu_cli)
+GPU_SUITES=(--test cuda_ops --test cuda_ops_nn --test cuda_ops_loss --test cuda_optim --test ops_grad --test train_gpu --test gpu_cli)
 SEED=${ASRFORGE_EMU_SEED:-$(( $(date +%s) % 1000000 ))}
 for sched in asc random; do
     echo "GPU suites on the emulated device, thread order $sched (ASRFORGE_EMU_SEED=$SEED)" >&2
