@@ -120,10 +120,13 @@ fn fused_step_equals_the_per_tensor_sequence_bit_for_bit() {
         (DType::F32, None, None, false, 0.0, 256),
         (DType::F32, Some(1.0 / 1024.0), Some(0.3), true, 0.01, 256),
         (DType::F32, Some(1.0 / 3.0), Some(3.0), false, 0.01, 1000),
+        // A scale that is not a power of two: the unscale and the clip round differently in either order.
+        (DType::F32, Some(1.0 / 3.0), Some(0.3), false, 0.01, 256),
         (DType::F32, None, Some(0.5), false, 0.0, FUSED_CHUNK),
         (DType::F32, Some(1.0 / 65536.0), None, true, 0.1, 97),
         (DType::F64, None, Some(0.3), true, 0.01, 256),
         (DType::F64, Some(1.0 / 3.0), Some(3.0), false, 0.01, 4096),
+        (DType::F64, Some(1.0 / 3.0), Some(0.5), true, 0.0, 1000),
         (DType::F64, Some(1.0 / 512.0), None, false, 0.0, 256),
     ];
     for (dt, inv, clip, decoupled, wd, chunk) in cases {
