@@ -87,3 +87,99 @@ __device__ void label_smoothing_impl(const T* x, const int64_t* target, double* 
 
 LABEL_SMOOTHING(f32, float, double)
 LABEL_SMOOTHING(f64, double, double)
+
+// ---------------------------------------------------------------------------
+// Per-row f64 results (the CTC's per-sequence loss, the label-smoothing KL
+// of each row, the token hits) turned into the op's output on the device,
+// so no loss is read back to the host inside a step.
+//
+//   rows_to:    out[i] = T(rows[i]), or 0 where zero_inf and rows[i] = ±inf
+//   rows_total: out[0] = T((Σ_i rows[i]) / denom), summed by one thread in
+//               row order, exactly as the CPU reference sums (the rows are a
+//               few thousand at most: a few microseconds, and bitwise the
+//               CPU's result).
+//   token_hits: hits[r] = 1 where the row's argmax (the first index of its
+//               largest value; a NaN never wins; index 0 when no value
+//               exceeds −inf, as the CPU's fold) equals target[r], else 0;
+//               0 for an ignored row. One block per row, (value, index)
+//               pairs reduced in shared memory.
+
+namespace {
+
+template <typename T>
+__device__ void rows_to_impl(const double* rows, T* out, int64_t n, int zero_inf) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)blockDim.x * gridDim.x) {
+        const double r = rows[i];
+        out[i] = (zero_inf && isinf(r)) ? T(0) : T(r);
+    }
+}
+
+template <typename T>
+__device__ void rows_total_impl(const double* rows, T* out, int64_t n, double denom) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    double total = 0.0;
+    for (int64_t i = 0; i < n; ++i) total += rows[i];
+    out[0] = T(total / denom);
+}
+
+template <typename T>
+__device__ void token_hits_impl(const T* x, const int64_t* target, double* hits, int64_t rows, int64_t v,
+                                int64_t ignore) {
+    __shared__ double best_sh[LS_THREADS];
+    __shared__ int64_t idx_sh[LS_THREADS];
+    const int64_t none = INT64_MAX;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = x + (size_t)r * (size_t)v;
+        double best = -INFINITY;
+        int64_t bi = none;
+        for (int64_t k = threadIdx.x; k < v; k += blockDim.x) {
+            const double xv = (double)xr[k];
+            if (xv > best) {
+                best = xv;
+                bi = k;
+            }
+        }
+        best_sh[threadIdx.x] = best;
+        idx_sh[threadIdx.x] = bi;
+        __syncthreads();
+        for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+            if (threadIdx.x < s) {
+                const double ob = best_sh[threadIdx.x + s];
+                const int64_t oi = idx_sh[threadIdx.x + s];
+                if (ob > best_sh[threadIdx.x] || (ob == best_sh[threadIdx.x] && oi < idx_sh[threadIdx.x])) {
+                    best_sh[threadIdx.x] = ob;
+                    idx_sh[threadIdx.x] = oi;
+                }
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            const int64_t arg = idx_sh[0] == none ? 0 : idx_sh[0];
+            const int64_t y = target[r];
+            hits[r] = (y != ignore && arg == y) ? 1.0 : 0.0;
+        }
+        __syncthreads();
+    }
+}
+
+}  // namespace
+
+#define ROWS_OUT(SUFFIX, T)                                                                                     \
+    extern "C" __global__ void rows_to_##SUFFIX(const double* rows, T* out, int64_t n, int zero_inf) {          \
+        rows_to_impl<T>(rows, out, n, zero_inf);                                                                 \
+    }                                                                                                            \
+    extern "C" __global__ void rows_total_##SUFFIX(const double* rows, T* out, int64_t n, double denom) {       \
+        rows_total_impl<T>(rows, out, n, denom);                                                                 \
+    }
+
+ROWS_OUT(f32, float)
+ROWS_OUT(f64, double)
+
+#define TOKEN_HITS(SUFFIX, T)                                                                                    \
+    extern "C" __global__ void token_hits_##SUFFIX(const T* x, const int64_t* target, double* hits, int64_t rows, \
+                                                   int64_t v, int64_t ignore) {                                  \
+        token_hits_impl<T>(x, target, hits, rows, v, ignore);                                                    \
+    }
+
+TOKEN_HITS(f32, float)
+TOKEN_HITS(f64, double)

@@ -1,7 +1,7 @@
 //! The loss and optimizer kernels on `Cuda(0)` against the CPU backend on
 //! fresh random inputs: CTC (values for every reduction, zero_infinity, and
 //! the gradient), label smoothing (both normalisations, value and
-//! gradient), the Adam/AdamW step, the global gradient norm (and that it is
+//! gradient), token accuracy (against its definition too), the Adam/AdamW step, the global gradient norm (and that it is
 //! bit-identical run to run) and the fused unscale-and-check-for-inf (a
 //! planted inf or NaN is found), and moving a tensor in place. Outputs are poisoned with NaN before every
 //! kernel (`ASRFORGE_CUDA_POISON=1`), so an element a kernel never writes
@@ -114,6 +114,74 @@ fn label_smoothing_matches_the_cpu() {
                 let what = format!("label smoothing V={v} {dt:?} eps={eps} normalize_length={norm}");
                 gpu::assert_close(&what, &out[1].0, &out[0].0, rtol(dt), seed);
                 gpu::assert_close(&format!("{what} grad"), &out[1].1, &out[0].1, rtol(dt), seed);
+            }
+        }
+    }
+}
+
+/// The accuracy by its definition: the first index of the row's largest
+/// value (NaN never wins, index 0 when nothing exceeds −∞) against the target.
+fn accuracy_by_definition(x: &[f64], tg: &[i64], v: usize) -> f64 {
+    let (mut hit, mut n) = (0usize, 0usize);
+    for (r, &t) in tg.iter().enumerate() {
+        if t == -1 {
+            continue;
+        }
+        let mut arg = 0;
+        let mut best = f64::NEG_INFINITY;
+        for k in 0..v {
+            if x[r * v + k] > best {
+                best = x[r * v + k];
+                arg = k;
+            }
+        }
+        n += 1;
+        hit += usize::from(arg as i64 == t);
+    }
+    if n == 0 {
+        0.0
+    } else {
+        hit as f64 / n as f64
+    }
+}
+
+#[test]
+fn token_accuracy_matches_its_definition_and_the_cpu() {
+    let seed = seed();
+    let mut rng = Rng::new(seed);
+    let gpu = gpu::gpu("token_accuracy_matches_its_definition_and_the_cpu");
+    // A small vocabulary, one wider than a block, and more rows than the
+    // capped grid (the row loop wraps).
+    for (b, l, v) in [(3, 5, 11), (2, 9, 4233), (5, 13, 300)] {
+        let mut x: Vec<f64> = rng.normal(b * l * v);
+        let mut tg: Vec<i64> = (0..b * l).map(|i| if i % 5 == 4 { -1 } else { rng.below(v) as i64 }).collect();
+        // Row 0: its target's logit is the largest (a hit). Row 1: a tie at
+        // two indices, the target the later one (a miss: the first wins).
+        // Row 2: a NaN at the target (a NaN never wins: a miss). Row 3: all
+        // −∞ (argmax 0), target 0 (a hit).
+        let row = |r: usize| r * v..(r + 1) * v;
+        x[row(0).start + tg[0] as usize] = 50.0;
+        let (lo, hi) = (1usize, v - 2);
+        x[row(1).start + lo] = 60.0;
+        x[row(1).start + hi] = 60.0;
+        tg[1] = hi as i64;
+        tg[2] = 3;
+        x[row(2).start + 3] = f64::NAN;
+        x[row(3)].iter_mut().for_each(|e| *e = f64::NEG_INFINITY);
+        tg[3] = 0;
+        let want = accuracy_by_definition(&x, &tg, v);
+        assert!(want > 0.0 && want < 1.0, "a mix of hits and misses: {want}");
+        let tg_cpu = Tensor::from_vec(tg.clone(), [b, l], &Device::Cpu).unwrap();
+        for dt in [DType::F32, DType::F64] {
+            // f32 keeps every drawn value's order except exact ties, which
+            // rounding cannot create from distinct normals at these scales.
+            let want = accuracy_by_definition(&vals(&on(&Device::Cpu, &x, &[b * l * v], dt)), &tg, v);
+            let cpu = ops::token_accuracy(&on(&Device::Cpu, &x, &[b, l, v], dt), &tg_cpu, -1).unwrap();
+            assert_eq!(cpu.to_scalar().unwrap(), want, "cpu {dt:?} V={v} (seed {seed})");
+            if let Some(gpu) = gpu {
+                let got = ops::token_accuracy(&on(&gpu, &x, &[b, l, v], dt), &tg_cpu, -1).unwrap();
+                assert_eq!(got.device(), gpu);
+                assert_eq!(got.to_scalar().unwrap(), want, "cuda {dt:?} V={v} (seed {seed})");
             }
         }
     }

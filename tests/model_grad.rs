@@ -84,7 +84,7 @@ fn ctc_weight_zero_and_one_skip_the_unused_branch() {
     let mixed = tiny(TINY_F64_YAML, 6).forward(&feats, &fl, &target, &tl).unwrap();
     let (c, a) = (mixed.loss_ctc.unwrap().to_scalar().unwrap(), mixed.loss_att.unwrap().to_scalar().unwrap());
     assert!((mixed.loss.to_scalar().unwrap() - (0.3 * c + 0.7 * a)).abs() < 1e-12);
-    let acc = mixed.th_accuracy.unwrap();
+    let acc = mixed.th_accuracy.unwrap().to_scalar().unwrap();
     assert!((0.0..=1.0).contains(&acc));
 
     let only_ctc = tiny(&TINY_F64_YAML.replace("ctc_weight: 0.3", "ctc_weight: 1.0"), 6).forward(&feats, &fl, &target, &tl).unwrap();
@@ -94,12 +94,13 @@ fn ctc_weight_zero_and_one_skip_the_unused_branch() {
     let only_att = tiny(&TINY_F64_YAML.replace("ctc_weight: 0.3", "ctc_weight: 0.0"), 6).forward(&feats, &fl, &target, &tl).unwrap();
     assert!(only_att.loss_ctc.is_none());
     assert_eq!(only_att.loss.to_scalar().unwrap(), a);
-    assert_eq!(only_att.th_accuracy.unwrap(), acc);
+    assert_eq!(only_att.th_accuracy.unwrap().to_scalar().unwrap(), acc);
 }
 
 #[test]
 fn sos_eos_and_accuracy_follow_wenet() {
-    use asrforge::models::asr_model::{add_sos_eos, th_accuracy};
+    use asrforge::models::asr_model::add_sos_eos;
+    use asrforge::ops::token_accuracy;
     let s = add_sos_eos(&[vec![3, 4], vec![5]], 6, 6, -1).unwrap();
     assert_eq!(s.ys_in.to_vec::<i64>().unwrap(), vec![6, 3, 4, 6, 5, 6]);
     assert_eq!(s.ys_out.to_vec::<i64>().unwrap(), vec![3, 4, 6, 5, 6, -1]);
@@ -107,7 +108,7 @@ fn sos_eos_and_accuracy_follow_wenet() {
     // Argmax 1, 0 against targets 1, 2 and an ignored one: 1 of 2 right.
     let logits = Tensor::from_vec(vec![0.0f64, 1.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0, 9.0], [1, 3, 3], &Device::Cpu).unwrap();
     let tg = Tensor::from_vec(vec![1i64, 2, -1], [1, 3], &Device::Cpu).unwrap();
-    assert_eq!(th_accuracy(&logits, &tg, -1).unwrap(), 0.5);
+    assert_eq!(token_accuracy(&logits, &tg, -1).unwrap().to_scalar().unwrap(), 0.5);
 }
 
 #[test]

@@ -33,11 +33,13 @@ impl Batch {
         self.keys.is_empty()
     }
 
-    /// The same batch with its feature and target tensors on `device`
-    /// (lengths and keys stay on the host); a GPU receives them through
-    /// reused pinned staging buffers.
+    /// The same batch with its features on `device`, through reused pinned
+    /// staging buffers on a GPU. The targets, lengths and keys stay on the
+    /// host: every consumer of the targets (the CTC and attention losses,
+    /// the decoder's sos/eos inputs, the accuracy) reads their values on the
+    /// host, so a device copy would only be read back, a wait in every step.
     pub fn to_device(&self, device: &Device) -> Result<Batch> {
-        Ok(Batch { feats: self.feats.clone().to_device_staged(device)?, target: self.target.clone().to_device_staged(device)?, ..self.clone() })
+        Ok(Batch { feats: self.feats.clone().to_device_staged(device)?, ..self.clone() })
     }
 
     /// `feats_lengths` as an i64 tensor `[B]`.

@@ -26,7 +26,7 @@ pub struct LossDict {
     /// The CTC loss, when run.
     pub loss_ctc: Option<Tensor>,
     /// Token accuracy of the left-to-right decoder on non-ignored targets.
-    pub th_accuracy: Option<f64>,
+    pub th_accuracy: Option<Tensor>,
     /// Sequences whose CTC target has no alignment to their encoder frames
     /// (loss and gradient zeroed; the rest of the batch trains).
     pub ctc_infeasible: usize,
@@ -89,6 +89,20 @@ pub fn add_sos_eos(seqs: &[Vec<i64>], sos: i64, eos: i64, ignore_id: i64) -> Res
     })
 }
 
+impl LossDict {
+    /// The loss, and loss_ctc, loss_att and th_accuracy where present, as
+    /// host values read together (one wait for a GPU, not one per value).
+    pub fn values(&self) -> Result<(f64, [Option<f64>; 3])> {
+        let opts = [&self.loss_ctc, &self.loss_att, &self.th_accuracy];
+        let mut ts = vec![&self.loss];
+        ts.extend(opts.iter().filter_map(|t| t.as_ref()));
+        let mut vals = Tensor::scalars_to_host(&ts)?.into_iter();
+        let loss = vals.next().ok_or_else(|| Error::invalid("LossDict", "no loss value was read"))?;
+        let parts = opts.map(|t| t.as_ref().and_then(|_| vals.next()));
+        Ok((loss, parts))
+    }
+}
+
 /// The first `lens[b]` tokens of each row of a padded (B, L) i64 target.
 pub fn unpad_targets(target: &Tensor, lens: &[usize]) -> Result<Vec<Vec<i64>>> {
     if target.rank() != 2 || target.dims()[0] != lens.len() || target.dtype() != DType::I64 {
@@ -109,22 +123,6 @@ pub fn unpad_targets(target: &Tensor, lens: &[usize]) -> Result<Vec<Vec<i64>>> {
             Ok(v[b * l..b * l + n].to_vec())
         })
         .collect()
-}
-
-/// Argmax accuracy of logits (B, L, V) against targets (B, L), skipping `ignore`.
-pub fn th_accuracy(logits: &Tensor, target: &Tensor, ignore: i64) -> Result<f64> {
-    let v = *logits.dims().last().unwrap_or(&1);
-    let (lg, tg) = (logits.to_f64_vec()?, target.to_vec::<i64>()?);
-    let (mut hit, mut n) = (0usize, 0usize);
-    for (row, &t) in lg.chunks(v.max(1)).zip(&tg) {
-        if t == ignore {
-            continue;
-        }
-        let arg = row.iter().enumerate().fold((0, f64::NEG_INFINITY), |m, (i, &x)| if x > m.1 { (i, x) } else { m }).0;
-        hit += usize::from(arg as i64 == t);
-        n += 1;
-    }
-    Ok(if n == 0 { 0.0 } else { hit as f64 / n as f64 })
 }
 
 impl AsrModel {
@@ -277,7 +275,7 @@ impl AsrModel {
         Ok(LossDict { loss, loss_att, loss_ctc, th_accuracy: acc, ctc_infeasible })
     }
 
-    fn att_loss(&self, enc: &Tensor, enc_lens: &[usize], target: &Tensor, target_lengths: &[usize]) -> Result<(Tensor, f64)> {
+    fn att_loss(&self, enc: &Tensor, enc_lens: &[usize], target: &Tensor, target_lengths: &[usize]) -> Result<(Tensor, Tensor)> {
         let seqs = unpad_targets(target, target_lengths)?;
         let (sos, eos) = (self.sos as i64, self.eos as i64);
         let fwd = add_sos_eos(&seqs, sos, eos, self.ignore_id)?;
@@ -294,7 +292,7 @@ impl AsrModel {
             let r_loss = crit(&r_out, &rev.ys_out)?;
             loss = ops::add(&ops::mul_scalar(&loss, 1.0 - self.reverse_weight)?, &ops::mul_scalar(&r_loss, self.reverse_weight)?)?;
         }
-        let acc = th_accuracy(&out, &fwd.ys_out, self.ignore_id)?;
+        let acc = ops::token_accuracy(&out, &fwd.ys_out, self.ignore_id)?;
         Ok((loss, acc))
     }
 }

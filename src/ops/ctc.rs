@@ -46,41 +46,38 @@ pub fn ctc_loss(
     let d = CtcDims { b, t, v, s: targets.dims()[1], blank };
     let tg = targets.to_vec::<i64>()?;
     let want = crate::autograd::needs_grad(&[log_probs]);
-    let (mut nll, grad) = match &*log_probs.storage() {
+    let dtype = log_probs.dtype();
+    let dev = log_probs.device();
+    // The per-sequence losses in the input's dtype, an infinite one zeroed
+    // under `zero_infinity`; on a GPU they never leave the device. The
+    // kernels already give a non-finite sequence a zero gradient, so a
+    // zeroed loss has no gradient either.
+    let (per, grad) = match &*log_probs.storage() {
         Storage::Cpu(c) => {
-            let (n, g) = k::ctc_loss(c, &tg, input_lengths, target_lengths, &d, want)?;
-            (n, g.map(Storage::Cpu))
+            let (mut n, g) = k::ctc_loss(c, &tg, input_lengths, target_lengths, &d, want)?;
+            if zero_infinity {
+                n.iter_mut().filter(|l| l.is_infinite()).for_each(|l| *l = 0.0);
+            }
+            (Storage::Cpu(CpuStorage::F64(n).to_dtype(dtype)), g.map(Storage::Cpu))
         }
         Storage::Cuda(c) => {
             let (n, g) = cuda::ctc::ctc_loss(c, &tg, input_lengths, target_lengths, &d, want)?;
-            (n, g.map(Storage::Cuda))
+            (Storage::Cuda(cuda::loss::rows_to(&n, dtype, zero_infinity)?), g.map(Storage::Cuda))
         }
     };
-    // Sequences whose loss is zeroed also get no gradient.
-    let mut keep = vec![1.0; b];
-    for (l, kp) in nll.iter_mut().zip(keep.iter_mut()) {
-        if zero_infinity && l.is_infinite() {
-            *l = 0.0;
-            *kp = 0.0;
-        }
-    }
-    let dtype = log_probs.dtype();
-    let dev = log_probs.device();
-    let per = out(CpuStorage::F64(nll).to_dtype(dtype), [b]).to_device(&dev)?;
+    let per = out_storage(per, [b]);
     let grad = grad.map(|g| out_storage(g, log_probs.shape().clone()));
     let saved: Vec<Tensor> = grad.iter().cloned().collect();
     let per = record("ctc_loss", &[log_probs], per, saved, move |g, _| {
         let grad = grad.ok_or_else(|| Error::Autograd("ctc_loss: no gradient was computed in the forward".into()))?;
-        let keep = out(CpuStorage::F64(keep).to_dtype(dtype), [b]).to_device(&dev)?;
-        let scale = super::reshape(&super::mul(g, &keep)?, [b, 1, 1])?;
-        Ok(vec![Some(super::mul(&grad, &scale)?)])
+        Ok(vec![Some(super::mul(&grad, &super::reshape(g, [b, 1, 1])?)?)])
     });
     match reduction {
         Reduction::None => Ok(per),
         Reduction::Sum => super::sum_all(&per),
         Reduction::Mean => {
             let inv: Vec<f64> = target_lengths.iter().map(|&l| 1.0 / l.max(1) as f64).collect();
-            let w = out(CpuStorage::F64(inv).to_dtype(per.dtype()), [b]).to_device(&per.device())?;
+            let w = out(CpuStorage::F64(inv).to_dtype(per.dtype()), [b]).to_device(&dev)?;
             super::mean_all(&super::mul(&per, &w)?)
         }
     }

@@ -22,22 +22,29 @@ pub fn label_smoothing_loss(x: &Tensor, target: &Tensor, smoothing: f64, ignore_
     }
     let tg = target.to_vec::<i64>()?;
     let want = crate::autograd::needs_grad(&[x]);
-    let (total, valid, grad) = match &*x.storage() {
+    // The loss: the rows' KL summed in row order over the denominator, in
+    // x's dtype; on a GPU the sum runs there and nothing is read back.
+    let (y, denom, grad) = match &*x.storage() {
         Storage::Cpu(c) => {
             let (t, n, g) = k::label_smoothing(c, &tg, v, smoothing, ignore_index, want)?;
-            (t, n, g.map(Storage::Cpu))
+            let denom = denominator(normalize_length, n, b);
+            (Tensor::scalar(t / denom, x.dtype(), &x.device())?, denom, g.map(Storage::Cpu))
         }
         Storage::Cuda(c) => {
-            let (t, n, g) = cuda::loss::label_smoothing(c, &tg, v, smoothing, ignore_index, want)?;
-            (t, n, g.map(Storage::Cuda))
+            let (rows, n, g) = cuda::loss::label_smoothing(c, &tg, v, smoothing, ignore_index, want)?;
+            let denom = denominator(normalize_length, n, b);
+            (out_storage(Storage::Cuda(cuda::loss::rows_total(&rows, x.dtype(), denom)?), ()), denom, g.map(Storage::Cuda))
         }
     };
-    let denom = if normalize_length { valid.max(1) } else { b.max(1) } as f64;
-    let y = Tensor::scalar(total / denom, x.dtype(), &x.device())?;
     let grad = grad.map(|g| out_storage(g, x.shape().clone()));
     let saved: Vec<Tensor> = grad.iter().cloned().collect();
     Ok(record("label_smoothing_loss", &[x], y, saved, move |g, _| {
         let grad = grad.ok_or_else(|| Error::Autograd("label_smoothing_loss: no gradient was computed in the forward".into()))?;
         Ok(vec![Some(super::mul(&grad, &super::mul_scalar(g, 1.0 / denom)?)?)])
     }))
+}
+
+/// WeNet's denominator: the valid tokens (`normalize_length`) or the batch size, at least 1.
+fn denominator(normalize_length: bool, valid: usize, batch: usize) -> f64 {
+    (if normalize_length { valid.max(1) } else { batch.max(1) }) as f64
 }

@@ -4,6 +4,7 @@
 //! passes run under `no_grad` and are written with the same ops or with a
 //! dedicated backward kernel of the same family.
 
+mod accuracy;
 mod autocast;
 mod binary;
 mod cast;
@@ -20,6 +21,7 @@ mod reduce;
 mod softmax;
 mod unary;
 
+pub use accuracy::token_accuracy;
 pub use autocast::{autocast, autocast_dtype, set_autocast, AutocastGuard};
 pub use binary::{add, add_scalar, div, mul, mul_scalar, sub, sum_to_shape};
 pub use cast::to_dtype;

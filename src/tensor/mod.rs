@@ -283,6 +283,23 @@ impl Tensor {
         }
         Ok(self.to_f64_vec()?[0])
     }
+    /// The values of several one-element tensors, in order, with one copy to
+    /// the host: on a GPU they are gathered into one f64 buffer there first,
+    /// so the step waits for the device once, not once per value.
+    pub fn scalars_to_host(ts: &[&Tensor]) -> Result<Vec<f64>> {
+        if let Some(bad) = ts.iter().find(|t| t.elem_count() != 1) {
+            return Err(Error::ShapeMismatch { op: "scalars_to_host", expected: "one element".into(), got: format!("shape {}", bad.shape()) });
+        }
+        let Some(first) = ts.first() else { return Ok(Vec::new()) };
+        let dev = first.device();
+        if ts.len() == 1 || dev == Device::Cpu || ts.iter().any(|t| t.device() != dev) {
+            return ts.iter().map(|t| t.to_scalar()).collect();
+        }
+        crate::autograd::no_grad(|| {
+            let parts = ts.iter().map(|t| crate::ops::reshape(&crate::ops::to_dtype(t, DType::F64)?, [1])).collect::<Result<Vec<_>>>()?;
+            crate::ops::cat(&parts.iter().collect::<Vec<_>>(), 0)?.to_f64_vec()
+        })
+    }
     /// A copy on `device` (the same handle if already there).
     pub fn to_device(self, device: &Device) -> Result<Tensor> {
         if self.device() == *device {

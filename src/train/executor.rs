@@ -255,7 +255,7 @@ impl Executor {
     /// unless the caller is inside `no_grad`.
     pub fn forward(&self, b: &Batch) -> Result<LossDict> {
         let moved;
-        let b = if b.feats.device() == self.device && b.target.device() == self.device {
+        let b = if b.feats.device() == self.device {
             b
         } else {
             moved = b.to_device(&self.device)?;
@@ -272,16 +272,8 @@ impl Executor {
         }
         let sync = self.pending.len() + 1 >= self.cfg.accum_grad;
         self.engine.backward(&loss, sync)?;
-        let value = |t: &Option<crate::tensor::Tensor>| t.as_ref().map(|t| t.to_scalar()).transpose();
-        let bl = BatchLoss {
-            loss: out.loss.to_scalar()?,
-            loss_ctc: value(&out.loss_ctc)?,
-            loss_att: value(&out.loss_att)?,
-            acc: out.th_accuracy,
-            utts: b.len(),
-            frames: b.feats_lengths.iter().sum(),
-            ctc_infeasible: out.ctc_infeasible,
-        };
+        let (loss, [loss_ctc, loss_att, acc]) = out.values()?;
+        let bl = BatchLoss { loss, loss_ctc, loss_att, acc, utts: b.len(), frames: b.feats_lengths.iter().sum(), ctc_infeasible: out.ctc_infeasible };
         self.ctc_zeroed += out.ctc_infeasible as u64;
         self.pending.push(bl);
         self.last_batch = Some(bl);
@@ -667,18 +659,13 @@ impl Executor {
         for b in loader.epoch(self.position.epoch) {
             let out = autograd::no_grad(|| self.forward(&b))?;
             let n = b.len() as f64;
-            sums[0] += out.loss.to_scalar()? * n;
-            if let Some(c) = &out.loss_ctc {
-                sums[1] += c.to_scalar()? * n;
-                sums[5] += 1.0;
-            }
-            if let Some(a) = &out.loss_att {
-                sums[2] += a.to_scalar()? * n;
-                sums[6] += 1.0;
-            }
-            if let Some(a) = out.th_accuracy {
-                sums[3] += a * n;
-                sums[7] += 1.0;
+            let (loss, parts) = out.values()?;
+            sums[0] += loss * n;
+            for (i, v) in parts.into_iter().enumerate() {
+                if let Some(v) = v {
+                    sums[1 + i] += v * n;
+                    sums[5 + i] += 1.0;
+                }
             }
             sums[4] += n;
         }

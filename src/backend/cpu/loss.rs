@@ -61,3 +61,27 @@ fn row_kl<T: Float>(xr: &[T], tgt: i64, ignore: i64, smoothing: f64, g: Option<&
     }
     kl
 }
+
+/// 1.0 for each row of x (rows, v) whose argmax (the first largest value; a
+/// NaN never wins; index 0 when none exceeds −∞) equals its target, else 0;
+/// 0 for a row whose target is `ignore`.
+pub fn token_hits(x: &CpuStorage, target: &[i64], v: usize, ignore: i64) -> Result<Vec<f64>> {
+    if x.len() != target.len() * v {
+        return Err(Error::invalid("token_accuracy", format!("expected {} logits for {} rows of {v}, got {}", target.len() * v, target.len(), x.len())));
+    }
+    Ok(float_match!("token_accuracy", x, |x| {
+        target
+            .iter()
+            .enumerate()
+            .map(|(r, &t)| {
+                let row = &x[r * v..(r + 1) * v];
+                let arg = row.iter().enumerate().fold((0, f64::NEG_INFINITY), |m, (i, &e)| if e.f64() > m.1 { (i, e.f64()) } else { m }).0;
+                if t != ignore && arg as i64 == t {
+                    1.0
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    }))
+}

@@ -11,9 +11,11 @@ use crate::tensor::DType;
 /// Threads per sequence block (the kernel loops over states and pairs).
 const THREADS: u32 = 256;
 
-/// Per-sequence negative log-likelihoods, and with `want_grad` the gradient
-/// of each sequence's nll with respect to log_probs (zero past its length).
-pub fn ctc_loss(lp: &CudaStorage, targets: &[i64], il: &[usize], tl: &[usize], d: &CtcDims, want_grad: bool) -> Result<(Vec<f64>, Option<CudaStorage>)> {
+/// Per-sequence negative log-likelihoods (f64, left on the device), and
+/// with `want_grad` the gradient of each sequence's nll with respect to
+/// log_probs (zero past its length, and zero for a sequence whose nll is
+/// not finite).
+pub fn ctc_loss(lp: &CudaStorage, targets: &[i64], il: &[usize], tl: &[usize], d: &CtcDims, want_grad: bool) -> Result<(CudaStorage, Option<CudaStorage>)> {
     check(d, targets, il, tl)?;
     let dt = lp.dtype();
     if dt != DType::F32 && dt != DType::F64 {
@@ -26,7 +28,7 @@ pub fn ctc_loss(lp: &CudaStorage, targets: &[i64], il: &[usize], tl: &[usize], d
     let dev = lp.device();
     let grad = if want_grad { Some(dev.alloc(dt, n)?) } else { None };
     if d.b == 0 {
-        return Ok((Vec::new(), grad));
+        return Ok((dev.alloc(DType::F64, 0)?, grad));
     }
     // Empty host arrays still upload one element, so every pointer is valid.
     let upload = |v: Vec<i64>| CudaStorage::from_cpu(dev, &CpuStorage::I64(if v.is_empty() { vec![0] } else { v }));
@@ -66,8 +68,5 @@ pub fn ctc_loss(lp: &CudaStorage, targets: &[i64], il: &[usize], tl: &[usize], d
             Arg::I32((want_grad && n > 0) as i32),
         ],
     )?;
-    match nll.to_cpu()? {
-        CpuStorage::F64(v) => Ok((v, grad)),
-        other => Err(Error::DTypeMismatch { op: "ctc_loss (nll)", expected: DType::F64, got: other.dtype() }),
-    }
+    Ok((nll, grad))
 }

@@ -19,6 +19,7 @@ pub struct CudaDevice {
     seam: Seam,
     pub(crate) pool: Mutex<Pool>,
     functions: Mutex<HashMap<String, Func>>,
+    copy_stream: std::sync::OnceLock<usize>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -32,7 +33,13 @@ impl CudaDevice {
     /// emulator when `ASRFORGE_CUDA_EMU=1`, else the GPU.
     pub(crate) fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
         let drv = driver::open(ordinal)?;
-        Ok(Arc::new(CudaDevice { ordinal, seam: Seam::new(drv), pool: Mutex::new(Pool::default()), functions: Mutex::new(HashMap::new()) }))
+        Ok(Arc::new(CudaDevice {
+            ordinal,
+            seam: Seam::new(drv),
+            pool: Mutex::new(Pool::default()),
+            functions: Mutex::new(HashMap::new()),
+            copy_stream: std::sync::OnceLock::new(),
+        }))
     }
     /// The GPU's ordinal.
     pub fn ordinal(&self) -> usize {
@@ -53,6 +60,15 @@ impl CudaDevice {
     /// A new stream of this device, for work ordered apart from the compute stream.
     pub fn new_stream(&self) -> Result<usize> {
         Ok(self.seam.driver().new_stream()?.0)
+    }
+    /// The stream host-to-device batch copies run on (made at first use),
+    /// ordered against the compute stream by events.
+    pub fn copy_stream(&self) -> Result<usize> {
+        if let Some(&s) = self.copy_stream.get() {
+            return Ok(s);
+        }
+        let s = self.new_stream()?;
+        Ok(*self.copy_stream.get_or_init(|| s))
     }
     /// Records the work queued so far on stream `stream` (0: the compute stream).
     pub fn record_event(self: &Arc<Self>, stream: usize) -> Result<DeviceEvent> {
@@ -181,6 +197,14 @@ impl DeviceEvent {
     pub fn synchronize(&self) -> Result<()> {
         match &self.ev {
             Some(e) => self.dev.seam.event_synchronize(e),
+            None => Ok(()),
+        }
+    }
+    /// Waits on the host only if the recorded work has not finished yet
+    /// (counted as a host synchronisation only then).
+    pub fn wait_if_pending(&self) -> Result<()> {
+        match &self.ev {
+            Some(e) => self.dev.seam.event_wait_if_pending(e),
             None => Ok(()),
         }
     }

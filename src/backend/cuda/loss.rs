@@ -1,6 +1,9 @@
 //! Label-smoothing loss on the GPU (`cuda/loss.cu`), the twin of
-//! `backend/cpu/loss.rs`: per-row KL in one block per row, summed on the
-//! host in row order (as the CPU sums), and the gradient p − q.
+//! `backend/cpu/loss.rs`: per-row KL in one block per row, and the gradient
+//! p − q; token accuracy (argmax hits per row); and the per-row f64 results
+//! of the losses turned into the op's output on the device (`rows_to`,
+//! `rows_total`: summed in row order as the CPU sums), so a step reads no
+//! loss back to the host until it logs.
 
 use super::{dtype_suffix, Arg, CudaStorage, LaunchConfig};
 use crate::backend::cpu::CpuStorage;
@@ -10,9 +13,17 @@ use crate::tensor::DType;
 /// Threads per row block (a power of two, at most the kernel's LS_THREADS).
 const THREADS: u32 = 256;
 
-/// The summed KL over valid rows, the number of valid rows, and with
-/// `want_grad` the gradient of the sum with respect to x.
-pub fn label_smoothing(x: &CudaStorage, target: &[i64], v: usize, smoothing: f64, ignore: i64, want_grad: bool) -> Result<(f64, usize, Option<CudaStorage>)> {
+/// The KL of each row (f64, on the device; 0 for an ignored row), the
+/// number of valid rows, and with `want_grad` the gradient of the sum with
+/// respect to x.
+pub fn label_smoothing(
+    x: &CudaStorage,
+    target: &[i64],
+    v: usize,
+    smoothing: f64,
+    ignore: i64,
+    want_grad: bool,
+) -> Result<(CudaStorage, usize, Option<CudaStorage>)> {
     if v < 2 {
         return Err(Error::invalid("label_smoothing_loss", format!("expected a vocabulary of at least 2, got {v}")));
     }
@@ -31,7 +42,7 @@ pub fn label_smoothing(x: &CudaStorage, target: &[i64], v: usize, smoothing: f64
     let dev = x.device();
     let grad = if want_grad { Some(dev.alloc(dt, rows * v)?) } else { None };
     if rows == 0 {
-        return Ok((0.0, 0, grad));
+        return Ok((dev.zeros(DType::F64, 0)?, 0, grad));
     }
     let tg = CudaStorage::from_cpu(dev, &CpuStorage::I64(target.to_vec()))?;
     let kl = dev.alloc(DType::F64, rows)?;
@@ -59,8 +70,73 @@ pub fn label_smoothing(x: &CudaStorage, target: &[i64], v: usize, smoothing: f64
             Arg::I32(want_grad as i32),
         ],
     )?;
-    match kl.to_cpu()? {
-        CpuStorage::F64(k) => Ok((k.iter().sum(), valid, grad)),
-        other => Err(Error::DTypeMismatch { op: "label_smoothing_loss (row kl)", expected: DType::F64, got: other.dtype() }),
+    Ok((kl, valid, grad))
+}
+
+fn out_dtype(op: &'static str, dt: DType) -> Result<DType> {
+    match dt {
+        DType::F32 | DType::F64 => Ok(dt),
+        d => Err(crate::backend::cpu::unsupported(op, d)),
     }
+}
+
+fn expect_rows(op: &'static str, rows: &CudaStorage) -> Result<()> {
+    if rows.dtype() != DType::F64 {
+        return Err(Error::DTypeMismatch { op, expected: DType::F64, got: rows.dtype() });
+    }
+    Ok(())
+}
+
+/// Per-row f64 values as `dt` (f32 or f64); with `zero_inf` an infinite
+/// row becomes 0 (the CTC loss's `zero_infinity`).
+pub fn rows_to(rows: &CudaStorage, dt: DType, zero_inf: bool) -> Result<CudaStorage> {
+    expect_rows("rows_to", rows)?;
+    let dt = out_dtype("rows_to", dt)?;
+    let dev = rows.device();
+    let out = dev.alloc(dt, rows.len())?;
+    if rows.is_empty() {
+        return Ok(out);
+    }
+    let n = rows.len();
+    dev.launch(
+        "loss",
+        &format!("rows_to_{}", dtype_suffix(dt)),
+        LaunchConfig::for_elems(n),
+        &[Arg::Ptr(rows), Arg::Ptr(&out), Arg::I64(n as i64), Arg::I32(zero_inf as i32)],
+    )?;
+    Ok(out)
+}
+
+/// One `dt` element: the rows summed in row order, divided by `denom`.
+pub fn rows_total(rows: &CudaStorage, dt: DType, denom: f64) -> Result<CudaStorage> {
+    expect_rows("rows_total", rows)?;
+    let dt = out_dtype("rows_total", dt)?;
+    let dev = rows.device();
+    let out = dev.alloc(dt, 1)?;
+    let one = LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_bytes: 0 };
+    dev.launch("loss", &format!("rows_total_{}", dtype_suffix(dt)), one, &[Arg::Ptr(rows), Arg::Ptr(&out), Arg::I64(rows.len() as i64), Arg::F64(denom)])?;
+    Ok(out)
+}
+
+/// 1.0 for each row of x (rows, v) whose argmax equals its target, else 0
+/// (0 for an ignored row); f64 on the device.
+pub fn token_hits(x: &CudaStorage, target: &[i64], v: usize, ignore: i64) -> Result<CudaStorage> {
+    let dt = out_dtype("token_accuracy", x.dtype())?;
+    let rows = target.len();
+    if x.len() != rows * v {
+        return Err(Error::invalid("token_accuracy", format!("expected {} logits for {rows} rows of {v}, got {}", rows * v, x.len())));
+    }
+    let dev = x.device();
+    let hits = dev.alloc(DType::F64, rows)?;
+    if rows == 0 {
+        return Ok(hits);
+    }
+    let tg = CudaStorage::from_cpu(dev, &CpuStorage::I64(target.to_vec()))?;
+    dev.launch(
+        "loss",
+        &format!("token_hits_{}", dtype_suffix(dt)),
+        LaunchConfig::rows(rows, THREADS),
+        &[Arg::Ptr(x), Arg::Ptr(&tg), Arg::Ptr(&hits), Arg::I64(rows as i64), Arg::I64(v as i64), Arg::I64(ignore)],
+    )?;
+    Ok(hits)
 }

@@ -2,10 +2,16 @@
 //! writes a batch into one, and `to_device` queues an asynchronous copy that
 //! overlaps with the kernels already on the stream. Until that copy has run
 //! the buffer must not change, so any later write (and the drop) first waits
-//! for the stream.
+//! for that copy's event — only when it has not finished, and never for the
+//! rest of the stream.
+//!
+//! `upload_staged` (the batches of training) copies on the device's copy
+//! stream into a staging buffer on the device, and the compute stream takes
+//! the batch from there after an event: the host never waits for the
+//! training kernels, and the copy runs beside them.
 
-use super::device::CudaDevice;
-use super::driver::COMPUTE;
+use super::device::{CudaDevice, DeviceEvent};
+use super::driver::{Stream, COMPUTE};
 use super::CudaStorage;
 use crate::backend::cpu::CpuStorage;
 use crate::error::{Error, Result};
@@ -19,7 +25,8 @@ pub struct PinnedBuffer {
     dtype: DType,
     len: usize,
     dev: Arc<CudaDevice>,
-    in_flight: bool,
+    /// The last copy out of the buffer, until it is known to have run.
+    copied: Option<DeviceEvent>,
 }
 
 // SAFETY: the buffer is plain host memory owned by this value; access goes
@@ -38,7 +45,7 @@ impl PinnedBuffer {
             unsafe { std::ptr::write_bytes(p, 0, bytes) };
             p
         };
-        Ok(PinnedBuffer { ptr, bytes, dtype, len, dev: dev.clone(), in_flight: false })
+        Ok(PinnedBuffer { ptr, bytes, dtype, len, dev: dev.clone(), copied: None })
     }
     /// The element type.
     pub fn dtype(&self) -> DType {
@@ -85,14 +92,8 @@ impl PinnedBuffer {
         if src.is_empty() {
             return Ok(s);
         }
-        // SAFETY: the first `src.len()` bytes of `ptr` are page-locked memory
-        // owned by this buffer, kept allocated and unmodified until the copy
-        // has run (writes and drop wait for the stream while `in_flight`).
-        let staged = unsafe { std::slice::from_raw_parts(self.ptr, src.len()) };
-        // SAFETY: the destination block holds `src.len()` bytes; the source is
-        // pinned memory kept alive as described above.
-        unsafe { self.dev.seam().htod(s.ptr(), staged, COMPUTE) }?;
-        self.in_flight = true;
+        // SAFETY: the destination block holds `src.len()` bytes.
+        unsafe { self.queue_copy(s.ptr(), src.len(), COMPUTE) }?;
         Ok(s)
     }
     /// Queues the copy to a fresh device storage and returns without waiting.
@@ -101,36 +102,61 @@ impl PinnedBuffer {
         if self.bytes == 0 {
             return Ok(s);
         }
-        // SAFETY: `ptr` holds `bytes` bytes of page-locked memory that stays
-        // allocated and unmodified until the copy has run: writes and drop
-        // wait for the stream while `in_flight` is set.
-        let src = unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) };
-        // SAFETY: the destination block holds `bytes` bytes; the source is
-        // pinned memory kept alive as described above.
-        unsafe { self.dev.seam().htod(s.ptr(), src, COMPUTE) }?;
-        self.in_flight = true;
+        // SAFETY: the destination block holds `bytes` bytes.
+        unsafe { self.queue_copy(s.ptr(), self.bytes, COMPUTE) }?;
         Ok(s)
     }
+    /// Queues the copy of the first `n` bytes to `dst` on `stream` and
+    /// records its event (writes and the drop wait for it).
+    ///
+    /// # Safety
+    /// `dst` addresses at least `n` bytes of a live device buffer that
+    /// nothing else touches until the copy has run on `stream`.
+    unsafe fn queue_copy(&mut self, dst: super::driver::DevPtr, n: usize, stream: Stream) -> Result<()> {
+        debug_assert!(n <= self.bytes);
+        // SAFETY: `ptr` holds `bytes` ≥ n bytes of page-locked memory that
+        // stays allocated and unmodified until the copy has run: writes and
+        // the drop wait for `copied` first.
+        let src = unsafe { std::slice::from_raw_parts(self.ptr, n) };
+        // SAFETY: the destination is the caller's; the source is above.
+        unsafe { self.dev.seam().htod(dst, src, stream) }?;
+        self.copied = Some(self.dev.record_event(stream.0)?);
+        Ok(())
+    }
     fn wait(&mut self) -> Result<()> {
-        if self.in_flight {
-            self.dev.synchronize()?;
-            self.in_flight = false;
+        if let Some(e) = self.copied.take() {
+            if let Err(err) = e.wait_if_pending() {
+                self.copied = Some(e);
+                return Err(err);
+            }
         }
         Ok(())
     }
 }
 
-thread_local! {
-    /// Staging buffers for `upload_staged`: two per (GPU, dtype), used in
-    /// turn, so a batch is written while the previous one's copy may still
-    /// be queued.
-    static STAGING: std::cell::RefCell<Vec<(usize, DType, [Option<PinnedBuffer>; 2], usize)>> = const { std::cell::RefCell::new(Vec::new()) };
+/// One staging slot of a (GPU, dtype): pinned host memory, the device
+/// buffer the copy stream fills from it, and the point of the compute
+/// stream after which that device buffer has been read.
+struct Slot {
+    host: PinnedBuffer,
+    dev_buf: CudaStorage,
+    consumed: Option<DeviceEvent>,
 }
 
-/// Host storage to `dev` through a reused pinned staging buffer (the data
-/// loader's batches): an asynchronous copy instead of a pageable one, and no
-/// page-locking per batch. A buffer grows to the next power of two when a
-/// batch does not fit.
+thread_local! {
+    /// Staging slots for `upload_staged`: two per (GPU, dtype), used in
+    /// turn, so a batch is written while the previous one's copy may still
+    /// be queued.
+    static STAGING: std::cell::RefCell<Vec<(usize, DType, [Option<Slot>; 2], usize)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Host storage to `dev` through reused staging (the data loader's
+/// batches): the bytes go into a pinned buffer, the copy stream copies them
+/// into the slot's device buffer once the compute stream has read that
+/// buffer's previous batch, and the compute stream copies them out into the
+/// returned storage after the copy's event. The host waits for nothing but
+/// a copy of this slot that has not run yet (two batches back). A slot grows
+/// to the next power of two when a batch does not fit.
 pub fn upload_staged(dev: &Arc<CudaDevice>, c: &CpuStorage) -> Result<CudaStorage> {
     STAGING.with(|cell| {
         let mut all = cell.borrow_mut();
@@ -142,16 +168,41 @@ pub fn upload_staged(dev: &Arc<CudaDevice>, c: &CpuStorage) -> Result<CudaStorag
                 all.len() - 1
             }
         };
-        let (_, _, bufs, next) = &mut all[i];
-        let slot = &mut bufs[*next];
+        let (_, _, slots, next) = &mut all[i];
+        let slot = &mut slots[*next];
         *next = 1 - *next;
-        if slot.as_ref().is_none_or(|b| b.len() < c.len()) {
-            *slot = Some(PinnedBuffer::new(dev, c.dtype(), c.len().max(1).next_power_of_two())?);
+        if slot.as_ref().is_none_or(|s| s.host.len() < c.len()) {
+            let cap = c.len().max(1).next_power_of_two();
+            // The old slot's copy has run (its pinned buffer waits on drop)
+            // and its device buffer returns to the pool in compute order,
+            // after the compute stream's read of it.
+            *slot = Some(Slot { host: PinnedBuffer::new(dev, c.dtype(), cap)?, dev_buf: dev.alloc(c.dtype(), cap)?, consumed: None });
         }
-        match slot.as_mut() {
-            Some(b) => b.upload(c),
-            None => Err(Error::invalid("pinned buffer", "no staging buffer")),
+        let Some(slot) = slot.as_mut() else { return Err(Error::invalid("pinned buffer", "no staging slot")) };
+        let src = c.as_bytes();
+        slot.host.as_bytes_mut()?[..src.len()].copy_from_slice(src);
+        let out = dev.alloc(c.dtype(), c.len())?;
+        if src.is_empty() {
+            return Ok(out);
         }
+        let copy = Stream(dev.copy_stream()?);
+        if let Some(e) = &slot.consumed {
+            e.wait_on(copy.0)?;
+        }
+        // SAFETY: the slot's device buffer holds `cap` ≥ c.len() elements;
+        // the copy stream waited (above, on the device) for the compute
+        // stream's last read of it, and the compute stream reads it next
+        // only after the copy's event (below).
+        unsafe { slot.host.queue_copy(slot.dev_buf.ptr(), src.len(), copy) }?;
+        if let Some(e) = &slot.host.copied {
+            e.wait_on(COMPUTE.0)?;
+        }
+        // SAFETY: both buffers hold at least `src.len()` bytes and stay
+        // allocated until the compute stream has run the copy (the slot's
+        // buffer until `consumed`, `out` in compute order).
+        unsafe { dev.seam().dtod(out.ptr(), slot.dev_buf.ptr(), src.len(), COMPUTE) }?;
+        slot.consumed = Some(dev.record_event(COMPUTE.0)?);
+        Ok(out)
     })
 }
 

@@ -104,11 +104,16 @@ impl CudaStorage {
         if bytes.is_empty() {
             return Ok(());
         }
-        // SAFETY: the destination block holds `bytes.len()` bytes; the source
-        // slice is borrowed until the stream synchronisation below, after
-        // which the driver no longer reads it.
-        unsafe { self.dev.seam().htod(self.ptr(), bytes, COMPUTE) }?;
-        self.dev.synchronize()
+        // SAFETY: the destination block holds `bytes.len()` bytes. The source
+        // is pageable host memory, which cuMemcpyHtoDAsync copies to a
+        // staging buffer before it returns ("API synchronization behavior"
+        // in the CUDA driver API reference: pageable host-to-device async
+        // copies stage the source immediately, with no device
+        // synchronisation), so the slice may be dropped as soon as the call
+        // returns, and the copy stays ordered on the compute stream. The
+        // emulator copies at once. No host wait: an upload inside a step
+        // costs no synchronisation.
+        unsafe { self.dev.seam().htod(self.ptr(), bytes, COMPUTE) }
     }
 
     fn download<T: bytemuck::Pod + Default>(&self) -> Result<Vec<T>> {

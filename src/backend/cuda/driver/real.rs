@@ -279,6 +279,15 @@ impl Driver for RealDriver {
         // SAFETY: as above.
         check("cuEventSynchronize", unsafe { result::event::synchronize(e.0 as sys::CUevent) })
     }
+    fn event_query(&self, e: &Event) -> Result<bool> {
+        self.bind()?;
+        // SAFETY: `e` is a live event of this context (owned by the caller's `Event`).
+        match unsafe { result::event::query(e.0 as sys::CUevent) } {
+            Ok(()) => Ok(true),
+            Err(err) if err.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(err) => check("cuEventQuery", Err(err)),
+        }
+    }
     fn destroy_event(&self, e: Event) {
         let _ = self.bind();
         // SAFETY: `e` is a live event of this context, destroyed once (consumed here).
