@@ -33,6 +33,7 @@ fn args(config: PathBuf, steps: u64) -> BenchTrainArgs {
         seed: 9,
         warmup: 1,
         profile: false,
+        tf32: false,
     }
 }
 

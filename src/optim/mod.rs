@@ -6,6 +6,7 @@ mod clip;
 mod scaler;
 mod scheduler;
 
+pub use crate::backend::cuda::optim::{FusedOptions, FusedOutcome};
 pub use adam::{Adam, AdamConfig};
 pub use clip::{clip_grad_norm, grad_norm};
 pub use scaler::{GradScaler, ScalerConfig};

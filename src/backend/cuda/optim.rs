@@ -3,7 +3,9 @@
 //! squared gradient norm (per-block f64 partials summed in a fixed order,
 //! never float atomics, so it is the same on every run), and the fused
 //! unscale-and-check-for-inf of the loss scaler (one flag, one read-back
-//! for all gradients).
+//! for all gradients); and all of these fused over every parameter in a
+//! few multi-tensor launches ([`fused_adam`]: tables of pointers passed by
+//! value, the step's decisions left on the GPU, one read-back).
 
 use super::{dtype_suffix, Arg, CudaStorage, LaunchConfig};
 use crate::backend::cpu::optim::AdamStep;
@@ -138,4 +140,191 @@ pub fn unscale_and_check(g: &CudaStorage, inv_scale: f64) -> Result<(CudaStorage
     let (mut v, bad) = unscale_many(&[g], inv_scale)?;
     let o = v.pop().ok_or_else(|| Error::Msg("unscale: no output buffer".into()))?;
     Ok((o, bad))
+}
+
+/// Tensors one fused-step launch takes (`MT_TENSORS` in cuda/optim.cu).
+pub const MT_TENSORS: usize = 48;
+/// Chunks one fused-step launch takes (`MT_CHUNKS` in cuda/optim.cu).
+pub const MT_CHUNKS: usize = 192;
+/// 64-bit words of the `MtTable` struct: chunk, n_chunks, first_chunk,
+/// p/g/m/v/len per tensor, then two u32 per chunk.
+const MT_WORDS: usize = 3 + 5 * MT_TENSORS + MT_CHUNKS;
+/// Elements per chunk of the fused step by default (one block each).
+pub const FUSED_CHUNK: usize = 1 << 16;
+
+/// One parameter of the fused step: the parameter, its gradient and its
+/// two moments, all of one float dtype and length, on one GPU.
+pub struct FusedSlot<'a> {
+    pub p: &'a CudaStorage,
+    pub g: &'a CudaStorage,
+    pub m: &'a CudaStorage,
+    pub v: &'a CudaStorage,
+}
+
+/// What the fused step does besides Adam.
+#[derive(Clone, Copy, Debug)]
+pub struct FusedOptions {
+    /// AMP: multiply every gradient by this (rounded to its dtype) first.
+    pub inv_scale: Option<f64>,
+    /// Clip the global gradient norm to this (`grad_clip`).
+    pub max_norm: Option<f64>,
+    /// Elements per chunk (one block each); [`FUSED_CHUNK`] unless testing.
+    pub chunk: usize,
+}
+
+impl Default for FusedOptions {
+    fn default() -> Self {
+        FusedOptions { inv_scale: None, max_norm: None, chunk: FUSED_CHUNK }
+    }
+}
+
+/// What the fused step found, read back once after it was queued.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FusedOutcome {
+    /// The global L2 norm of the (unscaled) gradients before clipping.
+    pub grad_norm: f64,
+    /// Whether an unscaled gradient held an inf or NaN.
+    pub found_inf: bool,
+    /// Whether the update was skipped (found_inf or a non-finite norm).
+    pub skipped: bool,
+}
+
+/// One launch's table: its dtype, its words and its chunk count.
+struct MtTable {
+    dt: DType,
+    words: Vec<u64>,
+    tensors: usize,
+    chunks: usize,
+}
+
+impl MtTable {
+    fn new(dt: DType, chunk: usize, first_chunk: usize) -> MtTable {
+        let mut words = vec![0u64; MT_WORDS];
+        words[0] = chunk as u64;
+        words[2] = first_chunk as u64;
+        MtTable { dt, words, tensors: 0, chunks: 0 }
+    }
+    fn add_tensor(&mut self, s: &FusedSlot) -> usize {
+        let k = self.tensors;
+        for (field, buf) in [s.p, s.g, s.m, s.v].into_iter().enumerate() {
+            self.words[3 + field * MT_TENSORS + k] = buf.ptr();
+        }
+        self.words[3 + 4 * MT_TENSORS + k] = s.p.len() as u64;
+        self.tensors += 1;
+        k
+    }
+    fn add_chunk(&mut self, slot: usize, index: u32) {
+        let c = self.chunks;
+        // Two little-endian u32 arrays packed into words: tensor[], then index[].
+        let base = 3 + 5 * MT_TENSORS;
+        let half = MT_CHUNKS / 2;
+        let shift = 32 * (c % 2);
+        self.words[base + c / 2] |= (slot as u64) << shift;
+        self.words[base + half + c / 2] |= (index as u64) << shift;
+        self.chunks += 1;
+        self.words[1] = self.chunks as u64;
+    }
+}
+
+/// The tables covering every chunk of every slot, in order, each within
+/// the launch limits, and the total chunk count.
+fn mt_tables(slots: &[FusedSlot], chunk: usize) -> Result<(Vec<MtTable>, usize)> {
+    let mut tables: Vec<MtTable> = Vec::new();
+    let mut total = 0usize;
+    for s in slots {
+        let dt = s.p.dtype();
+        let n_chunks = s.p.len().div_ceil(chunk);
+        let n_chunks32 = u32::try_from(n_chunks)
+            .map_err(|_| Error::invalid("fused_adam", format!("expected at most {} chunks of {chunk} elements per tensor, found {n_chunks}", u32::MAX)))?;
+        let mut slot: Option<usize> = None;
+        for j in 0..n_chunks32 {
+            let fits = tables.last().is_some_and(|t| t.dt == dt && t.chunks < MT_CHUNKS && (slot.is_some() || t.tensors < MT_TENSORS));
+            if !fits {
+                tables.push(MtTable::new(dt, chunk, total));
+                slot = None;
+            }
+            let t = tables.last_mut().ok_or_else(|| Error::Msg("fused_adam: no table".into()))?;
+            let k = match slot {
+                Some(k) => k,
+                None => *slot.insert(t.add_tensor(s)),
+            };
+            t.add_chunk(k, j);
+            total += 1;
+        }
+    }
+    Ok((tables, total))
+}
+
+/// Unscale (AMP), check for inf/NaN, take the global gradient norm, clip
+/// and run one Adam(W) step over every slot in a few launches: per table
+/// of up to [`MT_TENSORS`] tensors and [`MT_CHUNKS`] chunks one norm launch
+/// and one update launch, plus one launch deciding the step on the GPU;
+/// then one read-back of the outcome. Bit-identical in f32 and f64 to
+/// `unscale_many`, `sum_squares` + the elementwise scale, and [`adam`] in
+/// turn (the norm agrees to rounding: its sum is ordered by chunks). The
+/// gradients are left as they were; skipped steps leave every buffer as it was.
+pub fn fused_adam(slots: &[FusedSlot], h: &AdamStep, o: &FusedOptions) -> Result<FusedOutcome> {
+    if o.chunk == 0 {
+        return Err(Error::invalid("fused_adam", "expected a chunk of at least one element, found 0"));
+    }
+    let Some(first) = slots.first() else { return Ok(FusedOutcome { grad_norm: 0.0, found_inf: false, skipped: false }) };
+    let mut seen = std::collections::HashSet::with_capacity(slots.len());
+    for (i, s) in slots.iter().enumerate() {
+        let dt = float_dtype("fused_adam", s.p)?;
+        for (what, b) in [("gradient", s.g), ("exp_avg", s.m), ("exp_avg_sq", s.v)] {
+            if b.dtype() != dt || b.len() != s.p.len() {
+                return Err(Error::invalid(
+                    "fused_adam",
+                    format!("tensor {i}: expected the {what} as {} {dt:?} elements like the parameter, got {} {:?}", s.p.len(), b.len(), b.dtype()),
+                ));
+            }
+        }
+        for b in [s.p, s.g, s.m, s.v] {
+            same_device("fused_adam", first.p, b)?;
+        }
+        // Two slots writing one buffer would race inside a launch.
+        if !s.p.is_empty() && !seen.insert(s.p.ptr()) {
+            return Err(Error::invalid("fused_adam", format!("tensor {i}: expected distinct parameters, found one buffer passed twice")));
+        }
+    }
+    let (tables, total) = mt_tables(slots, o.chunk)?;
+    if total == 0 {
+        return Ok(FusedOutcome { grad_norm: 0.0, found_inf: false, skipped: false });
+    }
+    let dev = first.p.device().clone();
+    let partials = dev.alloc(DType::F64, 2 * total)?;
+    let state = dev.alloc(DType::F64, 5)?;
+    let (inv_scale, amp) = (o.inv_scale.unwrap_or(1.0), o.inv_scale.is_some() as i32);
+    let grid = |t: &MtTable| LaunchConfig { grid: (t.chunks.min(super::launch::max_grid() as usize) as u32, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 };
+    for t in &tables {
+        let k = format!("mt_norm_{}", dtype_suffix(t.dt));
+        dev.launch("optim", &k, grid(t), &[Arg::Words(&t.words), Arg::F64(inv_scale), Arg::I32(amp), Arg::Ptr(&partials)])?;
+    }
+    let one = LaunchConfig { grid: (1, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 };
+    let max_norm = o.max_norm.filter(|&m| m > 0.0).unwrap_or(0.0);
+    dev.launch("optim", "mt_finish", one, &[Arg::Ptr(&partials), Arg::U64(total as u64), Arg::F64(max_norm), Arg::Ptr(&state)])?;
+    let bc1 = 1.0 - h.beta1.powi(h.t as i32);
+    let bc2 = 1.0 - h.beta2.powi(h.t as i32);
+    for t in &tables {
+        let k = format!("mt_adam_{}", dtype_suffix(t.dt));
+        let args = [
+            Arg::Words(&t.words),
+            Arg::Ptr(&state),
+            Arg::F64(inv_scale),
+            Arg::I32(amp),
+            Arg::F64(h.lr),
+            Arg::F64(h.beta1),
+            Arg::F64(h.beta2),
+            Arg::F64(h.eps),
+            Arg::F64(h.weight_decay),
+            Arg::F64(1.0 / bc1),
+            Arg::F64(1.0 / bc2.sqrt()),
+            Arg::I32(h.decoupled as i32),
+        ];
+        dev.launch("optim", &k, grid(t), &args)?;
+    }
+    match state.to_cpu()? {
+        CpuStorage::F64(v) if v.len() == 5 => Ok(FusedOutcome { grad_norm: v[0], found_inf: v[1] != 0.0, skipped: v[2] != 0.0 }),
+        other => Err(Error::invalid("fused_adam", format!("expected the 5 f64 of the step's state, got {} {:?}", other.len(), other.dtype()))),
+    }
 }
