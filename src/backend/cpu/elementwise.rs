@@ -41,6 +41,11 @@ impl Unary {
             Unary::Tanh => "tanh",
         }
     }
+    /// Whether the backward reads only the input x (else only the output y;
+    /// relu's `x > 0` is `y > 0`), so an op saves just that one tensor.
+    pub fn backward_reads_x(self) -> bool {
+        matches!(self, Unary::Log | Unary::Abs | Unary::Silu | Unary::Gelu)
+    }
 }
 
 #[inline]
