@@ -12,20 +12,28 @@
 //! request and at most 1/8 above it (within a run the shapes repeat, so
 //! most requests find a buffer of exactly their size).
 //!
+//! Only buffers of at least [`MIN_BYTES`] (32 MiB) are pooled: glibc maps
+//! every allocation that large with its own mmap and unmaps it on free (its
+//! mmap threshold never rises above 32 MiB), while smaller ones are reused
+//! from its heap. Pooling those too kept two caches of free memory, the
+//! pool's and the heap's, and raised the AISHELL config's peak RSS by
+//! ~390 MiB; above the threshold an evicted buffer really goes back to the
+//! kernel.
+//!
 //! Peak memory does not rise: the pool remembers the most tensor bytes ever
 //! live (`HIGH`), and a request that finds no buffer frees pooled buffers
 //! (oldest first) until live + pooled + the request fit under it. So live +
 //! pooled bytes only pass that mark when the pool is empty, exactly when
-//! live bytes alone would pass it without a pool. (The allocator may still
-//! keep freed memory of its own; `ASRFORGE_CPU_POOL=0` turns the pool off,
-//! to compare.)
+//! live bytes alone would pass it without a pool. `ASRFORGE_CPU_POOL=0`
+//! turns the pool off, to compare.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// Buffers smaller than this (bytes) are left to the allocator, which
-/// serves them from its arenas without system calls.
-pub const MIN_BYTES: usize = 1 << 18;
+/// reuses them from its heap without system calls (glibc's largest mmap
+/// threshold, `DEFAULT_MMAP_THRESHOLD_MAX` on 64-bit).
+pub const MIN_BYTES: usize = 32 << 20;
 
 /// The pooled buffers of one element type, oldest first.
 pub struct Shelf<T> {
