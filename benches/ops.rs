@@ -4,6 +4,8 @@
 //! The matmul group also times `matrixmultiply` on the same shapes: the
 //! comparison that chose `gemm` for the CPU backend.
 
+use asrforge::backend::cpu::conv::{self, Conv2d};
+use asrforge::backend::Storage;
 use asrforge::ops::{self, Reduction};
 use asrforge::tensor::Rng;
 use asrforge::{autograd, DType, Device, Tensor};
@@ -118,6 +120,22 @@ fn train_kernels(c: &mut Criterion) {
             }
         })
     });
+    // The backward kernel alone, for both subsampling convs: the first reads
+    // the features (one channel) and needs no input gradient.
+    for (name, ci, h, wd, need_gx) in
+        [("conv2d bwd B4 1x300x80 k3 s2 (no gx)", 1usize, 300usize, 80usize, false), ("conv2d bwd B4 144x149x39 k3 s2", 144, 149, 39, true)]
+    {
+        let geo = Conv2d { b: 4, ci, h, w: wd, co: 144, kh: 3, kw: 3, stride: 2, pad: 0 };
+        let (ho, wo) = geo.out_hw();
+        let (x, w, gy) = (randn(&[4, ci, h, wd], &mut rng), randn(&[144, ci, 3, 3], &mut rng), randn(&[4, 144, ho, wo], &mut rng));
+        let n_gemm = if need_gx { 2 } else { 1 };
+        g.throughput(Throughput::Elements((n_gemm * 2 * 4 * 144 * ho * wo * ci * 9) as u64));
+        g.bench_function(name, |b| {
+            let (xs, ws, gs) = (x.storage(), w.storage(), gy.storage());
+            let (Storage::Cpu(xs), Storage::Cpu(ws), Storage::Cpu(gs)) = (&*xs, &*ws, &*gs) else { unreachable!("CPU tensors") };
+            b.iter(|| black_box(conv::conv2d_backward(xs, ws, gs, &geo, need_gx).unwrap()))
+        });
+    }
     for (name, n) in [("relu", 1usize << 22), ("silu", 1 << 20), ("dropout", 1 << 22)] {
         let x = randn(&[n], &mut rng).requires_grad_();
         let gy = randn(&[n], &mut rng);

@@ -5,7 +5,7 @@
 //! element) Philox words, so it equals the CPU's mask bit for bit.
 
 use crate::autograd::record;
-use crate::backend::cpu::CpuStorage;
+use crate::backend::cpu::{pool, CpuStorage};
 use crate::backend::cuda::dropout as gpu;
 use crate::backend::Storage;
 use crate::error::{Error, Result};
@@ -19,7 +19,11 @@ fn mask_like(x: &Tensor, p: f64) -> Result<Tensor> {
             let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
             // The mask in the input's float type directly (f32: the f64 scale rounded once, as a conversion would).
             match x.dtype() {
-                DType::F32 => Storage::Cpu(CpuStorage::F32(rng::with_default(|r| r.bernoulli_map(n, 1.0 - p, scale as f32, 0.0)))),
+                DType::F32 => {
+                    let mut m = pool::zeroed::<f32>(n);
+                    rng::with_default(|r| r.bernoulli_into(&mut m, 1.0 - p, scale as f32, 0.0));
+                    Storage::Cpu(CpuStorage::F32(m))
+                }
                 dt => Storage::Cpu(CpuStorage::F64(rng::with_default(|r| r.bernoulli_map(n, 1.0 - p, scale, 0.0))).to_dtype(dt)),
             }
         }

@@ -1,5 +1,6 @@
 //! Unary maps (exp, log, activations, ...), affine `x·a + b`, powers and GLU.
-//! Backward of a map: `g · f'(x)` from the saved input and output.
+//! Backward of a map: `g · f'(x)` from the saved input or output (whichever
+//! the derivative reads; see [`Unary::backward_reads_x`]).
 
 use super::{mixed, out_storage};
 use crate::autograd::record;
@@ -14,14 +15,17 @@ fn unary(op: Unary, x: &Tensor) -> Result<Tensor> {
         Storage::Cuda(c) => Storage::Cuda(cuda::elementwise::unary(op, c)?),
     };
     let y = out_storage(y, x.shape().clone());
-    let (xs, ys) = (x.detach(), y.detach());
-    Ok(record(op.name(), &[x], y, vec![xs.clone(), ys.clone()], move |g, _| {
-        let gx = match (&*xs.storage(), &*ys.storage(), &*g.storage()) {
-            (Storage::Cpu(x), Storage::Cpu(y), Storage::Cpu(g)) => Storage::Cpu(k::unary_backward(op, x, y, g)?),
-            (Storage::Cuda(x), Storage::Cuda(y), Storage::Cuda(g)) => Storage::Cuda(cuda::elementwise::unary_backward(op, x, y, g)?),
+    // Only the tensor the derivative reads is kept, passed as both x and y:
+    // relu's input (the subsampling's conv outputs) is then freed at once.
+    let keep = if op.backward_reads_x() { x.detach() } else { y.detach() };
+    let ks = keep.clone();
+    Ok(record(op.name(), &[x], y, vec![keep], move |g, _| {
+        let gx = match (&*ks.storage(), &*g.storage()) {
+            (Storage::Cpu(v), Storage::Cpu(g)) => Storage::Cpu(k::unary_backward(op, v, v, g)?),
+            (Storage::Cuda(v), Storage::Cuda(g)) => Storage::Cuda(cuda::elementwise::unary_backward(op, v, v, g)?),
             _ => return Err(mixed(op.name())),
         };
-        Ok(vec![Some(out_storage(gx, xs.shape().clone()))])
+        Ok(vec![Some(out_storage(gx, ks.shape().clone()))])
     }))
 }
 

@@ -13,7 +13,7 @@ pub use dtype::DType;
 pub use rng::Rng;
 pub use shape::Shape;
 
-use crate::backend::cpu::{CpuStorage, WithDType};
+use crate::backend::cpu::{pool, CpuStorage, WithDType};
 use crate::backend::cuda::CudaStorage;
 use crate::backend::Storage;
 use crate::error::{Error, Result};
@@ -79,6 +79,13 @@ fn device_code(d: Device) -> usize {
 impl Drop for Cell {
     fn drop(&mut self) {
         LIVE_BYTES.fetch_sub(self.bytes, Ordering::Relaxed);
+        // Large float buffers go back to the CPU buffer pool for the next op.
+        let s = self.storage.get_mut().unwrap_or_else(|e| e.into_inner());
+        match std::mem::replace(s, Storage::Cpu(CpuStorage::U8(Vec::new()))) {
+            Storage::Cpu(CpuStorage::F32(v)) => pool::give(v),
+            Storage::Cpu(CpuStorage::F64(v)) => pool::give(v),
+            _ => {}
+        }
     }
 }
 

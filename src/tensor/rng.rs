@@ -24,6 +24,36 @@ pub fn philox4x32(ctr: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     c
 }
 
+/// Blocks per call of [`philox4x32_lanes`].
+const LANES: usize = 16;
+
+/// [`philox4x32`] of the `LANES` consecutive counters `b, b+1, …`: word `j`
+/// of block `b + l` is `[j][l]`. Each word is an array over the blocks, so
+/// the rounds run as vector instructions instead of one block at a time.
+fn philox4x32_lanes(b: u64, key: [u32; 2]) -> [[u32; LANES]; 4] {
+    let mut c = [[0u32; LANES]; 4];
+    for l in 0..LANES {
+        let x = b.wrapping_add(l as u64);
+        c[0][l] = x as u32;
+        c[1][l] = (x >> 32) as u32;
+    }
+    let mut k = key;
+    for _ in 0..10 {
+        let mut n = [[0u32; LANES]; 4];
+        for l in 0..LANES {
+            let p0 = (M0 as u64) * (c[0][l] as u64);
+            let p1 = (M1 as u64) * (c[2][l] as u64);
+            n[0][l] = ((p1 >> 32) as u32) ^ c[1][l] ^ k[0];
+            n[1][l] = p1 as u32;
+            n[2][l] = ((p0 >> 32) as u32) ^ c[3][l] ^ k[1];
+            n[3][l] = p0 as u32;
+        }
+        c = n;
+        k = [k[0].wrapping_add(W0), k[1].wrapping_add(W1)];
+    }
+    c
+}
+
 /// A seeded generator: a seed and a running offset (in 4-word blocks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rng {
@@ -93,28 +123,46 @@ impl Rng {
     /// per word), in parallel over fixed chunks (the result never depends on
     /// the thread count). Dropout's mask.
     pub fn bernoulli_map<T: Copy + Send + Sync>(&mut self, n: usize, p: f64, yes: T, no: T) -> Vec<T> {
+        let mut out = vec![no; n];
+        self.bernoulli_into(&mut out, p, yes, no);
+        out
+    }
+
+    /// [`Rng::bernoulli_map`] into `out` (every element written), for a
+    /// caller that brings its own buffer.
+    pub fn bernoulli_into<T: Copy + Send + Sync>(&mut self, out: &mut [T], p: f64, yes: T, no: T) {
         use rayon::prelude::*;
         const CHUNK: usize = 1 << 14;
         let key = self.key();
-        let o = self.advance(n);
-        let mut out = vec![no; n];
+        let o = self.advance(out.len());
+        let pick = |w: u32| if to_unit(w) < p { yes } else { no };
         let fill = |ci: usize, c: &mut [T]| {
-            for (bi, quad) in c.chunks_mut(4).enumerate() {
-                let b = o + ((ci * CHUNK) / 4 + bi) as u64;
-                let w = philox4x32([b as u32, (b >> 32) as u32, 0, 0], key);
-                for (d, &wi) in quad.iter_mut().zip(&w) {
-                    if to_unit(wi) < p {
-                        *d = yes;
+            // Whole groups of LANES blocks through the lane-parallel rounds,
+            // the rest one block at a time: the same words either way.
+            let b0 = o + ((ci * CHUNK) / 4) as u64;
+            let done = c.len() / (4 * LANES) * LANES;
+            let mut groups = c.chunks_exact_mut(4 * LANES);
+            for (gi, grp) in groups.by_ref().enumerate() {
+                let w = philox4x32_lanes(b0 + (gi * LANES) as u64, key);
+                for (l, quad) in grp.chunks_exact_mut(4).enumerate() {
+                    for (j, d) in quad.iter_mut().enumerate() {
+                        *d = pick(w[j][l]);
                     }
                 }
             }
+            for (bi, quad) in groups.into_remainder().chunks_mut(4).enumerate() {
+                let b = b0 + (done + bi) as u64;
+                let w = philox4x32([b as u32, (b >> 32) as u32, 0, 0], key);
+                for (d, &wi) in quad.iter_mut().zip(&w) {
+                    *d = pick(wi);
+                }
+            }
         };
-        if n > CHUNK {
+        if out.len() > CHUNK {
             out.par_chunks_mut(CHUNK).enumerate().for_each(|(ci, c)| fill(ci, c));
         } else {
-            fill(0, &mut out);
+            fill(0, out);
         }
-        out
     }
 
     /// `n` Bernoulli draws: true with probability `p`.

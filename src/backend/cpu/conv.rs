@@ -273,7 +273,7 @@ fn conv2d_t<T: Float>(x: &[T], w: &[T], bias: Option<&[T]>, g: &Conv2d) -> Vec<T
     let (ho, wo) = g.out_hw();
     let (ckk, hw, img, co) = (g.ckk(), ho * wo, g.ci * g.h * g.w, g.co);
     let rows = block_rows::<T>(g);
-    let mut y = vec![T::zero(); g.b * co * hw];
+    let mut y = super::pool::zeroed(g.b * co * hw);
     // One columns buffer per rayon job, reused by its images and blocks.
     y.par_chunks_mut((co * hw).max(1)).enumerate().for_each_init(
         || vec![T::zero(); ckk * rows.min(ho) * wo],
@@ -310,50 +310,67 @@ pub fn conv2d_backward(x: &CpuStorage, w: &CpuStorage, gy: &CpuStorage, g: &Conv
     }))
 }
 
-fn conv2d_backward_t<T: Float>(x: &[T], w: &[T], gy: &[T], g: &Conv2d, need_gx: bool) -> (Vec<T>, Vec<T>, Vec<T>) {
-    {
-        let (ho, wo) = g.out_hw();
-        let (ckk, hw, img, co) = (g.ckk(), ho * wo, g.ci * g.h * g.w, g.co);
-        let rows = block_rows::<T>(g);
-        let mut gx = vec![T::zero(); if need_gx { g.b * img } else { 0 }];
-        let mut gwb = vec![T::zero(); g.b * co * ckk];
-        // Per image, per block of output rows: its columns again, then
-        // gw_b += g_b[:, block]·colsᵀ, cols = wᵀ·g_b[:, block] and col2im.
-        // `cols` is one buffer per rayon job, reused by its images.
-        let per_image = |cols: &mut Vec<T>, bi: usize, gwi: &mut [T], mut gxb: Option<&mut [T]>| {
-            let gyb = &gy[bi * co * hw..(bi + 1) * co * hw];
-            let xb = &x[bi * img..(bi + 1) * img];
-            for oys in row_blocks(ho, rows) {
-                let (nc, first) = (oys.len() * wo, oys.start == 0);
-                let gblk = View { data: &gyb[oys.start * wo..], rs: hw, cs: 1 };
-                let cb = &mut cols[..ckk * nc];
-                im2col_rows(xb, g, oys.clone(), cb);
-                gemm_view(co, ckk, nc, gblk, View { data: cb, rs: 1, cs: nc }, gwi, ckk, !first);
-                if let Some(gxb) = gxb.as_deref_mut() {
-                    gemm_view(ckk, nc, co, View { data: w, rs: 1, cs: ckk }, gblk, cb, nc, false);
-                    col2im_rows(cb, g, oys, gxb);
-                }
-            }
-        };
-        let new_cols = || vec![T::zero(); ckk * rows.min(ho) * wo];
-        if need_gx {
-            gwb.par_chunks_mut((co * ckk).max(1))
-                .zip(gx.par_chunks_mut(img.max(1)))
-                .enumerate()
-                .for_each_init(new_cols, |cols, (bi, (gwi, gxb))| per_image(cols, bi, gwi, Some(gxb)));
-        } else {
-            gwb.par_chunks_mut((co * ckk).max(1)).enumerate().for_each_init(new_cols, |cols, (bi, gwi)| per_image(cols, bi, gwi, None));
+/// `Σ x` over eight interleaved partial sums (in a fixed order), so the
+/// loop vectorises where a single running sum could not.
+fn sum_lanes<T: Float>(x: &[T]) -> T {
+    let mut acc = [T::zero(); 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder().iter().fold(T::zero(), |a, &v| a + v);
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a = *a + v;
         }
-        let mut gw = vec![T::zero(); g.co * ckk];
-        for chunk in gwb.chunks(g.co * ckk) {
-            for (a, &v) in gw.iter_mut().zip(chunk) {
-                *a = *a + v;
-            }
-        }
-        let mut gb = vec![T::zero(); g.co];
-        for (row, gr) in gy.chunks(hw.max(1)).enumerate() {
-            gb[row % g.co] = gb[row % g.co] + gr.iter().fold(T::zero(), |a, &v| a + v);
-        }
-        (gx, gw, gb)
     }
+    acc.iter().fold(tail, |a, &v| a + v)
+}
+
+fn conv2d_backward_t<T: Float>(x: &[T], w: &[T], gy: &[T], g: &Conv2d, need_gx: bool) -> (Vec<T>, Vec<T>, Vec<T>) {
+    let (ho, wo) = g.out_hw();
+    let (ckk, hw, img, co) = (g.ckk(), ho * wo, g.ci * g.h * g.w, g.co);
+    let rows = block_rows::<T>(g);
+    let mut gx = super::pool::zeroed(if need_gx { g.b * img } else { 0 });
+    // Per image: its weight gradient (Co·Ci·kh·kw) then its bias gradient
+    // (Co), summed over the batch in order at the end.
+    let per = co * ckk + co;
+    let mut gwb = super::pool::zeroed(g.b * per);
+    // Per image, per block of output rows: its columns again, then
+    // gw_b += g_b[:, block]·colsᵀ, cols = wᵀ·g_b[:, block] and col2im.
+    // `cols` is one buffer per rayon job, reused by its images.
+    let per_image = |cols: &mut Vec<T>, bi: usize, gwi: &mut [T], mut gxb: Option<&mut [T]>| {
+        let gyb = &gy[bi * co * hw..(bi + 1) * co * hw];
+        let xb = &x[bi * img..(bi + 1) * img];
+        let (gwi, gbi) = gwi.split_at_mut(co * ckk);
+        for (b, row) in gbi.iter_mut().zip(gyb.chunks(hw.max(1))) {
+            *b = sum_lanes(row);
+        }
+        for oys in row_blocks(ho, rows) {
+            let (nc, first) = (oys.len() * wo, oys.start == 0);
+            let gblk = View { data: &gyb[oys.start * wo..], rs: hw, cs: 1 };
+            let cb = &mut cols[..ckk * nc];
+            im2col_rows(xb, g, oys.clone(), cb);
+            gemm_view(co, ckk, nc, gblk, View { data: cb, rs: 1, cs: nc }, gwi, ckk, !first);
+            if let Some(gxb) = gxb.as_deref_mut() {
+                gemm_view(ckk, nc, co, View { data: w, rs: 1, cs: ckk }, gblk, cb, nc, false);
+                col2im_rows(cb, g, oys, gxb);
+            }
+        }
+    };
+    let new_cols = || vec![T::zero(); ckk * rows.min(ho) * wo];
+    if need_gx {
+        gwb.par_chunks_mut(per.max(1))
+            .zip(gx.par_chunks_mut(img.max(1)))
+            .enumerate()
+            .for_each_init(new_cols, |cols, (bi, (gwi, gxb))| per_image(cols, bi, gwi, Some(gxb)));
+    } else {
+        gwb.par_chunks_mut(per.max(1)).enumerate().for_each_init(new_cols, |cols, (bi, gwi)| per_image(cols, bi, gwi, None));
+    }
+    let mut sum = vec![T::zero(); per];
+    for chunk in gwb.chunks(per.max(1)) {
+        for (a, &v) in sum.iter_mut().zip(chunk) {
+            *a = *a + v;
+        }
+    }
+    super::pool::give(gwb);
+    let gb = sum.split_off(co * ckk);
+    (gx, sum, gb)
 }

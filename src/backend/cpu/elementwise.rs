@@ -41,6 +41,11 @@ impl Unary {
             Unary::Tanh => "tanh",
         }
     }
+    /// Whether the backward reads only the input x (else only the output y;
+    /// relu's `x > 0` is `y > 0`), so an op saves just that one tensor.
+    pub fn backward_reads_x(self) -> bool {
+        matches!(self, Unary::Log | Unary::Abs | Unary::Silu | Unary::Gelu)
+    }
 }
 
 #[inline]
@@ -150,7 +155,7 @@ macro_rules! per_op {
 /// `f` over `x` in fixed chunks (parallel when large), through iterators
 /// that carry no bounds checks.
 fn map<T: Float>(x: &[T], f: impl Fn(T) -> T + Sync + Send) -> Vec<T> {
-    let mut out = vec![T::zero(); x.len()];
+    let mut out = super::pool::zeroed(x.len());
     par_chunks(&mut out, CHUNK, |s, o| {
         let n = o.len();
         for (o, &v) in o.iter_mut().zip(&x[s..s + n]) {
@@ -162,7 +167,7 @@ fn map<T: Float>(x: &[T], f: impl Fn(T) -> T + Sync + Send) -> Vec<T> {
 
 /// `f(x, y, g)` elementwise over three equal-length slices, as [`map`].
 fn map3<T: Float>(x: &[T], y: &[T], g: &[T], f: impl Fn(T, T, T) -> T + Sync + Send) -> Vec<T> {
-    let mut out = vec![T::zero(); x.len()];
+    let mut out = super::pool::zeroed(x.len());
     par_chunks(&mut out, CHUNK, |s, o| {
         let n = o.len();
         let (x, y, g) = (&x[s..s + n], &y[s..s + n], &g[s..s + n]);
@@ -273,7 +278,7 @@ fn binary_t<T: Float>(op: Binary, a: &[T], b: &[T], bc: &Bcast) -> Vec<T> {
 
 fn binary_k<T: Float>(a: &[T], b: &[T], bc: &Bcast, f: impl Fn(T, T) -> T + Sync + Send) -> Vec<T> {
     let n: usize = bc.out_dims.iter().product();
-    let mut out = vec![T::zero(); n];
+    let mut out = super::pool::zeroed(n);
     if a.len() == n && b.len() == n {
         par_chunks(&mut out, CHUNK, |s, o| {
             let m = o.len();

@@ -6,12 +6,12 @@ use super::CpuStorage;
 use crate::any_map;
 use crate::error::{Error, Result};
 
-fn permute_t<T: Copy + Default + Send + Sync>(x: &[T], dims: &[usize], perm: &[usize]) -> Vec<T> {
+/// Permutes `x` into `out` (x.len() elements, overwritten).
+fn permute_t<T: Copy + Send + Sync>(x: &[T], dims: &[usize], perm: &[usize], mut out: Vec<T>) -> Vec<T> {
     let rank = dims.len();
     let in_strides = crate::tensor::Shape::from(dims).strides();
     let out_dims: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
     let strides: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
-    let mut out = vec![T::default(); x.len()];
     if rank == 0 {
         out.copy_from_slice(x);
         return out;
@@ -34,7 +34,12 @@ fn permute_t<T: Copy + Default + Send + Sync>(x: &[T], dims: &[usize], perm: &[u
 /// The copy of `x` (of shape `dims`) with its dims reordered: output dim `i`
 /// is input dim `perm[i]`.
 pub fn permute(x: &CpuStorage, dims: &[usize], perm: &[usize]) -> Result<CpuStorage> {
-    Ok(any_map!(x, |x| permute_t(x, dims, perm)))
+    // Float outputs come from the buffer pool.
+    Ok(match x {
+        CpuStorage::F32(x) => CpuStorage::F32(permute_t(x, dims, perm, super::pool::zeroed(x.len()))),
+        CpuStorage::F64(x) => CpuStorage::F64(permute_t(x, dims, perm, super::pool::zeroed(x.len()))),
+        _ => any_map!(x, |x| permute_t(x, dims, perm, x.to_vec())),
+    })
 }
 
 fn narrow_t<T: Copy>(x: &[T], outer: usize, n: usize, inner: usize, start: usize, len: usize) -> Vec<T> {

@@ -100,7 +100,7 @@ pub(crate) fn gemm_view<T: Float>(m: usize, n: usize, k: usize, a: View<T>, b: V
 
 pub(crate) fn matmul_t<T: Float>(d: &MatmulDims, a: &[T], b: &[T]) -> Vec<T> {
     let (m, n, k) = (d.m, d.n, d.k);
-    let mut c = vec![T::zero(); d.batch * m * n];
+    let mut c = super::pool::zeroed(d.batch * m * n);
     if m * n == 0 {
         return c;
     }

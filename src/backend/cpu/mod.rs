@@ -14,6 +14,7 @@ pub mod loss;
 pub mod matmul;
 pub mod norm;
 pub mod optim;
+pub mod pool;
 pub mod reduce;
 pub mod softmax;
 
@@ -166,7 +167,7 @@ pub fn unsupported(op: &'static str, dtype: DType) -> Error {
 }
 
 /// The element types the CPU kernels compute in.
-pub trait Float: num_traits::Float + num_traits::FromPrimitive + Send + Sync + Default + std::fmt::Debug + std::iter::Sum + 'static {
+pub trait Float: pool::Pooled + num_traits::Float + num_traits::FromPrimitive + Send + Sync + Default + std::fmt::Debug + std::iter::Sum + 'static {
     /// This type's dtype.
     const DTYPE: DType;
     /// Lossy conversion from f64.
@@ -368,7 +369,7 @@ pub fn slice_as<'a, T: Float + WithDType>(s: &'a CpuStorage, _like: &[T]) -> Res
 
 /// `n` zeros of the element type of `like` (anchors type inference in dispatch bodies).
 pub fn zeros_as<T: Float>(_like: &[T], n: usize) -> Vec<T> {
-    vec![T::zero(); n]
+    pool::zeroed(n)
 }
 
 /// `v` in the element type of `like`.

@@ -17,7 +17,7 @@ use rayon::prelude::*;
 
 fn ln_fwd<T: Float>(x: &[T], w: Option<&[T]>, b: Option<&[T]>, n: usize, eps: f64) -> (Vec<T>, Vec<T>, Vec<T>) {
     let rows = x.len() / n.max(1);
-    let mut y = vec![T::zero(); x.len()];
+    let mut y = super::pool::zeroed(x.len());
     let mut mean = vec![T::zero(); rows];
     let mut rstd = vec![T::zero(); rows];
     y.par_chunks_mut(n.max(1)).zip(mean.par_iter_mut()).zip(rstd.par_iter_mut()).enumerate().with_min_len(64).for_each(|(r, ((yr, m), rs))| {
@@ -69,7 +69,7 @@ pub fn layer_norm(x: &CpuStorage, w: Option<&CpuStorage>, b: Option<&CpuStorage>
 }
 
 fn ln_bwd<T: Float>(x: &[T], w: Option<&[T]>, mean: &[T], rstd: &[T], g: &[T], n: usize) -> (Vec<T>, Vec<T>, Vec<T>) {
-    let mut gx = vec![T::zero(); x.len()];
+    let mut gx = super::pool::zeroed(x.len());
     gx.par_chunks_mut(n.max(1)).enumerate().with_min_len(64).for_each(|(r, gr)| {
         let (xr, go) = (&x[r * n..(r + 1) * n], &g[r * n..(r + 1) * n]);
         let (mu, inv) = (mean[r], rstd[r]);
@@ -157,7 +157,7 @@ pub fn batch_norm_stats(x: &CpuStorage, b: usize, c: usize, t: usize) -> Result<
 }
 
 fn bn_apply<T: Float>(x: &[T], m: &[T], r: &[T], w: &[T], bias: &[T], c: usize, t: usize) -> Vec<T> {
-    let mut y = vec![T::zero(); x.len()];
+    let mut y = super::pool::zeroed(x.len());
     super::par_rows(&mut y, t.max(1), |row, yr| {
         let ch = row % c;
         for (i, yv) in yr.iter_mut().enumerate() {
@@ -191,7 +191,7 @@ fn bn_bwd<T: Float>(x: &[T], w: &[T], m: &[T], r: &[T], g: &[T], b: usize, c: us
         })
         .collect();
     let n = T::of((b * t) as f64);
-    let mut gx = vec![T::zero(); x.len()];
+    let mut gx = super::pool::zeroed(x.len());
     super::par_rows(&mut gx, t.max(1), |row, gr| {
         let ch = row % c;
         let (sg, sgx) = sums[ch];

@@ -15,7 +15,7 @@ fn sum_t<T: Float>(x: &[T], outer: usize, n: usize, inner: usize) -> Vec<T> {
         let parts: Vec<T> = x.par_chunks(FULL_CHUNK).map(|c| c.iter().fold(T::zero(), |a, &v| a + v)).collect();
         return vec![parts.into_iter().fold(T::zero(), |a, v| a + v)];
     }
-    let mut out = vec![T::zero(); outer * inner];
+    let mut out = super::pool::zeroed(outer * inner);
     if inner == 1 {
         par_chunks(&mut out, 256, |s, o| {
             for (i, o) in o.iter_mut().enumerate() {

@@ -10,7 +10,7 @@ use crate::float_match;
 use crate::tensor::DType;
 
 fn softmax_t<T: Float>(x: &[T], n: usize, log: bool) -> Vec<T> {
-    let mut out = vec![T::zero(); x.len()];
+    let mut out = super::pool::zeroed(x.len());
     par_rows(&mut out, n, |r, o| {
         let row = &x[r * n..(r + 1) * n];
         let m = row.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
@@ -59,7 +59,7 @@ pub fn log_softmax(x: &CpuStorage, n: usize) -> Result<CpuStorage> {
 }
 
 fn backward_t<T: Float>(y: &[T], g: &[T], n: usize, log: bool) -> Vec<T> {
-    let mut out = vec![T::zero(); y.len()];
+    let mut out = super::pool::zeroed(y.len());
     par_rows(&mut out, n, |r, o| {
         let (yr, gr) = (&y[r * n..(r + 1) * n], &g[r * n..(r + 1) * n]);
         if log {
