@@ -147,7 +147,8 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
 }
 
 /// The GPU `linear` with the bias in the GEMM epilogue; backward:
-/// dx = g·w, dw = gᵀ·x over all rows, db = g summed over the rows.
+/// dx = g·w, dw = gᵀ·x over all rows and db = g summed over the rows, the
+/// last two in one cuBLASLt call (BGRADB epilogue) when both are needed.
 fn linear_fused(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
     same_kind("linear", x, w)?;
     let (n, k) = (w.dims()[0], w.dims()[1]);
@@ -168,6 +169,14 @@ fn linear_fused(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
     Ok(record("linear", &[x, w, b], y, vec![xd.clone(), wd.clone()], move |g, needs| {
         let g2 = g.reshaped(Shape::from([m, n]), false);
         let gx = if needs[0] { Some(matmul_t(g, &wd, false, false)?) } else { None };
+        if needs[1] && needs[2] {
+            // dW and db from one GEMM: db comes out of its BGRADB epilogue.
+            let (dw, db) = match (&*g2.storage(), &*xd.storage()) {
+                (Storage::Cuda(gs), Storage::Cuda(xs)) => cuda::blaslt::linear_grad_weight_bias(gs, xs, m, n, k)?,
+                _ => return Err(mixed("linear backward")),
+            };
+            return Ok(vec![gx, Some(out_storage(Storage::Cuda(dw), [n, k])), Some(out_storage(Storage::Cuda(db), bshape.clone()))]);
+        }
         let gw = if needs[1] { Some(matmul_t(&g2, &xd.reshaped(Shape::from([m, k]), false), true, false)?) } else { None };
         let gb = if needs[2] { Some(super::sum_to_shape(&g2, &bshape)?) } else { None };
         Ok(vec![gx, gw, gb])
