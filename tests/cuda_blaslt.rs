@@ -23,8 +23,9 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A fresh seed (or ASRFORGE_TEST_SEED), printed by the failing assertion.
 fn seed() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    common::fresh_seed()
 }
 
 fn device(test: &str) -> Option<Arc<CudaDevice>> {

@@ -23,8 +23,9 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A fresh seed (or ASRFORGE_TEST_SEED), printed by the failing assertion.
 fn seed() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    common::fresh_seed()
 }
 
 /// conf/tiny.yaml: the build tree's, or the one staged beside the binary on a GPU host (.device/conf).
@@ -33,23 +34,28 @@ fn tiny_config() -> std::path::PathBuf {
     [built.clone(), "conf/tiny.yaml".into(), ".device/conf/tiny.yaml".into()].into_iter().find(|p| p.is_file()).unwrap_or(built)
 }
 
-#[test]
-fn the_profile_of_a_bench_step_counts_every_launch_the_seam_counted() {
-    let Some(_) = common::gpu::gpu("the_profile_of_a_bench_step_counts_every_launch_the_seam_counted") else { return };
-    let _s = serial();
-    let args = BenchTrainArgs {
+/// Two profiled bench-train steps of the tiny config on the GPU.
+fn profiled_bench(dtype: &str, tf32: bool) -> BenchTrainArgs {
+    BenchTrainArgs {
         config: tiny_config(),
         override_config: Vec::new(),
         steps: 2,
         device: "cuda".into(),
-        dtype: "bf16".into(),
+        dtype: dtype.into(),
         batch_size: 2,
         frames: 64,
         seed: seed() % 1000,
         warmup: 1,
         profile: true,
-        tf32: false,
-    };
+        tf32,
+    }
+}
+
+#[test]
+fn the_profile_of_a_bench_step_counts_every_launch_the_seam_counted() {
+    let Some(_) = common::gpu::gpu("the_profile_of_a_bench_step_counts_every_launch_the_seam_counted") else { return };
+    let _s = serial();
+    let args = profiled_bench("bf16", false);
     let r = run_bench_train(&args).expect("bench-train --device cuda --profile");
     let (p, step) = r.kernel_profile.expect("a kernel profile on the GPU with --profile");
     assert!(step.launches > 50, "a training step launches many kernels: {step:?}");
@@ -140,19 +146,7 @@ fn a_launch_that_does_not_match_the_kernels_c_signature_fails_naming_the_argumen
 fn bench_train_tf32_runs_the_f32_products_as_tf32() {
     let Some(_) = common::gpu::gpu("bench_train_tf32_runs_the_f32_products_as_tf32") else { return };
     let _s = serial();
-    let args = BenchTrainArgs {
-        config: tiny_config(),
-        override_config: Vec::new(),
-        steps: 2,
-        device: "cuda".into(),
-        dtype: "fp32".into(),
-        batch_size: 2,
-        frames: 64,
-        seed: seed() % 1000,
-        warmup: 1,
-        profile: true,
-        tf32: true,
-    };
+    let args = profiled_bench("fp32", true);
     let r = run_bench_train(&args);
     // TF32 is process-wide: put it back (off, the default) before anything can fail.
     let allowed = cuda::blas::allow_tf32();

@@ -49,29 +49,31 @@ pub fn adam(p: &mut CudaStorage, g: &CudaStorage, m: &mut CudaStorage, v: &mut C
     if n == 0 {
         return Ok(());
     }
-    let bc1 = 1.0 - h.beta1.powi(h.t as i32);
-    let bc2 = 1.0 - h.beta2.powi(h.t as i32);
     let dev = p.device().clone();
+    let [lr, b1, b2, eps, wd, ibc1, isbc2, dec] = hyper_args(h);
     dev.launch(
         "optim",
         &format!("adam_{}", dtype_suffix(dt)),
         LaunchConfig::for_elems(n),
-        &[
-            Arg::Ptr(p),
-            Arg::Ptr(g),
-            Arg::Ptr(m),
-            Arg::Ptr(v),
-            Arg::U64(n as u64),
-            Arg::F64(h.lr),
-            Arg::F64(h.beta1),
-            Arg::F64(h.beta2),
-            Arg::F64(h.eps),
-            Arg::F64(h.weight_decay),
-            Arg::F64(1.0 / bc1),
-            Arg::F64(1.0 / bc2.sqrt()),
-            Arg::I32(h.decoupled as i32),
-        ],
+        &[Arg::Ptr(p), Arg::Ptr(g), Arg::Ptr(m), Arg::Ptr(v), Arg::U64(n as u64), lr, b1, b2, eps, wd, ibc1, isbc2, dec],
     )
+}
+
+/// Adam's hyper-parameters as the kernels take them, after their tensors:
+/// lr, β1, β2, ε, weight decay, 1/(1−β1ᵗ), 1/√(1−β2ᵗ), decoupled.
+fn hyper_args(h: &AdamStep) -> [Arg<'static>; 8] {
+    let bc1 = 1.0 - h.beta1.powi(h.t as i32);
+    let bc2 = 1.0 - h.beta2.powi(h.t as i32);
+    [
+        Arg::F64(h.lr),
+        Arg::F64(h.beta1),
+        Arg::F64(h.beta2),
+        Arg::F64(h.eps),
+        Arg::F64(h.weight_decay),
+        Arg::F64(1.0 / bc1),
+        Arg::F64(1.0 / bc2.sqrt()),
+        Arg::I32(h.decoupled as i32),
+    ]
 }
 
 /// Blocks of one tensor's partial-sum launch (fixed by its length alone).
@@ -303,24 +305,10 @@ pub fn fused_adam(slots: &[FusedSlot], h: &AdamStep, o: &FusedOptions) -> Result
     let one = LaunchConfig { grid: (1, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 };
     let max_norm = o.max_norm.filter(|&m| m > 0.0).unwrap_or(0.0);
     dev.launch("optim", "mt_finish", one, &[Arg::Ptr(&partials), Arg::U64(total as u64), Arg::F64(max_norm), Arg::Ptr(&state)])?;
-    let bc1 = 1.0 - h.beta1.powi(h.t as i32);
-    let bc2 = 1.0 - h.beta2.powi(h.t as i32);
+    let [lr, b1, b2, eps, wd, ibc1, isbc2, dec] = hyper_args(h);
     for t in &tables {
         let k = format!("mt_adam_{}", dtype_suffix(t.dt));
-        let args = [
-            Arg::Words(&t.words),
-            Arg::Ptr(&state),
-            Arg::F64(inv_scale),
-            Arg::I32(amp),
-            Arg::F64(h.lr),
-            Arg::F64(h.beta1),
-            Arg::F64(h.beta2),
-            Arg::F64(h.eps),
-            Arg::F64(h.weight_decay),
-            Arg::F64(1.0 / bc1),
-            Arg::F64(1.0 / bc2.sqrt()),
-            Arg::I32(h.decoupled as i32),
-        ];
+        let args = [Arg::Words(&t.words), Arg::Ptr(&state), Arg::F64(inv_scale), Arg::I32(amp), lr, b1, b2, eps, wd, ibc1, isbc2, dec];
         dev.launch("optim", &k, grid(t), &args)?;
     }
     match state.to_cpu()? {
