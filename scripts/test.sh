@@ -31,3 +31,7 @@ for sched in asc random; do
     ASRFORGE_CUDA_EMU=1 ASRFORGE_EMU_SCHEDULE=$sched ASRFORGE_EMU_SEED=$SEED cargo test --release "${GPU_SUITES[@]}"
     echo "GPU suites on the emulated device ($sched): $(( $(date +%s) - start )) s" >&2
 done
+
+# The GPU benches once on the emulated device, in criterion's test mode: it
+# proves they run (their timings mean something only on a GPU).
+ASRFORGE_CUDA_EMU=1 cargo bench --bench gpu_kernels --bench optim -- --test

@@ -1,0 +1,69 @@
+//! Kernels added for the fast GPU step, on `Cuda(0)` at AISHELL-conformer
+//! shapes: layer norm (forward + backward) and softmax (forward + backward)
+//! in f32 and in bf16 (half activations: f32 statistics and sums), the
+//! label-smoothing loss reduced on the device (`rows_total`) and token
+//! accuracy (`token_hits`) over a 4233-word vocabulary.
+//!
+//! Without a GPU it prints why and benches nothing; under
+//! `ASRFORGE_CUDA_EMU=1` it runs on the emulator, which only shows that it
+//! runs: its timings mean something on a GPU.
+
+use asrforge::autograd::backward;
+use asrforge::ops;
+use asrforge::tensor::{DType, Device, Rng, Tensor};
+use criterion::{criterion_group, criterion_main, Criterion};
+
+fn gpu_kernels(c: &mut Criterion) {
+    let gpu = match Device::cuda(0) {
+        Ok(d) => d,
+        Err(e) => {
+            println!("gpu_kernels benches: skipped, no usable GPU: {e}");
+            return;
+        }
+    };
+    let mut rng = Rng::new(11);
+    let mut group = c.benchmark_group("gpu_kernels");
+    group.sample_size(10);
+    // 16 utterances × 128 frames after subsampling, d = 256; 4 heads of 128 keys.
+    for dt in [DType::F32, DType::BF16] {
+        let x = ops::to_dtype(&Tensor::randn([2048, 256], 0.0, 1.0, DType::F32, &mut rng, &gpu).unwrap(), dt).unwrap().requires_grad_();
+        let w = Tensor::randn([256], 1.0, 0.1, DType::F32, &mut rng, &gpu).unwrap().requires_grad_();
+        let b = Tensor::randn([256], 0.0, 0.1, DType::F32, &mut rng, &gpu).unwrap().requires_grad_();
+        group.bench_function(format!("layer_norm_fwd_bwd_2048x256_{}", dt.as_str()), |bn| {
+            bn.iter(|| {
+                let y = ops::layer_norm(&x, Some(&w), Some(&b), 1e-5).unwrap();
+                backward(&ops::sum_all(&ops::to_dtype(&y, DType::F32).unwrap()).unwrap()).unwrap();
+                gpu_sync(&w)
+            })
+        });
+        let s = ops::to_dtype(&Tensor::randn([16 * 4 * 128, 128], 0.0, 1.0, DType::F32, &mut rng, &gpu).unwrap(), dt).unwrap().requires_grad_();
+        group.bench_function(format!("softmax_fwd_bwd_8192x128_{}", dt.as_str()), |bn| {
+            bn.iter(|| {
+                let y = ops::softmax(&s).unwrap();
+                backward(&ops::sum_all(&ops::to_dtype(&y, DType::F32).unwrap()).unwrap()).unwrap();
+                gpu_sync(&w)
+            })
+        });
+    }
+    // The decoder's logits: 16 sequences of 32 tokens over 4233 words.
+    let logits = Tensor::randn([16, 32, 4233], 0.0, 2.0, DType::F32, &mut rng, &gpu).unwrap().requires_grad_();
+    let tg: Vec<i64> = (0..16 * 32).map(|i| if i % 7 == 6 { -1 } else { (i * 131 % 4233) as i64 }).collect();
+    let target = Tensor::from_vec(tg, [16, 32], &Device::Cpu).unwrap();
+    group.bench_function("label_smoothing_fwd_bwd_512x4233", |bn| {
+        bn.iter(|| {
+            let l = ops::label_smoothing_loss(&logits, &target, 0.1, -1, false).unwrap();
+            backward(&l).unwrap();
+            gpu_sync(&l)
+        })
+    });
+    group.bench_function("token_accuracy_512x4233", |bn| bn.iter(|| ops::token_accuracy(&logits, &target, -1).unwrap().to_scalar().unwrap()));
+    group.finish();
+}
+
+/// Waits for the queued work (a one-element read), so a sample times the kernels.
+fn gpu_sync(t: &Tensor) -> f64 {
+    ops::sum_all(&ops::to_dtype(t, DType::F32).unwrap()).unwrap().to_scalar().unwrap()
+}
+
+criterion_group!(benches, gpu_kernels);
+criterion_main!(benches);
