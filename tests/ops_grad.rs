@@ -68,6 +68,7 @@ grad!(sum_dim, [([3, 4, 5], Normal, true)], |x| ops::sum(&x[0], &[1], false));
 grad!(sum_dims_keepdim, [([3, 4, 5], Normal, true)], |x| ops::sum(&x[0], &[0, 2], true));
 grad!(mean_last, [([3, 7], Normal, true)], |x| ops::mean(&x[0], &[-1], false));
 grad!(sum_all, [([3, 7], Normal, true)], |x| ops::sum_all(&x[0]));
+grad!(broadcast_to, [([1, 3, 1, 2], Normal, true)], |x| ops::broadcast_to(&x[0], &[4, 3, 5, 2]));
 grad!(mean_all, [([2, 3, 7], Normal, true)], |x| ops::mean_all(&x[0]));
 grad!(max_dim, [([3, 5, 4], Distinct, true)], |x| ops::max(&x[0], 1, false));
 grad!(max_last_keepdim, [([3, 5], Distinct, true)], |x| ops::max(&x[0], -1, true));

@@ -239,12 +239,13 @@ impl RelPositionMultiHeadedAttention {
         let p = self.linear_pos.forward(pos_emb)?;
         let p = MultiHeadedAttention::heads_first(&a.split(&p)?)?; // (1, H, T2, d_k)
                                                                    // The matmul batches over equal batch dims only, so the one table is
-                                                                   // repeated per sequence; its gradient is summed back by `cat`.
+                                                                   // repeated per sequence in one launch; its gradient is summed back.
         let p = if p.dims()[0] == b {
             p
         } else if p.dims()[0] == 1 {
-            let reps: Vec<&Tensor> = std::iter::repeat_n(&p, b).collect();
-            ops::cat(&reps, 0)?
+            let mut dims = p.dims().to_vec();
+            dims[0] = b;
+            ops::broadcast_to(&p, &dims)?
         } else {
             return Err(Error::ShapeMismatch {
                 op: "RelPositionMultiHeadedAttention",

@@ -45,6 +45,22 @@ fn expand_to(g: &Tensor, full: &[usize]) -> Result<Tensor> {
     }
 }
 
+/// `x` repeated along its size-1 dims to `dims` (same rank), as
+/// `torch.Tensor.expand` but materialised: one kernel per expanded run of
+/// dims. Backward: the gradient summed back over those dims.
+pub fn broadcast_to(x: &Tensor, dims: &[usize]) -> Result<Tensor> {
+    if x.rank() != dims.len() || x.dims().iter().zip(dims).any(|(&a, &b)| a != b && a != 1) {
+        return Err(Error::ShapeMismatch {
+            op: "broadcast_to",
+            expected: format!("a shape that repeats size-1 dims to {dims:?}"),
+            got: format!("{}", x.shape()),
+        });
+    }
+    let y = expand_to(x, dims)?;
+    let shape = x.shape().clone();
+    Ok(record("broadcast_to", &[x], y, vec![], move |g, _| Ok(vec![Some(super::sum_to_shape(g, &shape)?)])))
+}
+
 /// The `(outer, n, inner)` steps that sum `shape` over the sorted dims
 /// `ds`: each run of adjacent reduced dims is one step (so a full sum is one
 /// pass), the last run first.
