@@ -15,18 +15,10 @@ use asrforge::backend::cuda::{self, blaslt, CudaDevice, CudaStorage};
 use asrforge::tensor::Rng;
 use asrforge::{DType, Device};
 use half::{bf16, f16};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A fresh seed (or ASRFORGE_TEST_SEED), printed by the failing assertion.
-fn seed() -> u64 {
-    common::fresh_seed()
-}
+use common::fresh_seed as seed;
+use common::gpu::serial;
 
 fn device(test: &str) -> Option<Arc<CudaDevice>> {
     match common::gpu::gpu(test)? {

@@ -15,18 +15,9 @@ use asrforge::backend::cuda::{self, kernels, Arg, CudaStorage, LaunchConfig};
 use asrforge::tensor::Rng;
 use asrforge::train::bench::{run_bench_train, BenchTrainArgs};
 use asrforge::{DType, Device, Tensor};
-use std::sync::{Mutex, MutexGuard};
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A fresh seed (or ASRFORGE_TEST_SEED), printed by the failing assertion.
-fn seed() -> u64 {
-    common::fresh_seed()
-}
+use common::fresh_seed as seed;
+use common::gpu::serial;
 
 /// conf/tiny.yaml: the build tree's, or the one staged beside the binary on a GPU host (.device/conf).
 fn tiny_config() -> std::path::PathBuf {

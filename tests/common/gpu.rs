@@ -152,3 +152,10 @@ pub fn assert_close_or_same_inf(what: &str, got: &[f64], want: &[f64], tol: f64,
     }
     assert_close(what, &g, &w, tol, seed);
 }
+
+/// Serialises the tests of one file that read process-wide device counters
+/// (a poisoned lock is taken over: one failed test does not fail the rest).
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}

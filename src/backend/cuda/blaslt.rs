@@ -122,12 +122,12 @@ pub fn linear_grad_weight_bias(g: &CudaStorage, x: &CudaStorage, m: usize, n: us
         return Err(Error::UnsupportedDType { op: "linear backward", dtype: dt, supported: "f32, f64, f16, bf16" });
     }
     let dev = g.device();
-    let dw = dev.alloc(dt, n * k)?;
-    let db = dev.alloc(dt, n)?;
     if m == 0 || n == 0 || k == 0 {
         // Empty sums: cuBLASLt writes nothing, the gradients are zero.
         return Ok((dev.zeros(dt, n * k)?, dev.zeros(dt, n)?));
     }
+    let dw = dev.alloc(dt, n * k)?;
+    let db = dev.alloc(dt, n)?;
     let (m64, n64, k64) = (m as u64, n as u64, k as u64);
     let key = LtKey {
         trans_a: false,
