@@ -3,6 +3,13 @@
 // round-to-nearest-even into f16/bf16, as the CPU's `half` crate does;
 // float -> i64/u8 truncates toward zero (PyTorch's `.to()`), with NaN -> 0
 // and out-of-range values saturating (as the CPU's Rust `as` casts).
+//
+// cast_many_{from}_{to}: the same conversion over many tensors in one launch
+// (autocast's half copies of a layer's weights, and their gradients back to
+// f32). A launch takes a CastTable by value (at most CAST_TENSORS tensors and
+// CAST_CHUNKS chunks, 2576 bytes of the 4 KiB parameter space; the host fills
+// as many tables as it needs: `cast_tables` in src/backend/cuda/cast.rs), one
+// block per chunk, grid-stride over chunks.
 #include "common.cuh"
 
 template <typename T> __device__ __forceinline__ double load_f64(T x) { return (double)to_acc(x); }
@@ -44,3 +51,38 @@ CAST_FROM(f16, f16)
 CAST_FROM(bf16, bf16)
 CAST_FROM(i64, i64)
 CAST_FROM(u8, uint8_t)
+
+#define CAST_TENSORS 64
+#define CAST_CHUNKS 256
+
+// One launch's tensors and chunks (host: `CastTable` in src/backend/cuda/cast.rs,
+// 64-bit words in this order); pointers are device addresses.
+struct CastTable {
+    u64 chunk;     // elements per chunk
+    u64 n_chunks;  // chunks in this table (<= CAST_CHUNKS)
+    u64 src[CAST_TENSORS];
+    u64 dst[CAST_TENSORS];
+    u64 len[CAST_TENSORS];
+    uint32_t tensor[CAST_CHUNKS];  // chunk c -> its tensor's slot
+    uint32_t index[CAST_CHUNKS];   // chunk c -> its index within that tensor
+};
+
+template <typename From, typename To>
+__device__ void cast_many(const CastTable& t) {
+    for (u64 c = blockIdx.x; c < t.n_chunks; c += gridDim.x) {
+        const uint32_t k = t.tensor[c];
+        const From* x = (const From*)t.src[k];
+        To* y = (To*)t.dst[k];
+        const u64 lo = (u64)t.index[c] * t.chunk;
+        const u64 hi = lo + t.chunk < t.len[k] ? lo + t.chunk : t.len[k];
+        for (u64 i = lo + threadIdx.x; i < hi; i += blockDim.x) y[i] = store_f64<To>(load_f64(x[i]));
+    }
+}
+
+#define CAST_MANY(fname, From, tname, To) \
+    extern "C" __global__ void cast_many_##fname##_##tname(CastTable t) { cast_many<From, To>(t); }
+
+CAST_MANY(f32, float, f16, f16)
+CAST_MANY(f32, float, bf16, bf16)
+CAST_MANY(f16, f16, f32, float)
+CAST_MANY(bf16, bf16, f32, float)

@@ -1,6 +1,6 @@
-//! Mixed precision on the CPU: autocast rounds matmul operands through the
-//! half type (checked against a hand-rounded naive product and its
-//! gradient), and a tiny conformer trained under fp16 AMP (with the loss
+//! Mixed precision on the CPU: autocast rounds matmul operands and the
+//! product through the half type (checked against a hand-rounded naive
+//! product and its gradient), and a tiny conformer trained under fp16 AMP (with the loss
 //! scaler) and bf16 follows the f32 run's losses within the half types'
 //! tolerances (fp16 1e-3, bf16 5e-3 relative per step; seen: 2.4e-4 and
 //! 7.5e-4) while its loss decreases.
@@ -50,20 +50,23 @@ fn autocast_matmul_rounds_operands_and_gradients_through_half() {
         let gy: Vec<f64> = rng.normal(m * n);
         let gt = Tensor::from_vec(gy.iter().map(|&x| x as f32).collect::<Vec<f32>>(), [m, n], &Device::Cpu).unwrap();
         let y = autocast(Some(h), || matmul_t(&a, &b, false, true)).unwrap();
-        assert_eq!(y.dtype(), DType::F32, "autocast products are f32");
+        // The CPU keeps its activations in f32 holding the half product's values.
+        assert_eq!(y.dtype(), DType::F32, "CPU autocast products are stored in f32");
         assert!(tape_ops().contains(&"to_dtype"), "the casts are recorded: {:?}", tape_ops());
         let loss = sum_all(&asrforge::ops::mul(&y, &gt).unwrap()).unwrap();
         backward(&loss).unwrap();
         let (av, bv) = (a.to_f64_vec().unwrap(), b.to_f64_vec().unwrap());
         let (ar, br): (Vec<f64>, Vec<f64>) = (av.iter().map(|&x| round(x, h)).collect(), bv.iter().map(|&x| round(x, h)).collect());
-        let want = naive_abt(&ar, &br, m, n, k);
+        // A half GEMM with f32 accumulation: the f32 sum of rounded operands, rounded to half.
+        let want: Vec<f64> = naive_abt(&ar, &br, m, n, k).iter().map(|&x| round(x as f32 as f64, h)).collect();
         let got = y.to_f64_vec().unwrap();
         assert!(max_rel(&got, &want) < 1e-6, "{h:?}: product of rounded operands, err {}", max_rel(&got, &want));
         // Not the f32 product: the rounding is real.
         let full = naive_abt(&av, &bv, m, n, k);
         assert!(max_rel(&got, &full) > 1e-5, "{h:?}: the product differs from f32's");
-        // dA = round(G·B'), dB = round(Gᵀ·A'), with G rounded to f32 first (it is the f32 seed).
-        let g32: Vec<f64> = gy.iter().map(|&x| x as f32 as f64).collect();
+        // dA = round(G'·B'), dB = round(G'ᵀ·A'), with G' the f32 seed rounded to half
+        // (the gradient of a half product is half, as on the GPU).
+        let g32: Vec<f64> = gy.iter().map(|&x| round(x as f32 as f64, h)).collect();
         let mut da = vec![0.0; m * k];
         let mut db = vec![0.0; n * k];
         for i in 0..m {

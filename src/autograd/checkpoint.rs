@@ -3,7 +3,8 @@
 //!
 //! The default RNG state is captured before the forward and restored for the
 //! recompute, so dropout inside the segment draws the same mask (as
-//! PyTorch's `preserve_rng_state`).
+//! PyTorch's `preserve_rng_state`); the autocast mode is captured the same
+//! way, so the recompute runs in the forward's precision.
 
 use super::{backward_with, is_grad_enabled, no_grad, push_node, with_sub_tape};
 use crate::error::{Error, Result};
@@ -21,6 +22,7 @@ where
         return f(inputs);
     }
     let rng_before = rng::get_state();
+    let autocast = crate::ops::autocast_dtype();
     let outs = no_grad(|| f(inputs))?;
     let tracked: Vec<Tensor> = outs.iter().map(|o| o.reshaped(o.shape().clone(), true)).collect();
     let ids = tracked.iter().map(|t| t.id()).collect();
@@ -37,6 +39,7 @@ where
             let rng_now = rng::get_state();
             rng::set_state(rng_before);
             let r = with_sub_tape(|| {
+                let _mode = crate::ops::set_autocast(autocast)?;
                 let xs: Vec<Tensor> = held.iter().map(|t| if t.requires_grad() { t.requires_grad_() } else { t.detach() }).collect();
                 let outs = f(&xs)?;
                 if outs.len() != gouts.len() {

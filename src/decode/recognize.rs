@@ -238,7 +238,7 @@ pub fn decode_batch(model: &AsrModel, batch: &Batch, modes: &[String], opts: &De
         *opts;
     let batch = &batch.to_device(&device)?;
     autograd::no_grad(|| {
-        ops::autocast(autocast, || {
+        ops::autocast_params(autocast, &if autocast.is_some() { model.layer_groups() } else { Vec::new() }, || {
             let (enc, enc_lens) = model.encode_with(&batch.feats, &batch.feats_lengths, chunk, simulate_streaming).map_err(|e| {
                 if simulate_streaming {
                     Error::invalid("recognize", format!("streaming the batch of {}: {e}", batch.keys.join(", ")))

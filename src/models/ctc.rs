@@ -26,7 +26,7 @@ impl Ctc {
 
     /// Log-probabilities (B, T, V) of the encoder output.
     pub fn log_probs(&self, enc_out: &Tensor) -> Result<Tensor> {
-        ops::log_softmax(&self.ctc_lo.forward(enc_out)?)
+        ops::log_softmax(&ops::widen_half(&self.ctc_lo.forward(enc_out)?)?)
     }
 
     /// Log-probabilities (B, T, V) with `blank_penalty` subtracted from the
@@ -36,7 +36,7 @@ impl Ctc {
         if blank_penalty <= 0.0 {
             return self.log_probs(enc_out);
         }
-        let logits = self.ctc_lo.forward(enc_out)?;
+        let logits = ops::widen_half(&self.ctc_lo.forward(enc_out)?)?;
         let v = logits.dims()[logits.rank() - 1];
         let mut shift = vec![0.0f64; v];
         if let Some(s) = shift.get_mut(self.blank) {

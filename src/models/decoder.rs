@@ -158,7 +158,7 @@ impl TransformerDecoder {
         if self.normalize_before {
             x = self.after_norm.forward(&x)?;
         }
-        self.output_layer.forward(&x)
+        ops::widen_half(&self.output_layer.forward(&x)?)
     }
 }
 

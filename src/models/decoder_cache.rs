@@ -149,7 +149,7 @@ impl TransformerDecoder {
         if self.normalize_before {
             x = self.after_norm.forward(&x)?;
         }
-        let logits = self.output_layer.forward(&x)?;
+        let logits = ops::widen_half(&self.output_layer.forward(&x)?)?;
         let v = logits.dims()[2];
         ops::reshape(&logits, [n, v])
     }

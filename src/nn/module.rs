@@ -84,6 +84,28 @@ pub trait Module {
         self.state_dict().into_iter().filter(|e| e.kind != TensorKind::Param).map(|e| (e.name, e.tensor)).collect()
     }
 
+    /// The trainable leaves in groups of one layer each, for autocast's
+    /// weight casts ([`crate::ops::autocast_params`]): a parameter belongs
+    /// to the path up to its first numbered component (`encoder.encoders.3`),
+    /// or to its module when its name has none (`decoder.output_layer`).
+    fn layer_groups(&self) -> Vec<Vec<Tensor>> {
+        let mut keys: Vec<String> = Vec::new();
+        let mut groups: Vec<Vec<Tensor>> = Vec::new();
+        for (name, t) in self.named_parameters() {
+            let parts: Vec<&str> = name.split('.').collect();
+            let end = parts.iter().position(|p| p.parse::<usize>().is_ok()).map_or(parts.len().saturating_sub(1), |i| i + 1);
+            let key = parts[..end].join(".");
+            match keys.iter().position(|k| *k == key) {
+                Some(i) => groups[i].push(t),
+                None => {
+                    keys.push(key);
+                    groups.push(vec![t]);
+                }
+            }
+        }
+        groups
+    }
+
     /// The trainable leaves without their names.
     fn parameters(&self) -> Vec<Tensor> {
         self.named_parameters().into_iter().map(|(_, t)| t).collect()

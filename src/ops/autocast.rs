@@ -1,25 +1,51 @@
 //! Autocast: mixed precision as a thread-local mode (like `no_grad`), as
-//! `torch.autocast`. While it is set to f16 or bf16, matrix products and
-//! convolutions of f32 operands run in that half type and give f32 results;
-//! everything else (softmax, norms, losses, reductions) stays f32 because
-//! those ops never consult the mode. The casts are ordinary `to_dtype` ops on
-//! the tape, so gradients flow back to the f32 master weights in f32 after
-//! passing through the same half rounding as the forward.
+//! `torch.autocast`. While it is set to f16 or bf16, matrix products,
+//! `linear` and convolutions take f32 or half operands, run in that half
+//! type (f32 accumulation) and give **half** results, so the activations
+//! between them (elementwise ops, dropout, layer norm, softmax) stay half
+//! too; an op mixing a half and an f32 operand promotes to f32, as PyTorch's
+//! type promotion does. Losses cast their logits to f32.
 //!
-//! Matrix products: on a GPU the half operands go to the half GEMM (f32
-//! accumulation) and its result is cast to f32. The CPU has no half GEMM, so
-//! it emulates one: operands rounded through the half type, then an f32
-//! product — the same inputs a half GEMM with f32 accumulation sees.
-//! Convolutions use that emulation on every device (rounded inputs, f32
-//! kernel), so their numerics are the half type's wherever they run.
+//! Weights: [`autocast_params`] names the model's parameters in groups (one
+//! per layer). The first product that needs a half copy of a parameter casts
+//! its whole group in one multi-tensor launch ([`super::to_dtype_many`], one
+//! tape node whose backward converts the group's gradients back to f32 in
+//! one launch) and keeps the copies for the rest of the region: every weight
+//! is cast once per step, not at every use, and a layer's gradients are
+//! final as soon as its backward is done (DDP's bucket hooks still overlap).
+//! A tensor outside every group (an activation) is cast where it is first
+//! used, and that copy serves its later uses in the region.
+//!
+//! The CPU has no half GEMM, so it emulates one: half operands widened to
+//! f32, an f32 product, the result rounded through half — the values a half
+//! GEMM with f32 accumulation gives, kept in f32 storage because the CPU's
+//! elementwise kernels are f32/f64 only (its activations between products
+//! are f32 holding half-rounded products). Convolutions do the same on the
+//! CPU and run their half kernels on the GPU.
 
-use super::to_dtype;
+use super::{to_dtype, to_dtype_many};
 use crate::error::{Error, Result};
-use crate::tensor::{DType, Device, Tensor};
-use std::cell::Cell;
+use crate::tensor::{DType, Device, Tensor, TensorId};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+
+/// The parameter groups of an autocast region and the half copies made so far.
+#[derive(Default)]
+struct WeightCache {
+    /// Parameter id → its group.
+    group_of: HashMap<TensorId, usize>,
+    /// Each group's parameters.
+    groups: Vec<Vec<Tensor>>,
+    /// Parameter id → its half copy (recorded on the tape when made).
+    halves: HashMap<TensorId, Tensor>,
+    /// Whether an [`autocast_params`] region installed this cache (outside
+    /// one, activations' casts are not kept).
+    region: bool,
+}
 
 thread_local! {
     static AUTOCAST: Cell<Option<DType>> = const { Cell::new(None) };
+    static WEIGHTS: RefCell<WeightCache> = RefCell::new(WeightCache::default());
 }
 
 /// The half type matrix products and convolutions run in, if autocast is on.
@@ -52,34 +78,170 @@ pub fn autocast<R>(dtype: Option<DType>, f: impl FnOnce() -> Result<R>) -> Resul
     f()
 }
 
-/// `x` rounded through `half` and back to f32 (recorded: both casts are on the tape).
-fn round_through(x: &Tensor, half: DType) -> Result<Tensor> {
-    to_dtype(&to_dtype(x, half)?, DType::F32)
+/// Runs `f` under autocast to `dtype` with the model's parameters in
+/// `groups` (one per layer): each group is cast to the half type in one
+/// launch the first time one of its parameters is used, and the copies are
+/// reused until `f` returns. With `dtype` `None` this is [`autocast`].
+pub fn autocast_params<R>(dtype: Option<DType>, groups: &[Vec<Tensor>], f: impl FnOnce() -> Result<R>) -> Result<R> {
+    let _g = set_autocast(dtype)?;
+    let mut cache = WeightCache { region: true, ..WeightCache::default() };
+    if dtype.is_some() {
+        for (gi, g) in groups.iter().enumerate() {
+            for t in g {
+                cache.group_of.insert(t.id(), gi);
+            }
+        }
+        cache.groups = groups.to_vec();
+    }
+    let prev = WEIGHTS.with(|w| w.replace(cache));
+    // Restored on every exit: the copies (and the parameters) are not kept
+    // alive past the region by the cache (the tape holds what backward needs).
+    struct Restore(Option<WeightCache>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(c) = self.0.take() {
+                WEIGHTS.with(|w| w.replace(c));
+            }
+        }
+    }
+    let _r = Restore(Some(prev));
+    f()
 }
 
-/// The half type when autocast applies to these f32 operands.
+fn in_region() -> bool {
+    WEIGHTS.with(|w| w.borrow().region)
+}
+
+/// `x` in the half type: as it is when it already is, the region's cached
+/// copy for a parameter (casting its whole group on first use), else a
+/// recorded cast (kept for the region's later uses of the same tensor).
+pub(crate) fn half_of(x: &Tensor, half: DType) -> Result<Tensor> {
+    if x.dtype() == half {
+        return Ok(x.clone());
+    }
+    if x.device() == Device::Cpu {
+        // The CPU's emulation casts at every use: its copies' gradients come
+        // back to f32 one by one (it has no half add to sum them in).
+        return to_dtype(x, half);
+    }
+    let group = WEIGHTS.with(|w| {
+        let w = w.borrow();
+        if let Some(h) = w.halves.get(&x.id()) {
+            return Ok(h.clone());
+        }
+        Err(w.group_of.get(&x.id()).map(|&g| w.groups[g].clone()))
+    });
+    let members = match group {
+        Ok(h) => return Ok(h),
+        Err(None) => {
+            // An activation: cast once however many products read it (the
+            // decoder's normalised input feeds q, k and v), for this region.
+            let h = to_dtype(x, half)?;
+            if in_region() {
+                WEIGHTS.with(|w| w.borrow_mut().halves.insert(x.id(), h.clone()));
+            }
+            return Ok(h);
+        }
+        Err(Some(m)) => m,
+    };
+    let members: Vec<Tensor> = members.into_iter().filter(|t| t.dtype() == DType::F32).collect();
+    let copies = to_dtype_many(&members, half)?;
+    let mut found = None;
+    WEIGHTS.with(|w| {
+        let mut w = w.borrow_mut();
+        for (m, c) in members.iter().zip(copies) {
+            if m.id() == x.id() {
+                found = Some(c.clone());
+            }
+            w.halves.insert(m.id(), c);
+        }
+    });
+    match found {
+        Some(h) => Ok(h),
+        None => to_dtype(x, half),
+    }
+}
+
+/// The region's half copy of `t` when autocast is on and `t` is one of
+/// its f32 parameters (an elementwise op meeting a half activation uses it
+/// rather than promoting the activation to f32: a weight is cast once per
+/// step, like every other).
+pub(crate) fn param_half(t: &Tensor) -> Result<Option<Tensor>> {
+    let Some(half) = autocast_dtype() else { return Ok(None) };
+    let known = t.dtype() == DType::F32
+        && WEIGHTS.with(|w| {
+            let w = w.borrow();
+            w.halves.contains_key(&t.id()) || w.group_of.contains_key(&t.id())
+        });
+    if known {
+        half_of(t, half).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+/// The half type when autocast applies to these operands: autocast is on,
+/// both are f32 or of its half type, and (on a GPU) at least one is f32 —
+/// two half operands need nothing from autocast there.
 fn applies(a: &Tensor, b: &Tensor) -> Option<DType> {
-    autocast_dtype().filter(|_| a.dtype() == DType::F32 && b.dtype() == DType::F32)
+    let half = autocast_dtype()?;
+    let ok = |t: &Tensor| t.dtype() == DType::F32 || t.dtype() == half;
+    let some_f32 = a.dtype() == DType::F32 || b.dtype() == DType::F32;
+    (ok(a) && ok(b) && (some_f32 || a.device() == Device::Cpu)).then_some(half)
 }
 
-/// `op(a)·op(b)` under autocast, or `None` when autocast does not apply
-/// (off, or operands not f32). Called first by `matmul_t`.
+/// `y` computed by `f` on f32 copies of half inputs, rounded through `half`
+/// and kept in f32: the CPU's stand-in for a half kernel with f32
+/// accumulation (the CPU's elementwise kernels are f32/f64 only, so its
+/// activations stay f32 holding the half results' values).
+fn widened(half: DType, xs: &[&Tensor], f: impl FnOnce(&[Tensor]) -> Result<Tensor>) -> Result<Tensor> {
+    let wide = xs.iter().map(|x| to_dtype(x, DType::F32)).collect::<Result<Vec<_>>>()?;
+    to_dtype(&to_dtype(&f(&wide)?, half)?, DType::F32)
+}
+
+/// `op(a)·op(b)` under autocast (a half result), or `None` when autocast
+/// does not apply (off, or operands of other types). Called first by `matmul_t`.
 pub(crate) fn matmul(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<Option<Tensor>> {
     let Some(half) = applies(a, b) else { return Ok(None) };
     // The inner product must not autocast again.
     let _off = set_autocast(None)?;
+    let (a, b) = (half_of(a, half)?, half_of(b, half)?);
     let y = if a.device() == Device::Cpu {
-        super::matmul_t(&round_through(a, half)?, &round_through(b, half)?, trans_a, trans_b)?
+        widened(half, &[&a, &b], |w| super::matmul_t(&w[0], &w[1], trans_a, trans_b))?
     } else {
-        super::matmul_t(&to_dtype(a, half)?, &to_dtype(b, half)?, trans_a, trans_b)?
+        super::matmul_t(&a, &b, trans_a, trans_b)?
     };
-    to_dtype(&y, DType::F32).map(Some)
+    Ok(Some(y))
 }
 
-/// A convolution `f(x, w)` under autocast (inputs rounded through the half
-/// type), or `None` when autocast does not apply. Called first by the conv ops.
-pub(crate) fn conv(x: &Tensor, w: &Tensor, f: impl FnOnce(&Tensor, &Tensor) -> Result<Tensor>) -> Result<Option<Tensor>> {
-    let Some(half) = applies(x, w) else { return Ok(None) };
+/// `x·wᵀ + bias` under autocast (a half result; on the GPU one cuBLASLt call
+/// with the bias in its epilogue), or `None` when autocast does not apply.
+pub(crate) fn linear(x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<Option<Tensor>> {
+    let Some(half) = applies(x, w).filter(|&h| bias.dtype() == DType::F32 || bias.dtype() == h) else { return Ok(None) };
     let _off = set_autocast(None)?;
-    f(&round_through(x, half)?, &round_through(w, half)?).map(Some)
+    let (x, w, b) = (half_of(x, half)?, half_of(w, half)?, half_of(bias, half)?);
+    if x.device() == Device::Cpu {
+        return widened(half, &[&x, &w, &b], |t| super::add(&super::matmul_t(&t[0], &t[1], false, true)?, &t[2])).map(Some);
+    }
+    super::linear(&x, &w, Some(&b)).map(Some)
+}
+
+/// A convolution `f(x, w, bias)` under autocast (half inputs, a half
+/// result), or `None` when autocast does not apply. Called first by the conv ops.
+pub(crate) fn conv(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    f: impl FnOnce(&Tensor, &Tensor, Option<&Tensor>) -> Result<Tensor>,
+) -> Result<Option<Tensor>> {
+    let Some(half) = applies(x, w).filter(|&h| bias.is_none_or(|b| b.dtype() == DType::F32 || b.dtype() == h)) else { return Ok(None) };
+    let _off = set_autocast(None)?;
+    let (x, w) = (half_of(x, half)?, half_of(w, half)?);
+    let b = bias.map(|b| half_of(b, half)).transpose()?;
+    if x.device() == Device::Cpu {
+        let mut ins = vec![&x, &w];
+        ins.extend(b.as_ref());
+        return widened(half, &ins, |t| f(&t[0], &t[1], t.get(2))).map(Some);
+    }
+    f(&x, &w, b.as_ref()).map(Some)
 }

@@ -1,15 +1,40 @@
 //! Broadcasting add, sub, mul, div and the scalar affine shortcuts.
 //! Backward: the output gradient (times the other operand for mul/div),
-//! summed back to each operand's shape over its broadcast dims.
+//! summed back to each operand's shape over its broadcast dims. A half
+//! operand meeting an f32 one is promoted to f32 first (autocast's mix).
 
 use super::{mixed, out_storage, same_kind};
 use crate::autograd::record;
 use crate::backend::cpu::elementwise::{self as k, Bcast, Binary};
 use crate::backend::{cuda, Storage};
 use crate::error::Result;
-use crate::tensor::{Shape, Tensor};
+use crate::tensor::{DType, Shape, Tensor};
+
+/// The common type of a half and an f32 operand (f32, as PyTorch promotes
+/// autocast's half activations meeting f32 tensors); `None` for any other
+/// pair of different types, which stays an error.
+fn promoted(a: DType, b: DType) -> Option<DType> {
+    let half = |d: DType| matches!(d, DType::F16 | DType::BF16);
+    (a != b && ((half(a) && b == DType::F32) || (half(b) && a == DType::F32))).then_some(DType::F32)
+}
 
 fn binary(op: Binary, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    if let Some(t) = promoted(a.dtype(), b.dtype()) {
+        // A half activation meeting an f32 parameter under autocast: the
+        // parameter's half copy (cast once per step), the result stays half.
+        if super::autocast_dtype() == Some(a.dtype()) {
+            if let Some(bh) = super::autocast::param_half(b)? {
+                return binary(op, a, &bh);
+            }
+        } else if super::autocast_dtype() == Some(b.dtype()) {
+            if let Some(ah) = super::autocast::param_half(a)? {
+                return binary(op, &ah, b);
+            }
+        }
+        if a.device() == b.device() {
+            return binary(op, &super::to_dtype(a, t)?, &super::to_dtype(b, t)?);
+        }
+    }
     same_kind(op.name(), a, b)?;
     let shape = Shape::broadcast(op.name(), a.shape(), b.shape())?;
     let bc = Bcast { sa: a.shape().broadcast_strides(&shape), sb: b.shape().broadcast_strides(&shape), out_dims: shape.dims().to_vec() };

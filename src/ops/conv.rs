@@ -45,9 +45,9 @@ fn inputs<'a>(x: &'a Tensor, w: &'a Tensor, b: Option<&'a Tensor>) -> Vec<&'a Te
 }
 
 /// Depthwise conv1d: x (B, C, T), w (C, 1, K), bias (C), zero padding on both sides, stride 1.
-/// Under autocast the input and weight are rounded through the half type.
+/// Under autocast it runs in the half type and gives a half result.
 pub fn conv1d_depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, padding: usize) -> Result<Tensor> {
-    if let Some(y) = super::autocast::conv(x, w, |x, w| conv1d_depthwise(x, w, bias, padding))? {
+    if let Some(y) = super::autocast::conv(x, w, bias, |x, w, b| conv1d_depthwise(x, w, b, padding))? {
         return Ok(y);
     }
     expect_rank("conv1d_depthwise", "input (B, C, T)", x, &[3])?;
@@ -80,9 +80,9 @@ pub fn conv1d_depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, padding: 
 }
 
 /// Conv2d: x (B, Ci, H, W), w (Co, Ci, kh, kw), bias (Co); square stride and zero padding.
-/// Under autocast the input and weight are rounded through the half type.
+/// Under autocast it runs in the half type and gives a half result.
 pub fn conv2d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, stride: usize, padding: usize) -> Result<Tensor> {
-    if let Some(y) = super::autocast::conv(x, w, |x, w| conv2d(x, w, bias, stride, padding))? {
+    if let Some(y) = super::autocast::conv(x, w, bias, |x, w, b| conv2d(x, w, b, stride, padding))? {
         return Ok(y);
     }
     expect_rank("conv2d", "input (B, Ci, H, W)", x, &[4])?;
@@ -169,6 +169,11 @@ fn conv2d_gpu(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, g: &Conv2d) -> Resu
 
 /// Pointwise conv1d as a product: x (B, Ci, T), w (Co, Ci, 1), bias (Co) → (B, Co, T).
 pub fn conv1d_pointwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    // Under autocast: the half copies of the weight and bias (made once per
+    // step, before the reshapes below would hide the parameters), a half result.
+    if let Some(y) = super::autocast::conv(x, w, bias, conv1d_pointwise)? {
+        return Ok(y);
+    }
     expect_rank("conv1d_pointwise", "input (B, Ci, T)", x, &[3])?;
     expect_rank("conv1d_pointwise", "weight (Co, Ci, 1)", w, &[3])?;
     let (co, ci) = (w.dims()[0], w.dims()[1]);

@@ -56,7 +56,8 @@ fn plan(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<Plan> {
 }
 
 /// `op(a)·op(b)` where `op` transposes the last two dims when its flag is set.
-/// Under autocast (f16/bf16) f32 operands are multiplied in the half type.
+/// Under autocast (f16/bf16) f32 or half operands are multiplied in the
+/// half type, giving a half result.
 pub fn matmul_t(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<Tensor> {
     if let Some(y) = super::autocast::matmul(a, b, trans_a, trans_b)? {
         return Ok(y);
@@ -133,9 +134,11 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
                 got: format!("w {}, bias {}", w.shape(), b.shape()),
             });
         }
+        if let Some(y) = super::autocast::linear(x, w, b)? {
+            return Ok(y);
+        }
         same_kind("linear", x, b)?;
-        // Under autocast the product runs in half precision through matmul_t.
-        if matches!(x.device(), crate::tensor::Device::Cuda(_)) && x.rank() >= 1 && super::autocast_dtype().is_none() {
+        if matches!(x.device(), crate::tensor::Device::Cuda(_)) && x.rank() >= 1 {
             return linear_fused(x, w, b);
         }
     }

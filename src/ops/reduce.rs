@@ -121,23 +121,34 @@ fn reduce_sum(op: &'static str, x: &Tensor, dims: &[isize], keepdim: bool, mean:
     let scale = if mean { 1.0 / count as f64 } else { 1.0 };
     let kept = keep_shape(x.dims(), &ds);
     let final_shape: Vec<usize> = if keepdim { kept.clone() } else { x.dims().iter().enumerate().filter(|(i, _)| !ds.contains(i)).map(|(_, &n)| n).collect() };
-    let acc = sum_acc(&x.storage(), &sum_steps(x.dims(), &ds))?;
-    let acc = match acc {
-        Some(a) => a,
-        // No dim reduced: a copy.
-        None => match &*x.storage() {
-            Storage::Cpu(c) => Storage::Cpu(c.clone()),
-            Storage::Cuda(c) => Storage::Cuda(c.try_clone()?),
-        },
-    };
+    let steps = sum_steps(x.dims(), &ds);
     let dtype = x.dtype();
-    let y = autograd::no_grad(|| -> Result<Tensor> {
-        let mut t = out_storage(acc, final_shape);
-        if mean {
-            t = super::mul_scalar(&t, scale)?;
+    // One reduced run of a half tensor on the GPU: the kernel accumulates in
+    // f32 and rounds once as it writes, with no cast launch after it.
+    let direct = match (&*x.storage(), steps.as_slice()) {
+        (Storage::Cuda(c), &[(o, n, i)]) if !mean && matches!(dtype, DType::F16 | DType::BF16) => Some(Storage::Cuda(cuda::reduce::sum_dim(c, o, n, i)?)),
+        _ => None,
+    };
+    let y = match direct {
+        Some(y) => out_storage(y, final_shape),
+        None => {
+            let acc = match sum_acc(&x.storage(), &steps)? {
+                Some(a) => a,
+                // No dim reduced: a copy.
+                None => match &*x.storage() {
+                    Storage::Cpu(c) => Storage::Cpu(c.clone()),
+                    Storage::Cuda(c) => Storage::Cuda(c.try_clone()?),
+                },
+            };
+            autograd::no_grad(|| -> Result<Tensor> {
+                let mut t = out_storage(acc, final_shape);
+                if mean {
+                    t = super::mul_scalar(&t, scale)?;
+                }
+                super::to_dtype(&t, dtype)
+            })?
         }
-        super::to_dtype(&t, dtype)
-    })?;
+    };
     let full = x.dims().to_vec();
     Ok(record(op, &[x], y, vec![], move |g, _| {
         let g = if mean { super::mul_scalar(g, scale)? } else { g.clone() };

@@ -174,9 +174,11 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
     let batch = synthetic_batch(a.batch_size, a.frames, mcfg.input_dim, mcfg.output_dim, a.seed + 1)?.to_device(&device)?;
     crate::tensor::rng::manual_seed(a.seed);
     model.train(false);
-    let init_loss = no_grad(|| crate::ops::autocast(autocast, || model.forward(&batch.feats, &batch.feats_lengths, &batch.target, &batch.target_lengths)))?
-        .loss
-        .to_scalar()?;
+    let init_loss = no_grad(|| {
+        crate::ops::autocast_params(autocast, &model.layer_groups(), || model.forward(&batch.feats, &batch.feats_lengths, &batch.target, &batch.target_lengths))
+    })?
+    .loss
+    .to_scalar()?;
     model.train(true);
     let params = model.named_parameters();
     let n_params = params.iter().map(|(_, p)| p.elem_count()).sum();

@@ -261,7 +261,8 @@ impl Executor {
             moved = b.to_device(&self.device)?;
             &moved
         };
-        crate::ops::autocast(self.autocast, || self.model.forward(&b.feats, &b.feats_lengths, &b.target, &b.target_lengths))
+        let groups = if self.autocast.is_some() { self.model.layer_groups() } else { Vec::new() };
+        crate::ops::autocast_params(self.autocast, &groups, || self.model.forward(&b.feats, &b.feats_lengths, &b.target, &b.target_lengths))
     }
 
     fn forward_backward(&mut self, b: &Batch) -> Result<BatchLoss> {

@@ -2,7 +2,7 @@
 //! `CpuStorage::to_dtype`: any of f32, f64, f16, bf16, i64, u8 to any other.
 
 use super::{dtype_suffix, Arg, CudaStorage, LaunchConfig};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::tensor::DType;
 
 /// `x` converted to `dtype` (a copy when it already is).
@@ -18,4 +18,114 @@ pub fn to_dtype(x: &CudaStorage, dtype: DType) -> Result<CudaStorage> {
     let kernel = format!("cast_{}_{}", dtype_suffix(x.dtype()), dtype_suffix(dtype));
     dev.launch("cast", &kernel, LaunchConfig::for_elems(x.len()), &[Arg::Ptr(x), Arg::Ptr(&y), Arg::I64(x.len() as i64)])?;
     Ok(y)
+}
+
+/// Tensors one `cast_many` launch takes (`CAST_TENSORS` in cuda/cast.cu).
+pub const CAST_TENSORS: usize = 64;
+/// Chunks one `cast_many` launch takes (`CAST_CHUNKS` in cuda/cast.cu).
+pub const CAST_CHUNKS: usize = 256;
+/// Elements per chunk of `cast_many` (one block each).
+pub const CAST_CHUNK: usize = 1 << 14;
+/// 64-bit words of the `CastTable` struct: chunk, n_chunks, src/dst/len per
+/// tensor, then two u32 per chunk.
+const CAST_WORDS: usize = 2 + 3 * CAST_TENSORS + CAST_CHUNKS;
+const CAST_THREADS: u32 = 256;
+
+/// One launch's table of tensors and chunks.
+struct CastTable {
+    words: Vec<u64>,
+    tensors: usize,
+    chunks: usize,
+}
+
+impl CastTable {
+    fn new(chunk: usize) -> CastTable {
+        let mut words = vec![0u64; CAST_WORDS];
+        words[0] = chunk as u64;
+        CastTable { words, tensors: 0, chunks: 0 }
+    }
+    fn add_tensor(&mut self, x: &CudaStorage, y: &CudaStorage) -> usize {
+        let k = self.tensors;
+        self.words[2 + k] = x.ptr();
+        self.words[2 + CAST_TENSORS + k] = y.ptr();
+        self.words[2 + 2 * CAST_TENSORS + k] = x.len() as u64;
+        self.tensors += 1;
+        k
+    }
+    fn add_chunk(&mut self, slot: usize, index: u32) {
+        // Two little-endian u32 arrays packed into words: tensor[], then index[].
+        let base = 2 + 3 * CAST_TENSORS;
+        let c = self.chunks;
+        let shift = 32 * (c % 2);
+        self.words[base + c / 2] |= (slot as u64) << shift;
+        self.words[base + CAST_CHUNKS / 2 + c / 2] |= (index as u64) << shift;
+        self.chunks += 1;
+        self.words[1] = self.chunks as u64;
+    }
+}
+
+/// The tables covering every chunk of every `(x, y)` pair, each within the
+/// launch limits (a tensor's chunks may span tables).
+fn cast_tables(pairs: &[(&CudaStorage, &CudaStorage)], chunk: usize) -> Result<Vec<CastTable>> {
+    let mut tables: Vec<CastTable> = Vec::new();
+    for (x, y) in pairs {
+        let n_chunks = u32::try_from(x.len().div_ceil(chunk)).map_err(|_| {
+            Error::invalid("cast_many", format!("expected at most {} chunks of {chunk} elements per tensor, found {}", u32::MAX, x.len().div_ceil(chunk)))
+        })?;
+        let mut slot = None;
+        for j in 0..n_chunks {
+            let fits = tables.last().is_some_and(|t| t.chunks < CAST_CHUNKS && (slot.is_some() || t.tensors < CAST_TENSORS));
+            if !fits {
+                tables.push(CastTable::new(chunk));
+                slot = None;
+            }
+            let t = tables.last_mut().ok_or_else(|| Error::Msg("cast_many: no table".into()))?;
+            let k = match slot {
+                Some(k) => k,
+                None => t.add_tensor(x, y),
+            };
+            slot = Some(k);
+            t.add_chunk(k, j);
+        }
+    }
+    Ok(tables)
+}
+
+/// Every `x` converted to `dtype` in a few launches (one per table of up to
+/// [`CAST_TENSORS`] tensors and [`CAST_CHUNKS`] chunks): f32 to f16/bf16 and
+/// back, the conversions autocast makes of a layer's weights and gradients.
+/// The values equal [`to_dtype`]'s.
+pub fn to_dtype_many(xs: &[&CudaStorage], dtype: DType) -> Result<Vec<CudaStorage>> {
+    to_dtype_many_chunked(xs, dtype, CAST_CHUNK)
+}
+
+/// [`to_dtype_many`] with `chunk` elements per block (tests use small chunks
+/// so that tensors span chunks and tables).
+pub fn to_dtype_many_chunked(xs: &[&CudaStorage], dtype: DType, chunk: usize) -> Result<Vec<CudaStorage>> {
+    let Some(first) = xs.first() else { return Ok(Vec::new()) };
+    if chunk == 0 {
+        return Err(Error::invalid("cast_many", "expected a chunk of at least one element, found 0"));
+    }
+    let from = first.dtype();
+    let supported = matches!((from, dtype), (DType::F32, DType::F16 | DType::BF16) | (DType::F16 | DType::BF16, DType::F32));
+    if !supported {
+        return Err(Error::invalid("cast_many", format!("expected f32 -> f16/bf16 or f16/bf16 -> f32, got {from:?} -> {dtype:?}")));
+    }
+    for x in xs {
+        if x.dtype() != from || x.ordinal() != first.ordinal() {
+            return Err(Error::invalid(
+                "cast_many",
+                format!("expected every tensor {from:?} on cuda:{}, found {:?} on cuda:{}", first.ordinal(), x.dtype(), x.ordinal()),
+            ));
+        }
+    }
+    let dev = first.device();
+    let ys = xs.iter().map(|x| dev.alloc(dtype, x.len())).collect::<Result<Vec<_>>>()?;
+    let pairs: Vec<(&CudaStorage, &CudaStorage)> = xs.iter().copied().zip(ys.iter()).filter(|(x, _)| !x.is_empty()).collect();
+    let kernel = format!("cast_many_{}_{}", dtype_suffix(from), dtype_suffix(dtype));
+    for t in cast_tables(&pairs, chunk)? {
+        let cfg = LaunchConfig { grid: (t.chunks.min(super::launch::max_grid() as usize) as u32, 1, 1), block: (CAST_THREADS, 1, 1), shared_bytes: 0 };
+        dev.launch("cast", &kernel, cfg, &[Arg::Words(&t.words)])?;
+    }
+    Ok(ys)
 }
