@@ -2,8 +2,9 @@
 // Layout (outer, n, inner) around the reduced dim; output (outer, inner).
 //
 //   sum_rows_{dt}(x, y, rows, n)          inner == 1: one block per row, each
-//       thread sums a strided slice in acc_t, then a shared-memory tree
-//       (fixed order, so the result is deterministic run to run).
+//       thread sums a strided slice in acc_t with 16-byte loads, then
+//       common.cuh's block_sum (warp shuffles and one shared exchange; fixed
+//       order, so the result is deterministic run to run).
 //   sum_cols_{dt}(x, y, outer, n, inner)  inner > 1: one thread per output,
 //       summing its column in index order (deterministic, coalesced reads).
 //   sum_rows_{f16,bf16}_to_f32, sum_cols_{f16,bf16}_to_f32: the same sums
@@ -20,12 +21,26 @@
 template <typename T, typename O = T>
 __device__ void sum_rows(const T* x, O* y, i64 rows, i64 n) {
     typedef acc_t<T> A;
+    const int W = 16 / sizeof(T);
     extern __shared__ __align__(8) unsigned char smem_raw[];
     A* smem = reinterpret_cast<A*>(smem_raw);
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* row = x + r * n;
+        // Scalar head up to the first 16-byte boundary (a row of a buffer
+        // whose row bytes are not a multiple of 16 starts anywhere), then
+        // 16-byte vectors, then the scalar tail. Each thread adds its
+        // elements in index order: a fixed order for a fixed shape.
+        const i64 head = elems_to_align16(row, n);
+        const i64 nv = (n - head) / W;
+        const Pack16<T>* vec = reinterpret_cast<const Pack16<T>*>(row + head);
         A s = A(0);
-        for (i64 k = threadIdx.x; k < n; k += blockDim.x) s += to_acc(row[k]);
+        for (i64 k = threadIdx.x; k < head; k += blockDim.x) s += to_acc(row[k]);
+        for (i64 k = threadIdx.x; k < nv; k += blockDim.x) {
+            const Pack16<T> p = vec[k];
+#pragma unroll
+            for (int j = 0; j < W; ++j) s += to_acc(p.v[j]);
+        }
+        for (i64 k = head + nv * W + threadIdx.x; k < n; k += blockDim.x) s += to_acc(row[k]);
         s = block_sum<A>(s, smem);
         if (threadIdx.x == 0) y[r] = from_acc<O>(s);
     }
