@@ -135,8 +135,16 @@ fn binary_ops() -> Vec<(&'static str, Box<OpFn>, Kind)> {
 #[test]
 fn binary_with_broadcasting_and_its_gradient_reduction() {
     let Some(dev) = gpu("binary_with_broadcasting_and_its_gradient_reduction") else { return };
-    let cases: [(&[usize], &[usize]); 6] =
-        [(&[4099], &[4099]), (&[2, 3, 5], &[3, 1]), (&[5], &[2, 3, 5]), (&[2, 1, 5], &[1, 4, 1]), (&[3, 4], &[]), (&[6, 1, 7, 2], &[6, 3, 1, 2])];
+    // (600, 40) + (40): the bias-gradient shape whose reduction takes the tiled column sum.
+    let cases: [(&[usize], &[usize]); 7] = [
+        (&[4099], &[4099]),
+        (&[2, 3, 5], &[3, 1]),
+        (&[5], &[2, 3, 5]),
+        (&[2, 1, 5], &[1, 4, 1]),
+        (&[3, 4], &[]),
+        (&[6, 1, 7, 2], &[6, 3, 1, 2]),
+        (&[600, 40], &[40]),
+    ];
     for (sa, sb) in cases {
         for (name, f, kind) in binary_ops() {
             cmp(name, &*f, &[sa, sb], kind, true, DType::F32, gpu::F32, &dev);
@@ -193,6 +201,61 @@ fn reductions_over_dims() {
     let a = ops::sum_all(&x).unwrap().to_vec::<f32>().unwrap();
     let b = ops::sum_all(&x).unwrap().to_vec::<f32>().unwrap();
     assert_eq!(a[0].to_bits(), b[0].to_bits(), "sum_all must be deterministic");
+}
+
+/// `cuda::reduce::sum_dim_acc_with` on `x` (a device tensor) of layout
+/// `(outer, n, inner)`, as f64.
+fn device_sum(x: &Tensor, outer: usize, n: usize, inner: usize, path: cuda::reduce::ColSum) -> Vec<f64> {
+    let st = x.storage();
+    let asrforge::backend::Storage::Cuda(c) = &*st else { panic!("a device tensor") };
+    cuda::reduce::sum_dim_acc_with(c, outer, n, inner, path).unwrap().to_cpu().unwrap().to_f64_vec()
+}
+
+/// Row sums (16-byte loads after an unaligned head, warp-shuffle block
+/// reduce) and column sums by both paths (one thread per output; row tiles
+/// × column strips with the tile sums added in a fixed order) against the
+/// CPU's f64 sum of the same inputs, in every float dtype (half inputs sum
+/// into f32), on ragged shapes: rows shorter and longer than a block, rows
+/// starting off a 16-byte boundary, partial column strips, more rows or
+/// strips than the capped grid. The tiled path gives the same bits twice.
+#[test]
+fn row_and_column_sums_by_every_path_match_the_cpu() {
+    use cuda::reduce::{col_sum_plan, col_sum_tiling, ColSum};
+    let Some(dev) = gpu("row_and_column_sums_by_every_path_match_the_cpu") else { return };
+    // The tiling covers every row once with tiles the grid can hold.
+    for (o, n, i) in [(1, 2048, 256), (1, 128, 2), (3, 100_000, 7), (1, 129, 4096), (5, 64, 33), (1, 1, 2), (1, 70, 1)] {
+        let (rows, tiles) = col_sum_tiling(o, n, i);
+        assert!(rows % 8 == 0 && rows >= 64.min(n.next_multiple_of(8)), "({o}, {n}, {i}): {rows} rows a tile");
+        assert!(tiles * rows >= n && (tiles - 1) * rows < n && tiles <= 65_535, "({o}, {n}, {i}): {tiles} tiles of {rows}");
+    }
+    // The bias gradient of a (2048, 256) activation: 8 strips × 32 tiles of 64 rows.
+    assert_eq!((col_sum_plan(1, 2048, 256), col_sum_tiling(1, 2048, 256)), (ColSum::Tiled, (64, 32)));
+    assert_eq!(col_sum_plan(1, 100, 256), ColSum::OnePass, "few rows: one pass");
+    assert_eq!(col_sum_plan(64, 2048, 512), ColSum::OnePass, "many outputs: one pass");
+    let cases: [(usize, usize, usize); 8] = [(41, 3, 1), (41, 100, 1), (3, 4099, 1), (1, 2048, 256), (3, 517, 45), (7, 200, 300), (2, 1000, 2), (1, 5, 3)];
+    for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        for (outer, n, inner) in cases {
+            let seed = fresh_seed();
+            let v = Rng::new(seed).normal(outer * n * inner);
+            let x = tensor(&v, &[outer, n, inner], dt, &Device::Cpu);
+            // The reference sums the inputs as the device sees them (rounded to dt).
+            let xv = x.to_f64_vec().unwrap();
+            let want: Vec<f64> = (0..outer * inner).map(|e| (0..n).map(|k| xv[(e / inner * n + k) * inner + e % inner]).sum()).collect();
+            let xg = x.to_device(&dev).unwrap();
+            let tol = if dt == DType::F64 { gpu::F64 } else { gpu::F32 };
+            let paths: &[ColSum] = if inner == 1 { &[ColSum::Auto] } else { &[ColSum::OnePass, ColSum::Tiled] };
+            for &path in paths {
+                let got = device_sum(&xg, outer, n, inner, path);
+                let what = format!("sum over n of ({outer}, {n}, {inner}) {dt:?} {path:?}");
+                gpu::assert_close_floor(&what, &got, &want, tol, (n as f64).sqrt(), seed);
+                if path == ColSum::Tiled {
+                    let again = device_sum(&xg, outer, n, inner, path);
+                    let same = got.iter().zip(&again).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{what}: a second run gave other bits (seed {seed})");
+                }
+            }
+        }
+    }
 }
 
 #[test]
