@@ -83,6 +83,60 @@ __device__ __forceinline__ size_t strided_offset(const Strided& s, size_t e) {
     return off;
 }
 
+// 32-bit index math (host: src/backend/cuda/fastdiv.rs). When every index
+// of a launch is below 2^31, the host picks the `_u32` kernels: indices are
+// u32 and each division by a dim is a multiply-high, an add and a shift
+// with a multiplier and shift computed once on the host (Granlund and
+// Montgomery, "Division by invariant integers using multiplication"):
+//   q = (umulhi(n, m) + n) >> s, exact for n < 2^31 and 1 <= d <= 2^31.
+// The structs are made of u32 fields and travel by value as 64-bit words.
+struct FastDiv {
+    uint32_t d, m, s, pad_;
+};
+__device__ __forceinline__ uint32_t fast_div(const FastDiv& f, uint32_t n) { return (__umulhi(n, f.m) + n) >> f.s; }
+
+// A strided walk of one operand (permute) or two (broadcast) in u32: `rank`
+// dims (size-1 dims dropped and mergeable dims merged by the host), their
+// divisors, and each operand's element strides (0 along a broadcast dim).
+struct Strided32 {
+    uint32_t rank, pad_;
+    FastDiv dims[MAX_DIMS];
+    uint32_t strides[MAX_DIMS];
+};
+struct Bcast32 {
+    uint32_t rank, pad_;
+    FastDiv out[MAX_DIMS];
+    uint32_t sa[MAX_DIMS];
+    uint32_t sb[MAX_DIMS];
+};
+
+__device__ __forceinline__ uint32_t strided32_offset(const Strided32& s, uint32_t e) {
+    uint32_t off = 0;
+    for (int d = (int)s.rank - 1; d >= 0; --d) {
+        const uint32_t q = fast_div(s.dims[d], e);
+        off += (e - q * s.dims[d].d) * s.strides[d];
+        e = q;
+    }
+    return off;
+}
+
+__device__ __forceinline__ void bcast32_offsets(const Bcast32& bc, uint32_t i, uint32_t* oa, uint32_t* ob) {
+    uint32_t a = 0, b = 0;
+    for (int d = (int)bc.rank - 1; d >= 0; --d) {
+        const uint32_t q = fast_div(bc.out[d], i);
+        const uint32_t k = i - q * bc.out[d].d;
+        a += k * bc.sa[d];
+        b += k * bc.sb[d];
+        i = q;
+    }
+    *oa = a;
+    *ob = b;
+}
+
+// A 1-D grid-stride loop in u32 (n < 2^31, so i + stride cannot wrap).
+#define GRID_LOOP_U32(i, n) \
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < (uint32_t)(n); i += gridDim.x * blockDim.x)
+
 // Warp and block reductions (llm.c's and CUB's shape): each warp reduces
 // its lanes with register shuffles, lane 0 of every warp puts the warp's
 // partial in shared memory, one barrier, and every warp then reduces the

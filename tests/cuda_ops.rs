@@ -155,6 +155,39 @@ fn binary_with_broadcasting_and_its_gradient_reduction() {
     }
 }
 
+/// The broadcast kernels by both index widths (u32 with host divisors and
+/// merged dims, 64-bit) give the same bits, within the dtype's tolerance of
+/// the CPU's f64 result on the same (rounded) inputs, in every float dtype,
+/// on shapes with size-1 dims and one whose launch wraps the capped grid.
+#[test]
+fn broadcasts_by_both_index_widths_agree_and_match_the_cpu() {
+    use asrforge::backend::cpu::elementwise::Binary;
+    use asrforge::backend::cuda::{elementwise::broadcast_binary_with, fastdiv::IndexWidth};
+    use asrforge::backend::Storage;
+    let Some(dev) = gpu("broadcasts_by_both_index_widths_agree_and_match_the_cpu") else { return };
+    let cases: [(&[usize], &[usize]); 4] = [(&[2, 1, 5], &[1, 4, 1]), (&[6, 1, 7, 2], &[6, 3, 1, 2]), (&[37, 1, 30], &[1, 41, 30]), (&[3, 4], &[])];
+    for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        for (sa, sb) in cases {
+            let seed = fresh_seed();
+            let mut rng = Rng::new(seed);
+            let a = tensor(&draw(&mut rng, sa, Kind::Normal), sa, dt, &Device::Cpu);
+            let b = tensor(&draw(&mut rng, sb, Kind::Positive), sb, dt, &Device::Cpu);
+            let (a64, b64) = (ops::to_dtype(&a, DType::F64).unwrap(), ops::to_dtype(&b, DType::F64).unwrap());
+            let (ag, bg) = (a.to_device(&dev).unwrap(), b.to_device(&dev).unwrap());
+            let (st_a, st_b) = (ag.storage(), bg.storage());
+            let (Storage::Cuda(ca), Storage::Cuda(cb)) = (&*st_a, &*st_b) else { panic!("device tensors") };
+            for (op, want) in [(Binary::Add, ops::add(&a64, &b64)), (Binary::Div, ops::div(&a64, &b64))] {
+                let want = want.unwrap().to_f64_vec().unwrap();
+                let narrow = broadcast_binary_with(op, ca, sa, cb, sb, IndexWidth::Auto).unwrap().to_cpu().unwrap().to_f64_vec();
+                let wide = broadcast_binary_with(op, ca, sa, cb, sb, IndexWidth::Wide).unwrap().to_cpu().unwrap().to_f64_vec();
+                let what = format!("{op:?} {sa:?} {sb:?} {dt:?}");
+                assert!(narrow.iter().zip(&wide).all(|(x, y)| x.to_bits() == y.to_bits()), "{what}: u32 and 64-bit kernels differ (seed {seed})");
+                gpu::assert_close(&what, &narrow, &want, gpu::tol(dt), seed);
+            }
+        }
+    }
+}
+
 #[test]
 fn reductions_over_dims() {
     let Some(dev) = gpu("reductions_over_dims") else { return };
