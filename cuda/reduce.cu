@@ -5,6 +5,8 @@
 //       thread sums a strided slice in acc_t with 16-byte loads, then
 //       common.cuh's block_sum (warp shuffles and one shared exchange; fixed
 //       order, so the result is deterministic run to run).
+//   sum_rows_warp_{dt}(x, y, rows, n)     inner == 1, short rows: one warp
+//       per row, a warp-shuffle sum (the host's choice for n <= 256).
 //   sum_cols_{dt}(x, y, outer, n, inner)  inner > 1: one thread per output,
 //       summing its column in index order (deterministic, coalesced reads);
 //       the host's choice when there are many outputs or few rows.
@@ -12,7 +14,7 @@
 //       inner > 1, few outputs over many rows: a 2-D grid of (column strip,
 //       row tile) blocks and a fixed-order sum of the tile sums by the last
 //       block of each strip (see the kernel; one launch, deterministic).
-//   sum_rows_{f16,bf16}_to_f32, sum_cols[_tiled]_{f16,bf16}_to_f32: the same sums
+//   sum_rows[_warp]_{f16,bf16}_to_f32, sum_cols[_tiled]_{f16,bf16}_to_f32: the same sums
 //       of half inputs stored in f32, unrounded: a reduction over several
 //       dims keeps its partial sums in f32 and rounds to half once, at the
 //       end (4x300x129 halves summed dim by dim in f16 overflow to inf).
@@ -48,6 +50,24 @@ __device__ void sum_rows(const T* x, O* y, i64 rows, i64 n) {
         for (i64 k = head + nv * W + threadIdx.x; k < n; k += blockDim.x) s += to_acc(row[k]);
         s = block_sum<A>(s, smem);
         if (threadIdx.x == 0) y[r] = from_acc<O>(s);
+    }
+}
+
+// Short rows (the host's choice for n <= SHORT_ROW): one warp per row,
+// blockDim.x / 32 rows per block, a warp-shuffle sum with no barrier and no
+// shared memory (a block per row would leave most of its threads idle).
+// The row loop is per warp, so every lane of a warp meets every shuffle.
+template <typename T, typename O = T>
+__device__ void sum_rows_warp(const T* x, O* y, i64 rows, i64 n) {
+    typedef acc_t<T> A;
+    const unsigned lane = threadIdx.x & 31u;
+    const i64 warps = blockDim.x >> 5;
+    for (i64 r = (i64)blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += (i64)gridDim.x * warps) {
+        const T* row = x + r * n;
+        A s = A(0);
+        for (i64 k = lane; k < n; k += 32) s += to_acc(row[k]);
+        s = warp_reduce_to_lane0(s, SumOp(), 32u);
+        if (lane == 0) y[r] = from_acc<O>(s);
     }
 }
 
@@ -164,6 +184,9 @@ __device__ void expand_dim(const T* x, T* y, i64 outer, i64 n, i64 inner) {
 
 #define REDUCE(dt, T)                                                                                           \
     extern "C" __global__ void sum_rows_##dt(const T* x, T* y, i64 rows, i64 n) { sum_rows<T>(x, y, rows, n); } \
+    extern "C" __global__ void sum_rows_warp_##dt(const T* x, T* y, i64 rows, i64 n) {                       \
+        sum_rows_warp<T>(x, y, rows, n);                                                                        \
+    }                                                                                                           \
     extern "C" __global__ void sum_cols_##dt(const T* x, T* y, i64 outer, i64 n, i64 inner) {                 \
         sum_cols<T>(x, y, outer, n, inner);                                                                     \
     }                                                                                                           \
@@ -190,6 +213,9 @@ REDUCE(bf16, bf16)
 #define REDUCE_TO_F32(dt, T)                                                                                   \
     extern "C" __global__ void sum_rows_##dt##_to_f32(const T* x, float* y, i64 rows, i64 n) {               \
         sum_rows<T, float>(x, y, rows, n);                                                                     \
+    }                                                                                                          \
+    extern "C" __global__ void sum_rows_warp_##dt##_to_f32(const T* x, float* y, i64 rows, i64 n) {          \
+        sum_rows_warp<T, float>(x, y, rows, n);                                                                \
     }                                                                                                          \
     extern "C" __global__ void sum_cols_##dt##_to_f32(const T* x, float* y, i64 outer, i64 n, i64 inner) {   \
         sum_cols<T, float>(x, y, outer, n, inner);                                                             \

@@ -244,8 +244,8 @@ fn device_sum(x: &Tensor, outer: usize, n: usize, inner: usize, path: cuda::redu
     cuda::reduce::sum_dim_acc_with(c, outer, n, inner, path).unwrap().to_cpu().unwrap().to_f64_vec()
 }
 
-/// Row sums (16-byte loads after an unaligned head, warp-shuffle block
-/// reduce) and column sums by both paths (one thread per output; row tiles
+/// Row sums (a warp per short row; a block per long row with 16-byte loads
+/// after an unaligned head and the warp-shuffle block reduce) and column sums by both paths (one thread per output; row tiles
 /// × column strips with the tile sums added in a fixed order) against the
 /// CPU's f64 sum of the same inputs, in every float dtype (half inputs sum
 /// into f32), on ragged shapes: rows shorter and longer than a block, rows
@@ -265,7 +265,10 @@ fn row_and_column_sums_by_every_path_match_the_cpu() {
     assert_eq!((col_sum_plan(1, 2048, 256), col_sum_tiling(1, 2048, 256)), (ColSum::Tiled, (64, 32)));
     assert_eq!(col_sum_plan(1, 100, 256), ColSum::OnePass, "few rows: one pass");
     assert_eq!(col_sum_plan(64, 2048, 512), ColSum::OnePass, "many outputs: one pass");
-    let cases: [(usize, usize, usize); 8] = [(41, 3, 1), (41, 100, 1), (3, 4099, 1), (1, 2048, 256), (3, 517, 45), (7, 200, 300), (2, 1000, 2), (1, 5, 3)];
+    // Rows: a warp each up to 256 (400 rows: more blocks of 8 rows than the
+    // capped grid), a block each past it (257, 4099).
+    let cases: [(usize, usize, usize); 10] =
+        [(400, 3, 1), (41, 100, 1), (37, 256, 1), (5, 257, 1), (3, 4099, 1), (1, 2048, 256), (3, 517, 45), (7, 200, 300), (2, 1000, 2), (1, 5, 3)];
     for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
         for (outer, n, inner) in cases {
             let seed = fresh_seed();

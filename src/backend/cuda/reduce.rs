@@ -42,6 +42,10 @@ pub fn sum_dim_acc(x: &CudaStorage, outer: usize, n: usize, inner: usize) -> Res
     }
 }
 
+/// Rows up to this length are summed by one warp each (`sum_rows_warp_*`),
+/// longer ones by one block each (`sum_rows_*`).
+pub const SHORT_ROW: usize = 256;
+
 /// How a column sum (`inner > 1`) runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ColSum {
@@ -107,7 +111,15 @@ fn sum_into_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, out: DTy
     }
     let dt = dtype_suffix(x.dtype());
     if inner == 1 {
-        dev.launch("reduce", &format!("sum_rows_{dt}{suffix}"), LaunchConfig::rows(outer, THREADS), &[Arg::Ptr(x), Arg::Ptr(&y), i(outer), i(n)])?;
+        let args = [Arg::Ptr(x), Arg::Ptr(&y), i(outer), i(n)];
+        if n <= SHORT_ROW {
+            // A warp per row, THREADS / 32 rows a block.
+            let blocks = outer.div_ceil(THREADS as usize / 32).clamp(1, super::launch::max_grid() as usize) as u32;
+            let cfg = LaunchConfig { grid: (blocks, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 };
+            dev.launch("reduce", &format!("sum_rows_warp_{dt}{suffix}"), cfg, &args)?;
+        } else {
+            dev.launch("reduce", &format!("sum_rows_{dt}{suffix}"), LaunchConfig::rows(outer, THREADS), &args)?;
+        }
         return Ok(y);
     }
     let path = if path == ColSum::Auto { col_sum_plan(outer, n, inner) } else { path };
