@@ -46,6 +46,10 @@ pub fn sum_dim_acc(x: &CudaStorage, outer: usize, n: usize, inner: usize) -> Res
 /// longer ones by one block each (`sum_rows_*`).
 pub const SHORT_ROW: usize = 256;
 
+/// The dynamic shared memory of `sum_rows_*`: the block reduction's one
+/// partial per warp, 8 bytes each (f64), for up to 32 warps.
+const ROW_SHARED_BYTES: u32 = 32 * 8;
+
 /// How a column sum (`inner > 1`) runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ColSum {
@@ -118,7 +122,9 @@ fn sum_into_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, out: DTy
             let cfg = LaunchConfig { grid: (blocks, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 };
             dev.launch("reduce", &format!("sum_rows_warp_{dt}{suffix}"), cfg, &args)?;
         } else {
-            dev.launch("reduce", &format!("sum_rows_{dt}{suffix}"), LaunchConfig::rows(outer, THREADS), &args)?;
+            // Dynamic shared memory: one partial (at most 8 bytes) per warp.
+            let cfg = LaunchConfig { shared_bytes: ROW_SHARED_BYTES, ..LaunchConfig::rows(outer, THREADS) };
+            dev.launch("reduce", &format!("sum_rows_{dt}{suffix}"), cfg, &args)?;
         }
         return Ok(y);
     }
