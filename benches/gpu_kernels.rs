@@ -2,7 +2,11 @@
 //! shapes: layer norm (forward + backward) and softmax (forward + backward)
 //! in f32 and in bf16 (half activations: f32 statistics and sums), the
 //! label-smoothing loss reduced on the device (`rows_total`) and token
-//! accuracy (`token_hits`) over a 4233-word vocabulary.
+//! accuracy (`token_hits`) over a 4233-word vocabulary; the reductions and
+//! index math of the hardware-shaped kernels: a (2048, 256) bias gradient
+//! by the one-pass and the tiled column sum, row sums with 16-byte loads,
+//! and broadcast and permute by the u32 (host divisors) and 64-bit kernels.
+//! It prints the launches of one (2048, 256) bias-gradient reduction.
 //!
 //! Without a GPU it prints why and benches nothing; under
 //! `ASRFORGE_CUDA_EMU=1` it runs on the emulator, which only shows that it
@@ -65,5 +69,52 @@ fn gpu_sync(t: &Tensor) -> f64 {
     ops::sum_all(&ops::to_dtype(t, DType::F32).unwrap()).unwrap().to_scalar().unwrap()
 }
 
-criterion_group!(benches, gpu_kernels);
+/// The kernels of the hardware-shaped reductions and index math, each path.
+fn reduce_and_index(c: &mut Criterion) {
+    use asrforge::backend::cpu::elementwise::Binary;
+    use asrforge::backend::cuda::{self, elementwise::broadcast_binary_with, fastdiv::IndexWidth, layout, reduce};
+    use asrforge::backend::Storage;
+    let Ok(gpu) = Device::cuda(0) else { return };
+    let mut rng = Rng::new(12);
+    let dev = cuda::device(0).unwrap();
+    // Waits for the queued kernel, so a sample times it.
+    let sync = |y: cuda::CudaStorage| {
+        dev.synchronize().unwrap();
+        y
+    };
+    let mut group = c.benchmark_group("gpu_reduce_index");
+    group.sample_size(10);
+    for dt in [DType::F32, DType::BF16] {
+        let g = ops::to_dtype(&Tensor::randn([2048, 256], 0.0, 1.0, DType::F32, &mut rng, &gpu).unwrap(), dt).unwrap();
+        let st = g.storage();
+        let Storage::Cuda(cg) = &*st else { return };
+        for (name, path) in [("one_pass", reduce::ColSum::OnePass), ("tiled", reduce::ColSum::Tiled)] {
+            if dt == DType::F32 {
+                let before = cuda::counters(0).unwrap();
+                drop(reduce::sum_dim_acc_with(cg, 1, 2048, 256, path).unwrap());
+                let d = cuda::counters(0).unwrap().since(&before);
+                println!("bias gradient (2048, 256) {name}: {} launch(es), {} host sync(s), {} driver alloc(s)", d.launches, d.host_syncs, d.driver_allocs);
+            }
+            group.bench_function(format!("bias_grad_sum_2048x256_{name}_{}", dt.as_str()), |bn| {
+                bn.iter(|| sync(reduce::sum_dim_acc_with(cg, 1, 2048, 256, path).unwrap()))
+            });
+        }
+        group.bench_function(format!("sum_rows_2048x256_{}", dt.as_str()), |bn| bn.iter(|| sync(reduce::sum_dim_acc(cg, 2048, 256, 1).unwrap())));
+        // (16, 128, 256) + (256): the bias add of a linear's output; (16, 128, 4, 64) -> (16, 4, 128, 64): heads.
+        let b = ops::to_dtype(&Tensor::randn([256], 0.0, 1.0, DType::F32, &mut rng, &gpu).unwrap(), dt).unwrap();
+        let sb = b.storage();
+        let Storage::Cuda(cb) = &*sb else { return };
+        for (name, w) in [("u32", IndexWidth::Auto), ("i64", IndexWidth::Wide)] {
+            group.bench_function(format!("bcast_add_16x128x256_{name}_{}", dt.as_str()), |bn| {
+                bn.iter(|| sync(broadcast_binary_with(Binary::Add, cg, &[16, 128, 256], cb, &[256], w).unwrap()))
+            });
+            group.bench_function(format!("permute_16x128x4x64_{name}_{}", dt.as_str()), |bn| {
+                bn.iter(|| sync(layout::permute_with(cg, &[16, 128, 4, 64], &[0, 2, 1, 3], w).unwrap()))
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, gpu_kernels, reduce_and_index);
 criterion_main!(benches);

@@ -83,22 +83,137 @@ __device__ __forceinline__ size_t strided_offset(const Strided& s, size_t e) {
     return off;
 }
 
-// Block-wide reduction of one value per thread through `smem` (blockDim.x
-// slots of A, blockDim.x a power of two) with the binary functor `op`.
-// Fixed tree order: deterministic. Every thread of the block must call it;
-// the result is valid in every thread, and it ends with a barrier so `smem`
-// can be reused by the caller's next call.
+// 32-bit index math (host: src/backend/cuda/fastdiv.rs). When every index
+// of a launch is below 2^31, the host picks the `_u32` kernels: indices are
+// u32 and each division by a dim is a multiply-high, an add and a shift
+// with a multiplier and shift computed once on the host (Granlund and
+// Montgomery, "Division by invariant integers using multiplication"):
+//   q = (umulhi(n, m) + n) >> s, exact for n < 2^31 and 1 <= d <= 2^31.
+// The structs are made of u32 fields and travel by value as 64-bit words.
+struct FastDiv {
+    uint32_t d, m, s, pad_;
+};
+__device__ __forceinline__ uint32_t fast_div(const FastDiv& f, uint32_t n) { return (__umulhi(n, f.m) + n) >> f.s; }
+
+// A strided walk of one operand (permute) or two (broadcast) in u32: `rank`
+// dims (size-1 dims dropped and mergeable dims merged by the host), their
+// divisors, and each operand's element strides (0 along a broadcast dim).
+struct Strided32 {
+    uint32_t rank, pad_;
+    FastDiv dims[MAX_DIMS];
+    uint32_t strides[MAX_DIMS];
+};
+struct Bcast32 {
+    uint32_t rank, pad_;
+    FastDiv out[MAX_DIMS];
+    uint32_t sa[MAX_DIMS];
+    uint32_t sb[MAX_DIMS];
+};
+
+__device__ __forceinline__ uint32_t strided32_offset(const Strided32& s, uint32_t e) {
+    uint32_t off = 0;
+    for (int d = (int)s.rank - 1; d >= 0; --d) {
+        const uint32_t q = fast_div(s.dims[d], e);
+        off += (e - q * s.dims[d].d) * s.strides[d];
+        e = q;
+    }
+    return off;
+}
+
+__device__ __forceinline__ void bcast32_offsets(const Bcast32& bc, uint32_t i, uint32_t* oa, uint32_t* ob) {
+    uint32_t a = 0, b = 0;
+    for (int d = (int)bc.rank - 1; d >= 0; --d) {
+        const uint32_t q = fast_div(bc.out[d], i);
+        const uint32_t k = i - q * bc.out[d].d;
+        a += k * bc.sa[d];
+        b += k * bc.sb[d];
+        i = q;
+    }
+    *oa = a;
+    *ob = b;
+}
+
+// A 1-D grid-stride loop in u32 (n < 2^31, so i + stride cannot wrap).
+#define GRID_LOOP_U32(i, n) \
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < (uint32_t)(n); i += gridDim.x * blockDim.x)
+
+// Warp and block reductions (llm.c's and CUB's shape): each warp reduces
+// its lanes with register shuffles, lane 0 of every warp puts the warp's
+// partial in shared memory, one barrier, and every warp then reduces the
+// partials again with shuffles, so the result needs no second exchange.
+// Two barriers per call whatever the block size (a shared-memory tree has
+// one per level: nine for 256 threads).
+//
+// Order: fixed by the block size. Within a warp, lane i combines lane
+// i + off for off = 16, 8, 4, 2, 1 (only where i + off < the count of
+// values), always as
+// op(lower lane, higher lane); the warps' partials go through the same tree
+// in warp order. So every run, and every thread schedule, gives the same
+// bits, and every warp computes the same final value from the same partials.
+
+// The lanes of this thread's warp that exist (blockDim.x need not be a
+// multiple of 32: the last warp may be partial), and their shuffle mask.
+__device__ __forceinline__ unsigned warp_width() {
+    const unsigned first = threadIdx.x & ~31u;
+    const unsigned left = blockDim.x - first;
+    return left < 32u ? left : 32u;
+}
+__device__ __forceinline__ unsigned width_mask(unsigned width) { return width >= 32u ? 0xffffffffu : (1u << width) - 1u; }
+
+// Reduction of the values of lanes [0, count) of this warp (count <= the
+// warp's width; every lane of the warp must call it, lanes past `count`
+// pass a value that is ignored); the result is in lane 0.
+template <typename A, typename Op>
+__device__ __forceinline__ A warp_reduce_to_lane0(A v, Op op, unsigned count) {
+    const unsigned lane = threadIdx.x & 31u;
+    const unsigned mask = width_mask(warp_width());
+#pragma unroll
+    for (unsigned off = 16; off > 0; off >>= 1) {
+        if (off < count) {  // uniform across the warp
+            const A other = __shfl_down_sync(mask, v, off);
+            if (lane + off < count) v = op(v, other);
+        }
+    }
+    return v;
+}
+
+// Block-wide reduction of one value per thread with the binary functor
+// `op`, through `smem` (at least 32 slots of A; callers sized for
+// blockDim.x slots keep working). blockDim.x is at most 32 or a multiple
+// of 32 (every power of two is; anything else traps). Deterministic (see
+// above). Every thread of the block must call it; the result is valid in
+// every thread, and it ends with a barrier so `smem` can be reused by the
+// caller's next call.
 template <typename A, typename Op>
 __device__ __forceinline__ A block_reduce(A v, A* smem, Op op) {
-    smem[threadIdx.x] = v;
-    __syncthreads();
-    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) smem[threadIdx.x] = op(smem[threadIdx.x], smem[threadIdx.x + s]);
+    const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const unsigned warps = (blockDim.x + 31u) >> 5;
+    v = warp_reduce_to_lane0(v, op, warp_width());
+    if (warps > 1) {
+        if (blockDim.x & 31u) __trap();
+        if (lane == 0) smem[warp] = v;
         __syncthreads();
+        // Every warp reduces the partials in the same order (lanes past
+        // `warps` read slot 0 and are ignored).
+        v = warp_reduce_to_lane0(smem[lane < warps ? lane : 0], op, warps);
     }
-    A r = smem[0];
+    v = __shfl_sync(width_mask(warp_width()), v, 0);
     __syncthreads();
-    return r;
+    return v;
+}
+
+// 16 bytes of T (4 floats, 2 doubles, 8 halves) for vectorised loads and
+// stores: one 128-bit memory instruction instead of several narrow ones.
+template <typename T> struct alignas(16) Pack16 {
+    T v[16 / sizeof(T)];
+};
+
+// The elements before `p`'s first 16-byte boundary (at most n): scalar
+// loads cover them, 16-byte loads the rest.
+template <typename T> __device__ __forceinline__ i64 elems_to_align16(const T* p, i64 n) {
+    const unsigned long long mis = (unsigned long long)p & 15u;
+    const i64 head = mis == 0 ? 0 : (i64)((16u - mis) / sizeof(T));
+    return head < n ? head : n;
 }
 
 struct SumOp {

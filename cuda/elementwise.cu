@@ -6,10 +6,12 @@
 //   pow     y[i] = x[i]^p                       pow_{dt}(x, y, p, n)
 //   binary  y[i] = a[i] op b[i], same shape     {op}_{dt}(a, b, y, n)
 //   broadcast y[i] = a[oa(i)] op b[ob(i)]       {op}_bcast_{dt}(a, b, y, Bcast, n)
+//             (u32 indices, host divisors)      {op}_bcast_u32_{dt}(a, b, y, Bcast32, n)
 //
 // Layouts: contiguous row-major buffers of n elements; a broadcast operand
 // is read through strides that are 0 on its broadcast dims (Bcast in
-// common.cuh, the CPU's `Bcast`). Math runs in acc_t<T> (f32 for
+// common.cuh, the CPU's `Bcast`; Bcast32 when every index is below 2^31,
+// with size-1 dims dropped and contiguous dims merged by the host). Math runs in acc_t<T> (f32 for
 // f32/f16/bf16, f64 for f64). The same-shape binary kernels read and write
 // 16-byte vectors (the host launches them only on 16-byte aligned buffers,
 // which every pooled block is) and finish the tail element by element.
@@ -102,10 +104,23 @@ __device__ void binary_bcast(const T* a, const T* b, T* y, Bcast bc, i64 n) {
     }
 }
 
+// The same with u32 indices and host-computed divisors (all indices < 2^31).
+template <typename Op, typename T>
+__device__ void binary_bcast_u32(const T* a, const T* b, T* y, const Bcast32& bc, uint32_t n) {
+    GRID_LOOP_U32(i, n) {
+        uint32_t oa, ob;
+        bcast32_offsets(bc, i, &oa, &ob);
+        y[i] = from_acc<T>(Op::f(to_acc(a[oa]), to_acc(b[ob])));
+    }
+}
+
 #define BINARY(name, Op, dt, T)                                                                            \
     extern "C" __global__ void name##_##dt(const T* a, const T* b, T* y, i64 n) { binary_same<Op, T>(a, b, y, n); } \
     extern "C" __global__ void name##_bcast_##dt(const T* a, const T* b, T* y, Bcast bc, i64 n) {          \
         binary_bcast<Op, T>(a, b, y, bc, n);                                                               \
+    }                                                                                                      \
+    extern "C" __global__ void name##_bcast_u32_##dt(const T* a, const T* b, T* y, Bcast32 bc, uint32_t n) { \
+        binary_bcast_u32<Op, T>(a, b, y, bc, n);                                                           \
     }
 
 #define ALL(dt, T)                                                                                     \

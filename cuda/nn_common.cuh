@@ -6,9 +6,10 @@
 // Compute types: f32, f16 and bf16 compute in f32; f64 computes in f64, so
 // the f64 CPU gradient tests stay meaningful on the GPU.
 //
-// Block reductions assume blockDim.x is a power of two no larger than
-// NN_BLOCK (the Rust side launches NN_BLOCK threads). The tree has a fixed
-// shape for a fixed block size, so a reduction gives the same bits every run.
+// Block reductions (common.cuh's block_reduce: warp shuffles and one
+// shared exchange) assume blockDim.x is a power of two no larger than
+// NN_BLOCK (the Rust side launches NN_BLOCK threads). Their order is fixed
+// for a fixed block size, so a reduction gives the same bits every run.
 #pragma once
 
 #include "common.cuh"

@@ -10,12 +10,13 @@
 #   scripts/emu-mutants.sh            (after a release build of the GPU suites)
 #
 # Mutants:
-#   barrier   block_reduce (common.cuh) loses the barrier of its tree loop
+#   barrier   block_reduce (common.cuh) loses the barrier between writing the
+#             warps' partials and reading them
 #   past-row  softmax writes one element past the end of its row
 #   swapped   reduce.cu's sum_cols kernel takes (n, outer) where the host passes (outer, n)
 #   ln-read   layer norm's statistics read one element past the row
-#   dyn-shared  (Rust side) LaunchConfig::rows asks for 4 bytes of dynamic
-#             shared memory per thread where its kernels keep one f64 (8):
+#   dyn-shared  (Rust side) sum_rows's launch asks for 8 bytes of dynamic
+#             shared memory where its block reduction keeps one partial per warp:
 #             applied to a copy of the whole tree, whose test binaries are
 #             built in their own target dir ($EMU_MUTANTS_TARGET, default
 #             /tmp/asrforge-emu-mutants-target, seeded once from ./target so
@@ -102,9 +103,9 @@ mutate() {
             python3 - "$m/cuda/common.cuh" <<'PY'
 import sys
 p = sys.argv[1]; s = open(p).read()
-old = "        if (threadIdx.x < s) smem[threadIdx.x] = op(smem[threadIdx.x], smem[threadIdx.x + s]);\n        __syncthreads();\n"
-assert old in s, "block_reduce's loop barrier not found"
-open(p, "w").write(s.replace(old, "        if (threadIdx.x < s) smem[threadIdx.x] = op(smem[threadIdx.x], smem[threadIdx.x + s]);\n"))
+old = "        if (lane == 0) smem[warp] = v;\n        __syncthreads();\n"
+assert old in s, "block_reduce's barrier after the warp partials not found"
+open(p, "w").write(s.replace(old, "        if (lane == 0) smem[warp] = v;\n"))
 PY
             echo common.cuh ;;
         past-row)
@@ -155,12 +156,12 @@ echo "mutant dyn-shared (Rust side):"
 RT=$WORK/dyn-shared-tree
 mkdir -p "$RT"
 git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -x -C "$RT"
-if python3 - "$RT/src/backend/cuda/launch.rs" <<'PY'
+if python3 - "$RT/src/backend/cuda/reduce.rs" <<'PY'
 import sys
 p = sys.argv[1]; s = open(p).read()
-old = "block: (threads, 1, 1), shared_bytes: threads * 8 }"
-assert s.count(old) == 1, "LaunchConfig::rows's shared_bytes not found"
-open(p, "w").write(s.replace(old, "block: (threads, 1, 1), shared_bytes: threads * 4 }"))
+old = "const ROW_SHARED_BYTES: u32 = 32 * 8;"
+assert s.count(old) == 1, "sum_rows's shared bytes not found"
+open(p, "w").write(s.replace(old, "const ROW_SHARED_BYTES: u32 = 8;"))
 PY
 then
     export_target=${EMU_MUTANTS_TARGET:-/tmp/asrforge-emu-mutants-target}

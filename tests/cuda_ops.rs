@@ -135,14 +135,55 @@ fn binary_ops() -> Vec<(&'static str, Box<OpFn>, Kind)> {
 #[test]
 fn binary_with_broadcasting_and_its_gradient_reduction() {
     let Some(dev) = gpu("binary_with_broadcasting_and_its_gradient_reduction") else { return };
-    let cases: [(&[usize], &[usize]); 6] =
-        [(&[4099], &[4099]), (&[2, 3, 5], &[3, 1]), (&[5], &[2, 3, 5]), (&[2, 1, 5], &[1, 4, 1]), (&[3, 4], &[]), (&[6, 1, 7, 2], &[6, 3, 1, 2])];
+    // (600, 40) + (40): the bias-gradient shape whose reduction takes the tiled column sum.
+    let cases: [(&[usize], &[usize]); 7] = [
+        (&[4099], &[4099]),
+        (&[2, 3, 5], &[3, 1]),
+        (&[5], &[2, 3, 5]),
+        (&[2, 1, 5], &[1, 4, 1]),
+        (&[3, 4], &[]),
+        (&[6, 1, 7, 2], &[6, 3, 1, 2]),
+        (&[600, 40], &[40]),
+    ];
     for (sa, sb) in cases {
         for (name, f, kind) in binary_ops() {
             cmp(name, &*f, &[sa, sb], kind, true, DType::F32, gpu::F32, &dev);
             cmp(name, &*f, &[sa, sb], kind, true, DType::F64, gpu::F64, &dev);
             cmp_half(name, &*f, &[sa, sb], kind, DType::F16, gpu::F16, &dev);
             cmp_half(name, &*f, &[sa, sb], kind, DType::BF16, gpu::BF16, &dev);
+        }
+    }
+}
+
+/// The broadcast kernels by both index widths (u32 with host divisors and
+/// merged dims, 64-bit) give the same bits, within the dtype's tolerance of
+/// the CPU's f64 result on the same (rounded) inputs, in every float dtype,
+/// on shapes with size-1 dims and one whose launch wraps the capped grid.
+#[test]
+fn broadcasts_by_both_index_widths_agree_and_match_the_cpu() {
+    use asrforge::backend::cpu::elementwise::Binary;
+    use asrforge::backend::cuda::{elementwise::broadcast_binary_with, fastdiv::IndexWidth};
+    use asrforge::backend::Storage;
+    let Some(dev) = gpu("broadcasts_by_both_index_widths_agree_and_match_the_cpu") else { return };
+    let cases: [(&[usize], &[usize]); 4] = [(&[2, 1, 5], &[1, 4, 1]), (&[6, 1, 7, 2], &[6, 3, 1, 2]), (&[37, 1, 30], &[1, 41, 30]), (&[3, 4], &[])];
+    for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        for (sa, sb) in cases {
+            let seed = fresh_seed();
+            let mut rng = Rng::new(seed);
+            let a = tensor(&draw(&mut rng, sa, Kind::Normal), sa, dt, &Device::Cpu);
+            let b = tensor(&draw(&mut rng, sb, Kind::Positive), sb, dt, &Device::Cpu);
+            let (a64, b64) = (ops::to_dtype(&a, DType::F64).unwrap(), ops::to_dtype(&b, DType::F64).unwrap());
+            let (ag, bg) = (a.to_device(&dev).unwrap(), b.to_device(&dev).unwrap());
+            let (st_a, st_b) = (ag.storage(), bg.storage());
+            let (Storage::Cuda(ca), Storage::Cuda(cb)) = (&*st_a, &*st_b) else { panic!("device tensors") };
+            for (op, want) in [(Binary::Add, ops::add(&a64, &b64)), (Binary::Div, ops::div(&a64, &b64))] {
+                let want = want.unwrap().to_f64_vec().unwrap();
+                let narrow = broadcast_binary_with(op, ca, sa, cb, sb, IndexWidth::Auto).unwrap().to_cpu().unwrap().to_f64_vec();
+                let wide = broadcast_binary_with(op, ca, sa, cb, sb, IndexWidth::Wide).unwrap().to_cpu().unwrap().to_f64_vec();
+                let what = format!("{op:?} {sa:?} {sb:?} {dt:?}");
+                assert!(narrow.iter().zip(&wide).all(|(x, y)| x.to_bits() == y.to_bits()), "{what}: u32 and 64-bit kernels differ (seed {seed})");
+                gpu::assert_close(&what, &narrow, &want, gpu::tol(dt), seed);
+            }
         }
     }
 }
@@ -193,6 +234,64 @@ fn reductions_over_dims() {
     let a = ops::sum_all(&x).unwrap().to_vec::<f32>().unwrap();
     let b = ops::sum_all(&x).unwrap().to_vec::<f32>().unwrap();
     assert_eq!(a[0].to_bits(), b[0].to_bits(), "sum_all must be deterministic");
+}
+
+/// `cuda::reduce::sum_dim_acc_with` on `x` (a device tensor) of layout
+/// `(outer, n, inner)`, as f64.
+fn device_sum(x: &Tensor, outer: usize, n: usize, inner: usize, path: cuda::reduce::ColSum) -> Vec<f64> {
+    let st = x.storage();
+    let asrforge::backend::Storage::Cuda(c) = &*st else { panic!("a device tensor") };
+    cuda::reduce::sum_dim_acc_with(c, outer, n, inner, path).unwrap().to_cpu().unwrap().to_f64_vec()
+}
+
+/// Row sums (a warp per short row; a block per long row with 16-byte loads
+/// after an unaligned head and the warp-shuffle block reduce) and column sums by both paths (one thread per output; row tiles
+/// × column strips with the tile sums added in a fixed order) against the
+/// CPU's f64 sum of the same inputs, in every float dtype (half inputs sum
+/// into f32), on ragged shapes: rows shorter and longer than a block, rows
+/// starting off a 16-byte boundary, partial column strips, more rows or
+/// strips than the capped grid. The tiled path gives the same bits twice.
+#[test]
+fn row_and_column_sums_by_every_path_match_the_cpu() {
+    use cuda::reduce::{col_sum_plan, col_sum_tiling, ColSum};
+    let Some(dev) = gpu("row_and_column_sums_by_every_path_match_the_cpu") else { return };
+    // The tiling covers every row once with tiles the grid can hold.
+    for (o, n, i) in [(1, 2048, 256), (1, 128, 2), (3, 100_000, 7), (1, 129, 4096), (5, 64, 33), (1, 1, 2), (1, 70, 1)] {
+        let (rows, tiles) = col_sum_tiling(o, n, i);
+        assert!(rows % 8 == 0 && rows >= 64.min(n.next_multiple_of(8)), "({o}, {n}, {i}): {rows} rows a tile");
+        assert!(tiles * rows >= n && (tiles - 1) * rows < n && tiles <= 65_535, "({o}, {n}, {i}): {tiles} tiles of {rows}");
+    }
+    // The bias gradient of a (2048, 256) activation: 8 strips × 32 tiles of 64 rows.
+    assert_eq!((col_sum_plan(1, 2048, 256), col_sum_tiling(1, 2048, 256)), (ColSum::Tiled, (64, 32)));
+    assert_eq!(col_sum_plan(1, 100, 256), ColSum::OnePass, "few rows: one pass");
+    assert_eq!(col_sum_plan(64, 2048, 512), ColSum::OnePass, "many outputs: one pass");
+    // Rows: a warp each up to 256 (400 rows: more blocks of 8 rows than the
+    // capped grid), a block each past it (257, 4099).
+    let cases: [(usize, usize, usize); 10] =
+        [(400, 3, 1), (41, 100, 1), (37, 256, 1), (5, 257, 1), (3, 4099, 1), (1, 2048, 256), (3, 517, 45), (7, 200, 300), (2, 1000, 2), (1, 5, 3)];
+    for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        for (outer, n, inner) in cases {
+            let seed = fresh_seed();
+            let v = Rng::new(seed).normal(outer * n * inner);
+            let x = tensor(&v, &[outer, n, inner], dt, &Device::Cpu);
+            // The reference sums the inputs as the device sees them (rounded to dt).
+            let xv = x.to_f64_vec().unwrap();
+            let want: Vec<f64> = (0..outer * inner).map(|e| (0..n).map(|k| xv[(e / inner * n + k) * inner + e % inner]).sum()).collect();
+            let xg = x.to_device(&dev).unwrap();
+            let tol = if dt == DType::F64 { gpu::F64 } else { gpu::F32 };
+            let paths: &[ColSum] = if inner == 1 { &[ColSum::Auto] } else { &[ColSum::OnePass, ColSum::Tiled] };
+            for &path in paths {
+                let got = device_sum(&xg, outer, n, inner, path);
+                let what = format!("sum over n of ({outer}, {n}, {inner}) {dt:?} {path:?}");
+                gpu::assert_close_floor(&what, &got, &want, tol, (n as f64).sqrt(), seed);
+                if path == ColSum::Tiled {
+                    let again = device_sum(&xg, outer, n, inner, path);
+                    let same = got.iter().zip(&again).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{what}: a second run gave other bits (seed {seed})");
+                }
+            }
+        }
+    }
 }
 
 #[test]

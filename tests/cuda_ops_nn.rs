@@ -323,6 +323,61 @@ fn permute_narrow_pad_cat_are_exact_copies_in_every_dtype() {
     layout_exact("stack", &dev, &[4097], &move |x| ops::stack(&[x, x, x], 0));
 }
 
+/// The divisors of the u32 kernels are exact: ⌊n/d⌋ by multiply-high, add
+/// and shift for every d in 1..=2^31 tried and n < 2^31 (edges and draws).
+#[test]
+fn host_divisors_divide_exactly() {
+    use asrforge::backend::cuda::fastdiv::FastDiv;
+    let mut rng = Rng::new(fresh_seed());
+    let big = [641usize, 65_535, 65_536, 65_537, 1_000_003, (1 << 30) + 1, (1 << 31) - 1, 1 << 31];
+    let drawn: Vec<usize> = rng.uniform(200).into_iter().map(|u| 1 + (u * ((1u64 << 31) as f64)) as usize).collect();
+    for d in (1..=2050usize).chain(big).chain(drawn) {
+        let d = d.min(1 << 31);
+        let f = FastDiv::new("test", d).unwrap();
+        let draws = rng.uniform(20).into_iter().map(|u| (u * ((1u64 << 31) - 1) as f64) as usize);
+        for n in [0, 1, d - 1, d, d + 1, 3 * d - 1, 3 * d, (1 << 31) - 1, (1 << 31) - 2].into_iter().chain(draws) {
+            if n < 1 << 31 {
+                assert_eq!(f.div(n as u32) as usize, n / d, "{n} / {d} with m = {}, s = {}", f.m, f.s);
+            }
+        }
+    }
+    assert!(FastDiv::new("test", 0).is_err() && FastDiv::new("test", (1 << 31) + 1).is_err());
+}
+
+/// The copy kernels by both index widths (u32 with host divisors, 64-bit)
+/// equal the CPU's copies bit for bit, on shapes whose launches wrap the
+/// capped grid, with size-1 dims (merged away on the u32 path).
+#[test]
+fn layout_copies_by_both_index_widths_equal_the_cpu() {
+    use asrforge::backend::cuda::{fastdiv::IndexWidth, layout, CudaStorage};
+    use asrforge::backend::Storage;
+    let Some(dev) = gpu("layout_copies_by_both_index_widths_equal_the_cpu") else { return };
+    let seed = fresh_seed();
+    let v = Rng::new(seed).normal(3 * 37 * 13 * 11);
+    for dt in [DType::F32, DType::F64, DType::BF16, DType::U8] {
+        let vals: Vec<f64> = if dt == DType::U8 { v.iter().map(|x| (x * 40.0).abs().floor()).collect() } else { v.clone() };
+        let x = common::tensor(&vals, &[3, 37, 13, 11], dt, &Device::Cpu);
+        let x1 = ops::reshape(&x, [1, 37, 3, 1, 143]).unwrap();
+        let head = ops::narrow(&x, 1, 0, 4).unwrap();
+        let (xg, x1g, headg) = (x.clone().to_device(&dev).unwrap(), x1.clone().to_device(&dev).unwrap(), head.clone().to_device(&dev).unwrap());
+        let (sx, sx1, sh) = (xg.storage(), x1g.storage(), headg.storage());
+        let (Storage::Cuda(cx), Storage::Cuda(cx1), Storage::Cuda(ch)) = (&*sx, &*sx1, &*sh) else { panic!("device tensors") };
+        for w in [IndexWidth::Auto, IndexWidth::Wide] {
+            let check = |name: &str, got: CudaStorage, want: Tensor| {
+                let got = got.to_cpu().unwrap();
+                assert!(got == want.to_cpu_storage().unwrap(), "{name} {dt:?} {w:?}: differs from the CPU's copy (seed {seed})");
+            };
+            check("permute", layout::permute_with(cx, &[3, 37, 13, 11], &[2, 0, 3, 1], w).unwrap(), ops::permute(&x, &[2, 0, 3, 1]).unwrap());
+            let p1 = [4, 1, 0, 3, 2];
+            check("permute with unit dims", layout::permute_with(cx1, &[1, 37, 3, 1, 143], &p1, w).unwrap(), ops::permute(&x1, &p1).unwrap());
+            check("narrow", layout::narrow_with(cx, 3, 37, 143, 5, 29, w).unwrap(), ops::narrow(&x, 1, 5, 29).unwrap());
+            check("pad", layout::pad_with(cx, 3, 37, 143, 2, 3, -1.5, w).unwrap(), ops::pad(&x, 1, 2, 3, -1.5).unwrap());
+            let want = ops::cat(&[&x, &head, &x], 1).unwrap();
+            check("cat", layout::cat_with(&[cx, ch, cx], 3, &[37, 4, 37], 143, w).unwrap(), want);
+        }
+    }
+}
+
 #[test]
 fn layout_gradients_match_the_cpu() {
     let Some(dev) = gpu("layout_gradients_match_the_cpu") else { return };

@@ -6,6 +6,7 @@ use super::{dtype_suffix, launch::scalar_arg, Arg, CudaStorage, LaunchConfig};
 use crate::backend::cpu::elementwise::{Bcast, Binary, Unary};
 use crate::error::{Error, Result};
 
+use super::fastdiv::{coalesce, strided32_words, IndexWidth};
 use super::nn_common::MAX_DIMS;
 
 /// The error for a dtype an elementwise kernel does not take.
@@ -72,8 +73,10 @@ pub fn powf(x: &CudaStorage, p: f64) -> Result<CudaStorage> {
 }
 
 /// The `Bcast` struct of `cuda/common.cuh` as 64-bit words:
-/// rank, out[8], sa[8], sb[8].
+/// rank, out[8], sa[8], sb[8] (size-1 dims dropped, contiguous dims merged).
 fn bcast_words(op: &'static str, bc: &Bcast) -> Result<Vec<u64>> {
+    let (out_dims, s) = coalesce(&bc.out_dims, &[&bc.sa, &bc.sb]);
+    let bc = Bcast { out_dims, sa: s[0].clone(), sb: s[1].clone() };
     let r = bc.out_dims.len();
     if r > MAX_DIMS {
         return Err(Error::invalid(op, format!("broadcast over {r} dims; the CUDA kernel takes at most {MAX_DIMS}")));
@@ -90,6 +93,25 @@ fn bcast_words(op: &'static str, bc: &Bcast) -> Result<Vec<u64>> {
 
 /// `op(a, b)` broadcast to `bc.out_dims` (strides as the CPU's).
 pub(crate) fn binary(op: Binary, a: &CudaStorage, b: &CudaStorage, bc: &Bcast) -> Result<CudaStorage> {
+    binary_with(op, a, b, bc, IndexWidth::Auto)
+}
+
+/// `op(a, b)` of operands of shapes `a_dims` and `b_dims`, broadcast to
+/// their common shape, through the broadcast kernels of the index width
+/// chosen by the caller (tests and benches compare the two).
+pub fn broadcast_binary_with(op: Binary, a: &CudaStorage, a_dims: &[usize], b: &CudaStorage, b_dims: &[usize], width: IndexWidth) -> Result<CudaStorage> {
+    let (sa, sb) = (crate::tensor::Shape::from(a_dims), crate::tensor::Shape::from(b_dims));
+    let out = crate::tensor::Shape::broadcast(op.name(), &sa, &sb)?;
+    for (x, s, what) in [(a, &sa, "the first operand"), (b, &sb, "the second operand")] {
+        if x.len() != s.elem_count() {
+            return Err(Error::invalid(op.name(), format!("{what} of shape {:?} needs {} elements, found {}", s.dims(), s.elem_count(), x.len())));
+        }
+    }
+    let bc = Bcast { sa: sa.broadcast_strides(&out), sb: sb.broadcast_strides(&out), out_dims: out.dims().to_vec() };
+    binary_with(op, a, b, &bc, width)
+}
+
+fn binary_with(op: Binary, a: &CudaStorage, b: &CudaStorage, bc: &Bcast, width: IndexWidth) -> Result<CudaStorage> {
     float_only(op.name(), a)?;
     if a.dtype() != b.dtype() {
         return Err(Error::DTypeMismatch { op: op.name(), expected: a.dtype(), got: b.dtype() });
@@ -98,10 +120,19 @@ pub(crate) fn binary(op: Binary, a: &CudaStorage, b: &CudaStorage, bc: &Bcast) -
     let dev = a.device();
     let y = dev.alloc(a.dtype(), n)?;
     let dt = dtype_suffix(a.dtype());
+    if n == 0 {
+        return Ok(y);
+    }
     let aligned = [a.ptr(), b.ptr(), y.ptr()].iter().all(|p| p % 16 == 0);
     if a.len() == n && b.len() == n && aligned {
         let k = format!("{}_{dt}", op.name());
         dev.launch("elementwise", &k, LaunchConfig::for_elems(n), &[Arg::Ptr(a), Arg::Ptr(b), Arg::Ptr(&y), Arg::I64(n as i64)])?;
+    } else if width.use_u32(&[n, a.len(), b.len()]) {
+        // u32 indices and host-computed divisors (`Bcast32` of `cuda/common.cuh`).
+        let words = strided32_words(op.name(), &bc.out_dims, &[&bc.sa, &bc.sb])?;
+        let k = format!("{}_bcast_u32_{dt}", op.name());
+        let args = [Arg::Ptr(a), Arg::Ptr(b), Arg::Ptr(&y), Arg::Words(&words), Arg::U32(n as u32)];
+        dev.launch("elementwise", &k, LaunchConfig::for_elems(n), &args)?;
     } else {
         let words = bcast_words(op.name(), bc)?;
         let k = format!("{}_bcast_{dt}", op.name());

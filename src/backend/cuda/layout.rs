@@ -1,13 +1,27 @@
 //! Copy kernels for the layouts the model needs on the GPU (`cuda/layout.cu`):
 //! permute, narrow, pad, cat, for every dtype; mirrors `backend::cpu::layout`.
+//! Launches whose indices all fit below 2^31 take the `_u32` kernels (u32
+//! indices, divisions by dims through host-computed multipliers, see
+//! `fastdiv.rs`); larger ones the 64-bit kernels.
 
+use super::fastdiv::{coalesce, fast_div_words, strided32_words, IndexWidth};
 use super::nn_common::{elems, expect_len, launch, same, strided_words, value_bits};
 use super::{Arg, CudaStorage};
 use crate::error::{Error, Result};
 
+/// A size argument of a `_u32` kernel (the caller checked `fits_u32`).
+fn u32a(v: usize) -> Arg<'static> {
+    Arg::U32(v as u32)
+}
+
 /// The copy of `x` (of shape `dims`) with its dims reordered: output dim `i`
 /// is input dim `perm[i]`.
 pub fn permute(x: &CudaStorage, dims: &[usize], perm: &[usize]) -> Result<CudaStorage> {
+    permute_with(x, dims, perm, IndexWidth::Auto)
+}
+
+/// [`permute`] with the index width chosen by the caller.
+pub fn permute_with(x: &CudaStorage, dims: &[usize], perm: &[usize], width: IndexWidth) -> Result<CudaStorage> {
     let op = "permute";
     expect_len(op, "the input", x, dims.iter().product())?;
     let rank = dims.len();
@@ -19,14 +33,29 @@ pub fn permute(x: &CudaStorage, dims: &[usize], perm: &[usize]) -> Result<CudaSt
     let pstrides: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
     let dev = x.device();
     let y = dev.alloc(x.dtype(), x.len())?;
-    let shape = strided_words(op, &odims, &pstrides)?;
-    let args = [Arg::Ptr(x), Arg::Words(&shape), Arg::Ptr(&y), Arg::U64(x.len() as u64)];
-    launch(dev, "layout", op, x.dtype(), x.len(), elems(x.len()), &args)?;
+    if x.is_empty() {
+        return Ok(y);
+    }
+    if width.use_u32(&[x.len()]) {
+        let shape = strided32_words(op, &odims, &[&pstrides])?;
+        let args = [Arg::Ptr(x), Arg::Words(&shape), Arg::Ptr(&y), u32a(x.len())];
+        launch(dev, "layout", "permute_u32", x.dtype(), x.len(), elems(x.len()), &args)?;
+    } else {
+        let (odims, ps) = coalesce(&odims, &[&pstrides]);
+        let shape = strided_words(op, &odims, &ps[0])?;
+        let args = [Arg::Ptr(x), Arg::Words(&shape), Arg::Ptr(&y), Arg::U64(x.len() as u64)];
+        launch(dev, "layout", op, x.dtype(), x.len(), elems(x.len()), &args)?;
+    }
     Ok(y)
 }
 
 /// Rows `start..start+len` of the middle dim of `(outer, n, inner)`.
 pub fn narrow(x: &CudaStorage, outer: usize, n: usize, inner: usize, start: usize, len: usize) -> Result<CudaStorage> {
+    narrow_with(x, outer, n, inner, start, len, IndexWidth::Auto)
+}
+
+/// [`narrow`] with the index width chosen by the caller.
+pub fn narrow_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, start: usize, len: usize, width: IndexWidth) -> Result<CudaStorage> {
     let op = "narrow";
     if start + len > n {
         return Err(Error::invalid(op, format!("range {start}..{} is outside a dim of size {n}", start + len)));
@@ -35,18 +64,43 @@ pub fn narrow(x: &CudaStorage, outer: usize, n: usize, inner: usize, start: usiz
     let m = outer * len * inner;
     let dev = x.device();
     let y = dev.alloc(x.dtype(), m)?;
-    let args = [Arg::Ptr(x), Arg::Ptr(&y), Arg::U64(outer as u64), Arg::U64(n as u64), Arg::U64(inner as u64), Arg::U64(start as u64), Arg::U64(len as u64)];
-    launch(dev, "layout", op, x.dtype(), m, elems(m), &args)?;
+    if m == 0 {
+        return Ok(y);
+    }
+    if width.use_u32(&[x.len(), m]) {
+        let (fi, fl) = (fast_div_words(op, inner)?, fast_div_words(op, len)?);
+        let args = [Arg::Ptr(x), Arg::Ptr(&y), Arg::Words(&fi), Arg::Words(&fl), u32a(n), u32a(start), u32a(m)];
+        launch(dev, "layout", "narrow_u32", x.dtype(), m, elems(m), &args)?;
+    } else {
+        let args =
+            [Arg::Ptr(x), Arg::Ptr(&y), Arg::U64(outer as u64), Arg::U64(n as u64), Arg::U64(inner as u64), Arg::U64(start as u64), Arg::U64(len as u64)];
+        launch(dev, "layout", op, x.dtype(), m, elems(m), &args)?;
+    }
     Ok(y)
 }
 
 /// Pads the middle dim of `(outer, n, inner)` with `left` and `right` rows of `value`.
 pub fn pad(x: &CudaStorage, outer: usize, n: usize, inner: usize, left: usize, right: usize, value: f64) -> Result<CudaStorage> {
+    pad_with(x, outer, n, inner, left, right, value, IndexWidth::Auto)
+}
+
+/// [`pad`] with the index width chosen by the caller.
+#[allow(clippy::too_many_arguments)]
+pub fn pad_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, left: usize, right: usize, value: f64, width: IndexWidth) -> Result<CudaStorage> {
     let op = "pad";
     expect_len(op, "the input (outer, n, inner)", x, outer * n * inner)?;
     let m = outer * (left + n + right) * inner;
     let dev = x.device();
     let y = dev.alloc(x.dtype(), m)?;
+    if m == 0 {
+        return Ok(y);
+    }
+    if width.use_u32(&[x.len(), m]) {
+        let (fi, fm) = (fast_div_words(op, inner)?, fast_div_words(op, left + n + right)?);
+        let args = [Arg::Ptr(x), Arg::Ptr(&y), Arg::Words(&fi), Arg::Words(&fm), u32a(n), u32a(left), Arg::U64(value_bits(x.dtype(), value)), u32a(m)];
+        launch(dev, "layout", "pad_u32", x.dtype(), m, elems(m), &args)?;
+        return Ok(y);
+    }
     let args = [
         Arg::Ptr(x),
         Arg::Ptr(&y),
@@ -63,6 +117,11 @@ pub fn pad(x: &CudaStorage, outer: usize, n: usize, inner: usize, left: usize, r
 
 /// Concatenates tensors of layouts `(outer, n_i, inner)` along the middle dim.
 pub fn cat(xs: &[&CudaStorage], outer: usize, ns: &[usize], inner: usize) -> Result<CudaStorage> {
+    cat_with(xs, outer, ns, inner, IndexWidth::Auto)
+}
+
+/// [`cat`] with the index width chosen by the caller.
+pub fn cat_with(xs: &[&CudaStorage], outer: usize, ns: &[usize], inner: usize, width: IndexWidth) -> Result<CudaStorage> {
     let op = "cat";
     let first = xs.first().ok_or_else(|| Error::invalid(op, "expected at least one tensor, got none"))?;
     if ns.len() != xs.len() {
@@ -77,10 +136,17 @@ pub fn cat(xs: &[&CudaStorage], outer: usize, ns: &[usize], inner: usize) -> Res
     let y = dev.alloc(first.dtype(), outer * total * inner)?;
     // Each input writes its own slab; together they cover y exactly once.
     let mut start = 0;
+    let small = width.use_u32(&[y.len()]);
     for (x, &n) in xs.iter().zip(ns) {
-        let args =
-            [Arg::Ptr(x), Arg::Ptr(&y), Arg::U64(outer as u64), Arg::U64(n as u64), Arg::U64(inner as u64), Arg::U64(total as u64), Arg::U64(start as u64)];
-        launch(dev, "layout", "cat_part", first.dtype(), x.len(), elems(x.len()), &args)?;
+        if small && !x.is_empty() {
+            let (fi, fnn) = (fast_div_words(op, inner)?, fast_div_words(op, n)?);
+            let args = [Arg::Ptr(x), Arg::Ptr(&y), Arg::Words(&fi), Arg::Words(&fnn), u32a(total), u32a(start), u32a(x.len())];
+            launch(dev, "layout", "cat_part_u32", first.dtype(), x.len(), elems(x.len()), &args)?;
+        } else {
+            let args =
+                [Arg::Ptr(x), Arg::Ptr(&y), Arg::U64(outer as u64), Arg::U64(n as u64), Arg::U64(inner as u64), Arg::U64(total as u64), Arg::U64(start as u64)];
+            launch(dev, "layout", "cat_part", first.dtype(), x.len(), elems(x.len()), &args)?;
+        }
         start += n;
     }
     Ok(y)

@@ -17,6 +17,7 @@ pub mod cast;
 mod counters;
 pub mod ctc;
 pub mod elementwise;
+pub mod fastdiv;
 pub mod info;
 pub mod kernels;
 pub mod launch;

@@ -42,7 +42,70 @@ pub fn sum_dim_acc(x: &CudaStorage, outer: usize, n: usize, inner: usize) -> Res
     }
 }
 
+/// Rows up to this length are summed by one warp each (`sum_rows_warp_*`),
+/// longer ones by one block each (`sum_rows_*`).
+pub const SHORT_ROW: usize = 256;
+
+/// The dynamic shared memory of `sum_rows_*`: the block reduction's one
+/// partial per warp, 8 bytes each (f64), for up to 32 warps.
+const ROW_SHARED_BYTES: u32 = 32 * 8;
+
+/// How a column sum (`inner > 1`) runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ColSum {
+    /// The host's choice by shape ([`col_sum_plan`]).
+    Auto,
+    /// One thread per output walks all `n` rows (`sum_cols_*`).
+    OnePass,
+    /// Row tiles × column strips, tile sums added in a fixed order (`sum_cols_tiled_*`).
+    Tiled,
+}
+
+/// Columns per strip and threads per block of `sum_cols_tiled` (`COL_STRIP`
+/// × `ROW_LANES` in `cuda/reduce.cu`).
+const COL_STRIP: usize = 32;
+const ROW_LANES: usize = 8;
+/// The fewest rows a tile sums (8 per thread), and the blocks a tiled sum
+/// aims for (a few per SM of a large GPU).
+const MIN_TILE_ROWS: usize = 64;
+const TARGET_BLOCKS: usize = 512;
+
+/// The path the host takes for a column sum of `(outer, n, inner)`: tiled
+/// when the one-pass kernel would run fewer than 64 blocks and each output
+/// sums at least two tiles of rows, one-pass otherwise.
+pub fn col_sum_plan(outer: usize, n: usize, inner: usize) -> ColSum {
+    let one_pass_blocks = (outer * inner).div_ceil(THREADS as usize);
+    if one_pass_blocks < 64 && n >= 2 * MIN_TILE_ROWS {
+        ColSum::Tiled
+    } else {
+        ColSum::OnePass
+    }
+}
+
+/// Rows per tile and tiles of a tiled column sum of `(outer, n, inner)`:
+/// about 512 blocks over all strips of 32 columns, at least 64 rows a tile
+/// (fewer only when `n` is smaller), a multiple of the block's 8 row lanes.
+pub fn col_sum_tiling(outer: usize, n: usize, inner: usize) -> (usize, usize) {
+    let strips = (outer * inner.div_ceil(COL_STRIP)).max(1);
+    let want_tiles = TARGET_BLOCKS.div_ceil(strips).clamp(1, (n / MIN_TILE_ROWS).max(1));
+    let tile_rows = n.div_ceil(want_tiles).next_multiple_of(ROW_LANES).max(ROW_LANES);
+    (tile_rows, n.div_ceil(tile_rows).max(1))
+}
+
+/// [`sum_dim_acc`] with the column-sum path chosen by the caller (tests and
+/// benches compare the paths; [`ColSum::Auto`] is what `sum_dim_acc` does).
+pub fn sum_dim_acc_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, path: ColSum) -> Result<CudaStorage> {
+    match x.dtype() {
+        DType::F16 | DType::BF16 => sum_into_with(x, outer, n, inner, DType::F32, "_to_f32", path),
+        dt => sum_into_with(x, outer, n, inner, dt, "", path),
+    }
+}
+
 fn sum_into(x: &CudaStorage, outer: usize, n: usize, inner: usize, out: DType, suffix: &str) -> Result<CudaStorage> {
+    sum_into_with(x, outer, n, inner, out, suffix, ColSum::Auto)
+}
+
+fn sum_into_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, out: DType, suffix: &str, path: ColSum) -> Result<CudaStorage> {
     float_only("sum", x)?;
     check_len("sum", x, outer * n * inner)?;
     let dev = x.device();
@@ -52,7 +115,34 @@ fn sum_into(x: &CudaStorage, outer: usize, n: usize, inner: usize, out: DType, s
     }
     let dt = dtype_suffix(x.dtype());
     if inner == 1 {
-        dev.launch("reduce", &format!("sum_rows_{dt}{suffix}"), LaunchConfig::rows(outer, THREADS), &[Arg::Ptr(x), Arg::Ptr(&y), i(outer), i(n)])?;
+        let args = [Arg::Ptr(x), Arg::Ptr(&y), i(outer), i(n)];
+        if n <= SHORT_ROW {
+            // A warp per row, THREADS / 32 rows a block.
+            let blocks = outer.div_ceil(THREADS as usize / 32).clamp(1, super::launch::max_grid() as usize) as u32;
+            let cfg = LaunchConfig { grid: (blocks, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 };
+            dev.launch("reduce", &format!("sum_rows_warp_{dt}{suffix}"), cfg, &args)?;
+        } else {
+            // Dynamic shared memory: one partial (at most 8 bytes) per warp.
+            let cfg = LaunchConfig { shared_bytes: ROW_SHARED_BYTES, ..LaunchConfig::rows(outer, THREADS) };
+            dev.launch("reduce", &format!("sum_rows_{dt}{suffix}"), cfg, &args)?;
+        }
+        return Ok(y);
+    }
+    let path = if path == ColSum::Auto { col_sum_plan(outer, n, inner) } else { path };
+    if path == ColSum::Tiled && n > 0 {
+        let (tile_rows, tiles) = col_sum_tiling(outer, n, inner);
+        let strips = outer * inner.div_ceil(COL_STRIP);
+        let acc = if x.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
+        let partials = dev.alloc(acc, strips * tiles * COL_STRIP)?;
+        // One arrival counter per strip, zeroed (a memset, not a launch).
+        let counters = dev.zeros(DType::I64, strips)?;
+        let cfg = LaunchConfig {
+            grid: (strips.min(super::launch::max_grid() as usize) as u32, tiles as u32, 1),
+            block: ((COL_STRIP * ROW_LANES) as u32, 1, 1),
+            shared_bytes: 0,
+        };
+        let args = [Arg::Ptr(x), Arg::Ptr(&y), Arg::Ptr(&partials), Arg::Ptr(&counters), i(outer), i(n), i(inner), i(tile_rows)];
+        dev.launch("reduce", &format!("sum_cols_tiled_{dt}{suffix}"), cfg, &args)?;
     } else {
         let args = [Arg::Ptr(x), Arg::Ptr(&y), i(outer), i(n), i(inner)];
         dev.launch("reduce", &format!("sum_cols_{dt}{suffix}"), LaunchConfig::for_elems(outer * inner), &args)?;
