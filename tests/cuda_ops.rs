@@ -417,3 +417,91 @@ fn staged_uploads_arrive_intact_through_reused_pinned_buffers() {
         assert_eq!(&gi.to_vec::<i64>().unwrap(), t, "i64 upload of {} elements", t.len());
     }
 }
+
+/// The multi-tensor cast (autocast's per-layer weight copies and their
+/// gradients' way back) equals the per-tensor cast bit for bit, f32 to
+/// f16/bf16 and back, on ragged lengths (empty, one element, lengths that
+/// are not a multiple of the chunk) with chunks so small that tensors span
+/// chunks and the chunks span several tables, under the capped grid. As an
+/// op it records one tape node, and its backward converts every gradient
+/// that arrived (and only those) back in the input's dtype.
+#[test]
+fn many_tensor_casts_equal_single_casts_bit_for_bit() {
+    let Some(dev) = gpu("many_tensor_casts_equal_single_casts_bit_for_bit") else { return };
+    let seed = fresh_seed();
+    let mut rng = Rng::new(seed);
+    // 70 tensors (more than one table's 64) of ragged lengths.
+    let lens: Vec<usize> = (0..70).map(|i| [0, 1, 37, 64, 65, 300, 1031][i % 7] + i).collect();
+    let vals: Vec<Vec<f64>> = lens
+        .iter()
+        .map(|&n| {
+            let mut v = draw(&mut rng, &[n], Kind::Normal);
+            v.iter_mut().for_each(|x| *x *= 300.0);
+            if let Some(x) = v.first_mut() {
+                *x = 65504.5;
+            }
+            if let Some(x) = v.last_mut() {
+                *x = 1e-8;
+            }
+            v
+        })
+        .collect();
+    for half in [DType::F16, DType::BF16] {
+        let xs: Vec<Tensor> = vals.iter().zip(&lens).map(|(v, &n)| tensor(v, &[n], DType::F32, &dev)).collect();
+        let guards: Vec<_> = xs.iter().map(|t| t.storage()).collect();
+        let stores: Vec<&cuda::CudaStorage> = guards
+            .iter()
+            .map(|g| match &**g {
+                asrforge::backend::Storage::Cuda(c) => c,
+                _ => panic!("a device tensor"),
+            })
+            .collect();
+        for chunk in [7, 64, 1 << 14] {
+            let ys = cuda::cast::to_dtype_many_chunked(&stores, half, chunk).unwrap();
+            for (i, (y, s)) in ys.iter().zip(&stores).enumerate() {
+                let want = cuda::cast::to_dtype(s, half).unwrap().to_cpu().unwrap();
+                assert_eq!(y.to_cpu().unwrap(), want, "{half:?} chunk {chunk} tensor {i} (len {}, seed {seed})", lens[i]);
+            }
+            let back = cuda::cast::to_dtype_many_chunked(&ys.iter().collect::<Vec<_>>(), DType::F32, chunk).unwrap();
+            for (i, (b, y)) in back.iter().zip(&ys).enumerate() {
+                assert_eq!(
+                    b.to_cpu().unwrap(),
+                    cuda::cast::to_dtype(y, DType::F32).unwrap().to_cpu().unwrap(),
+                    "{half:?} -> f32 chunk {chunk} tensor {i} (seed {seed})"
+                );
+            }
+        }
+        drop(guards);
+        // The op: one node; the gradients of the outputs that were used come back in f32.
+        let ps: Vec<Tensor> = xs.iter().take(5).map(|t| t.detach().requires_grad_()).collect();
+        let hs = ops::to_dtype_many(&ps, half).unwrap();
+        assert_eq!(asrforge::autograd::tape_ops().iter().filter(|&&n| n == "to_dtype_many").count(), 1, "one node: {:?}", asrforge::autograd::tape_ops());
+        let used = [1usize, 3, 4];
+        let mut loss: Option<Tensor> = None;
+        let mut seeds = Vec::new();
+        for &i in &used {
+            let r = draw(&mut rng, &[lens[i]], Kind::Normal);
+            let rt = tensor(&r, &[lens[i]], half, &dev);
+            let term = ops::sum_all(&ops::to_dtype(&ops::mul(&hs[i], &rt).unwrap(), DType::F32).unwrap()).unwrap();
+            loss = Some(match loss {
+                None => term,
+                Some(l) => ops::add(&l, &term).unwrap(),
+            });
+            seeds.push(r);
+        }
+        asrforge::autograd::backward(&loss.unwrap()).unwrap();
+        for (k, &i) in used.iter().enumerate() {
+            let g = ps[i].grad().expect("a used output's input has a gradient");
+            assert_eq!(g.dtype(), DType::F32);
+            // d/dx Σ round(x)·r = r (rounded to the half type, as the product's gradient is half).
+            let want = ops::to_dtype(&ops::to_dtype(&tensor(&seeds[k], &[lens[i]], DType::F64, &Device::Cpu), half).unwrap(), DType::F32)
+                .unwrap()
+                .to_cpu_storage()
+                .unwrap();
+            assert_eq!(g.to_cpu_storage().unwrap(), want, "{half:?} gradient of tensor {i} (seed {seed})");
+        }
+        for i in [0usize, 2] {
+            assert!(ps[i].grad().is_none(), "{half:?}: tensor {i}'s copy was not used, so it gets no gradient");
+        }
+    }
+}
