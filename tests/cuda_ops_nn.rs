@@ -392,6 +392,33 @@ fn dropout_recomputed_from_a_saved_state_is_the_same_mask() {
     assert_ne!(a, next, "the next draw is a different mask");
 }
 
+/// Dropout's gradient is g times the forward's mask, redrawn from the
+/// (seed, offset) the forward reserved: the same elements are dropped and
+/// kept elements scaled by 1/(1−p), in every dtype, on both devices, also
+/// when the generator has moved on (another draw) before the backward.
+#[test]
+fn dropout_backward_redraws_the_forward_mask() {
+    let mut devs = vec![Device::Cpu];
+    devs.extend(gpu("dropout_backward_redraws_the_forward_mask"));
+    let (seed, n, p) = (fresh_seed(), 4097, 0.3);
+    for dev in devs {
+        for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+            let x = common::tensor(&vec![1.0; n], &[n], dt, &Device::Cpu).to_device(&dev).unwrap().requires_grad_();
+            rng::manual_seed(seed);
+            let y = ops::dropout(&x, p, true).unwrap();
+            ops::dropout(&x, p, true).unwrap();
+            let gy = common::tensor(&vec![2.0; n], &[n], dt, &Device::Cpu).to_device(&dev).unwrap();
+            asrforge::autograd::backward_with(&[(y.clone(), gy)]).unwrap();
+            let (yv, gx) = (y.to_f64_vec().unwrap(), x.grad().unwrap().to_f64_vec().unwrap());
+            for i in 0..n {
+                assert_eq!(gx[i], 2.0 * yv[i], "{dt:?} on {dev:?}: element {i}: the gradient is 2 times the forward's mask (seed {seed})");
+            }
+            let kept = yv.iter().filter(|&&v| v != 0.0).count() as f64 / n as f64;
+            assert!((kept - (1.0 - p)).abs() < 0.03, "{dt:?} on {dev:?}: kept {kept} of the elements, want about {} (seed {seed})", 1.0 - p);
+        }
+    }
+}
+
 #[test]
 fn dropout_gradient_matches_the_cpu() {
     let Some(dev) = gpu("dropout_gradient_matches_the_cpu") else { return };
