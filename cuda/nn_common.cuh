@@ -54,6 +54,55 @@ struct NnMax {
 // Block reductions: block_reduce(v, sh, SumOp() / NnMax()) from common.cuh;
 // `sh` holds NN_BLOCK values.
 
+// Row kernels come in two shapes, chosen on the host by the row length n:
+// a warp per row (WarpRows) for n <= NN_WARP_ROW_MAX, NN_BLOCK / 32 rows per
+// block, reduced by warp shuffles alone (no shared memory, no barrier); and
+// a block per row (BlockRows) for longer rows, reduced through shared
+// memory. Both grid-stride over rows, so any grid covers every row, and
+// both reduce in a fixed order: the same inputs give the same bits.
+#define NN_WARP_ROW_MAX 1024
+#define NN_WARP 32
+
+// Warp-wide reduction by an xor butterfly: every lane ends with the same
+// value (each step combines the same two operands in every lane pair, and
+// sum and max are commutative). All 32 lanes must call it.
+template <typename A, typename Op> __device__ __forceinline__ A warp_reduce(A v, Op op) {
+#pragma unroll
+    for (int o = NN_WARP / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+struct WarpRows {
+    // Rows (groups) per block, this thread's group in the block, its index
+    // in the group and the group's size.
+    __device__ __forceinline__ static uint32_t per_block() { return blockDim.x / NN_WARP; }
+    __device__ __forceinline__ static uint32_t group() { return threadIdx.x / NN_WARP; }
+    __device__ __forceinline__ static uint32_t t() { return threadIdx.x % NN_WARP; }
+    __device__ __forceinline__ static uint32_t size() { return NN_WARP; }
+    // The group's reduction (every lane of the warp calls it, with its rows).
+    template <typename A, typename Op> __device__ __forceinline__ static A reduce(A v, Op op) { return warp_reduce(v, op); }
+};
+
+struct BlockRows {
+    __device__ __forceinline__ static uint32_t per_block() { return 1; }
+    __device__ __forceinline__ static uint32_t group() { return 0; }
+    __device__ __forceinline__ static uint32_t t() { return threadIdx.x; }
+    __device__ __forceinline__ static uint32_t size() { return blockDim.x; }
+    // common.cuh's block tree (blockDim.x a power of two <= NN_BLOCK); it
+    // ends with a barrier, so two calls in a row are safe.
+    template <typename A, typename Op> __device__ __forceinline__ static A reduce(A v, Op op) {
+        __shared__ A sh[NN_BLOCK];
+        return block_reduce(v, sh, op);
+    }
+};
+
+// Rows handled by this thread's group: group g of block b takes rows
+// b*per_block + g, then strides by the grid's groups. Every thread of a
+// group runs the same iterations (the group's reductions need them all).
+#define NN_GROUP_ROWS(G, r, rows)                                                                   \
+    for (size_t r = (size_t)blockIdx.x * G::per_block() + G::group(); r < (size_t)(rows); \
+         r += (size_t)gridDim.x * G::per_block())
+
 // Reinterprets the low sizeof(T) bytes of `bits` as a T (the host packs a
 // fill value already converted to the tensor's dtype).
 template <typename T> __device__ __forceinline__ T nn_from_bits(uint64_t bits) {

@@ -111,9 +111,9 @@ PY
             python3 - "$m/cuda/softmax.cu" <<'PY'
 import sys
 p = sys.argv[1]; s = open(p).read()
-old = "for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = Num<T>::from(nn_exp("
+old = "for (uint32_t i = G::t(); i < n; i += G::size()) yr[i] = Num<T>::from(nn_exp("
 assert old in s, "softmax's write loop not found"
-open(p, "w").write(s.replace(old, "for (uint32_t i = threadIdx.x; i <= n; i += blockDim.x) yr[i] = Num<T>::from(nn_exp("))
+open(p, "w").write(s.replace(old, "for (uint32_t i = G::t(); i <= n; i += G::size()) yr[i] = Num<T>::from(nn_exp("))
 PY
             echo softmax.cu ;;
         swapped)
@@ -130,7 +130,7 @@ PY
 import sys, re
 p = sys.argv[1]; s = open(p).read()
 # The first row loop of the layer norm statistics: read one element more.
-m = re.search(r"for \((?:i64|uint32_t|int) (\w+) = threadIdx\.x; \1 < (\w+);", s)
+m = re.search(r"for \((?:i64|uint32_t|int) (\w+) = (?:threadIdx\.x|G::t\(\)); \1 < (\w+);", s)
 assert m, "norm.cu's first row loop not found"
 open(p, "w").write(s[:m.start()] + m.group(0).replace(" < ", " <= ") + s[m.end():])
 PY

@@ -73,9 +73,10 @@ fn some_mask(n: usize, seed: u64) -> Vec<u8> {
 fn softmax_and_log_softmax_match_the_cpu() {
     let Some(dev) = gpu("softmax_and_log_softmax_match_the_cpu") else { return };
     // Rows of 1 and 7, of 200 (between half a block and a block), 300 (past
-    // a block, not a multiple of 32), 1000 and 4097; 67 and 41 rows outnumber
-    // the capped grid, so the row loop wraps.
-    let shapes: [&'static [usize]; 6] = [&[3, 1], &[5, 7], &[67, 200], &[41, 300], &[2, 1000], &[3, 4097]];
+    // a block, not a multiple of 32), 1000 and 1024 (a warp per row), 1025
+    // and 4097 (a block per row); 67 and 41 rows outnumber the capped grid
+    // of blocks, 300 rows its warps (37 blocks of 8), so the row loops wrap.
+    let shapes: [&'static [usize]; 9] = [&[3, 1], &[5, 7], &[300, 33], &[67, 200], &[41, 300], &[2, 1000], &[3, 1024], &[41, 1025], &[3, 4097]];
     for s in shapes {
         both(&format!("softmax {s:?}"), &dev, &[(s, Normal, true)], &move |x| ops::softmax(&x[0]));
         both(&format!("log_softmax {s:?}"), &dev, &[(s, Normal, true)], &move |x| ops::log_softmax(&x[0]));
@@ -94,6 +95,73 @@ fn softmax_of_large_logits_is_stable_on_the_gpu() {
     let x = Tensor::from_vec(vec![0.0f32, 1000.0, 1000.0], [1, 3], &Device::Cpu).unwrap().to_device(&dev).unwrap();
     let y = ops::softmax(&x).unwrap().to_f64_vec().unwrap();
     close("softmax of large logits", &y, &[0.0, 0.5, 0.5], 1e-7, 0);
+}
+
+/// A (B, 1, T1 or 1, T2) attention mask with random masked keys and, for
+/// T1 > 1, the first query row of the first sequence fully masked.
+fn attention_mask(b: usize, t1: usize, t2: usize, seed: u64) -> (Vec<u8>, Vec<usize>) {
+    let mut m = some_mask(b * t1 * t2, seed);
+    if t1 > 1 {
+        m[..t2].iter_mut().for_each(|v| *v = 1);
+    }
+    (m, vec![b, 1, t1, t2])
+}
+
+#[test]
+fn masked_softmax_matches_the_cpu() {
+    let Some(dev) = gpu("masked_softmax_matches_the_cpu") else { return };
+    // Scores (B, H, T1, T2) under a key-padding mask (B, 1, 1, T2) and a
+    // per-query mask (B, 1, T1, T2) with a fully masked row; rows of 7, 200
+    // and 1024 (a warp per row; 2*8*20 = 320 rows wrap the capped grid's
+    // warps) and 1025 and 3000 (a block per row; 41 rows wrap its blocks).
+    let cases: [(&'static [usize], bool); 7] = [
+        (&[2, 3, 5, 7], false),
+        (&[2, 3, 5, 7], true),
+        (&[2, 8, 20, 200], true),
+        (&[2, 8, 20, 200], false),
+        (&[1, 2, 3, 1024], true),
+        (&[1, 41, 1, 1025], false),
+        (&[2, 1, 3, 3000], true),
+    ];
+    for (i, (s, per_query)) in cases.into_iter().enumerate() {
+        let (m, ms) = attention_mask(s[0], if per_query { s[2] } else { 1 }, s[3], 40 + i as u64);
+        let (mc, mg) = (m.clone(), u8s(m.clone(), &ms).to_device(&dev).unwrap());
+        let f = move |x: &[Tensor]| {
+            // The mask on the scores' device (the host copy path is the one attention's masks may take too).
+            let mask = if x[0].device() == Device::Cpu { u8s(mc.clone(), &ms) } else { mg.clone() };
+            ops::masked_softmax(&x[0], &mask)
+        };
+        both(&format!("masked_softmax {s:?} per query {per_query}"), &dev, &[(s, Normal, true)], &f);
+        for dt in [DType::F16, DType::BF16] {
+            compare(&format!("masked_softmax {s:?} per query {per_query}"), &dev, dt, gpu::tol(dt), &[(s, Normal, true)], &f);
+        }
+    }
+    // A mask left on the host is copied to the GPU.
+    let (m, ms) = attention_mask(2, 1, 9, 50);
+    both("masked_softmax host mask", &dev, &[(&[2, 2, 4, 9], Normal, true)], &move |x| ops::masked_softmax(&x[0], &u8s(m.clone(), &ms)));
+}
+
+/// The definition, on the CPU and the GPU: masked_fill(−1e30), softmax,
+/// masked_fill(0), in f64; a fully masked row is zeros, never NaN.
+#[test]
+fn masked_softmax_is_its_definition() {
+    let mut devs = vec![Device::Cpu];
+    devs.extend(gpu("masked_softmax_is_its_definition"));
+    let seed = fresh_seed();
+    let mut r = Rng::new(seed);
+    for dev in devs {
+        for (s, t1) in [([2usize, 3, 4, 9], 4usize), ([2, 3, 4, 300], 1), ([1, 2, 2, 1500], 2)] {
+            let (m, ms) = attention_mask(s[0], t1, s[3], seed ^ 7);
+            let x = Tensor::from_vec(r.normal(s.iter().product()), s, &Device::Cpu).unwrap().to_device(&dev).unwrap();
+            let mask = u8s(m, &ms);
+            let got = ops::masked_softmax(&x, &mask).unwrap().to_f64_vec().unwrap();
+            let want = ops::masked_fill(&ops::softmax(&ops::masked_fill(&x, &mask, -1e30).unwrap()).unwrap(), &mask, 0.0).unwrap().to_f64_vec().unwrap();
+            close(&format!("masked_softmax {s:?} on {dev:?}"), &got, &want, 1e-12, seed);
+            if t1 > 1 {
+                assert!(got[..s[3]].iter().all(|&v| v == 0.0), "a fully masked row is zeros on {dev:?}");
+            }
+        }
+    }
 }
 
 // ---- norms ----
