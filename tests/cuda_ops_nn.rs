@@ -172,8 +172,21 @@ fn layer_norm_matches_the_cpu() {
     // Rows of 1 (zero variance), 7, 1000 and 4097; 300 rows spans several
     // chunks of the weight/bias column sums.
     // and 67 rows of 200 (between half a block and a block) wrap the capped grid.
-    let cases: [(&'static [usize], &'static [usize]); 6] =
-        [(&[3, 1], &[1]), (&[300, 7], &[7]), (&[67, 200], &[200]), (&[2, 3, 1000], &[1000]), (&[2, 4097], &[4097]), (&[129, 64], &[64])];
+    // Rows of 1024 and 1025 straddle the warp-per-row limit; 1300 rows of 5
+    // outnumber the capped grid's chunks of the backward (37 of 32 rows) and
+    // 300 rows of 1100 those of the block-per-row backward (37 of 8).
+    let cases: [(&'static [usize], &'static [usize]); 10] = [
+        (&[3, 1], &[1]),
+        (&[300, 7], &[7]),
+        (&[1300, 5], &[5]),
+        (&[67, 200], &[200]),
+        (&[2, 3, 1000], &[1000]),
+        (&[3, 1024], &[1024]),
+        (&[3, 1025], &[1025]),
+        (&[300, 1100], &[1100]),
+        (&[2, 4097], &[4097]),
+        (&[129, 64], &[64]),
+    ];
     for (x, p) in cases {
         both(&format!("layer_norm affine {x:?}"), &dev, &[(x, Normal, true), (p, Normal, true), (p, Normal, true)], &move |t| {
             ops::layer_norm(&t[0], Some(&t[1]), Some(&t[2]), 1e-5)
@@ -188,7 +201,8 @@ fn layer_norm_matches_the_cpu() {
 #[test]
 fn half_layer_norm_matches_the_cpu() {
     let Some(dev) = gpu("half_layer_norm_matches_the_cpu") else { return };
-    let cases: [(&'static [usize], &'static [usize]); 4] = [(&[300, 7], &[7]), (&[67, 200], &[200]), (&[2, 3, 1000], &[1000]), (&[129, 256], &[256])];
+    let cases: [(&'static [usize], &'static [usize]); 5] =
+        [(&[300, 7], &[7]), (&[67, 200], &[200]), (&[2, 3, 1000], &[1000]), (&[129, 256], &[256]), (&[5, 1500], &[1500])];
     for dt in [DType::F16, DType::BF16] {
         for (x, p) in cases {
             compare(&format!("half layer_norm affine {x:?}"), &dev, dt, gpu::tol(dt), &[(x, Normal, true), (p, Normal, true), (p, Normal, true)], &move |t| {
