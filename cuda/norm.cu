@@ -6,10 +6,11 @@
 //     gx = r * (gh - mean(gh) - xh * mean(gh * xh))
 //     gw = sum_rows g * xh, gb = sum_rows g             (column sums)
 // A warp per row for rows of n <= NN_WARP_ROW_MAX, else a block per row
-// (nn_common.cuh). The backward is two launches, deterministic and without
-// atomics: pass 1 writes gx and sums g*xh and g per column over fixed sets
-// of rows, in row order, into partial rows; pass 2 sums the partial rows of
-// each column in order. The same inputs give the same bits every run.
+// (nn_common.cuh; both give the same bits). The backward is two launches,
+// deterministic and without atomics: pass 1 writes gx and sums g*xh and g
+// per column over chunks of consecutive rows, in row order, into partial
+// rows (chunks, n); pass 2 sums the partial rows of each column in order.
+// The same inputs give the same bits every run, whatever the grid.
 // Layer norm also
 // takes f16 and bf16 inputs (autocast's half activations): x, y and their
 // gradients in half, the weight, bias, their gradients, mean and rstd in
@@ -33,15 +34,12 @@ __device__ void layer_norm_fwd(const T* __restrict__ x, const W* __restrict__ w,
     NN_GROUP_ROWS(G, r, rows) {
         const T* xr = x + r * n;
         T* yr = y + r * n;
-        A s = 0;
-        for (uint32_t i = G::t(); i < n; i += G::size()) s += Num<T>::to(xr[i]);
-        const A mu = G::reduce(s, SumOp()) / A(n);
-        A q = 0;
-        for (uint32_t i = G::t(); i < n; i += G::size()) {
-            const A d = Num<T>::to(xr[i]) - mu;
-            q += d * d;
-        }
-        const A var = G::reduce(q, SumOp()) / A(n);
+        const A mu = G::row_reduce(n, A(0), SumOp(), [&](uint32_t i) { return Num<T>::to(xr[i]); }) / A(n);
+        const A var = G::row_reduce(n, A(0), SumOp(), [&](uint32_t i) {
+                          const A d = Num<T>::to(xr[i]) - mu;
+                          return d * d;
+                      }) /
+                      A(n);
         const A inv = A(1) / nn_sqrt(var + A(eps));
         for (uint32_t i = G::t(); i < n; i += G::size()) {
             A v = (Num<T>::to(xr[i]) - mu) * inv;
@@ -58,12 +56,11 @@ __device__ void layer_norm_fwd(const T* __restrict__ x, const W* __restrict__ w,
 
 // Backward pass 1: gx of every row, and the partial sums of gw and gb.
 // Rows are cut into chunks of `chunk` consecutive rows, one chunk per block
-// (grid-stride over chunks); group k of the block takes rows
-// c*chunk + k, + per_block, ... of chunk c and sums their g*xh and g per
-// column, in row order, into partial row p = c*per_block + k of pw and pb
-// (parts, n), parts = chunks*per_block. Each element of a partial row is
-// owned by one thread (its column), so the sums need no atomics and no
-// barrier, and a group with no rows in its chunk writes zeros.
+// (grid-stride over chunks). The block's groups (warps or the block) write
+// gx of the chunk's rows; then thread `col` sums g*xh and g of column col
+// over the chunk's rows, in row order, into partial row c of pw and pb
+// (chunks, n): the order of the former separate pass. It reads only the
+// inputs, so it needs no barrier; the partial sums need no atomics.
 template <typename T, typename W, typename G>
 __device__ void layer_norm_bwd(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ mean, const W* __restrict__ rstd,
                                const T* __restrict__ g, T* __restrict__ gx, W* __restrict__ pw, W* __restrict__ pb, uint64_t rows,
@@ -71,36 +68,32 @@ __device__ void layer_norm_bwd(const T* __restrict__ x, const W* __restrict__ w,
     typedef typename Num<T>::acc A;
     const uint64_t chunks = (rows + chunk - 1) / chunk;
     for (uint64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
-        const size_t part = c * G::per_block() + G::group();
-        W* pwr = pw + part * n;
-        W* pbr = pb + part * n;
-        const size_t end = (c + 1) * chunk < rows ? (c + 1) * chunk : rows;
-        bool first = true;
-        for (size_t r = c * chunk + G::group(); r < end; r += G::per_block()) {
+        const size_t r0 = c * chunk;
+        const size_t r1 = r0 + chunk < rows ? r0 + chunk : rows;
+        for (size_t r = r0 + G::group(); r < r1; r += G::per_block()) {
             const T* xr = x + r * n;
             const T* gr = g + r * n;
             T* o = gx + r * n;
             const A mu = Num<W>::to(mean[r]), inv = Num<W>::to(rstd[r]);
-            A s1 = 0, s2 = 0;
+            auto gh = [&](uint32_t i) { return Num<T>::to(gr[i]) * (has_w ? Num<W>::to(w[i]) : A(1)); };
+            const A m1 = G::row_reduce(n, A(0), SumOp(), gh) / A(n);
+            const A m2 = G::row_reduce(n, A(0), SumOp(), [&](uint32_t i) { return gh(i) * (Num<T>::to(xr[i]) - mu) * inv; }) / A(n);
             for (uint32_t i = G::t(); i < n; i += G::size()) {
-                const A gh = Num<T>::to(gr[i]) * (has_w ? Num<W>::to(w[i]) : A(1));
-                s1 += gh;
-                s2 += gh * (Num<T>::to(xr[i]) - mu) * inv;
-            }
-            const A m1 = G::reduce(s1, SumOp()) / A(n);
-            const A m2 = G::reduce(s2, SumOp()) / A(n);
-            for (uint32_t i = G::t(); i < n; i += G::size()) {
-                const A gv = Num<T>::to(gr[i]);
-                const A gh = gv * (has_w ? Num<W>::to(w[i]) : A(1));
                 const A xh = (Num<T>::to(xr[i]) - mu) * inv;
-                o[i] = Num<T>::from(inv * (gh - m1 - xh * m2));
-                pwr[i] = Num<W>::from((first ? A(0) : Num<W>::to(pwr[i])) + gv * xh);
-                pbr[i] = Num<W>::from((first ? A(0) : Num<W>::to(pbr[i])) + gv);
+                o[i] = Num<T>::from(inv * (gh(i) - m1 - xh * m2));
             }
-            first = false;
         }
-        if (first)
-            for (uint32_t i = G::t(); i < n; i += G::size()) pwr[i] = pbr[i] = Num<W>::from(A(0));
+        for (uint32_t col = threadIdx.x; col < n; col += blockDim.x) {
+            A sw = 0, sb = 0;
+            for (size_t r = r0; r < r1; ++r) {
+                const size_t k = r * n + col;
+                const A gv = Num<T>::to(g[k]);
+                sw += gv * ((Num<T>::to(x[k]) - Num<W>::to(mean[r])) * Num<W>::to(rstd[r]));
+                sb += gv;
+            }
+            pw[c * n + col] = Num<W>::from(sw);
+            pb[c * n + col] = Num<W>::from(sb);
+        }
     }
 }
 

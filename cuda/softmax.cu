@@ -21,7 +21,8 @@
 //
 // The row max is subtracted first (numerically stable); sums accumulate in
 // f32 (f64 for f64; f16 and bf16 are read and written in half) in a fixed
-// order (warp butterfly or block tree), so results are reproducible. A row
+// order, the same for both shapes (nn_common.cuh), so results are
+// reproducible and do not depend on the shape. A row
 // of plain softmax that is all -inf gives NaN, as on the CPU.
 #include "nn_common.cuh"
 
@@ -31,12 +32,8 @@ __device__ void softmax_fwd(const T* __restrict__ x, T* __restrict__ y, uint64_t
     NN_GROUP_ROWS(G, r, rows) {
         const T* xr = x + r * n;
         T* yr = y + r * n;
-        A m = -INFINITY;
-        for (uint32_t i = G::t(); i < n; i += G::size()) m = NnMax()(m, Num<T>::to(xr[i]));
-        m = G::reduce(m, NnMax());
-        A s = 0;
-        for (uint32_t i = G::t(); i < n; i += G::size()) s += nn_exp(Num<T>::to(xr[i]) - m);
-        s = G::reduce(s, SumOp());
+        const A m = G::row_reduce(n, A(-INFINITY), NnMax(), [&](uint32_t i) { return Num<T>::to(xr[i]); });
+        const A s = G::row_reduce(n, A(0), SumOp(), [&](uint32_t i) { return nn_exp(Num<T>::to(xr[i]) - m); });
         if (LOG) {
             const A ls = nn_log(s);
             for (uint32_t i = G::t(); i < n; i += G::size()) yr[i] = Num<T>::from(Num<T>::to(xr[i]) - m - ls);
@@ -55,17 +52,12 @@ __device__ void masked_softmax_fwd(const T* __restrict__ x, const uint8_t* __res
         const T* xr = x + r * n;
         T* yr = y + r * n;
         const uint8_t* mr = mask + strided_offset(mrow, r);
-        A m = -INFINITY;
-        for (uint32_t i = G::t(); i < n; i += G::size())
-            if (!mr[i * mstep]) m = NnMax()(m, Num<T>::to(xr[i]));
-        m = G::reduce(m, NnMax());
+        // Masked elements count as -inf in the max and 0 in the sum.
+        const A m = G::row_reduce(n, A(-INFINITY), NnMax(), [&](uint32_t i) { return mr[i * mstep] ? A(-INFINITY) : Num<T>::to(xr[i]); });
         // m = -inf: every element is masked (a NaN input makes m NaN, and
         // the row NaN, as on the CPU).
         const bool none = m == A(-INFINITY);
-        A s = 0;
-        for (uint32_t i = G::t(); i < n; i += G::size())
-            if (!mr[i * mstep]) s += nn_exp(Num<T>::to(xr[i]) - m);
-        s = G::reduce(s, SumOp());
+        const A s = G::row_reduce(n, A(0), SumOp(), [&](uint32_t i) { return mr[i * mstep] ? A(0) : nn_exp(Num<T>::to(xr[i]) - m); });
         const A inv = A(1) / s;
         for (uint32_t i = G::t(); i < n; i += G::size())
             yr[i] = Num<T>::from(none || mr[i * mstep] ? A(0) : nn_exp(Num<T>::to(xr[i]) - m) * inv);
@@ -79,9 +71,7 @@ __device__ void softmax_bwd(const T* __restrict__ y, const T* __restrict__ g, T*
         const T* yr = y + r * n;
         const T* gr = g + r * n;
         T* o = gx + r * n;
-        A s = 0;
-        for (uint32_t i = G::t(); i < n; i += G::size()) s += LOG ? Num<T>::to(gr[i]) : Num<T>::to(gr[i]) * Num<T>::to(yr[i]);
-        s = G::reduce(s, SumOp());
+        const A s = G::row_reduce(n, A(0), SumOp(), [&](uint32_t i) { return LOG ? Num<T>::to(gr[i]) : Num<T>::to(gr[i]) * Num<T>::to(yr[i]); });
         for (uint32_t i = G::t(); i < n; i += G::size()) {
             const A yv = Num<T>::to(yr[i]), gv = Num<T>::to(gr[i]);
             o[i] = Num<T>::from(LOG ? gv - nn_exp(yv) * s : yv * (gv - s));

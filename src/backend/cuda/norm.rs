@@ -4,22 +4,15 @@
 //! its backward is two launches (gx with partial weight and bias sums, then
 //! their final sum): deterministic column sums, no atomics.
 
-use super::nn_common::{elems, expect_dtype, expect_len, launch, rows, same, u32_arg, F32_F64, FLOATS, NN_BLOCK};
-use super::softmax::{row_launch, WARP_ROW_MAX};
+use super::nn_common::{elems, expect_dtype, expect_len, launch, rows, same, u32_arg, F32_F64, FLOATS};
+use super::softmax::row_launch;
 use super::{Arg, CudaStorage};
 use crate::backend::cpu::norm::ln_param_dtype;
 use crate::error::{Error, Result};
 
-/// Rows per block (chunk) in the first backward pass: each of a block's
-/// groups (NN_BLOCK / 32 warps, or the one block) sums its rows of the
-/// chunk into a partial row, so a warp-per-row chunk gives each warp 4 rows.
-fn ln_chunk(n: usize) -> usize {
-    if n <= WARP_ROW_MAX {
-        4 * (NN_BLOCK as usize / 32)
-    } else {
-        8
-    }
-}
+/// Rows per chunk of the first backward pass: one block writes gx of the
+/// chunk's rows and the chunk's partial row of the weight and bias sums.
+const LN_CHUNK: usize = 64;
 
 /// A layer-norm parameter or statistic: on x's GPU, of x's parameter dtype, `len` long.
 fn ln_param(op: &'static str, what: &str, x: &CudaStorage, p: &CudaStorage, len: usize) -> Result<()> {
@@ -89,11 +82,9 @@ pub fn layer_norm_backward(
     let (dt, dev) = (x.dtype(), x.device());
     let pd = ln_param_dtype(dt);
     let gx = dev.alloc(dt, x.len())?;
-    // Partial rows: a chunk of rows per block, one partial row per group.
-    let chunk = ln_chunk(n);
-    let chunks = r.div_ceil(chunk);
-    let parts = chunks * if n <= WARP_ROW_MAX { NN_BLOCK as usize / 32 } else { 1 };
-    let (pw, pb) = (dev.alloc(pd, (parts * n).max(1))?, dev.alloc(pd, (parts * n).max(1))?);
+    // A chunk of rows per block, one partial row of the sums per chunk.
+    let chunks = r.div_ceil(LN_CHUNK);
+    let (pw, pb) = (dev.alloc(pd, (chunks * n).max(1))?, dev.alloc(pd, (chunks * n).max(1))?);
     let args = [
         Arg::Ptr(x),
         Arg::Ptr(w.unwrap_or(x)),
@@ -106,13 +97,13 @@ pub fn layer_norm_backward(
         Arg::U64(r as u64),
         Arg::U32(nn),
         Arg::U32(w.is_some() as u32),
-        Arg::U32(chunk as u32),
+        Arg::U32(LN_CHUNK as u32),
     ];
     let (name, _) = row_launch("layer_norm_bwd", n, r);
     launch(dev, "norm", &name, dt, x.len(), rows(chunks), &args)?;
     let (gw, gb) = (dev.alloc(pd, n)?, dev.alloc(pd, n)?);
     // With no rows the final pass writes zeros (an empty sum).
-    let args = [Arg::Ptr(&pw), Arg::Ptr(&pb), Arg::Ptr(&gw), Arg::Ptr(&gb), Arg::U64(parts as u64), Arg::U32(nn)];
+    let args = [Arg::Ptr(&pw), Arg::Ptr(&pb), Arg::Ptr(&gw), Arg::Ptr(&gb), Arg::U64(chunks as u64), Arg::U32(nn)];
     launch(dev, "norm", "layer_norm_bwd_wb", dt, n, elems(n), &args)?;
     Ok((gx, gw, gb))
 }
