@@ -13,7 +13,8 @@
 #   barrier   block_reduce (common.cuh) loses the barrier of its tree loop
 #   past-row  softmax writes one element past the end of its row
 #   swapped   reduce.cu's sum_cols kernel takes (n, outer) where the host passes (outer, n)
-#   ln-read   layer norm's statistics read one element past the row
+#   ln-read   layer norm's first row loop (the forward's output loop; its
+#             statistics are row_reduce's) reads and writes one element past the row
 #   dyn-shared  (Rust side) LaunchConfig::rows asks for 4 bytes of dynamic
 #             shared memory per thread where its kernels keep one f64 (8):
 #             applied to a copy of the whole tree, whose test binaries are
@@ -129,7 +130,7 @@ PY
             python3 - "$m/cuda/norm.cu" <<'PY'
 import sys, re
 p = sys.argv[1]; s = open(p).read()
-# The first row loop of the layer norm statistics: read one element more.
+# The first row loop of layer norm (its forward's output): one element more.
 m = re.search(r"for \((?:i64|uint32_t|int) (\w+) = (?:threadIdx\.x|G::t\(\)); \1 < (\w+);", s)
 assert m, "norm.cu's first row loop not found"
 open(p, "w").write(s[:m.start()] + m.group(0).replace(" < ", " <= ") + s[m.end():])
