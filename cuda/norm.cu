@@ -10,11 +10,10 @@
 // deterministic and without atomics: pass 1 writes gx and sums g*xh and g
 // per column over chunks of consecutive rows, in row order, into partial
 // rows (chunks, n); pass 2 sums the partial rows of each column in order.
-// The same inputs give the same bits every run, whatever the grid.
-// Layer norm also
-// takes f16 and bf16 inputs (autocast's half activations): x, y and their
-// gradients in half, the weight, bias, their gradients, mean and rstd in
-// f32, every sum in f32.
+// The same inputs give the same bits every run, whatever the grid. Layer
+// norm also takes f16 and bf16 inputs (autocast's half activations): x, y
+// and their gradients in half, the weight, bias, their gradients, mean and
+// rstd in f32, every sum in f32.
 //
 // batch_norm over the channel dim of x (B, C, T) (T = 1 for (B, C) inputs),
 // statistics per channel over the B*T values of that channel:

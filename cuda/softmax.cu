@@ -4,8 +4,9 @@
 // Layout: x, y, g, gx are (rows, n) row-major. Each kernel comes in two
 // shapes (nn_common.cuh): `_warp` kernels give a warp to each row (rows of
 // n <= NN_WARP_ROW_MAX; attention's rows of a few hundred, d = 256),
-// reducing by warp shuffles; the others give a block of NN_BLOCK threads to
-// each row (the 4233-wide log-softmax of the output layer). The host picks.
+// reducing in registers and by warp shuffles; the others give a block of
+// NN_BLOCK threads to each row (the 4233-wide log-softmax of the output
+// layer). The host picks.
 //
 //   softmax:      y = exp(x - m) / s,      m = max x,  s = sum exp(x - m)
 //   log_softmax:  y = x - m - log s
@@ -22,8 +23,8 @@
 // The row max is subtracted first (numerically stable); sums accumulate in
 // f32 (f64 for f64; f16 and bf16 are read and written in half) in a fixed
 // order, the same for both shapes (nn_common.cuh), so results are
-// reproducible and do not depend on the shape. A row
-// of plain softmax that is all -inf gives NaN, as on the CPU.
+// reproducible and do not depend on the shape. A row of plain softmax that
+// is all -inf gives NaN, as on the CPU.
 #include "nn_common.cuh"
 
 template <typename T, bool LOG, typename G>
