@@ -1,6 +1,8 @@
 //! Kernels added for the fast GPU step, on `Cuda(0)` at AISHELL-conformer
 //! shapes: layer norm (forward + backward) and softmax (forward + backward)
-//! in f32 and in bf16 (half activations: f32 statistics and sums), the
+//! in f32 and in bf16 (half activations: f32 statistics and sums),
+//! attention's masked softmax and dropout (one kernel each way), the
+//! log-softmax of the 4233-word output layer (a block per row), the
 //! label-smoothing loss reduced on the device (`rows_total`) and token
 //! accuracy (`token_hits`) over a 4233-word vocabulary; the reductions and
 //! index math of the hardware-shaped kernels: a (2048, 256) bias gradient
@@ -48,7 +50,26 @@ fn gpu_kernels(c: &mut Criterion) {
                 gpu_sync(&w)
             })
         });
+        // Attention's probabilities under a key-padding mask (B, 1, 1, T2), then dropout.
+        let m: Vec<u8> = (0..16 * 128).map(|i| u8::from(i % 128 >= 96 + i / 128)).collect();
+        let mask = Tensor::from_vec(m, [16, 1, 1, 128], &Device::Cpu).unwrap().to_device(&gpu).unwrap();
+        let sc = ops::reshape(&s, [16, 4, 128, 128]).unwrap();
+        group.bench_function(format!("masked_softmax_dropout_fwd_bwd_16x4x128x128_{}", dt.as_str()), |bn| {
+            bn.iter(|| {
+                let y = ops::dropout(&ops::masked_softmax(&sc, &mask).unwrap(), 0.1, true).unwrap();
+                backward(&ops::sum_all(&ops::to_dtype(&y, DType::F32).unwrap()).unwrap()).unwrap();
+                gpu_sync(&w)
+            })
+        });
     }
+    // The CTC head's log-probabilities: 16 × 128 frames over 4233 symbols.
+    let lp = Tensor::randn([2048, 4233], 0.0, 2.0, DType::F32, &mut rng, &gpu).unwrap().requires_grad_();
+    group.bench_function("log_softmax_fwd_bwd_2048x4233", |bn| {
+        bn.iter(|| {
+            backward(&ops::sum_all(&ops::log_softmax(&lp).unwrap()).unwrap()).unwrap();
+            gpu_sync(&lp)
+        })
+    });
     // The decoder's logits: 16 sequences of 32 tokens over 4233 words.
     let logits = Tensor::randn([16, 32, 4233], 0.0, 2.0, DType::F32, &mut rng, &gpu).unwrap().requires_grad_();
     let tg: Vec<i64> = (0..16 * 32).map(|i| if i % 7 == 6 { -1 } else { (i * 131 % 4233) as i64 }).collect();

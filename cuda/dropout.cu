@@ -1,13 +1,14 @@
-// Dropout masks from a counter-based generator (Philox4x32-10), the same
-// function of (seed, offset, element) as the CPU's (src/tensor/rng.rs):
+// Dropout in one pass forward and one backward, its mask drawn on the fly
+// from a counter-based generator (Philox4x32-10), the same function of
+// (seed, offset, element) as the CPU's (src/tensor/rng.rs):
 //   block b = offset + i/4, counter (lo32 b, hi32 b, 0, 0), key (lo32 seed, hi32 seed)
 //   word  = philox4x32_10(counter, key)[i % 4]
 //   u     = (word + 0.5) / 2^32   (in f64, exact)
 //   mask[i] = u < keep ? scale : 0,  keep = 1 - p, scale = 1/(1 - p) (0 when p = 1)
 // So a GPU mask equals the CPU's bit for bit, and a recompute from the same
-// (seed, offset) (activation checkpointing) draws the same mask. One thread
-// per Philox block writes its four elements; the scale is rounded from f64
-// to the dtype once, as the CPU's f64 mask is converted.
+// (seed, offset) (the backward, activation checkpointing) draws the same
+// mask. One thread per Philox block writes its four elements; the scale is
+// rounded from f64 to the dtype once, as the CPU's f64 mask is converted.
 #include "nn_common.cuh"
 
 // Host-callable too, so its known answers can be checked without a GPU.
@@ -24,9 +25,19 @@ __host__ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
     return c;
 }
 
+// y = x * mask (the mask of the header, never stored): element i of x or
+// of an output gradient g scaled by the dtype-rounded 1/(1-p) where its
+// uniform draw is below keep, else multiplied by 0 (so a NaN stays NaN, as
+// a product with a stored mask would). The same kernel is the forward
+// (x -> y) and the backward (g -> gx), regenerating the mask from the
+// (seed, offset) the forward reserved. Half types are read and written in
+// half and multiplied in f32: the product of the value and the half mask,
+// rounded once, as the former mask tensor times x gave.
 template <typename T>
-__device__ void dropout_mask(T* __restrict__ mask, uint64_t n, uint64_t seed, uint64_t offset, double keep, double scale) {
-    const T on = Num<T>::from_f64(scale), off = Num<T>::from_f64(0.0);
+__device__ void dropout_apply(const T* __restrict__ x, T* __restrict__ y, uint64_t n, uint64_t seed, uint64_t offset, double keep,
+                              double scale) {
+    typedef typename Num<T>::acc A;
+    const A on = Num<T>::to(Num<T>::from_f64(scale)), off = A(0);
     const uint2 key = make_uint2((uint32_t)seed, (uint32_t)(seed >> 32));
     NN_GRID_STRIDE(q, (n + 3) / 4) {
         const unsigned long long b = offset + q;
@@ -35,14 +46,14 @@ __device__ void dropout_mask(T* __restrict__ mask, uint64_t n, uint64_t seed, ui
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const size_t i = q * 4 + l;
-            if (i < n) mask[i] = ((double)words[l] + 0.5) / 4294967296.0 < keep ? on : off;
+            if (i < n) y[i] = Num<T>::from(Num<T>::to(x[i]) * (((double)words[l] + 0.5) / 4294967296.0 < keep ? on : off));
         }
     }
 }
 
 #define DROPOUT_KERNELS(SUF, T)                                                                                         \
-    extern "C" __global__ void dropout_mask_##SUF(T* mask, uint64_t n, uint64_t seed, uint64_t offset, double keep,     \
-                                                  double scale) {                                                       \
-        dropout_mask<T>(mask, n, seed, offset, keep, scale);                                                            \
+    extern "C" __global__ void dropout_apply_##SUF(const T* x, T* y, uint64_t n, uint64_t seed, uint64_t offset,         \
+                                                   double keep, double scale) {                                         \
+        dropout_apply<T>(x, y, n, seed, offset, keep, scale);                                                           \
     }
 NN_FLOAT_DTYPES(DROPOUT_KERNELS)

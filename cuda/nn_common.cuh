@@ -55,6 +55,77 @@ struct NnMax {
 // Block reductions: block_reduce(v, sh, SumOp() / NnMax()) from common.cuh;
 // `sh` holds NN_BLOCK values.
 
+// Row kernels come in two shapes, chosen on the host by the row length n:
+// a warp per row (WarpRows) for n <= NN_WARP_ROW_MAX, NN_BLOCK / 32 rows per
+// block, reduced by registers and warp shuffles alone (no shared memory, no
+// barrier); and a block per row (BlockRows) for longer rows, reduced
+// through shared memory. Both grid-stride over rows, so any grid covers
+// every row.
+//
+// Both reduce a row in the same order, so the two shapes give the same bits:
+// that of common.cuh's block tree over NN_BLOCK threads, thread t folding
+// elements t, t + NN_BLOCK, ... in turn. A warp keeps the NN_BLOCK / 32
+// partials of the threads t = lane + 32k in registers v[k], folds them as
+// the tree's first levels do (v[k] with v[k + 4], then + 2, then + 1: the
+// tree's steps 128, 64, 32), then the lanes as its last levels (16 ... 1)
+// by an xor butterfly, whose lanes l < s combine (v_l, v_{l+s}) as the tree
+// does; the others hold the same bits, the operators being commutative.
+#define NN_WARP_ROW_MAX 1024
+#define NN_WARP 32
+
+struct WarpRows {
+    // Rows (groups) per block, this thread's group in the block, its index
+    // in the group and the group's size.
+    __device__ __forceinline__ static uint32_t per_block() { return blockDim.x / NN_WARP; }
+    __device__ __forceinline__ static uint32_t group() { return threadIdx.x / NN_WARP; }
+    __device__ __forceinline__ static uint32_t t() { return threadIdx.x % NN_WARP; }
+    __device__ __forceinline__ static uint32_t size() { return NN_WARP; }
+    // op over f(0) ... f(n - 1) from init (see above); every lane of the
+    // warp calls it for the same row and gets the result.
+    template <typename A, typename Op, typename F>
+    __device__ __forceinline__ static A row_reduce(uint32_t n, A init, Op op, F f) {
+        constexpr int K = NN_BLOCK / NN_WARP;
+        A v[K];
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            v[k] = init;
+            for (uint32_t i = t() + NN_WARP * k; i < n; i += NN_BLOCK) v[k] = op(v[k], f(i));
+        }
+#pragma unroll
+        for (int s = K / 2; s > 0; s >>= 1)
+#pragma unroll
+            for (int k = 0; k < s; ++k) v[k] = op(v[k], v[k + s]);
+        A r = v[0];
+#pragma unroll
+        for (int o = NN_WARP / 2; o > 0; o >>= 1) r = op(r, __shfl_xor_sync(0xffffffffu, r, o));
+        return r;
+    }
+};
+
+struct BlockRows {
+    __device__ __forceinline__ static uint32_t per_block() { return 1; }
+    __device__ __forceinline__ static uint32_t group() { return 0; }
+    __device__ __forceinline__ static uint32_t t() { return threadIdx.x; }
+    __device__ __forceinline__ static uint32_t size() { return blockDim.x; }
+    // op over f(0) ... f(n - 1) from init through common.cuh's block tree
+    // (blockDim.x == NN_BLOCK); it ends with a barrier, so calls may follow
+    // each other. Every thread of the block calls it.
+    template <typename A, typename Op, typename F>
+    __device__ __forceinline__ static A row_reduce(uint32_t n, A init, Op op, F f) {
+        __shared__ A sh[NN_BLOCK];
+        A v = init;
+        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) v = op(v, f(i));
+        return block_reduce(v, sh, op);
+    }
+};
+
+// Rows handled by this thread's group: group g of block b takes rows
+// b*per_block + g, then strides by the grid's groups. Every thread of a
+// group runs the same iterations (the group's reductions need them all).
+#define NN_GROUP_ROWS(G, r, rows)                                                                   \
+    for (size_t r = (size_t)blockIdx.x * G::per_block() + G::group(); r < (size_t)(rows); \
+         r += (size_t)gridDim.x * G::per_block())
+
 // Reinterprets the low sizeof(T) bytes of `bits` as a T (the host packs a
 // fill value already converted to the tensor's dtype).
 template <typename T> __device__ __forceinline__ T nn_from_bits(uint64_t bits) {

@@ -3,15 +3,17 @@
 // layer_norm over the last dim, x (rows, n), w and b (n), mean and rstd (rows):
 //   y = (x - mu) * r * w + b,  mu = mean x,  r = 1 / sqrt(var + eps) (biased var)
 //   backward: xh = (x - mu) * r, gh = g * w,
-//     gx = r * (gh - mean(gh) - xh * mean(gh * xh))     (one block per row)
+//     gx = r * (gh - mean(gh) - xh * mean(gh * xh))
 //     gw = sum_rows g * xh, gb = sum_rows g             (column sums)
-// The column sums are two deterministic passes and no atomics: pass 1 sums
-// chunks of LN_CHUNK consecutive rows per column, in row order, into
-// partials (chunks, n); pass 2 sums the partials of each column in chunk
-// order. The same inputs give the same bits every run. Layer norm also
-// takes f16 and bf16 inputs (autocast's half activations): x, y and their
-// gradients in half, the weight, bias, their gradients, mean and rstd in
-// f32, every sum in f32.
+// A warp per row for rows of n <= NN_WARP_ROW_MAX, else a block per row
+// (nn_common.cuh; both give the same bits). The backward is two launches,
+// deterministic and without atomics: pass 1 writes gx and sums g*xh and g
+// per column over chunks of consecutive rows, in row order, into partial
+// rows (chunks, n); pass 2 sums the partial rows of each column in order.
+// The same inputs give the same bits every run, whatever the grid. Layer
+// norm also takes f16 and bf16 inputs (autocast's half activations): x, y
+// and their gradients in half, the weight, bias, their gradients, mean and
+// rstd in f32, every sum in f32.
 //
 // batch_norm over the channel dim of x (B, C, T) (T = 1 for (B, C) inputs),
 // statistics per channel over the B*T values of that channel:
@@ -23,97 +25,86 @@
 // for apply and gx. f32 accumulates in f32, f64 in f64.
 #include "nn_common.cuh"
 
-template <typename T, typename W>
+template <typename T, typename W, typename G>
 __device__ void layer_norm_fwd(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ b, T* __restrict__ y,
                                W* __restrict__ mean, W* __restrict__ rstd, uint64_t rows, uint32_t n, double eps, uint32_t has_w,
                                uint32_t has_b) {
     typedef typename Num<T>::acc A;
-    __shared__ A sh[NN_BLOCK];
-    NN_BLOCK_ROWS(r, rows) {
+    NN_GROUP_ROWS(G, r, rows) {
         const T* xr = x + r * n;
         T* yr = y + r * n;
-        A s = 0;
-        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) s += Num<T>::to(xr[i]);
-        const A mu = block_reduce(s, sh, SumOp()) / A(n);
-        A q = 0;
-        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
-            const A d = Num<T>::to(xr[i]) - mu;
-            q += d * d;
-        }
-        const A var = block_reduce(q, sh, SumOp()) / A(n);
+        const A mu = G::row_reduce(n, A(0), SumOp(), [&](uint32_t i) { return Num<T>::to(xr[i]); }) / A(n);
+        const A var = G::row_reduce(n, A(0), SumOp(), [&](uint32_t i) {
+                          const A d = Num<T>::to(xr[i]) - mu;
+                          return d * d;
+                      }) /
+                      A(n);
         const A inv = A(1) / nn_sqrt(var + A(eps));
-        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+        for (uint32_t i = G::t(); i < n; i += G::size()) {
             A v = (Num<T>::to(xr[i]) - mu) * inv;
             if (has_w) v = v * Num<W>::to(w[i]);
             if (has_b) v = v + Num<W>::to(b[i]);
             yr[i] = Num<T>::from(v);
         }
-        if (threadIdx.x == 0) {
+        if (G::t() == 0) {
             mean[r] = Num<W>::from(mu);
             rstd[r] = Num<W>::from(inv);
         }
     }
 }
 
-template <typename T, typename W>
-__device__ void layer_norm_bwd_dx(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ mean,
-                                  const W* __restrict__ rstd, const T* __restrict__ g, T* __restrict__ gx, uint64_t rows, uint32_t n,
-                                  uint32_t has_w) {
+// Backward pass 1: gx of every row, and the partial sums of gw and gb.
+// Rows are cut into chunks of `chunk` consecutive rows, one chunk per block
+// (grid-stride over chunks). The block's groups (warps or the block) write
+// gx of the chunk's rows; then thread `col` sums g*xh and g of column col
+// over the chunk's rows, in row order, into partial row c of pw and pb
+// (chunks, n): the order of the former separate pass. It reads only the
+// inputs, so it needs no barrier; the partial sums need no atomics.
+template <typename T, typename W, typename G>
+__device__ void layer_norm_bwd(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ mean, const W* __restrict__ rstd,
+                               const T* __restrict__ g, T* __restrict__ gx, W* __restrict__ pw, W* __restrict__ pb, uint64_t rows,
+                               uint32_t n, uint32_t has_w, uint32_t chunk) {
     typedef typename Num<T>::acc A;
-    __shared__ A sh[NN_BLOCK];
-    NN_BLOCK_ROWS(r, rows) {
-        const T* xr = x + r * n;
-        const T* gr = g + r * n;
-        T* o = gx + r * n;
-        const A mu = Num<W>::to(mean[r]), inv = Num<W>::to(rstd[r]);
-        A s1 = 0, s2 = 0;
-        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
-            const A gh = Num<T>::to(gr[i]) * (has_w ? Num<W>::to(w[i]) : A(1));
-            s1 += gh;
-            s2 += gh * (Num<T>::to(xr[i]) - mu) * inv;
-        }
-        const A m1 = block_reduce(s1, sh, SumOp()) / A(n);
-        const A m2 = block_reduce(s2, sh, SumOp()) / A(n);
-        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
-            const A gh = Num<T>::to(gr[i]) * (has_w ? Num<W>::to(w[i]) : A(1));
-            const A xh = (Num<T>::to(xr[i]) - mu) * inv;
-            o[i] = Num<T>::from(inv * (gh - m1 - xh * m2));
-        }
-    }
-}
-
-// Pass 1 of gw/gb: partial sums over rows [c*chunk, min((c+1)*chunk, rows))
-// for element e = c*n + col of the (chunks, n) partials.
-template <typename T, typename W>
-__device__ void layer_norm_bwd_wb_partial(const T* __restrict__ x, const W* __restrict__ mean, const W* __restrict__ rstd,
-                                          const T* __restrict__ g, W* __restrict__ pw, W* __restrict__ pb, uint64_t rows, uint32_t n,
-                                          uint64_t chunks, uint32_t chunk) {
-    typedef typename Num<T>::acc A;
-    NN_GRID_STRIDE(e, chunks * n) {
-        const size_t c = e / n, col = e % n;
+    const uint64_t chunks = (rows + chunk - 1) / chunk;
+    for (uint64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
         const size_t r0 = c * chunk;
         const size_t r1 = r0 + chunk < rows ? r0 + chunk : rows;
-        A sw = 0, sb = 0;
-        for (size_t r = r0; r < r1; ++r) {
-            const size_t k = r * n + col;
-            const A gv = Num<T>::to(g[k]);
-            sw += gv * ((Num<T>::to(x[k]) - Num<W>::to(mean[r])) * Num<W>::to(rstd[r]));
-            sb += gv;
+        for (size_t r = r0 + G::group(); r < r1; r += G::per_block()) {
+            const T* xr = x + r * n;
+            const T* gr = g + r * n;
+            T* o = gx + r * n;
+            const A mu = Num<W>::to(mean[r]), inv = Num<W>::to(rstd[r]);
+            auto gh = [&](uint32_t i) { return Num<T>::to(gr[i]) * (has_w ? Num<W>::to(w[i]) : A(1)); };
+            const A m1 = G::row_reduce(n, A(0), SumOp(), gh) / A(n);
+            const A m2 = G::row_reduce(n, A(0), SumOp(), [&](uint32_t i) { return gh(i) * (Num<T>::to(xr[i]) - mu) * inv; }) / A(n);
+            for (uint32_t i = G::t(); i < n; i += G::size()) {
+                const A xh = (Num<T>::to(xr[i]) - mu) * inv;
+                o[i] = Num<T>::from(inv * (gh(i) - m1 - xh * m2));
+            }
         }
-        pw[e] = Num<W>::from(sw);
-        pb[e] = Num<W>::from(sb);
+        for (uint32_t col = threadIdx.x; col < n; col += blockDim.x) {
+            A sw = 0, sb = 0;
+            for (size_t r = r0; r < r1; ++r) {
+                const size_t k = r * n + col;
+                const A gv = Num<T>::to(g[k]);
+                sw += gv * ((Num<T>::to(x[k]) - Num<W>::to(mean[r])) * Num<W>::to(rstd[r]));
+                sb += gv;
+            }
+            pw[c * n + col] = Num<W>::from(sw);
+            pb[c * n + col] = Num<W>::from(sb);
+        }
     }
 }
 
-// Pass 2 of gw/gb: column `col` summed over the partials in chunk order
-// (all in the parameters' type W).
+// Backward pass 2 of gw/gb: column `col` summed over the partial rows in
+// order (all in the parameters' type W).
 template <typename T>
-__device__ void layer_norm_bwd_wb_final(const T* __restrict__ pw, const T* __restrict__ pb, T* __restrict__ gw, T* __restrict__ gb,
-                                        uint64_t chunks, uint32_t n) {
+__device__ void layer_norm_bwd_wb(const T* __restrict__ pw, const T* __restrict__ pb, T* __restrict__ gw, T* __restrict__ gb,
+                                  uint64_t parts, uint32_t n) {
     typedef typename Num<T>::acc A;
     NN_GRID_STRIDE(col, n) {
         A sw = 0, sb = 0;
-        for (size_t c = 0; c < chunks; ++c) {
+        for (size_t c = 0; c < parts; ++c) {
             sw += Num<T>::to(pw[c * n + col]);
             sb += Num<T>::to(pb[c * n + col]);
         }
@@ -211,24 +202,25 @@ __device__ void batch_norm_bwd_dx(const T* __restrict__ x, const T* __restrict__
 // Layer norm's kernels for input type T and parameter type W: the half
 // types read and write x, y, g and gx in half and keep the weight, bias,
 // their gradients and the per-row mean and rstd in f32 (W = float),
-// accumulating in f32; f32 and f64 use one type for all.
+// accumulating in f32; f32 and f64 use one type for all. `_warp` kernels
+// give a warp to each row (rows of n <= NN_WARP_ROW_MAX), the others a
+// block.
+#define LN_SHAPE(SUF, T, W, S, G)                                                                                          \
+    extern "C" __global__ void layer_norm_fwd##S##SUF(const T* x, const W* w, const W* b, T* y, W* mean, W* rstd,          \
+                                                      uint64_t rows, uint32_t n, double eps, uint32_t has_w,               \
+                                                      uint32_t has_b) {                                                    \
+        layer_norm_fwd<T, W, G>(x, w, b, y, mean, rstd, rows, n, eps, has_w, has_b);                                       \
+    }                                                                                                                      \
+    extern "C" __global__ void layer_norm_bwd##S##SUF(const T* x, const W* w, const W* mean, const W* rstd, const T* g,    \
+                                                      T* gx, W* pw, W* pb, uint64_t rows, uint32_t n, uint32_t has_w,      \
+                                                      uint32_t chunk) {                                                    \
+        layer_norm_bwd<T, W, G>(x, w, mean, rstd, g, gx, pw, pb, rows, n, has_w, chunk);                                   \
+    }
 #define LN_KERNELS(SUF, T, W)                                                                                              \
-    extern "C" __global__ void layer_norm_fwd_##SUF(const T* x, const W* w, const W* b, T* y, W* mean, W* rstd,            \
-                                                    uint64_t rows, uint32_t n, double eps, uint32_t has_w, uint32_t has_b) { \
-        layer_norm_fwd<T, W>(x, w, b, y, mean, rstd, rows, n, eps, has_w, has_b);                                          \
-    }                                                                                                                      \
-    extern "C" __global__ void layer_norm_bwd_dx_##SUF(const T* x, const W* w, const W* mean, const W* rstd, const T* g,   \
-                                                       T* gx, uint64_t rows, uint32_t n, uint32_t has_w) {                 \
-        layer_norm_bwd_dx<T, W>(x, w, mean, rstd, g, gx, rows, n, has_w);                                                  \
-    }                                                                                                                      \
-    extern "C" __global__ void layer_norm_bwd_wb_partial_##SUF(const T* x, const W* mean, const W* rstd, const T* g,       \
-                                                               W* pw, W* pb, uint64_t rows, uint32_t n, uint64_t chunks,   \
-                                                               uint32_t chunk) {                                           \
-        layer_norm_bwd_wb_partial<T, W>(x, mean, rstd, g, pw, pb, rows, n, chunks, chunk);                                 \
-    }                                                                                                                      \
-    extern "C" __global__ void layer_norm_bwd_wb_final_##SUF(const W* pw, const W* pb, W* gw, W* gb, uint64_t chunks,      \
-                                                             uint32_t n) {                                                 \
-        layer_norm_bwd_wb_final<W>(pw, pb, gw, gb, chunks, n);                                                             \
+    LN_SHAPE(SUF, T, W, _, BlockRows)                                                                                      \
+    LN_SHAPE(SUF, T, W, _warp_, WarpRows)                                                                                  \
+    extern "C" __global__ void layer_norm_bwd_wb_##SUF(const W* pw, const W* pb, W* gw, W* gb, uint64_t parts, uint32_t n) { \
+        layer_norm_bwd_wb<W>(pw, pb, gw, gb, parts, n);                                                                    \
     }
 LN_KERNELS(f32, float, float)
 LN_KERNELS(f64, double, double)

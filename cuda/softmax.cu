@@ -1,71 +1,102 @@
-// Softmax and log-softmax over the last dim, forward and backward.
+// Softmax, log-softmax and masked softmax over the last dim, forward and
+// backward.
 //
-// Layout: x, y, g, gx are (rows, n) row-major; one block per row
-// (grid-stride over rows), NN_BLOCK threads striding over the row.
+// Layout: x, y, g, gx are (rows, n) row-major. Each kernel comes in two
+// shapes (nn_common.cuh): `_warp` kernels give a warp to each row (rows of
+// n <= NN_WARP_ROW_MAX; attention's rows of a few hundred, d = 256),
+// reducing in registers and by warp shuffles; the others give a block of
+// NN_BLOCK threads to each row (the 4233-wide log-softmax of the output
+// layer). The host picks.
 //
 //   softmax:      y = exp(x - m) / s,      m = max x,  s = sum exp(x - m)
 //   log_softmax:  y = x - m - log s
-//   softmax backward:     gx = y * (g - sum(g * y))
+//   masked softmax (attention): the same over the elements whose mask byte
+//     is 0; an element whose mask byte is non-zero gives y = 0, and a row
+//     with every element masked gives zeros (never NaN). The mask (u8) is
+//     broadcast to the rows: row r's bytes start at the offset of r through
+//     `mrow` (a Strided over the leading dims, 0 along broadcast dims) and
+//     step by `mstep` (0 or 1) along the row.
+//   softmax backward:     gx = y * (g - sum(g * y))   (masked softmax too:
+//     its masked outputs are 0, so their gradient is 0)
 //   log_softmax backward: gx = g - exp(y) * sum(g)
 //
 // The row max is subtracted first (numerically stable); sums accumulate in
-// f32 (f64 for f64; f16 and bf16 are read and written in half) through a fixed shared-memory tree, so results are
-// reproducible. A row that is all -inf gives NaN, as on the CPU.
+// f32 (f64 for f64; f16 and bf16 are read and written in half) in a fixed
+// order, the same for both shapes (nn_common.cuh), so results are
+// reproducible and do not depend on the shape. A row of plain softmax that
+// is all -inf gives NaN, as on the CPU.
 #include "nn_common.cuh"
 
-template <typename T, bool LOG>
+template <typename T, bool LOG, typename G>
 __device__ void softmax_fwd(const T* __restrict__ x, T* __restrict__ y, uint64_t rows, uint32_t n) {
     typedef typename Num<T>::acc A;
-    __shared__ A sh[NN_BLOCK];
-    NN_BLOCK_ROWS(r, rows) {
+    NN_GROUP_ROWS(G, r, rows) {
         const T* xr = x + r * n;
         T* yr = y + r * n;
-        A m = -INFINITY;
-        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) m = NnMax()(m, Num<T>::to(xr[i]));
-        m = block_reduce(m, sh, NnMax());
-        A s = 0;
-        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) s += nn_exp(Num<T>::to(xr[i]) - m);
-        s = block_reduce(s, sh, SumOp());
+        const A m = G::row_reduce(n, A(-INFINITY), NnMax(), [&](uint32_t i) { return Num<T>::to(xr[i]); });
+        const A s = G::row_reduce(n, A(0), SumOp(), [&](uint32_t i) { return nn_exp(Num<T>::to(xr[i]) - m); });
         if (LOG) {
             const A ls = nn_log(s);
-            for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = Num<T>::from(Num<T>::to(xr[i]) - m - ls);
+            for (uint32_t i = G::t(); i < n; i += G::size()) yr[i] = Num<T>::from(Num<T>::to(xr[i]) - m - ls);
         } else {
             const A inv = A(1) / s;
-            for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = Num<T>::from(nn_exp(Num<T>::to(xr[i]) - m) * inv);
+            for (uint32_t i = G::t(); i < n; i += G::size()) yr[i] = Num<T>::from(nn_exp(Num<T>::to(xr[i]) - m) * inv);
         }
     }
 }
 
-template <typename T, bool LOG>
+template <typename T, typename G>
+__device__ void masked_softmax_fwd(const T* __restrict__ x, const uint8_t* __restrict__ mask, const Strided& mrow, uint64_t mstep,
+                                   T* __restrict__ y, uint64_t rows, uint32_t n) {
+    typedef typename Num<T>::acc A;
+    NN_GROUP_ROWS(G, r, rows) {
+        const T* xr = x + r * n;
+        T* yr = y + r * n;
+        const uint8_t* mr = mask + strided_offset(mrow, r);
+        // Masked elements count as -inf in the max and 0 in the sum.
+        const A m = G::row_reduce(n, A(-INFINITY), NnMax(), [&](uint32_t i) { return mr[i * mstep] ? A(-INFINITY) : Num<T>::to(xr[i]); });
+        // m = -inf: every element is masked (a NaN input makes m NaN, and
+        // the row NaN, as on the CPU).
+        const bool none = m == A(-INFINITY);
+        const A s = G::row_reduce(n, A(0), SumOp(), [&](uint32_t i) { return mr[i * mstep] ? A(0) : nn_exp(Num<T>::to(xr[i]) - m); });
+        const A inv = A(1) / s;
+        for (uint32_t i = G::t(); i < n; i += G::size())
+            yr[i] = Num<T>::from(none || mr[i * mstep] ? A(0) : nn_exp(Num<T>::to(xr[i]) - m) * inv);
+    }
+}
+
+template <typename T, bool LOG, typename G>
 __device__ void softmax_bwd(const T* __restrict__ y, const T* __restrict__ g, T* __restrict__ gx, uint64_t rows, uint32_t n) {
     typedef typename Num<T>::acc A;
-    __shared__ A sh[NN_BLOCK];
-    NN_BLOCK_ROWS(r, rows) {
+    NN_GROUP_ROWS(G, r, rows) {
         const T* yr = y + r * n;
         const T* gr = g + r * n;
         T* o = gx + r * n;
-        A s = 0;
-        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
-            s += LOG ? Num<T>::to(gr[i]) : Num<T>::to(gr[i]) * Num<T>::to(yr[i]);
-        s = block_reduce(s, sh, SumOp());
-        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const A s = G::row_reduce(n, A(0), SumOp(), [&](uint32_t i) { return LOG ? Num<T>::to(gr[i]) : Num<T>::to(gr[i]) * Num<T>::to(yr[i]); });
+        for (uint32_t i = G::t(); i < n; i += G::size()) {
             const A yv = Num<T>::to(yr[i]), gv = Num<T>::to(gr[i]);
             o[i] = Num<T>::from(LOG ? gv - nn_exp(yv) * s : yv * (gv - s));
         }
     }
 }
 
-#define SOFTMAX_KERNELS(SUF, T)                                                                                     \
-    extern "C" __global__ void softmax_fwd_##SUF(const T* x, T* y, uint64_t rows, uint32_t n) {                     \
-        softmax_fwd<T, false>(x, y, rows, n);                                                                       \
-    }                                                                                                               \
-    extern "C" __global__ void log_softmax_fwd_##SUF(const T* x, T* y, uint64_t rows, uint32_t n) {                 \
-        softmax_fwd<T, true>(x, y, rows, n);                                                                        \
-    }                                                                                                               \
-    extern "C" __global__ void softmax_bwd_##SUF(const T* y, const T* g, T* gx, uint64_t rows, uint32_t n) {        \
-        softmax_bwd<T, false>(y, g, gx, rows, n);                                                                   \
-    }                                                                                                               \
-    extern "C" __global__ void log_softmax_bwd_##SUF(const T* y, const T* g, T* gx, uint64_t rows, uint32_t n) {    \
-        softmax_bwd<T, true>(y, g, gx, rows, n);                                                                    \
+#define SOFTMAX_SHAPE(SUF, T, W, G)                                                                                        \
+    extern "C" __global__ void softmax_fwd##W##SUF(const T* x, T* y, uint64_t rows, uint32_t n) {                           \
+        softmax_fwd<T, false, G>(x, y, rows, n);                                                                           \
+    }                                                                                                                      \
+    extern "C" __global__ void log_softmax_fwd##W##SUF(const T* x, T* y, uint64_t rows, uint32_t n) {                       \
+        softmax_fwd<T, true, G>(x, y, rows, n);                                                                            \
+    }                                                                                                                      \
+    extern "C" __global__ void softmax_bwd##W##SUF(const T* y, const T* g, T* gx, uint64_t rows, uint32_t n) {              \
+        softmax_bwd<T, false, G>(y, g, gx, rows, n);                                                                       \
+    }                                                                                                                      \
+    extern "C" __global__ void log_softmax_bwd##W##SUF(const T* y, const T* g, T* gx, uint64_t rows, uint32_t n) {          \
+        softmax_bwd<T, true, G>(y, g, gx, rows, n);                                                                        \
+    }                                                                                                                      \
+    extern "C" __global__ void masked_softmax_fwd##W##SUF(const T* x, const uint8_t* mask, Strided mrow, uint64_t mstep, \
+                                                          T* y, uint64_t rows, uint32_t n) {                               \
+        masked_softmax_fwd<T, G>(x, mask, mrow, mstep, y, rows, n);                                                        \
     }
+// softmax_fwd_f32 (a block per row) and softmax_fwd_warp_f32 (a warp per row), ...
+#define SOFTMAX_KERNELS(SUF, T) SOFTMAX_SHAPE(SUF, T, _, BlockRows) SOFTMAX_SHAPE(SUF, T, _warp_, WarpRows)
 NN_FLOAT_DTYPES(SOFTMAX_KERNELS)

@@ -14,7 +14,8 @@
 #             warps' partials and reading them
 #   past-row  softmax writes one element past the end of its row
 #   swapped   reduce.cu's sum_cols kernel takes (n, outer) where the host passes (outer, n)
-#   ln-read   layer norm's statistics read one element past the row
+#   ln-read   layer norm's first row loop (the forward's output loop; its
+#             statistics are row_reduce's) reads and writes one element past the row
 #   dyn-shared  (Rust side) sum_rows's launch asks for 8 bytes of dynamic
 #             shared memory where its block reduction keeps one partial per warp:
 #             applied to a copy of the whole tree, whose test binaries are
@@ -112,9 +113,9 @@ PY
             python3 - "$m/cuda/softmax.cu" <<'PY'
 import sys
 p = sys.argv[1]; s = open(p).read()
-old = "for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = Num<T>::from(nn_exp("
+old = "for (uint32_t i = G::t(); i < n; i += G::size()) yr[i] = Num<T>::from(nn_exp("
 assert old in s, "softmax's write loop not found"
-open(p, "w").write(s.replace(old, "for (uint32_t i = threadIdx.x; i <= n; i += blockDim.x) yr[i] = Num<T>::from(nn_exp("))
+open(p, "w").write(s.replace(old, "for (uint32_t i = G::t(); i <= n; i += G::size()) yr[i] = Num<T>::from(nn_exp("))
 PY
             echo softmax.cu ;;
         swapped)
@@ -130,8 +131,8 @@ PY
             python3 - "$m/cuda/norm.cu" <<'PY'
 import sys, re
 p = sys.argv[1]; s = open(p).read()
-# The first row loop of the layer norm statistics: read one element more.
-m = re.search(r"for \((?:i64|uint32_t|int) (\w+) = threadIdx\.x; \1 < (\w+);", s)
+# The first row loop of layer norm (its forward's output): one element more.
+m = re.search(r"for \((?:i64|uint32_t|int) (\w+) = (?:threadIdx\.x|G::t\(\)); \1 < (\w+);", s)
 assert m, "norm.cu's first row loop not found"
 open(p, "w").write(s[:m.start()] + m.group(0).replace(" < ", " <= ") + s[m.end():])
 PY

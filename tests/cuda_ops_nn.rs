@@ -73,9 +73,10 @@ fn some_mask(n: usize, seed: u64) -> Vec<u8> {
 fn softmax_and_log_softmax_match_the_cpu() {
     let Some(dev) = gpu("softmax_and_log_softmax_match_the_cpu") else { return };
     // Rows of 1 and 7, of 200 (between half a block and a block), 300 (past
-    // a block, not a multiple of 32), 1000 and 4097; 67 and 41 rows outnumber
-    // the capped grid, so the row loop wraps.
-    let shapes: [&'static [usize]; 6] = [&[3, 1], &[5, 7], &[67, 200], &[41, 300], &[2, 1000], &[3, 4097]];
+    // a block, not a multiple of 32), 1000 and 1024 (a warp per row), 1025
+    // and 4097 (a block per row); 67 and 41 rows outnumber the capped grid
+    // of blocks, 300 rows its warps (37 blocks of 8), so the row loops wrap.
+    let shapes: [&'static [usize]; 9] = [&[3, 1], &[5, 7], &[300, 33], &[67, 200], &[41, 300], &[2, 1000], &[3, 1024], &[41, 1025], &[3, 4097]];
     for s in shapes {
         both(&format!("softmax {s:?}"), &dev, &[(s, Normal, true)], &move |x| ops::softmax(&x[0]));
         both(&format!("log_softmax {s:?}"), &dev, &[(s, Normal, true)], &move |x| ops::log_softmax(&x[0]));
@@ -96,6 +97,80 @@ fn softmax_of_large_logits_is_stable_on_the_gpu() {
     close("softmax of large logits", &y, &[0.0, 0.5, 0.5], 1e-7, 0);
 }
 
+/// A (B, 1, T1 or 1, T2) attention mask with random masked keys and, for
+/// T1 > 1, the first query row of the first sequence fully masked.
+fn attention_mask(b: usize, t1: usize, t2: usize, seed: u64) -> (Vec<u8>, Vec<usize>) {
+    let mut m = some_mask(b * t1 * t2, seed);
+    if t1 > 1 {
+        m[..t2].iter_mut().for_each(|v| *v = 1);
+    }
+    (m, vec![b, 1, t1, t2])
+}
+
+#[test]
+fn masked_softmax_matches_the_cpu() {
+    let Some(dev) = gpu("masked_softmax_matches_the_cpu") else { return };
+    // Scores (B, H, T1, T2) under a key-padding mask (B, 1, 1, T2) and a
+    // per-query mask (B, 1, T1, T2) with a fully masked row; rows of 7, 200
+    // and 1024 (a warp per row; 2*8*20 = 320 rows wrap the capped grid's
+    // warps) and 1025 and 3000 (a block per row; 41 rows wrap its blocks).
+    let cases: [(&'static [usize], bool); 7] = [
+        (&[2, 3, 5, 7], false),
+        (&[2, 3, 5, 7], true),
+        (&[2, 8, 20, 200], true),
+        (&[2, 8, 20, 200], false),
+        (&[1, 2, 3, 1024], true),
+        (&[1, 41, 1, 1025], false),
+        (&[2, 1, 3, 3000], true),
+    ];
+    for (i, (s, per_query)) in cases.into_iter().enumerate() {
+        let (m, ms) = attention_mask(s[0], if per_query { s[2] } else { 1 }, s[3], 40 + i as u64);
+        let (mc, mg) = (m.clone(), u8s(m.clone(), &ms).to_device(&dev).unwrap());
+        let f = move |x: &[Tensor]| {
+            // The mask on the scores' device (the host copy path is the one attention's masks may take too).
+            let mask = if x[0].device() == Device::Cpu { u8s(mc.clone(), &ms) } else { mg.clone() };
+            ops::masked_softmax(&x[0], &mask)
+        };
+        both(&format!("masked_softmax {s:?} per query {per_query}"), &dev, &[(s, Normal, true)], &f);
+        // Half: two roundings apart. The backward reads each device's own
+        // half output y, and the f32 values the two devices round to y
+        // differ in the last f32 bits (sum order), so where they straddle a
+        // half rounding boundary y differs by one half ulp (about one in
+        // 2^13 elements, several per case at these sizes); gx ∝ y then
+        // differs by that ulp plus its own rounding: up to two of the
+        // harness's one-rounding tolerance.
+        for dt in [DType::F16, DType::BF16] {
+            compare(&format!("masked_softmax {s:?} per query {per_query}"), &dev, dt, 2.0 * gpu::tol(dt), &[(s, Normal, true)], &f);
+        }
+    }
+    // A mask left on the host is copied to the GPU.
+    let (m, ms) = attention_mask(2, 1, 9, 50);
+    both("masked_softmax host mask", &dev, &[(&[2, 2, 4, 9], Normal, true)], &move |x| ops::masked_softmax(&x[0], &u8s(m.clone(), &ms)));
+}
+
+/// The definition, on the CPU and the GPU: masked_fill(−1e30), softmax,
+/// masked_fill(0), in f64; a fully masked row is zeros, never NaN.
+#[test]
+fn masked_softmax_is_its_definition() {
+    let mut devs = vec![Device::Cpu];
+    devs.extend(gpu("masked_softmax_is_its_definition"));
+    let seed = fresh_seed();
+    let mut r = Rng::new(seed);
+    for dev in devs {
+        for (s, t1) in [([2usize, 3, 4, 9], 4usize), ([2, 3, 4, 300], 1), ([1, 2, 2, 1500], 2)] {
+            let (m, ms) = attention_mask(s[0], t1, s[3], seed ^ 7);
+            let x = Tensor::from_vec(r.normal(s.iter().product()), s, &Device::Cpu).unwrap().to_device(&dev).unwrap();
+            let mask = u8s(m, &ms);
+            let got = ops::masked_softmax(&x, &mask).unwrap().to_f64_vec().unwrap();
+            let want = ops::masked_fill(&ops::softmax(&ops::masked_fill(&x, &mask, -1e30).unwrap()).unwrap(), &mask, 0.0).unwrap().to_f64_vec().unwrap();
+            close(&format!("masked_softmax {s:?} on {dev:?}"), &got, &want, 1e-12, seed);
+            if t1 > 1 {
+                assert!(got[..s[3]].iter().all(|&v| v == 0.0), "a fully masked row is zeros on {dev:?}");
+            }
+        }
+    }
+}
+
 // ---- norms ----
 
 #[test]
@@ -104,8 +179,21 @@ fn layer_norm_matches_the_cpu() {
     // Rows of 1 (zero variance), 7, 1000 and 4097; 300 rows spans several
     // chunks of the weight/bias column sums.
     // and 67 rows of 200 (between half a block and a block) wrap the capped grid.
-    let cases: [(&'static [usize], &'static [usize]); 6] =
-        [(&[3, 1], &[1]), (&[300, 7], &[7]), (&[67, 200], &[200]), (&[2, 3, 1000], &[1000]), (&[2, 4097], &[4097]), (&[129, 64], &[64])];
+    // Rows of 1024 and 1025 straddle the warp-per-row limit; 2400 rows of 5
+    // (a warp per row) and of 1025 (a block per row) outnumber the capped
+    // grid's chunks of the backward (37 of 64 rows), so its chunk loop wraps.
+    let cases: [(&'static [usize], &'static [usize]); 10] = [
+        (&[3, 1], &[1]),
+        (&[300, 7], &[7]),
+        (&[2400, 5], &[5]),
+        (&[67, 200], &[200]),
+        (&[2, 3, 1000], &[1000]),
+        (&[3, 1024], &[1024]),
+        (&[3, 1025], &[1025]),
+        (&[2400, 1025], &[1025]),
+        (&[2, 4097], &[4097]),
+        (&[129, 64], &[64]),
+    ];
     for (x, p) in cases {
         both(&format!("layer_norm affine {x:?}"), &dev, &[(x, Normal, true), (p, Normal, true), (p, Normal, true)], &move |t| {
             ops::layer_norm(&t[0], Some(&t[1]), Some(&t[2]), 1e-5)
@@ -120,7 +208,8 @@ fn layer_norm_matches_the_cpu() {
 #[test]
 fn half_layer_norm_matches_the_cpu() {
     let Some(dev) = gpu("half_layer_norm_matches_the_cpu") else { return };
-    let cases: [(&'static [usize], &'static [usize]); 4] = [(&[300, 7], &[7]), (&[67, 200], &[200]), (&[2, 3, 1000], &[1000]), (&[129, 256], &[256])];
+    let cases: [(&'static [usize], &'static [usize]); 5] =
+        [(&[300, 7], &[7]), (&[67, 200], &[200]), (&[2, 3, 1000], &[1000]), (&[129, 256], &[256]), (&[5, 1500], &[1500])];
     for dt in [DType::F16, DType::BF16] {
         for (x, p) in cases {
             compare(&format!("half layer_norm affine {x:?}"), &dev, dt, gpu::tol(dt), &[(x, Normal, true), (p, Normal, true), (p, Normal, true)], &move |t| {
@@ -445,6 +534,33 @@ fn dropout_recomputed_from_a_saved_state_is_the_same_mask() {
     let b = ops::dropout(&x, 0.2, true).unwrap().to_vec::<f32>().unwrap();
     assert_eq!(a, b, "a recompute from the saved state draws the same mask");
     assert_ne!(a, next, "the next draw is a different mask");
+}
+
+/// Dropout's gradient is g times the forward's mask, redrawn from the
+/// (seed, offset) the forward reserved: the same elements are dropped and
+/// kept elements scaled by 1/(1−p), in every dtype, on both devices, also
+/// when the generator has moved on (another draw) before the backward.
+#[test]
+fn dropout_backward_redraws_the_forward_mask() {
+    let mut devs = vec![Device::Cpu];
+    devs.extend(gpu("dropout_backward_redraws_the_forward_mask"));
+    let (seed, n, p) = (fresh_seed(), 4097, 0.3);
+    for dev in devs {
+        for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+            let x = common::tensor(&vec![1.0; n], &[n], dt, &Device::Cpu).to_device(&dev).unwrap().requires_grad_();
+            rng::manual_seed(seed);
+            let y = ops::dropout(&x, p, true).unwrap();
+            ops::dropout(&x, p, true).unwrap();
+            let gy = common::tensor(&vec![2.0; n], &[n], dt, &Device::Cpu).to_device(&dev).unwrap();
+            asrforge::autograd::backward_with(&[(y.clone(), gy)]).unwrap();
+            let (yv, gx) = (y.to_f64_vec().unwrap(), x.grad().unwrap().to_f64_vec().unwrap());
+            for i in 0..n {
+                assert_eq!(gx[i], 2.0 * yv[i], "{dt:?} on {dev:?}: element {i}: the gradient is 2 times the forward's mask (seed {seed})");
+            }
+            let kept = yv.iter().filter(|&&v| v != 0.0).count() as f64 / n as f64;
+            assert!((kept - (1.0 - p)).abs() < 0.03, "{dt:?} on {dev:?}: kept {kept} of the elements, want about {} (seed {seed})", 1.0 - p);
+        }
+    }
 }
 
 #[test]

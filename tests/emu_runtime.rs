@@ -155,6 +155,59 @@ fn softmax_and_log_softmax_match_f64_reference() {
     }
 }
 
+/// The two shapes of the row kernels (a warp per row, a block per row)
+/// reduce in the same order, so they give the same bits: softmax,
+/// log-softmax and their backward, and layer norm's forward, f32, on rows
+/// shorter and longer than a warp and up to the warp shape's limit (1024),
+/// under every thread order.
+#[test]
+fn warp_and_block_row_kernels_give_the_same_bits() {
+    let _g = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let (sm, ln) = (Module::open("libsoftmax.so"), Module::open("libnorm.so"));
+    let mut rng = Rng(seed());
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for &(rows, n) in &[(9u64, 1u32), (9, 31), (9, 77), (5, 256), (5, 300), (3, 1000), (3, 1024)] {
+        let len = (rows * n as u64) as usize;
+        let x: Vec<f32> = (0..len).map(|_| rng.uniform(-6.0, 6.0) as f32).collect();
+        let g: Vec<f32> = (0..len).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
+        let w: Vec<f32> = (0..n).map(|_| rng.uniform(0.5, 1.5) as f32).collect();
+        for (s, sd) in SCHEDULES {
+            set_schedule(s, sd);
+            // Block shape: 2 blocks (grid-stride over rows); warp shape: 1 block of 8 warps.
+            let run = |m: &Module, kernel: &str, warp: bool, args: &[*mut c_void]| {
+                let name = if warp { kernel.replacen("_f32", "_warp_f32", 1) } else { kernel.to_string() };
+                m.launch(&name, (if warp { 1 } else { 2 }, 1, 1), (256, 1, 1), 0, args).unwrap_or_else(|e| panic!("{name}: {e}"));
+            };
+            for kernel in ["softmax_fwd_f32", "log_softmax_fwd_f32"] {
+                let mut out = [vec![f32::NAN; len], vec![f32::NAN; len]];
+                for (k, y) in out.iter_mut().enumerate() {
+                    let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());
+                    run(&sm, kernel, k == 1, &[p(&xp), p(&yp), p(&rows), p(&n)]);
+                }
+                assert_eq!(bits(&out[1]), bits(&out[0]), "{kernel} rows={rows} n={n} {s}/{sd}: the warp shape differs from the block shape");
+                assert!(out[0].iter().all(|v| v.is_finite()), "{kernel} rows={rows} n={n}: every element written");
+                let bwd = kernel.replacen("fwd", "bwd", 1);
+                let mut gx = [vec![f32::NAN; len], vec![f32::NAN; len]];
+                for (k, o) in gx.iter_mut().enumerate() {
+                    let (yp, gp, op) = (out[0].as_ptr(), g.as_ptr(), o.as_mut_ptr());
+                    run(&sm, &bwd, k == 1, &[p(&yp), p(&gp), p(&op), p(&rows), p(&n)]);
+                }
+                assert_eq!(bits(&gx[1]), bits(&gx[0]), "{bwd} rows={rows} n={n} {s}/{sd}: the warp shape differs from the block shape");
+            }
+            let mut y = [vec![f32::NAN; len], vec![f32::NAN; len]];
+            let mut stats = [vec![f32::NAN; 2 * rows as usize], vec![f32::NAN; 2 * rows as usize]];
+            for (k, (y, st)) in y.iter_mut().zip(stats.iter_mut()).enumerate() {
+                let (mean, rstd) = st.split_at_mut(rows as usize);
+                let (xp, wp, yp, mp, rp) = (x.as_ptr(), w.as_ptr(), y.as_mut_ptr(), mean.as_mut_ptr(), rstd.as_mut_ptr());
+                let (eps, one, zero) = (1e-5f64, 1u32, 0u32);
+                run(&ln, "layer_norm_fwd_f32", k == 1, &[p(&xp), p(&wp), p(&wp), p(&yp), p(&mp), p(&rp), p(&rows), p(&n), p(&eps), p(&one), p(&zero)]);
+            }
+            assert_eq!(bits(&y[1]), bits(&y[0]), "layer_norm_fwd_f32 rows={rows} n={n} {s}/{sd}: the warp shape differs from the block shape");
+            assert_eq!(bits(&stats[1]), bits(&stats[0]), "layer_norm_fwd_f32 rows={rows} n={n} {s}/{sd}: statistics");
+        }
+    }
+}
+
 /// The 16-bit encoding nearest to x (ties to the even encoding), by search over all finite
 /// encodings; `decode` maps bits to f64 exactly. NaN -> 0x7FFF; beyond the rounding range -> inf.
 fn nearest16(x: f64, decode: &dyn Fn(u16) -> f64, inf: u16) -> u16 {

@@ -75,6 +75,13 @@ grad!(max_last_keepdim, [([3, 5], Distinct, true)], |x| ops::max(&x[0], -1, true
 // Softmax family.
 grad!(softmax, [([4, 7], Normal, true)], |x| ops::softmax(&x[0]));
 grad!(log_softmax, [([3, 2, 9], Normal, true)], |x| ops::log_softmax(&x[0]));
+// Masked softmax: a per-query mask (B, 1, T1, T2) whose first row is fully
+// masked, and a key-padding mask (B, 1, 1, T2).
+grad!(masked_softmax_per_query, [([2, 2, 3, 5], Normal, true)], |x| {
+    let m = [1, 1, 1, 1, 1, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 1, 0, 0, 0, 1, 1, 0, 0, 1, 0, 0, 0];
+    ops::masked_softmax(&x[0], &u8t(&m, &[2, 1, 3, 5]))
+});
+grad!(masked_softmax_key_padding, [([2, 3, 2, 4], Normal, true)], |x| ops::masked_softmax(&x[0], &u8t(&[0, 0, 1, 1, 0, 0, 0, 1], &[2, 1, 1, 4])));
 // Products.
 grad!(matmul, [([5, 4], Normal, true), ([4, 3], Normal, true)], |x| ops::matmul(&x[0], &x[1]));
 grad!(matmul_ta, [([4, 5], Normal, true), ([4, 3], Normal, true)], |x| ops::matmul_t(&x[0], &x[1], true, false));

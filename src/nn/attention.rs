@@ -2,10 +2,10 @@
 //! variant (Transformer-XL style, as WeNet implements it).
 //!
 //! Layout: x (B, T, D) → heads (B, H, T, d_k) with D = H·d_k.
-//! scores = q·kᵀ/√d_k (B, H, T1, T2); masked keys get a large negative
-//! score, the softmax runs in f32 (or f64), masked weights are then set to
-//! exactly 0 (a fully masked row yields zeros, never NaN), dropout, and the
-//! weighted values are merged back to (B, T1, D) for `linear_out`.
+//! scores = q·kᵀ/√d_k (B, H, T1, T2); the softmax over the unmasked keys
+//! (accumulated in f32, or f64) gives masked keys exactly 0 (a fully masked
+//! row yields zeros, never NaN), dropout, and the weighted values are
+//! merged back to (B, T1, D) for `linear_out`.
 
 use super::dropout::Dropout;
 use super::init::{uniform_param, xavier_uniform_bound};
@@ -14,10 +14,6 @@ use super::module::{Module, TensorKind};
 use crate::error::{Error, Result};
 use crate::ops;
 use crate::tensor::{DType, Device, Rng, Tensor};
-
-/// Stands in for −∞ before the softmax: exp underflows to exactly 0, and a
-/// row with every key masked stays finite (it is zeroed afterwards).
-const MASK_SCORE: f64 = -1.0e30;
 
 /// Which keys a query must not attend to: u8 (B, 1, T1 or 1, T2), 1 = masked.
 #[derive(Clone, Debug)]
@@ -101,18 +97,13 @@ impl MultiHeadedAttention {
 
     /// softmax(scores) with the mask, dropout, times v, merged heads, `linear_out`.
     fn attend(&self, scores: &Tensor, v: &Tensor, mask: Option<&AttentionMask>) -> Result<Tensor> {
-        let dtype = scores.dtype();
-        // Softmax accumulates in f32 even when activations are half precision.
-        let wide = if matches!(dtype, DType::F16 | DType::BF16) { DType::F32 } else { dtype };
-        let s = ops::to_dtype(scores, wide)?;
+        // One kernel each way, in the scores' dtype: half scores give half
+        // probabilities directly (the kernels accumulate in f32), and masked
+        // keys get exactly 0 (a fully masked row gives zeros, never NaN).
         let attn = match mask {
-            Some(m) => {
-                let s = ops::masked_fill(&s, &m.0, MASK_SCORE)?;
-                ops::masked_fill(&ops::softmax(&s)?, &m.0, 0.0)?
-            }
-            None => ops::softmax(&s)?,
+            Some(m) => ops::masked_softmax(scores, &m.0)?,
+            None => ops::softmax(scores)?,
         };
-        let attn = ops::to_dtype(&attn, dtype)?;
         let p = self.dropout.forward(&attn)?;
         let x = ops::matmul(&p, v)?; // (B, H, T1, d_k)
         let x = ops::permute(&x, &[0, 2, 1, 3])?;

@@ -1,9 +1,12 @@
 //! Inverted dropout: `y = x·m/(1−p)` with `m ~ Bernoulli(1−p)` drawn from the
 //! thread's default counter-based generator (so a recompute after restoring
-//! its state draws the same mask). The scaled mask is saved for backward.
-//! On the GPU the mask is drawn by a kernel from the same (seed, offset,
-//! element) Philox words, so it equals the CPU's mask bit for bit.
+//! its state draws the same mask). No mask is stored: the forward reserves
+//! the generator's words and keeps their (seed, offset) on the tape, and the
+//! backward draws the same mask again (`gx = g·m/(1−p)`). On the GPU each
+//! pass is one kernel drawing the same (seed, offset, element) Philox words
+//! as the CPU, so both devices drop the same elements bit for bit.
 
+use super::out_storage;
 use crate::autograd::record;
 use crate::backend::cpu::{pool, CpuStorage};
 use crate::backend::cuda::dropout as gpu;
@@ -11,28 +14,44 @@ use crate::backend::Storage;
 use crate::error::{Error, Result};
 use crate::tensor::{rng, DType, Tensor};
 
-/// The scaled keep mask for `x` on its device, advancing the default generator.
-fn mask_like(x: &Tensor, p: f64) -> Result<Tensor> {
-    let n = x.elem_count();
+/// The scaled keep mask of the draw at `(seed, offset)` for `n` elements of
+/// `dtype`, on the CPU (the f64 scale rounded once to the dtype).
+fn cpu_mask(dtype: DType, n: usize, seed: u64, offset: u64, p: f64) -> CpuStorage {
+    let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
+    let mut r = rng::Rng { seed, offset };
+    match dtype {
+        DType::F32 => {
+            let mut m = pool::zeroed::<f32>(n);
+            r.bernoulli_into(&mut m, 1.0 - p, scale as f32, 0.0);
+            CpuStorage::F32(m)
+        }
+        dt => CpuStorage::F64(r.bernoulli_map(n, 1.0 - p, scale, 0.0)).to_dtype(dt),
+    }
+}
+
+/// `x` (the input, or the output gradient in backward) times the mask of
+/// the draw at `(seed, offset)`, on x's device.
+fn apply(x: &Tensor, seed: u64, offset: u64, p: f64) -> Result<Tensor> {
     let s = match &*x.storage() {
-        Storage::Cpu(_) => {
-            let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
-            // The mask in the input's float type directly (f32: the f64 scale rounded once, as a conversion would).
-            match x.dtype() {
-                DType::F32 => {
-                    let mut m = pool::zeroed::<f32>(n);
-                    rng::with_default(|r| r.bernoulli_into(&mut m, 1.0 - p, scale as f32, 0.0));
-                    Storage::Cpu(CpuStorage::F32(m))
-                }
-                dt => Storage::Cpu(CpuStorage::F64(rng::with_default(|r| r.bernoulli_map(n, 1.0 - p, scale, 0.0))).to_dtype(dt)),
-            }
-        }
-        Storage::Cuda(g) => {
-            let (seed, offset) = rng::with_default(|r| (r.seed, r.advance(n)));
-            Storage::Cuda(gpu::dropout_mask(g.device(), x.dtype(), n, seed, offset, p)?)
-        }
+        Storage::Cpu(_) => None,
+        Storage::Cuda(g) => Some(Storage::Cuda(gpu::dropout_apply(g, seed, offset, p)?)),
     };
-    Ok(Tensor::from_storage(s, x.shape().clone()))
+    match s {
+        Some(s) => Ok(out_storage(s, x.shape().clone())),
+        None => {
+            let dt = x.dtype();
+            let mask = cpu_mask(dt, x.elem_count(), seed, offset, p);
+            crate::autograd::no_grad(|| match dt {
+                // Half: the product of the half value and the half mask, exact
+                // in f32, rounded once to the half type (as the GPU kernel).
+                DType::F16 | DType::BF16 => {
+                    let m = Tensor::from_cpu(mask.to_dtype(DType::F32), x.shape().clone())?;
+                    super::to_dtype(&super::mul(&super::to_dtype(x, DType::F32)?, &m)?, dt)
+                }
+                _ => super::mul(x, &Tensor::from_cpu(mask, x.shape().clone())?),
+            })
+        }
+    }
 }
 
 /// Dropout with probability `p`; the identity when not `training` or p = 0.
@@ -43,7 +62,12 @@ pub fn dropout(x: &Tensor, p: f64, training: bool) -> Result<Tensor> {
     if !training || p == 0.0 {
         return Ok(x.clone());
     }
-    let mask = mask_like(x, p)?;
-    let y = crate::autograd::no_grad(|| super::mul(x, &mask))?;
-    Ok(record("dropout", &[x], y, vec![mask.clone()], move |g, _| Ok(vec![Some(super::mul(g, &mask)?)])))
+    if !x.dtype().is_float() {
+        return Err(Error::UnsupportedDType { op: "dropout", dtype: x.dtype(), supported: "f32, f64, f16, bf16" });
+    }
+    // The words of this draw, reserved now so the generator moves as it
+    // always did (n words); the backward redraws them from (seed, offset).
+    let (seed, offset) = rng::with_default(|r| (r.seed, r.advance(x.elem_count())));
+    let y = apply(x, seed, offset, p)?;
+    Ok(record("dropout", &[x], y, vec![], move |g, _| Ok(vec![Some(apply(g, seed, offset, p)?)])))
 }

@@ -34,7 +34,7 @@ pub use layout::{cat, flatten, narrow, pad, permute, reshape, squeeze, stack, tr
 pub use matmul::{linear, matmul, matmul_t};
 pub use norm::{batch_norm, layer_norm, BatchNormState};
 pub use reduce::{broadcast_to, max, mean, mean_all, sum, sum_all};
-pub use softmax::{log_softmax, softmax};
+pub use softmax::{log_softmax, masked_softmax, softmax};
 pub use unary::{abs, affine, exp, gelu, glu, log, neg, pow, relu, rsqrt, sigmoid, silu, sqrt, tanh};
 
 use crate::backend::cpu::CpuStorage;

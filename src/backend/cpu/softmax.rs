@@ -92,3 +92,86 @@ pub fn log_softmax_backward(y: &CpuStorage, g: &CpuStorage, n: usize) -> Result<
     }
     Ok(float_match!("log_softmax_backward", (y, g), |y, g| Float::store(backward_t(y, g, n, true))))
 }
+
+/// Where each row's mask bytes are in a u8 mask broadcast to `(rows, n)`:
+/// row `r` (row-major over `dims`, the leading dims of the scores) starts
+/// at Σ coord_d(r)·`strides[d]` (0 along a broadcast dim), and its bytes
+/// step by `step` (0 or 1) along the row. The GPU kernel gets the same.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MaskRows {
+    /// The leading (row) dims of the scores.
+    pub dims: Vec<usize>,
+    /// The mask's stride along each of `dims`.
+    pub strides: Vec<usize>,
+    /// The mask's stride along the row (0 when broadcast).
+    pub step: usize,
+}
+
+impl MaskRows {
+    /// The offset of row `r`'s first mask byte.
+    pub fn offset(&self, mut r: usize) -> usize {
+        let mut off = 0;
+        for (&d, &s) in self.dims.iter().zip(&self.strides).rev() {
+            off += (r % d) * s;
+            r /= d;
+        }
+        off
+    }
+
+    /// Checks that the layout covers `rows` rows of length `n` inside a mask of `len` bytes.
+    pub fn check(&self, op: &'static str, rows: usize, n: usize, len: usize) -> Result<()> {
+        let covered: usize = self.dims.iter().product();
+        if covered != rows || self.strides.len() != self.dims.len() {
+            return Err(crate::error::Error::ShapeMismatch {
+                op,
+                expected: format!("a mask layout over {rows} rows"),
+                got: format!("one over dims {:?} with strides {:?}", self.dims, self.strides),
+            });
+        }
+        if rows > 0 && n > 0 {
+            // The last row has every coordinate at its largest: the largest offset.
+            let last = self.offset(rows - 1) + (n - 1) * self.step;
+            if last >= len {
+                return Err(crate::error::Error::ShapeMismatch { op, expected: format!("a mask of more than {last} bytes"), got: format!("{len} bytes") });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn masked_t<T: Float>(x: &[T], n: usize, mask: &[u8], rows: &MaskRows) -> Vec<T> {
+    let mut out = super::pool::zeroed(x.len());
+    par_rows(&mut out, n, |r, o| {
+        let row = &x[r * n..(r + 1) * n];
+        let m0 = rows.offset(r);
+        let on = |i: usize| mask[m0 + i * rows.step] == 0;
+        let m = (0..n).filter(|&i| on(i)).fold(T::neg_infinity(), |a, i| a.max(row[i]));
+        // Every element masked: the row is zeros (never NaN).
+        if m == T::neg_infinity() {
+            o.iter_mut().for_each(|v| *v = T::zero());
+            return;
+        }
+        let mut s = T::zero();
+        for i in 0..n {
+            o[i] = if on(i) { (row[i] - m).exp() } else { T::zero() };
+            s = s + o[i];
+        }
+        let inv = T::one() / s;
+        for v in o.iter_mut() {
+            *v = *v * inv;
+        }
+    });
+    out
+}
+
+/// Softmax over rows of length `n` of the elements whose mask byte is 0
+/// (the mask laid out over the rows as `rows` says); masked elements are
+/// 0 and a fully masked row is all zeros. Its backward is
+/// [`softmax_backward`] (masked outputs are 0, so their gradient is 0).
+pub fn masked_softmax(x: &CpuStorage, n: usize, mask: &[u8], rows: &MaskRows) -> Result<CpuStorage> {
+    rows.check("masked_softmax", if n == 0 { 0 } else { x.len() / n }, n, mask.len())?;
+    if let Some(h) = half(x) {
+        return Ok(masked_softmax(&x.to_dtype(DType::F32), n, mask, rows)?.to_dtype(h));
+    }
+    Ok(float_match!("masked_softmax", x, |x| Float::store(masked_t(x, n, mask, rows))))
+}

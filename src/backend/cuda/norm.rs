@@ -1,13 +1,17 @@
 //! Layer norm and batch norm on the GPU, forward and backward
-//! (`cuda/norm.cu`); mirrors `backend::cpu::norm`. The weight and bias
-//! gradients are deterministic column sums (no atomics).
+//! (`cuda/norm.cu`); mirrors `backend::cpu::norm`. Layer norm gives a warp
+//! to each row of up to `WARP_ROW_MAX` elements and a block to longer ones;
+//! its backward is two launches (gx with partial weight and bias sums, then
+//! their final sum): deterministic column sums, no atomics.
 
 use super::nn_common::{elems, expect_dtype, expect_len, launch, rows, same, u32_arg, F32_F64, FLOATS};
+use super::softmax::row_launch;
 use super::{Arg, CudaStorage};
 use crate::backend::cpu::norm::ln_param_dtype;
 use crate::error::{Error, Result};
 
-/// Rows per partial sum in the first pass of layer norm's gw/gb.
+/// Rows per chunk of the first backward pass: one block writes gx of the
+/// chunk's rows and the chunk's partial row of the weight and bias sums.
 const LN_CHUNK: usize = 64;
 
 /// A layer-norm parameter or statistic: on x's GPU, of x's parameter dtype, `len` long.
@@ -49,7 +53,8 @@ pub fn layer_norm(x: &CudaStorage, w: Option<&CudaStorage>, b: Option<&CudaStora
         Arg::U32(w.is_some() as u32),
         Arg::U32(b.is_some() as u32),
     ];
-    launch(dev, "norm", "layer_norm_fwd", x.dtype(), x.len(), rows(r), &args)?;
+    let (name, cfg) = row_launch("layer_norm_fwd", n, r);
+    launch(dev, "norm", &name, x.dtype(), x.len(), cfg, &args)?;
     Ok((y, mean, rstd))
 }
 
@@ -77,6 +82,9 @@ pub fn layer_norm_backward(
     let (dt, dev) = (x.dtype(), x.device());
     let pd = ln_param_dtype(dt);
     let gx = dev.alloc(dt, x.len())?;
+    // A chunk of rows per block, one partial row of the sums per chunk.
+    let chunks = r.div_ceil(LN_CHUNK);
+    let (pw, pb) = (dev.alloc(pd, (chunks * n).max(1))?, dev.alloc(pd, (chunks * n).max(1))?);
     let args = [
         Arg::Ptr(x),
         Arg::Ptr(w.unwrap_or(x)),
@@ -84,30 +92,19 @@ pub fn layer_norm_backward(
         Arg::Ptr(rstd),
         Arg::Ptr(g),
         Arg::Ptr(&gx),
-        Arg::U64(r as u64),
-        Arg::U32(nn),
-        Arg::U32(w.is_some() as u32),
-    ];
-    launch(dev, "norm", "layer_norm_bwd_dx", dt, x.len(), rows(r), &args)?;
-    let chunks = r.div_ceil(LN_CHUNK);
-    let (pw, pb) = (dev.alloc(pd, (chunks * n).max(1))?, dev.alloc(pd, (chunks * n).max(1))?);
-    let args = [
-        Arg::Ptr(x),
-        Arg::Ptr(mean),
-        Arg::Ptr(rstd),
-        Arg::Ptr(g),
         Arg::Ptr(&pw),
         Arg::Ptr(&pb),
         Arg::U64(r as u64),
         Arg::U32(nn),
-        Arg::U64(chunks as u64),
+        Arg::U32(w.is_some() as u32),
         Arg::U32(LN_CHUNK as u32),
     ];
-    launch(dev, "norm", "layer_norm_bwd_wb_partial", dt, chunks * n, elems(chunks * n), &args)?;
+    let (name, _) = row_launch("layer_norm_bwd", n, r);
+    launch(dev, "norm", &name, dt, x.len(), rows(chunks), &args)?;
     let (gw, gb) = (dev.alloc(pd, n)?, dev.alloc(pd, n)?);
     // With no rows the final pass writes zeros (an empty sum).
     let args = [Arg::Ptr(&pw), Arg::Ptr(&pb), Arg::Ptr(&gw), Arg::Ptr(&gb), Arg::U64(chunks as u64), Arg::U32(nn)];
-    launch(dev, "norm", "layer_norm_bwd_wb_final", dt, n, elems(n), &args)?;
+    launch(dev, "norm", "layer_norm_bwd_wb", dt, n, elems(n), &args)?;
     Ok((gx, gw, gb))
 }
 
