@@ -7,7 +7,9 @@
 //! accuracy (`token_hits`) over a 4233-word vocabulary; the reductions and
 //! index math of the hardware-shaped kernels: a (2048, 256) bias gradient
 //! by the one-pass and the tiled column sum, row sums with 16-byte loads,
-//! and broadcast and permute by the u32 (host divisors) and 64-bit kernels.
+//! and broadcast and permute by the u32 (host divisors) and 64-bit kernels;
+//! the scaled attention-score pair and `add_scaled` against their unfused
+//! launches.
 //! It prints the launches of one (2048, 256) bias-gradient reduction.
 //!
 //! Without a GPU it prints why and benches nothing; under
@@ -60,6 +62,27 @@ fn gpu_kernels(c: &mut Criterion) {
                 backward(&ops::sum_all(&ops::to_dtype(&y, DType::F32).unwrap()).unwrap()).unwrap();
                 gpu_sync(&w)
             })
+        });
+        // Relative-position scores of 16 utterances × 4 heads × 128 frames,
+        // d_k = 64: the scaled pair (two GEMMs, alpha and beta inside)
+        // against the products, add and scale as separate launches.
+        let qk: Vec<Tensor> =
+            (0..4).map(|_| ops::to_dtype(&Tensor::randn([16, 4, 128, 64], 0.0, 1.0, DType::F32, &mut rng, &gpu).unwrap(), dt).unwrap()).collect();
+        group.bench_function(format!("rel_scores_scaled_pair_16x4x128x64_{}", dt.as_str()), |bn| {
+            bn.iter(|| gpu_sync(&ops::matmul_pair_scaled(&qk[0], &qk[1], &qk[2], &qk[3], false, true, 0.125).unwrap()))
+        });
+        group.bench_function(format!("rel_scores_unfused_16x4x128x64_{}", dt.as_str()), |bn| {
+            bn.iter(|| {
+                let ac = ops::matmul_t(&qk[0], &qk[1], false, true).unwrap();
+                let bd = ops::matmul_t(&qk[2], &qk[3], false, true).unwrap();
+                gpu_sync(&ops::mul_scalar(&ops::add(&ac, &bd).unwrap(), 0.125).unwrap())
+            })
+        });
+        // The macaron residual x + ½·ff(x) over (2048, 256): one launch against two.
+        let r = ops::to_dtype(&Tensor::randn([2048, 256], 0.0, 1.0, DType::F32, &mut rng, &gpu).unwrap(), dt).unwrap();
+        group.bench_function(format!("add_scaled_2048x256_{}", dt.as_str()), |bn| bn.iter(|| gpu_sync(&ops::add_scaled(&x, &r, 0.5).unwrap())));
+        group.bench_function(format!("add_mul_scalar_2048x256_{}", dt.as_str()), |bn| {
+            bn.iter(|| gpu_sync(&ops::add(&x, &ops::mul_scalar(&r, 0.5).unwrap()).unwrap()))
         });
     }
     // The CTC head's log-probabilities: 16 × 128 frames over 4233 symbols.

@@ -4,6 +4,8 @@
 //   backward gx[i] = gy[i] * f'(x[i], y[i])     {op}_bwd_{dt}(x, y, gy, gx, n)
 //   affine  y[i] = x[i]*mul + add               affine_{dt}(x, y, mul, add, n)
 //   pow     y[i] = x[i]^p                       pow_{dt}(x, y, p, n)
+//   add_scaled y[i] = a[i] + c*b[i]             add_scaled_{dt}(a, b, y, c, n)
+//             (the macaron residual x + 0.5*ff(x) in one launch)
 //   binary  y[i] = a[i] op b[i], same shape     {op}_{dt}(a, b, y, n)
 //   broadcast y[i] = a[oa(i)] op b[ob(i)]       {op}_bcast_{dt}(a, b, y, Bcast, n)
 //             (u32 indices, host divisors)      {op}_bcast_u32_{dt}(a, b, y, Bcast32, n)
@@ -65,6 +67,10 @@ __device__ void unary_bwd(const T* x, const T* y, const T* gy, T* gx, i64 n) {
 template <typename T>
 __device__ void affine_k(const T* x, T* y, acc_t<T> mul, acc_t<T> add, i64 n) {
     GRID_LOOP(i, n) { y[i] = from_acc<T>(to_acc(x[i]) * mul + add); }
+}
+template <typename T>
+__device__ void add_scaled_k(const T* a, const T* b, T* y, acc_t<T> c, i64 n) {
+    GRID_LOOP(i, n) { y[i] = from_acc<T>(to_acc(a[i]) + c * to_acc(b[i])); }
 }
 template <typename T>
 __device__ void pow_k(const T* x, T* y, acc_t<T> p, i64 n) {
@@ -140,6 +146,9 @@ __device__ void binary_bcast_u32(const T* a, const T* b, T* y, const Bcast32& bc
     BINARY(div, Div, dt, T)                                                                            \
     extern "C" __global__ void affine_##dt(const T* x, T* y, acc_t<T> mul, acc_t<T> add, i64 n) {     \
         affine_k<T>(x, y, mul, add, n);                                                                \
+    }                                                                                                  \
+    extern "C" __global__ void add_scaled_##dt(const T* a, const T* b, T* y, acc_t<T> c, i64 n) {     \
+        add_scaled_k<T>(a, b, y, c, n);                                                                \
     }                                                                                                  \
     extern "C" __global__ void pow_##dt(const T* x, T* y, acc_t<T> p, i64 n) { pow_k<T>(x, y, p, n); }
 

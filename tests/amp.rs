@@ -10,7 +10,7 @@ mod train_common;
 use asrforge::autograd::{backward, tape_ops};
 use asrforge::models::{AsrModel, ModelConfig};
 use asrforge::nn::Module;
-use asrforge::ops::{autocast, matmul_t, sum_all};
+use asrforge::ops::{autocast, matmul_pair_scaled, matmul_scaled, matmul_t, sum_all};
 use asrforge::optim::{GradScaler, ScalerConfig};
 use asrforge::tensor::{DType, Device, Rng, Tensor};
 use asrforge::train::bench::synthetic_batch;
@@ -84,6 +84,45 @@ fn autocast_matmul_rounds_operands_and_gradients_through_half() {
         assert_eq!(a.grad().unwrap().dtype(), DType::F32, "gradients reach the f32 master in f32");
         assert!(max_rel(&ga, &da) < 1e-6, "{h:?} dA err {}", max_rel(&ga, &da));
         assert!(max_rel(&gb, &db) < 1e-6, "{h:?} dB err {}", max_rel(&gb, &db));
+    }
+}
+
+#[test]
+fn autocast_scaled_products_round_the_scaled_sum_through_half() {
+    let (m, n, k, alpha) = (5, 4, 7, 0.3);
+    let mut rng = Rng::new(12);
+    for h in [DType::F16, DType::BF16] {
+        let leaf = |rng: &mut Rng, r: usize| Tensor::randn([r, k], 0.0, 1.0, DType::F32, rng, &Device::Cpu).unwrap().requires_grad_();
+        let (a1, b1, a2, b2) = (leaf(&mut rng, m), leaf(&mut rng, n), leaf(&mut rng, m), leaf(&mut rng, n));
+        let gy: Vec<f64> = rng.normal(m * n);
+        let gt = Tensor::from_vec(gy.iter().map(|&x| x as f32).collect::<Vec<f32>>(), [m, n], &Device::Cpu).unwrap();
+        let y = autocast(Some(h), || matmul_pair_scaled(&a1, &b1, &a2, &b2, false, true, alpha)).unwrap();
+        assert_eq!(y.dtype(), DType::F32, "CPU autocast products are stored in f32");
+        let one = autocast(Some(h), || matmul_scaled(&a1, &b1, false, true, alpha)).unwrap();
+        let loss = sum_all(&asrforge::ops::mul(&y, &gt).unwrap()).unwrap();
+        backward(&loss).unwrap();
+        let rounded = |t: &Tensor| t.to_f64_vec().unwrap().iter().map(|&x| round(x, h)).collect::<Vec<f64>>();
+        let (a1r, b1r, a2r, b2r) = (rounded(&a1), rounded(&b1), rounded(&a2), rounded(&b2));
+        // alpha·(A1·B1ᵀ + A2·B2ᵀ) of half operands with f32 accumulation, rounded to half once.
+        let (p1, p2) = (naive_abt(&a1r, &b1r, m, n, k), naive_abt(&a2r, &b2r, m, n, k));
+        let want: Vec<f64> = p1.iter().zip(&p2).map(|(x, y)| round((alpha * (x + y)) as f32 as f64, h)).collect();
+        let got = y.to_f64_vec().unwrap();
+        assert!(max_rel(&got, &want) < 1e-6, "{h:?}: scaled pair, err {}", max_rel(&got, &want));
+        let want1: Vec<f64> = p1.iter().map(|x| round((alpha * x) as f32 as f64, h)).collect();
+        let got1 = one.to_f64_vec().unwrap();
+        assert!(max_rel(&got1, &want1) < 1e-6, "{h:?}: scaled product, err {}", max_rel(&got1, &want1));
+        // dA_i = round(alpha·G'·B_i'), G' the seed rounded to half.
+        let g32: Vec<f64> = gy.iter().map(|&x| round(x as f32 as f64, h)).collect();
+        for (a, br, name) in [(&a1, &b1r, "dA1"), (&a2, &b2r, "dA2")] {
+            let mut da = vec![0.0; m * k];
+            for i in 0..m {
+                for p in 0..k {
+                    da[i * k + p] = round((alpha * (0..n).map(|j| g32[i * n + j] * br[j * k + p]).sum::<f64>()) as f32 as f64, h);
+                }
+            }
+            let ga = a.grad().unwrap().to_f64_vec().unwrap();
+            assert!(max_rel(&ga, &da) < 1e-6, "{h:?} {name} err {}", max_rel(&ga, &da));
+        }
     }
 }
 

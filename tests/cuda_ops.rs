@@ -320,6 +320,55 @@ fn matmul_through_cublas() {
 }
 
 #[test]
+fn scaled_products_carry_alpha_and_beta_through_cublas() {
+    let Some(dev) = gpu("scaled_products_carry_alpha_and_beta_through_cublas") else { return };
+    // Ragged dims; attention's layout (B, H, T, d_k)·(B, H, T2, d_k)ᵀ; a
+    // shared operand on either side.
+    let cases: Vec<(&[usize], &[usize], bool, bool)> = vec![
+        (&[17, 33], &[33, 9], false, false),
+        (&[33, 17], &[9, 33], true, true),
+        (&[2, 3, 13, 8], &[2, 3, 11, 8], false, true),
+        (&[3, 17, 33], &[9, 33], false, true),
+        (&[17, 33], &[3, 33, 9], false, false),
+        (&[2, 3, 33, 17], &[2, 3, 33, 9], true, false),
+    ];
+    for (sa, sb, ta, tb) in cases {
+        let one = move |x: &[Tensor]| ops::matmul_scaled(&x[0], &x[1], ta, tb, 0.3);
+        let pair = move |x: &[Tensor]| ops::matmul_pair_scaled(&x[0], &x[1], &x[2], &x[3], ta, tb, -0.7);
+        let name = format!("matmul_scaled {sa:?}x{sb:?} trans {ta}/{tb}");
+        let pname = format!("matmul_pair_scaled {sa:?}x{sb:?} trans {ta}/{tb}");
+        for dt in [DType::F32, DType::F64] {
+            cmp(&name, &one, &[sa, sb], Kind::Normal, true, dt, gpu::tol(dt), &dev);
+            cmp(&pname, &pair, &[sa, sb, sa, sb], Kind::Normal, true, dt, gpu::tol(dt), &dev);
+        }
+        for dt in [DType::F16, DType::BF16] {
+            cmp_half(&name, &one, &[sa, sb], Kind::Normal, dt, gpu::tol(dt), &dev);
+            // The first product is stored in half before the second is added:
+            // one more rounding, within the half tolerance of the sum's scale.
+            cmp_half(&pname, &pair, &[sa, sb, sa, sb], Kind::Normal, dt, gpu::tol(dt), &dev);
+        }
+    }
+}
+
+#[test]
+fn add_scaled_matches_the_cpu() {
+    let Some(dev) = gpu("add_scaled_matches_the_cpu") else { return };
+    let f = |x: &[Tensor]| ops::add_scaled(&x[0], &x[1], 0.5);
+    let g = |x: &[Tensor]| ops::add_scaled(&x[0], &x[1], -1.75);
+    // 1003: not a multiple of any vector width; 70_000: the grid wraps.
+    for shape in [&[1003usize][..], &[7, 10_000]] {
+        for dt in [DType::F32, DType::F64] {
+            cmp("add_scaled 0.5", &f, &[shape, shape], Kind::Normal, true, dt, gpu::tol(dt), &dev);
+            cmp("add_scaled -1.75", &g, &[shape, shape], Kind::Normal, true, dt, gpu::tol(dt), &dev);
+        }
+        for dt in [DType::F16, DType::BF16] {
+            cmp_half("add_scaled 0.5", &f, &[shape, shape], Kind::Normal, dt, gpu::tol(dt), &dev);
+            cmp_half("add_scaled -1.75", &g, &[shape, shape], Kind::Normal, dt, gpu::tol(dt), &dev);
+        }
+    }
+}
+
+#[test]
 fn casts_match_the_cpu_exactly() {
     let Some(dev) = gpu("casts_match_the_cpu_exactly") else { return };
     let seed = fresh_seed();

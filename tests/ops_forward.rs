@@ -378,3 +378,81 @@ fn bad_arguments_are_errors_that_say_what_was_expected() {
     assert!(matches!(Device::parse("cuda:0"), Err(Error::CudaUnavailable(_))) || Device::available().len() > 1);
     assert!(Device::parse("tpu").is_err());
 }
+
+/// `op(x)` of a row-major (r, c) matrix as nested rows.
+fn op_rows(x: &[f64], r: usize, c: usize, t: bool) -> Vec<Vec<f64>> {
+    if t {
+        (0..c).map(|j| (0..r).map(|i| x[i * c + j]).collect()).collect()
+    } else {
+        (0..r).map(|i| x[i * c..(i + 1) * c].to_vec()).collect()
+    }
+}
+
+/// alpha·Σ_l op(a)[i, l]·op(b)[l, j] by its definition, one matrix.
+fn scaled_product(a: &[f64], ad: (usize, usize), ta: bool, b: &[f64], bd: (usize, usize), tb: bool, alpha: f64) -> Vec<f64> {
+    let (oa, ob) = (op_rows(a, ad.0, ad.1, ta), op_rows(b, bd.0, bd.1, tb));
+    let (m, k, n) = (oa.len(), ob.len(), ob[0].len());
+    let mut y = Vec::with_capacity(m * n);
+    for row in &oa {
+        for j in 0..n {
+            y.push(alpha * (0..k).map(|l| row[l] * ob[l][j]).sum::<f64>());
+        }
+    }
+    y
+}
+
+#[test]
+fn scaled_products_follow_their_definition() {
+    // By hand: 0.5·[[1, 2], [3, 4]]·[[5], [6]] = [8.5, 19.5].
+    assert_vec(
+        "matmul_scaled by hand",
+        &v(ops::matmul_scaled(&t(&[1.0, 2.0, 3.0, 4.0], &[2, 2]), &t(&[5.0, 6.0], &[2, 1]), false, false, 0.5)),
+        &[8.5, 19.5],
+        1e-12,
+    );
+    let mut rng = Rng::new(common::fresh_seed());
+    let mut draw = |n: usize| rng.normal(n);
+    // Batched (2, 3) heads with transposes, the scale 1/√8 as attention's.
+    for (ta, tb) in [(false, true), (true, false), (true, true), (false, false)] {
+        let (m, k, n, batch, alpha) = (5, 7, 4, 6, 1.0 / 8f64.sqrt());
+        let ad = if ta { (k, m) } else { (m, k) };
+        let bd = if tb { (n, k) } else { (k, n) };
+        let (a, b, a2, b2) = (draw(batch * m * k), draw(batch * k * n), draw(batch * m * k), draw(batch * k * n));
+        let (sa, sb) = ([2, 3, ad.0, ad.1], [2, 3, bd.0, bd.1]);
+        let one = v(ops::matmul_scaled(&t(&a, &sa), &t(&b, &sb), ta, tb, alpha));
+        let pair = v(ops::matmul_pair_scaled(&t(&a, &sa), &t(&b, &sb), &t(&a2, &sa), &t(&b2, &sb), ta, tb, alpha));
+        let (mut want1, mut want2) = (Vec::new(), Vec::new());
+        for i in 0..batch {
+            let (ai, bi) = (i * m * k..(i + 1) * m * k, i * k * n..(i + 1) * k * n);
+            let p1 = scaled_product(&a[ai.clone()], ad, ta, &b[bi.clone()], bd, tb, alpha);
+            let p2 = scaled_product(&a2[ai], ad, ta, &b2[bi], bd, tb, alpha);
+            want2.extend(p1.iter().zip(&p2).map(|(x, y)| x + y));
+            want1.extend(p1);
+        }
+        assert_vec(&format!("matmul_scaled trans {ta}/{tb}"), &one, &want1, 1e-12);
+        assert_vec(&format!("matmul_pair_scaled trans {ta}/{tb}"), &pair, &want2, 1e-12);
+    }
+    // A shared right operand (2-D) under a batched left one.
+    let (a, b) = (draw(2 * 3 * 4), draw(5 * 4));
+    let got = v(ops::matmul_scaled(&t(&a, &[2, 3, 4]), &t(&b, &[5, 4]), false, true, -0.75));
+    let want: Vec<f64> = (0..2).flat_map(|i| scaled_product(&a[i * 12..(i + 1) * 12], (3, 4), false, &b, (5, 4), true, -0.75)).collect();
+    assert_vec("matmul_scaled shared right", &got, &want, 1e-12);
+    // Products of different shapes cannot be summed.
+    let e = ops::matmul_pair_scaled(&t(&a, &[2, 3, 4]), &t(&b, &[5, 4]), &t(&a[..12], &[3, 4]), &t(&b, &[5, 4]), false, true, 1.0);
+    assert!(matches!(e, Err(Error::ShapeMismatch { .. })), "{e:?}");
+}
+
+#[test]
+fn add_scaled_is_a_plus_c_times_b() {
+    assert_vec("add_scaled by hand", &v(ops::add_scaled(&t(&[1.0, -2.0, 3.0], &[3]), &t(&[4.0, 0.5, -6.0], &[3]), 0.5)), &[3.0, -1.75, 0.0], 1e-15);
+    let mut rng = Rng::new(common::fresh_seed());
+    let (a, b) = (rng.normal(70_003), rng.normal(70_003));
+    let got = v(ops::add_scaled(&t(&a, &[70_003]), &t(&b, &[70_003]), -1.25));
+    let want: Vec<f64> = a.iter().zip(&b).map(|(x, y)| x - 1.25 * y).collect();
+    assert_vec("add_scaled", &got, &want, 1e-15);
+    // Broadcasting goes through add and mul_scalar: b (4, 1) over a (2, 4, 3).
+    let (a, b) = (rng.normal(24), rng.normal(4));
+    let got = v(ops::add_scaled(&t(&a, &[2, 4, 3]), &t(&b, &[4, 1]), 2.0));
+    let want: Vec<f64> = (0..24).map(|i| a[i] + 2.0 * b[(i / 3) % 4]).collect();
+    assert_vec("add_scaled broadcast", &got, &want, 1e-15);
+}

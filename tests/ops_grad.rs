@@ -41,6 +41,9 @@ fn like(v: &[f64], x: &Tensor) -> Tensor {
 // Broadcasting binary ops.
 grad!(add_broadcast, [([3, 4, 5], Normal, true), ([4, 1], Normal, true)], |x| ops::add(&x[0], &x[1]));
 grad!(add_same_odd, [([7, 3], Normal, true), ([7, 3], Normal, true)], |x| ops::add(&x[0], &x[1]));
+grad!(add_scaled, [([7, 3], Normal, true), ([7, 3], Normal, true)], |x| ops::add_scaled(&x[0], &x[1], 0.5));
+grad!(add_scaled_one_side, [([7, 3], Normal, false), ([7, 3], Normal, true)], |x| ops::add_scaled(&x[0], &x[1], -2.25));
+grad!(add_scaled_broadcast, [([3, 4, 5], Normal, true), ([4, 1], Normal, true)], |x| ops::add_scaled(&x[0], &x[1], 1.5));
 grad!(sub_broadcast, [([2, 3, 4], Normal, true), ([3, 1], Normal, true)], |x| ops::sub(&x[0], &x[1]));
 grad!(mul_broadcast, [([5, 1, 3], Normal, true), ([4, 3], Normal, true)], |x| ops::mul(&x[0], &x[1]));
 grad!(div_broadcast, [([3, 4], Normal, true), ([4], Positive, true)], |x| ops::div(&x[0], &x[1]));
@@ -93,6 +96,17 @@ grad!(bmm_ta, [([2, 4, 5], Normal, true), ([2, 4, 3], Normal, true)], |x| ops::m
 grad!(matmul_shared_right, [([2, 5, 4], Normal, true), ([4, 3], Normal, true)], |x| ops::matmul(&x[0], &x[1]));
 grad!(matmul_shared_right_ta, [([2, 4, 5], Normal, true), ([3, 4], Normal, true)], |x| ops::matmul_t(&x[0], &x[1], true, true));
 grad!(matmul_shared_left, [([4, 5], Normal, true), ([2, 5, 3], Normal, true)], |x| ops::matmul(&x[0], &x[1]));
+grad!(matmul_scaled, [([5, 4], Normal, true), ([4, 3], Normal, true)], |x| ops::matmul_scaled(&x[0], &x[1], false, false, 0.35));
+grad!(matmul_scaled_ta_tb, [([4, 5], Normal, true), ([3, 4], Normal, true)], |x| ops::matmul_scaled(&x[0], &x[1], true, true, -1.7));
+grad!(matmul_scaled_4d_tb, [([2, 3, 5, 4], Normal, true), ([2, 3, 6, 4], Normal, true)], |x| ops::matmul_scaled(&x[0], &x[1], false, true, 0.125));
+grad!(matmul_scaled_shared_right, [([2, 5, 4], Normal, true), ([3, 4], Normal, true)], |x| ops::matmul_scaled(&x[0], &x[1], false, true, 0.6));
+grad!(matmul_scaled_shared_left, [([4, 5], Normal, true), ([2, 5, 3], Normal, true)], |x| ops::matmul_scaled(&x[0], &x[1], false, false, 1.3));
+grad!(matmul_pair_scaled, [([2, 3, 5, 4], Normal, true), ([2, 3, 6, 4], Normal, true), ([2, 3, 5, 4], Normal, true), ([2, 3, 6, 4], Normal, true)], |x| {
+    ops::matmul_pair_scaled(&x[0], &x[1], &x[2], &x[3], false, true, 0.4)
+});
+grad!(matmul_pair_scaled_ta, [([4, 5], Normal, true), ([4, 3], Normal, true), ([2, 5], Normal, true), ([2, 3], Normal, false)], |x| ops::matmul_pair_scaled(
+    &x[0], &x[1], &x[2], &x[3], true, false, -0.9
+));
 grad!(linear, [([2, 3, 4], Normal, true), ([5, 4], Normal, true), ([5], Normal, true)], |x| ops::linear(&x[0], &x[1], Some(&x[2])));
 // Layout.
 grad!(reshape, [([2, 3, 4], Normal, true)], |x| ops::reshape(&x[0], [6, 4]));

@@ -267,7 +267,7 @@ impl AsrModel {
             (None, None)
         };
         let loss = match (&loss_ctc, &loss_att) {
-            (Some(c), Some(a)) => ops::add(&ops::mul_scalar(c, self.ctc_weight)?, &ops::mul_scalar(a, 1.0 - self.ctc_weight)?)?,
+            (Some(c), Some(a)) => ops::add_scaled(&ops::mul_scalar(c, self.ctc_weight)?, a, 1.0 - self.ctc_weight)?,
             (Some(c), None) => c.clone(),
             (None, Some(a)) => a.clone(),
             (None, None) => return Err(Error::invalid("AsrModel", "neither the CTC nor the attention branch ran")),
@@ -290,7 +290,7 @@ impl AsrModel {
         let mut loss = crit(&out, &fwd.ys_out)?;
         if let (Some(r_out), Some(rev)) = (r_out, &rev) {
             let r_loss = crit(&r_out, &rev.ys_out)?;
-            loss = ops::add(&ops::mul_scalar(&loss, 1.0 - self.reverse_weight)?, &ops::mul_scalar(&r_loss, self.reverse_weight)?)?;
+            loss = ops::add_scaled(&ops::mul_scalar(&loss, 1.0 - self.reverse_weight)?, &r_loss, self.reverse_weight)?;
         }
         let acc = ops::token_accuracy(&out, &fwd.ys_out, self.ignore_id)?;
         Ok((loss, acc))

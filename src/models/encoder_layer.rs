@@ -90,11 +90,9 @@ pub struct EncoderLayer {
 impl EncoderLayer {
     fn branch(&self, x: &Tensor, norm: &LayerNorm, scale: f64, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
         let h = if self.normalize_before { norm.forward(x)? } else { x.clone() };
-        let mut y = self.dropout.forward(&f(&h)?)?;
-        if scale != 1.0 {
-            y = ops::mul_scalar(&y, scale)?;
-        }
-        let x = ops::add(x, &y)?;
+        let y = self.dropout.forward(&f(&h)?)?;
+        // x + scale·y in one launch (the macaron half-step residual).
+        let x = if scale != 1.0 { ops::add_scaled(x, &y, scale)? } else { ops::add(x, &y)? };
         if self.normalize_before {
             Ok(x)
         } else {

@@ -2,10 +2,10 @@
 //! variant (Transformer-XL style, as WeNet implements it).
 //!
 //! Layout: x (B, T, D) → heads (B, H, T, d_k) with D = H·d_k.
-//! scores = q·kᵀ/√d_k (B, H, T1, T2); the softmax over the unmasked keys
-//! (accumulated in f32, or f64) gives masked keys exactly 0 (a fully masked
-//! row yields zeros, never NaN), dropout, and the weighted values are
-//! merged back to (B, T1, D) for `linear_out`.
+//! scores = q·kᵀ/√d_k (B, H, T1, T2), the scale inside the GEMM; the
+//! softmax over the unmasked keys (accumulated in f32, or f64) gives masked
+//! keys exactly 0 (a fully masked row yields zeros, never NaN), dropout, and
+//! the weighted values are merged back to (B, T1, D) for `linear_out`.
 
 use super::dropout::Dropout;
 use super::init::{uniform_param, xavier_uniform_bound};
@@ -130,7 +130,7 @@ impl MultiHeadedAttention {
     /// by [`Self::project_kv`] ((B, H, T2, d_k) each).
     pub fn forward_kv(&self, query: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&AttentionMask>) -> Result<Tensor> {
         let q = Self::heads_first(&self.split(&self.linear_q.forward(query)?)?)?;
-        let scores = ops::mul_scalar(&ops::matmul_t(&q, k, false, true)?, 1.0 / (self.d_k() as f64).sqrt())?;
+        let scores = ops::matmul_scaled(&q, k, false, true, 1.0 / (self.d_k() as f64).sqrt())?;
         self.attend(&scores, v, mask)
     }
 
@@ -151,7 +151,7 @@ impl MultiHeadedAttention {
     pub fn forward_cached(&self, x: &Tensor, mask: Option<&AttentionMask>, cache: Option<&KvCache>) -> Result<(Tensor, KvCache)> {
         let q = Self::heads_first(&self.split(&self.linear_q.forward(x)?)?)?;
         let (k, v) = self.keys_values(x, cache)?;
-        let scores = ops::mul_scalar(&ops::matmul_t(&q, &k, false, true)?, 1.0 / (self.d_k() as f64).sqrt())?;
+        let scores = ops::matmul_scaled(&q, &k, false, true, 1.0 / (self.d_k() as f64).sqrt())?;
         Ok((self.attend(&scores, &v, mask)?, (k, v)))
     }
 
@@ -246,9 +246,8 @@ impl RelPositionMultiHeadedAttention {
         };
         let q_u = MultiHeadedAttention::heads_first(&ops::add(&q, &self.pos_bias_u)?)?;
         let q_v = MultiHeadedAttention::heads_first(&ops::add(&q, &self.pos_bias_v)?)?;
-        let ac = ops::matmul_t(&q_u, k, false, true)?;
-        let bd = ops::matmul_t(&q_v, &p, false, true)?;
-        let scores = ops::mul_scalar(&ops::add(&ac, &bd)?, 1.0 / (a.d_k() as f64).sqrt())?;
+        // Both products and the scale in two GEMMs (the second accumulates).
+        let scores = ops::matmul_pair_scaled(&q_u, k, &q_v, &p, false, true, 1.0 / (a.d_k() as f64).sqrt())?;
         a.attend(&scores, v, mask)
     }
 }

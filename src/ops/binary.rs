@@ -1,4 +1,4 @@
-//! Broadcasting add, sub, mul, div and the scalar affine shortcuts.
+//! Broadcasting add, sub, mul, div, the fused `a + c·b` and the scalar affine shortcuts.
 //! Backward: the output gradient (times the other operand for mul/div),
 //! summed back to each operand's shape over its broadcast dims. A half
 //! operand meeting an f32 one is promoted to f32 first (autocast's mix).
@@ -78,6 +78,26 @@ pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// `a / b` elementwise, broadcasting.
 pub fn div(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     binary(Binary::Div, a, b)
+}
+/// `a + c·b` for operands of one shape and type in one elementwise launch
+/// (the macaron residual `x + ½·ff(x)`); backward: `ga = g`, `gb = c·g`.
+/// Other shapes or types (broadcasting, autocast's half/f32 mix) go
+/// through `add(a, mul_scalar(b, c))`.
+pub fn add_scaled(a: &Tensor, b: &Tensor, c: f64) -> Result<Tensor> {
+    if a.shape() != b.shape() || a.dtype() != b.dtype() {
+        return add(a, &mul_scalar(b, c)?);
+    }
+    same_kind("add_scaled", a, b)?;
+    let y = match (&*a.storage(), &*b.storage()) {
+        (Storage::Cpu(x), Storage::Cpu(y)) => Storage::Cpu(k::add_scaled(x, y, c)?),
+        (Storage::Cuda(x), Storage::Cuda(y)) => Storage::Cuda(cuda::elementwise::add_scaled(x, y, c)?),
+        _ => return Err(mixed("add_scaled")),
+    };
+    let y = out_storage(y, a.shape().clone());
+    Ok(record("add_scaled", &[a, b], y, vec![], move |g, needs| {
+        let gb = if needs[1] { Some(super::affine(g, c, 0.0)?) } else { None };
+        Ok(vec![needs[0].then(|| g.clone()), gb])
+    }))
 }
 /// `x + c`.
 pub fn add_scalar(x: &Tensor, c: f64) -> Result<Tensor> {

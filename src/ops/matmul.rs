@@ -13,12 +13,13 @@ use crate::backend::{cuda, Storage};
 use crate::error::{Error, Result};
 use crate::tensor::{Shape, Tensor};
 
-struct Plan {
-    d: MatmulDims,
-    out: Vec<usize>,
+/// A product's GEMM dims and output shape.
+pub(super) struct Plan {
+    pub(super) d: MatmulDims,
+    pub(super) out: Vec<usize>,
 }
 
-fn plan(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<Plan> {
+pub(super) fn plan(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Result<Plan> {
     if a.rank() < 2 || b.rank() < 2 {
         return Err(Error::ShapeMismatch { op: "matmul", expected: "operands of rank >= 2".into(), got: format!("{} and {}", a.shape(), b.shape()) });
     }
@@ -108,7 +109,7 @@ pub fn matmul_t(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<
 }
 
 /// Sums a batched gradient over its batch dims when the operand was shared.
-fn reduce_batch(g: Tensor, shape: &Shape) -> Result<Tensor> {
+pub(super) fn reduce_batch(g: Tensor, shape: &Shape) -> Result<Tensor> {
     if g.shape() == shape {
         return Ok(g);
     }

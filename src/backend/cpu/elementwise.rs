@@ -202,6 +202,24 @@ pub fn affine(x: &CpuStorage, mul: f64, add: f64) -> Result<CpuStorage> {
     }))
 }
 
+/// `y = a + c·b` over two buffers of one length and type.
+pub fn add_scaled(a: &CpuStorage, b: &CpuStorage, c: f64) -> Result<CpuStorage> {
+    if a.len() != b.len() {
+        return Err(crate::error::Error::invalid("add_scaled", format!("expected operands of one length, got {} and {}", a.len(), b.len())));
+    }
+    Ok(float_match!("add_scaled", (a, b), |a, b| {
+        let cc = super::of_as(a, c);
+        let mut out = super::pool::zeroed(a.len());
+        par_chunks(&mut out, CHUNK, |s, o| {
+            let n = o.len();
+            for ((o, &x), &y) in o.iter_mut().zip(&a[s..s + n]).zip(&b[s..s + n]) {
+                *o = x + cc * y;
+            }
+        });
+        Float::store(out)
+    }))
+}
+
 /// `y = x^p`.
 pub fn powf(x: &CpuStorage, p: f64) -> Result<CpuStorage> {
     Ok(float_match!("pow", x, |x| {

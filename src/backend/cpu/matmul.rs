@@ -42,6 +42,13 @@ pub(crate) struct View<'a, T> {
 /// `c = a·b`, or `c += a·b` when `acc`, for (m×k)·(k×n) operands read
 /// through strides into `c` with row stride `ldc`: the one call into gemm.
 fn gemm_raw<T: Float>(m: usize, n: usize, k: usize, a: View<T>, b: View<T>, c: &mut [T], ldc: usize, acc: bool, par: Parallelism) {
+    gemm_alpha(m, n, k, a, b, c, ldc, acc, T::one(), par)
+}
+
+/// `c = alpha·a·b`, or `c += alpha·a·b` when `acc` (gemm_raw's product scaled
+/// inside the GEMM, one rounding).
+#[allow(clippy::too_many_arguments)]
+fn gemm_alpha<T: Float>(m: usize, n: usize, k: usize, a: View<T>, b: View<T>, c: &mut [T], ldc: usize, acc: bool, alpha: T, par: Parallelism) {
     if m == 0 || n == 0 {
         return;
     }
@@ -75,7 +82,7 @@ fn gemm_raw<T: Float>(m: usize, n: usize, k: usize, a: View<T>, b: View<T>, c: &
             b.cs as isize,
             b.rs as isize,
             T::one(),
-            T::one(),
+            alpha,
             false,
             false,
             false,
@@ -84,11 +91,11 @@ fn gemm_raw<T: Float>(m: usize, n: usize, k: usize, a: View<T>, b: View<T>, c: &
     }
 }
 
-fn gemm_one<T: Float>(d: &MatmulDims, a: &[T], b: &[T], c: &mut [T], par: Parallelism) {
+fn gemm_one<T: Float>(d: &MatmulDims, a: &[T], b: &[T], c: &mut [T], acc: bool, alpha: T, par: Parallelism) {
     let (m, n, k) = (d.m, d.n, d.k);
     let (a_rs, a_cs) = if d.trans_a { (1, m) } else { (k, 1) };
     let (b_rs, b_cs) = if d.trans_b { (1, k) } else { (n, 1) };
-    gemm_raw(m, n, k, View { data: a, rs: a_rs, cs: a_cs }, View { data: b, rs: b_rs, cs: b_cs }, c, n, false, par);
+    gemm_alpha(m, n, k, View { data: a, rs: a_rs, cs: a_cs }, View { data: b, rs: b_rs, cs: b_cs }, c, n, acc, alpha, par);
 }
 
 /// One single-threaded `c = a·b` (or `c += a·b` when `acc`) of (m×k)·(k×n)
@@ -99,8 +106,17 @@ pub(crate) fn gemm_view<T: Float>(m: usize, n: usize, k: usize, a: View<T>, b: V
 }
 
 pub(crate) fn matmul_t<T: Float>(d: &MatmulDims, a: &[T], b: &[T]) -> Vec<T> {
+    matmul_acc(d, a, b, T::one(), None)
+}
+
+/// `alpha·op(a)·op(b)`, plus `acc` (the whole result's size) when given.
+fn matmul_acc<T: Float>(d: &MatmulDims, a: &[T], b: &[T], alpha: T, acc: Option<&[T]>) -> Vec<T> {
     let (m, n, k) = (d.m, d.n, d.k);
     let mut c = super::pool::zeroed(d.batch * m * n);
+    if let Some(acc) = acc {
+        c.copy_from_slice(acc);
+    }
+    let add = acc.is_some();
     if m * n == 0 {
         return c;
     }
@@ -108,7 +124,7 @@ pub(crate) fn matmul_t<T: Float>(d: &MatmulDims, a: &[T], b: &[T]) -> Vec<T> {
     let run = |bi: usize, cm: &mut [T], par| {
         let a = &a[bi * d.a_stride..bi * d.a_stride + m * k];
         let b = &b[bi * d.b_stride..bi * d.b_stride + k * n];
-        gemm_one(d, a, b, cm, par);
+        gemm_one(d, a, b, cm, add, alpha, par);
     };
     if big || d.batch == 1 {
         let par = if big { Parallelism::Rayon(rayon::current_num_threads()) } else { Parallelism::None };
@@ -128,4 +144,28 @@ pub fn matmul(d: &MatmulDims, a: &CpuStorage, b: &CpuStorage) -> Result<CpuStora
         return Err(Error::invalid("matmul", format!("operands of {} and {} elements are too small for {d:?}", a.len(), b.len())));
     }
     Ok(float_match!("matmul", (a, b), |a, b| Float::store(matmul_t(d, a, b))))
+}
+
+/// `alpha·op(a)·op(b)` with the scale inside the GEMM, plus `acc` when given
+/// (same type, `batch·m·n` elements): the reference of the GPU's alpha/beta.
+pub fn matmul_scaled(d: &MatmulDims, a: &CpuStorage, b: &CpuStorage, alpha: f64, acc: Option<&CpuStorage>) -> Result<CpuStorage> {
+    let need = |stride: usize, one: usize| if d.batch == 0 { 0 } else { (d.batch - 1) * stride + one };
+    if a.len() < need(d.a_stride, d.m * d.k) || b.len() < need(d.b_stride, d.k * d.n) {
+        return Err(Error::invalid("matmul", format!("operands of {} and {} elements are too small for {d:?}", a.len(), b.len())));
+    }
+    if let Some(c) = acc {
+        if c.len() != d.batch * d.m * d.n || c.dtype() != a.dtype() {
+            return Err(Error::invalid(
+                "matmul",
+                format!("an accumulator of {} {:?} elements for a {:?} product of {}", c.len(), c.dtype(), a.dtype(), d.batch * d.m * d.n),
+            ));
+        }
+    }
+    Ok(match (a, b, acc) {
+        (CpuStorage::F32(a), CpuStorage::F32(b), Some(CpuStorage::F32(c))) => Float::store(matmul_acc(d, a, b, alpha as f32, Some(c))),
+        (CpuStorage::F64(a), CpuStorage::F64(b), Some(CpuStorage::F64(c))) => Float::store(matmul_acc(d, a, b, alpha, Some(c))),
+        (a, b, None) => float_match!("matmul", (a, b), |a, b| Float::store(matmul_acc(d, a, b, super::of_as(a, alpha), None))),
+        (a, b, _) if a.dtype() != b.dtype() => return Err(Error::DTypeMismatch { op: "matmul", expected: a.dtype(), got: b.dtype() }),
+        (a, _, _) => return Err(super::unsupported("matmul", a.dtype())),
+    })
 }

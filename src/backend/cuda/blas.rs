@@ -42,6 +42,13 @@ fn int(op: &'static str, v: usize) -> Result<i32> {
 
 /// The batched product of `d` (checks that both operands hold what `d` says).
 pub fn matmul(d: &MatmulDims, a: &CudaStorage, b: &CudaStorage) -> Result<CudaStorage> {
+    matmul_scaled(d, a, b, 1.0, None)
+}
+
+/// `alpha·op(A)·op(B)`, plus `acc` when given (cuBLAS's beta = 1, in one
+/// GEMM: `acc` must hold the whole result, `batch·m·n` elements, of the
+/// operands' type; it is consumed and returned as the result).
+pub fn matmul_scaled(d: &MatmulDims, a: &CudaStorage, b: &CudaStorage, alpha: f64, acc: Option<CudaStorage>) -> Result<CudaStorage> {
     if a.dtype() != b.dtype() {
         return Err(Error::DTypeMismatch { op: "matmul", expected: a.dtype(), got: b.dtype() });
     }
@@ -53,7 +60,30 @@ pub fn matmul(d: &MatmulDims, a: &CudaStorage, b: &CudaStorage) -> Result<CudaSt
         return Err(Error::invalid("matmul", format!("operands of {} and {} elements are too small for {d:?}", a.len(), b.len())));
     }
     let dev = a.device();
-    let c = dev.alloc(a.dtype(), d.batch * d.m * d.n)?;
+    let beta = if acc.is_some() { 1.0 } else { 0.0 };
+    let c = match acc {
+        Some(c) => {
+            if c.dtype() != a.dtype() || c.len() != d.batch * d.m * d.n || c.ordinal() != a.ordinal() {
+                return Err(Error::invalid(
+                    "matmul",
+                    format!(
+                        "an accumulator of {} {:?} elements on cuda:{} for a {:?} product of {} elements",
+                        c.len(),
+                        c.dtype(),
+                        c.ordinal(),
+                        a.dtype(),
+                        d.batch * d.m * d.n
+                    ),
+                ));
+            }
+            if d.k == 0 {
+                // C + 0.
+                return Ok(c);
+            }
+            c
+        }
+        None => dev.alloc(a.dtype(), d.batch * d.m * d.n)?,
+    };
     if c.is_empty() {
         return Ok(c);
     }
@@ -86,6 +116,8 @@ pub fn matmul(d: &MatmulDims, a: &CudaStorage, b: &CudaStorage) -> Result<CudaSt
         batch,
         dtype: a.dtype(),
         tf32: allow_tf32(),
+        alpha,
+        beta,
     };
     // SAFETY: A, B, C are live device buffers of this device holding at
     // least the elements the dims and strides address (checked above); the
@@ -187,6 +219,8 @@ pub fn gemm_strided_batched(spec: &GemmSpec, a: &CudaStorage, b: &CudaStorage, c
         batch: int("gemm", spec.batch)?,
         dtype: dt,
         tf32: allow_tf32(),
+        alpha: 1.0,
+        beta: 0.0,
     };
     // SAFETY: every element the spec addresses lies inside the live buffers
     // (checked above); the call is ordered on the compute stream.

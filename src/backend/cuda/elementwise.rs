@@ -62,6 +62,21 @@ pub fn affine(x: &CudaStorage, mul: f64, add: f64) -> Result<CudaStorage> {
     Ok(y)
 }
 
+/// `y = a + c·b` over two buffers of one length and type (one launch).
+pub fn add_scaled(a: &CudaStorage, b: &CudaStorage, c: f64) -> Result<CudaStorage> {
+    float_only("add_scaled", a)?;
+    same("add_scaled", a, b)?;
+    let dev = a.device();
+    let y = dev.alloc(a.dtype(), a.len())?;
+    if a.is_empty() {
+        return Ok(y);
+    }
+    let k = format!("add_scaled_{}", dtype_suffix(a.dtype()));
+    let args = [Arg::Ptr(a), Arg::Ptr(b), Arg::Ptr(&y), scalar_arg(a.dtype(), c), Arg::I64(a.len() as i64)];
+    dev.launch("elementwise", &k, LaunchConfig::for_elems(a.len()), &args)?;
+    Ok(y)
+}
+
 /// `y = x^p`.
 pub fn powf(x: &CudaStorage, p: f64) -> Result<CudaStorage> {
     float_only("pow", x)?;

@@ -40,6 +40,9 @@ struct Prod {
     batch: usize,
     dtype: DType,
     tf32: bool,
+    /// C = alpha·op(A)·op(B) + beta·C (C unread when beta = 0).
+    alpha: f64,
+    beta: f64,
 }
 
 fn invalid(what: &str, msg: String) -> Error {
@@ -132,8 +135,9 @@ impl Prod {
         let b = if self.tb { (ldb, 1) } else { (1, ldb) };
         (a, b)
     }
-    /// Runs every batch; `bias` (m elements of the dtype) is added to every
-    /// row r of each C before its one rounding.
+    /// Runs every batch: C = alpha·op(A)·op(B) + beta·C (C read only when
+    /// beta ≠ 0) in the compute type, then `bias` (m elements of the dtype)
+    /// added to every row r, rounded once.
     ///
     /// # Safety
     /// The ranges were checked by `check`; the buffers stay live.
@@ -148,9 +152,9 @@ impl Prod {
             let c = self.c + (i * self.sc * es) as u64;
             match self.dtype {
                 // SAFETY: the ranges were checked; the buffers stay live (run's contract).
-                DType::F64 => unsafe { exact::<f64>(m, n, k, a, (ars, acs), b, (brs, bcs), c, self.ldc, bias, par) },
+                DType::F64 => unsafe { exact::<f64>(m, n, k, a, (ars, acs), b, (brs, bcs), c, self.ldc, bias, (self.alpha, self.beta), par) },
                 // SAFETY: as for f64.
-                DType::F32 if !self.tf32 => unsafe { exact::<f32>(m, n, k, a, (ars, acs), b, (brs, bcs), c, self.ldc, bias, par) },
+                DType::F32 if !self.tf32 => unsafe { exact::<f32>(m, n, k, a, (ars, acs), b, (brs, bcs), c, self.ldc, bias, (self.alpha, self.beta), par) },
                 dt => {
                     // Widen op(A) and op(B) to contiguous column-major f32
                     // (TF32-rounded for f32), multiply, then add the bias
@@ -198,12 +202,20 @@ impl Prod {
                             )
                         };
                     }
+                    let (alpha, beta) = (self.alpha as f32, self.beta as f32);
                     // SAFETY: C and the bias are inside the checked ranges.
                     unsafe {
                         for j in 0..n {
                             for r in 0..m {
                                 let add = bias.map_or(0.0, |bp| load(dt, bp, r));
-                                store(dt, c, r + j * self.ldc, cw[r + j * m] + add);
+                                let mut v = cw[r + j * m];
+                                if alpha != 1.0 {
+                                    v *= alpha;
+                                }
+                                if beta != 0.0 {
+                                    v += beta * load(dt, c, r + j * self.ldc);
+                                }
+                                store(dt, c, r + j * self.ldc, v + add);
                             }
                         }
                     }
@@ -214,8 +226,9 @@ impl Prod {
 }
 
 /// One product in the operands' own type (f32 without TF32, f64): C (m×n,
-/// column-major, ld `ldc`) = op(A)·op(B) at the given (row, column) strides,
-/// plus `bias[r]` on every row r when given.
+/// column-major, ld `ldc`) = alpha·op(A)·op(B) + beta·C at the given (row,
+/// column) strides (C unread when beta = 0), plus `bias[r]` on every row r
+/// when given.
 ///
 /// # Safety
 /// Every address of op(A), op(B), C and the bias lies in a checked, live range.
@@ -231,18 +244,27 @@ unsafe fn exact<T>(
     c: DevPtr,
     ldc: usize,
     bias: Option<DevPtr>,
+    (alpha, beta): (f64, f64),
     par: Parallelism,
 ) where
-    T: Copy + 'static + num_traits::Zero + num_traits::One + std::ops::AddAssign,
+    T: Copy + 'static + num_traits::Zero + num_traits::One + num_traits::FromPrimitive + std::ops::AddAssign + std::ops::MulAssign,
 {
     let c = c as *mut T;
+    let of = |v: f64| T::from_f64(v).unwrap_or_else(T::zero);
     if k == 0 {
         for j in 0..n {
-            std::ptr::write_bytes(c.add(j * ldc), 0, m);
+            if beta == 0.0 {
+                std::ptr::write_bytes(c.add(j * ldc), 0, m);
+            } else {
+                for r in 0..m {
+                    *c.add(r + j * ldc) *= of(beta);
+                }
+            }
         }
     } else {
-        // read_dst = false: C is written, never read.
-        gemm::gemm(m, n, k, c, ldc as isize, 1, false, a as *const T, acs, ars, b as *const T, bcs, brs, T::zero(), T::one(), false, false, false, par);
+        // read_dst only when beta ≠ 0: otherwise C is written, never read.
+        // gemm's dst = alpha'·dst + beta'·lhs·rhs, so the roles swap.
+        gemm::gemm(m, n, k, c, ldc as isize, 1, beta != 0.0, a as *const T, acs, ars, b as *const T, bcs, brs, of(beta), of(alpha), false, false, false, par);
     }
     if let Some(bp) = bias {
         for j in 0..n {
@@ -260,7 +282,7 @@ fn supported(what: &str, dt: DType) -> Result<()> {
     }
 }
 
-/// `cublasGemmStridedBatchedEx` / `cublasDgemmStridedBatched` with alpha = 1, beta = 0.
+/// `cublasGemmStridedBatchedEx` / `cublasDgemmStridedBatched` with the call's alpha and beta.
 ///
 /// # Safety
 /// The pointers are device addresses of this emulated device (their ranges
@@ -286,6 +308,8 @@ pub(super) unsafe fn gemm(drv: &EmuDriver, g: &Gemm) -> Result<()> {
         batch: nonneg(what, "batchCount", g.batch as i64)?,
         dtype: g.dtype,
         tf32: g.tf32 && g.dtype == DType::F32,
+        alpha: g.alpha,
+        beta: g.beta,
     };
     if p.m == 0 || p.n == 0 || p.batch == 0 {
         return Ok(());
@@ -351,6 +375,8 @@ pub(super) unsafe fn lt_matmul(drv: &EmuDriver, g: &LtMatmul) -> Result<()> {
         batch: 1,
         dtype: key.dtype,
         tf32: key.tf32 && key.dtype == DType::F32,
+        alpha: 1.0,
+        beta: 0.0,
     };
     if key.workspace > 0 {
         drv.check_range(g.workspace, key.workspace, &format!("{what}: workspace"))?;

@@ -41,9 +41,10 @@ pub(crate) const COMPUTE: Stream = Stream(0);
 #[derive(Debug)]
 pub(crate) struct Event(pub(crate) usize);
 
-/// One strided-batched GEMM with cuBLAS's exact semantics (column-major,
-/// alpha = 1, beta = 0): for every batch index `i`,
-/// `C[i] = op(A[i]) · op(B[i])` with `op(A)` m×k, `op(B)` k×n, `C` m×n,
+/// One strided-batched GEMM with cuBLAS's exact semantics (column-major):
+/// for every batch index `i`,
+/// `C[i] = alpha · op(A[i]) · op(B[i]) + beta · C[i]` (C is not read when
+/// beta = 0) with `op(A)` m×k, `op(B)` k×n, `C` m×n,
 /// `X[i]` starting `i · stride_x` elements after `x`, element (r, c) of a
 /// stored matrix at `r + c·ld`.
 #[derive(Clone, Copy, Debug)]
@@ -67,6 +68,10 @@ pub(crate) struct Gemm {
     pub dtype: DType,
     /// f32 only: allow TF32 (inputs rounded to a 10-bit mantissa).
     pub tf32: bool,
+    /// The product's scale (an f32 host scalar except for f64).
+    pub alpha: f64,
+    /// C's scale; 0 means C is written without being read.
+    pub beta: f64,
 }
 
 /// A matrix layout of cuBLASLt: `rows × cols`, column-major, leading dimension `ld`.

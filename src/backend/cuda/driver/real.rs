@@ -335,7 +335,7 @@ impl Driver for RealDriver {
         let op = |t: bool| if t { cs::cublasOperation_t::CUBLAS_OP_T } else { cs::cublasOperation_t::CUBLAS_OP_N };
         self.bind()?;
         if g.dtype == DType::F64 {
-            let (alpha, beta) = (1.0f64, 0.0f64);
+            let (alpha, beta) = (g.alpha, g.beta);
             // SAFETY: the caller guarantees the buffers; the handle runs on
             // the compute stream; alpha/beta are host scalars read during the call.
             return unsafe {
@@ -369,7 +369,7 @@ impl Driver for RealDriver {
             DType::BF16 => (cs::cudaDataType::CUDA_R_16BF, cs::cublasComputeType_t::CUBLAS_COMPUTE_32F),
             other => return Err(Error::UnsupportedDType { op: "matmul", dtype: other, supported: "f32, f64, f16, bf16" }),
         };
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (alpha, beta) = (g.alpha as f32, g.beta as f32);
         // SAFETY: as for the f64 call; with FP32 compute alpha and beta are
         // f32 host scalars.
         unsafe {
