@@ -5,6 +5,8 @@
 //! comparison that chose `gemm` for the CPU backend.
 
 use asrforge::backend::cpu::conv::{self, Conv2d};
+use asrforge::backend::cpu::optim::{self, AdamStep};
+use asrforge::backend::cpu::CpuStorage;
 use asrforge::backend::Storage;
 use asrforge::ops::{self, Reduction};
 use asrforge::tensor::Rng;
@@ -223,6 +225,18 @@ fn aishell_kernels(c: &mut Criterion) {
             })
         });
     }
+    // Adam over the output layer's weight (4233 x 256), and the global
+    // gradient norm over a gradient of that size.
+    let n = 4233 * 256;
+    let (mut p, gr, mut m, mut v) =
+        (CpuStorage::F32(vec![0.5; n]), CpuStorage::F32(vec![1e-3; n]), CpuStorage::F32(vec![0.0; n]), CpuStorage::F32(vec![0.0; n]));
+    let h = AdamStep { lr: 1e-3, beta1: 0.9, beta2: 0.98, eps: 1e-9, weight_decay: 1e-6, decoupled: false, t: 1 };
+    g.throughput(Throughput::Elements(n as u64));
+    g.bench_function(format!("adam step {n}"), |b| b.iter(|| optim::adam(&mut p, &gr, &mut m, &mut v, &h).unwrap()));
+    let w = randn(&[4233, 256], &mut rng).requires_grad_();
+    autograd::backward_with(&[(ops::relu(&w).unwrap(), randn(&[4233, 256], &mut rng))]).unwrap();
+    let params = vec![("w".to_string(), w)];
+    g.bench_function(format!("grad_norm {n}"), |b| b.iter(|| black_box(asrforge::optim::grad_norm(&params).unwrap())));
     g.finish();
 }
 
