@@ -225,6 +225,14 @@ fn aishell_kernels(c: &mut Criterion) {
             })
         });
     }
+    // Attention's head split (the last dim stays last) and the conv module's (B, T, D) -> (B, D, T).
+    for (name, shape, perm) in
+        [("permute 8x124x4x64 [0,2,1,3]", vec![8usize, 124, 4, 64], vec![0usize, 2, 1, 3]), ("permute 8x124x512 [0,2,1]", vec![8, 124, 512], vec![0, 2, 1])]
+    {
+        let x = randn(&shape, &mut rng);
+        g.throughput(Throughput::Elements(x.elem_count() as u64));
+        g.bench_function(name, |b| b.iter(|| black_box(autograd::no_grad(|| ops::permute(&x, &perm).unwrap()))));
+    }
     // Adam over the output layer's weight (4233 x 256), and the global
     // gradient norm over a gradient of that size.
     let n = 4233 * 256;

@@ -24,8 +24,13 @@ fn permute_t<T: Copy + Send + Sync>(x: &[T], dims: &[usize], perm: &[usize], mut
             off += (rem % out_dims[d]) * strides[d];
             rem /= out_dims[d];
         }
-        for (j, o) in o.iter_mut().enumerate() {
-            *o = x[off + j * inner];
+        if inner == 1 {
+            // The last dim stays last (attention's head split and merge): one copy per row.
+            o.copy_from_slice(&x[off..off + row]);
+        } else {
+            for (o, &v) in o.iter_mut().zip(x[off..].iter().step_by(inner)) {
+                *o = v;
+            }
         }
     });
     out
