@@ -5,6 +5,8 @@
 //! comparison that chose `gemm` for the CPU backend.
 
 use asrforge::backend::cpu::conv::{self, Conv2d};
+use asrforge::backend::cpu::optim::{self, AdamStep};
+use asrforge::backend::cpu::CpuStorage;
 use asrforge::backend::Storage;
 use asrforge::ops::{self, Reduction};
 use asrforge::tensor::Rng;
@@ -180,5 +182,71 @@ fn train_kernels(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, matmul, kernels, mlp, train_kernels);
+/// The AISHELL conformer's heaviest kernels at its shapes (B 8, T 500: 124
+/// frames after subsampling, ~14 tokens per utterance): the feed-forward
+/// linears, the output layer over 4233 words, silu and dropout over the
+/// feed-forward's hidden activations, forward and forward + backward.
+fn aishell_kernels(c: &mut Criterion) {
+    let mut rng = Rng::new(5);
+    let mut g = c.benchmark_group("aishell_kernels");
+    g.sample_size(10);
+    for (name, rows, din, dout) in
+        [("ffn1 8x124x256 -> 2048", 124usize, 256usize, 2048usize), ("ffn2 8x124x2048 -> 256", 124, 2048, 256), ("output 8x14x256 -> 4233", 14, 256, 4233)]
+    {
+        let x = randn(&[8, rows, din], &mut rng).requires_grad_();
+        let w = randn(&[dout, din], &mut rng).requires_grad_();
+        let bias = randn(&[dout], &mut rng).requires_grad_();
+        let gy = randn(&[8, rows, dout], &mut rng);
+        let flops = (2 * 8 * rows * din * dout) as u64;
+        g.throughput(Throughput::Elements(flops));
+        g.bench_function(format!("linear fwd {name}"), |b| b.iter(|| black_box(autograd::no_grad(|| ops::linear(&x, &w, Some(&bias)).unwrap()))));
+        g.throughput(Throughput::Elements(3 * flops));
+        g.bench_function(format!("linear fwd+bwd {name}"), |b| {
+            b.iter(|| {
+                let y = ops::linear(&x, &w, Some(&bias)).unwrap();
+                autograd::backward_with(&[(y, gy.clone())]).unwrap();
+                for p in [&x, &w, &bias] {
+                    p.zero_grad();
+                }
+            })
+        });
+    }
+    let n = 8 * 124 * 2048;
+    let x = randn(&[n], &mut rng).requires_grad_();
+    let gy = randn(&[n], &mut rng);
+    g.throughput(Throughput::Elements(n as u64));
+    for name in ["silu", "dropout"] {
+        let f = |x: &Tensor| if name == "silu" { ops::silu(x).unwrap() } else { ops::dropout(x, 0.1, true).unwrap() };
+        g.bench_function(format!("{name} fwd {n}"), |b| b.iter(|| black_box(autograd::no_grad(|| f(&x)))));
+        g.bench_function(format!("{name} fwd+bwd {n}"), |b| {
+            b.iter(|| {
+                autograd::backward_with(&[(f(&x), gy.clone())]).unwrap();
+                x.zero_grad();
+            })
+        });
+    }
+    // Attention's head split (the last dim stays last) and the conv module's (B, T, D) -> (B, D, T).
+    for (name, shape, perm) in
+        [("permute 8x124x4x64 [0,2,1,3]", vec![8usize, 124, 4, 64], vec![0usize, 2, 1, 3]), ("permute 8x124x512 [0,2,1]", vec![8, 124, 512], vec![0, 2, 1])]
+    {
+        let x = randn(&shape, &mut rng);
+        g.throughput(Throughput::Elements(x.elem_count() as u64));
+        g.bench_function(name, |b| b.iter(|| black_box(autograd::no_grad(|| ops::permute(&x, &perm).unwrap()))));
+    }
+    // Adam over the output layer's weight (4233 x 256), and the global
+    // gradient norm over a gradient of that size.
+    let n = 4233 * 256;
+    let (mut p, gr, mut m, mut v) =
+        (CpuStorage::F32(vec![0.5; n]), CpuStorage::F32(vec![1e-3; n]), CpuStorage::F32(vec![0.0; n]), CpuStorage::F32(vec![0.0; n]));
+    let h = AdamStep { lr: 1e-3, beta1: 0.9, beta2: 0.98, eps: 1e-9, weight_decay: 1e-6, decoupled: false, t: 1 };
+    g.throughput(Throughput::Elements(n as u64));
+    g.bench_function(format!("adam step {n}"), |b| b.iter(|| optim::adam(&mut p, &gr, &mut m, &mut v, &h).unwrap()));
+    let w = randn(&[4233, 256], &mut rng).requires_grad_();
+    autograd::backward_with(&[(ops::relu(&w).unwrap(), randn(&[4233, 256], &mut rng))]).unwrap();
+    let params = vec![("w".to_string(), w)];
+    g.bench_function(format!("grad_norm {n}"), |b| b.iter(|| black_box(asrforge::optim::grad_norm(&params).unwrap())));
+    g.finish();
+}
+
+criterion_group!(benches, matmul, kernels, mlp, train_kernels, aishell_kernels);
 criterion_main!(benches);

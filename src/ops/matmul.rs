@@ -142,12 +142,46 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
         if matches!(x.device(), crate::tensor::Device::Cuda(_)) && x.rank() >= 1 {
             return linear_fused(x, w, b);
         }
+        // On the CPU the GEMM accumulates into rows that start as the bias.
+        if matches!(x.device(), crate::tensor::Device::Cpu) && x.rank() >= 1 && super::autocast_dtype().is_none() {
+            return linear_cpu(x, w, b);
+        }
     }
     let y = matmul_t(x, w, false, true)?;
     match bias {
         Some(b) => super::add(&y, b),
         None => Ok(y),
     }
+}
+
+/// The CPU `linear` with a bias: the output starts as the bias in every
+/// row and the GEMM adds x·wᵀ into it, with no separate broadcast add (its
+/// output buffer and its pass over the product). Backward as on the GPU:
+/// dx = g·w, dw = gᵀ·x over all rows, db = g summed over the rows.
+fn linear_cpu(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    same_kind("linear", x, w)?;
+    let (n, kk) = (w.dims()[0], w.dims()[1]);
+    if x.dims().last() != Some(&kk) {
+        return Err(Error::ShapeMismatch { op: "linear", expected: format!("input with last dim {kk}"), got: format!("{}", x.shape()) });
+    }
+    let m = x.elem_count() / kk.max(1);
+    let y = match (&*x.storage(), &*w.storage(), &*b.storage()) {
+        (Storage::Cpu(xs), Storage::Cpu(ws), Storage::Cpu(bs)) => Storage::Cpu(k::linear_bias(xs, ws, bs, m, n, kk)?),
+        _ => return Err(mixed("linear")),
+    };
+    let mut out_dims = x.dims().to_vec();
+    if let Some(l) = out_dims.last_mut() {
+        *l = n;
+    }
+    let y = out_storage(y, out_dims);
+    let (xd, wd, bshape) = (x.detach(), w.detach(), b.shape().clone());
+    Ok(record("linear", &[x, w, b], y, vec![xd.clone(), wd.clone()], move |g, needs| {
+        let g2 = g.reshaped(Shape::from([m, n]), false);
+        let gx = if needs[0] { Some(matmul_t(g, &wd, false, false)?) } else { None };
+        let gw = if needs[1] { Some(matmul_t(&g2, &xd.reshaped(Shape::from([m, kk]), false), true, false)?) } else { None };
+        let gb = if needs[2] { Some(super::sum_to_shape(&g2, &bshape)?) } else { None };
+        Ok(vec![gx, gw, gb])
+    }))
 }
 
 /// The GPU `linear` with the bias in the GEMM epilogue; backward:

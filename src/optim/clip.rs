@@ -20,7 +20,10 @@ pub fn grad_norm(params: &[(String, Tensor)]) -> Result<f64> {
     let mut sq = 0.0f64;
     for (_, p) in params {
         if let Some(g) = p.grad() {
-            sq += g.to_f64_vec()?.iter().map(|x| x * x).sum::<f64>();
+            sq += match &*g.storage() {
+                Storage::Cpu(c) => crate::backend::cpu::reduce::sum_squares_f64(c),
+                _ => g.to_f64_vec()?.iter().map(|x| x * x).sum::<f64>(),
+            };
         }
     }
     Ok(sq.sqrt())

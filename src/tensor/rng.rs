@@ -30,6 +30,7 @@ const LANES: usize = 16;
 /// [`philox4x32`] of the `LANES` consecutive counters `b, b+1, …`: word `j`
 /// of block `b + l` is `[j][l]`. Each word is an array over the blocks, so
 /// the rounds run as vector instructions instead of one block at a time.
+#[inline(always)]
 fn philox4x32_lanes(b: u64, key: [u32; 2]) -> [[u32; LANES]; 4] {
     let mut c = [[0u32; LANES]; 4];
     for l in 0..LANES {
@@ -52,6 +53,43 @@ fn philox4x32_lanes(b: u64, key: [u32; 2]) -> [[u32; LANES]; 4] {
         k = [k[0].wrapping_add(W0), k[1].wrapping_add(W1)];
     }
     c
+}
+
+/// Bernoulli picks of the words of consecutive blocks from `b0` into
+/// `out`, as a loop compiled for the CPU's widest vectors (the rounds'
+/// 32×32→64-bit products run 16 lanes at a time under AVX-512).
+struct Fill<'a, T, P> {
+    out: &'a mut [T],
+    b0: u64,
+    key: [u32; 2],
+    pick: &'a P,
+}
+
+impl<T, P: Fn(u32) -> T> crate::backend::cpu::SimdLoop for Fill<'_, T, P> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        // Whole groups of LANES blocks through the lane-parallel rounds,
+        // the rest one block at a time: the same words either way.
+        let (b0, key, pick) = (self.b0, self.key, self.pick);
+        let done = self.out.len() / (4 * LANES) * LANES;
+        let mut groups = self.out.chunks_exact_mut(4 * LANES);
+        for (gi, grp) in groups.by_ref().enumerate() {
+            let w = philox4x32_lanes(b0 + (gi * LANES) as u64, key);
+            for (l, quad) in grp.chunks_exact_mut(4).enumerate() {
+                for (j, d) in quad.iter_mut().enumerate() {
+                    *d = pick(w[j][l]);
+                }
+            }
+        }
+        for (bi, quad) in groups.into_remainder().chunks_mut(4).enumerate() {
+            let b = b0 + (done + bi) as u64;
+            let w = philox4x32([b as u32, (b >> 32) as u32, 0, 0], key);
+            for (d, &wi) in quad.iter_mut().zip(&w) {
+                *d = pick(wi);
+            }
+        }
+    }
 }
 
 /// A seeded generator: a seed and a running offset (in 4-word blocks).
@@ -135,28 +173,14 @@ impl Rng {
         const CHUNK: usize = 1 << 14;
         let key = self.key();
         let o = self.advance(out.len());
-        let pick = |w: u32| if to_unit(w) < p { yes } else { no };
+        // `to_unit(w) < p` as an integer compare: (w + 0.5)/2³² < p holds
+        // exactly when w < p·2³² − 0.5 (both sides exact in f64), i.e. for
+        // the `keep` words below ⌈p·2³² − 0.5⌉, so the draws are unchanged.
+        let keep = (p * 4_294_967_296.0 - 0.5).ceil().clamp(0.0, 4_294_967_296.0) as u64;
+        let pick = |w: u32| if (w as u64) < keep { yes } else { no };
         let fill = |ci: usize, c: &mut [T]| {
-            // Whole groups of LANES blocks through the lane-parallel rounds,
-            // the rest one block at a time: the same words either way.
             let b0 = o + ((ci * CHUNK) / 4) as u64;
-            let done = c.len() / (4 * LANES) * LANES;
-            let mut groups = c.chunks_exact_mut(4 * LANES);
-            for (gi, grp) in groups.by_ref().enumerate() {
-                let w = philox4x32_lanes(b0 + (gi * LANES) as u64, key);
-                for (l, quad) in grp.chunks_exact_mut(4).enumerate() {
-                    for (j, d) in quad.iter_mut().enumerate() {
-                        *d = pick(w[j][l]);
-                    }
-                }
-            }
-            for (bi, quad) in groups.into_remainder().chunks_mut(4).enumerate() {
-                let b = b0 + (done + bi) as u64;
-                let w = philox4x32([b as u32, (b >> 32) as u32, 0, 0], key);
-                for (d, &wi) in quad.iter_mut().zip(&w) {
-                    *d = pick(wi);
-                }
-            }
+            crate::backend::cpu::simd(Fill { out: c, b0, key, pick: &pick });
         };
         if out.len() > CHUNK {
             out.par_chunks_mut(CHUNK).enumerate().for_each(|(ci, c)| fill(ci, c));

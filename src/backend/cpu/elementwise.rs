@@ -2,7 +2,7 @@
 //! maps, and broadcasting binary ops. Layouts: contiguous row-major; a
 //! broadcast operand is read through strides that are 0 on broadcast dims.
 
-use super::{par_chunks, CpuStorage, Float};
+use super::{par_chunks, CpuStorage, Float, Zip1, Zip2, Zip3};
 use crate::error::Result;
 use crate::float_match;
 
@@ -158,9 +158,7 @@ fn map<T: Float>(x: &[T], f: impl Fn(T) -> T + Sync + Send) -> Vec<T> {
     let mut out = super::pool::zeroed(x.len());
     par_chunks(&mut out, CHUNK, |s, o| {
         let n = o.len();
-        for (o, &v) in o.iter_mut().zip(&x[s..s + n]) {
-            *o = f(v);
-        }
+        super::simd(Zip1 { out: o, x: &x[s..s + n], f: &f })
     });
     out
 }
@@ -171,9 +169,7 @@ fn map3<T: Float>(x: &[T], y: &[T], g: &[T], f: impl Fn(T, T, T) -> T + Sync + S
     par_chunks(&mut out, CHUNK, |s, o| {
         let n = o.len();
         let (x, y, g) = (&x[s..s + n], &y[s..s + n], &g[s..s + n]);
-        for (((o, &a), &b), &c) in o.iter_mut().zip(x).zip(y).zip(g) {
-            *o = f(a, b, c);
-        }
+        super::simd(Zip3 { out: o, x, y, z: g, f: &f })
     });
     out
 }
@@ -300,9 +296,7 @@ fn binary_k<T: Float>(a: &[T], b: &[T], bc: &Bcast, f: impl Fn(T, T) -> T + Sync
     if a.len() == n && b.len() == n {
         par_chunks(&mut out, CHUNK, |s, o| {
             let m = o.len();
-            for ((o, &x), &y) in o.iter_mut().zip(&a[s..s + m]).zip(&b[s..s + m]) {
-                *o = f(x, y);
-            }
+            super::simd(Zip2 { out: o, x: &a[s..s + m], y: &b[s..s + m], f: &f })
         });
         return out;
     }
@@ -310,9 +304,7 @@ fn binary_k<T: Float>(a: &[T], b: &[T], bc: &Bcast, f: impl Fn(T, T) -> T + Sync
         let bv = b[0];
         par_chunks(&mut out, CHUNK, |s, o| {
             let m = o.len();
-            for (o, &x) in o.iter_mut().zip(&a[s..s + m]) {
-                *o = f(x, bv);
-            }
+            super::simd(Zip1 { out: o, x: &a[s..s + m], f: &|x| f(x, bv) })
         });
         return out;
     }
@@ -322,22 +314,14 @@ fn binary_k<T: Float>(a: &[T], b: &[T], bc: &Bcast, f: impl Fn(T, T) -> T + Sync
         let (oa, ob) = bc.offsets(r);
         match (ia, ib) {
             // Both rows contiguous (a bias added to each row, a mask over rows).
-            (1, 1) => {
-                for ((o, &x), &y) in o.iter_mut().zip(&a[oa..oa + row]).zip(&b[ob..ob + row]) {
-                    *o = f(x, y);
-                }
-            }
+            (1, 1) => super::simd(Zip2 { out: o, x: &a[oa..oa + row], y: &b[ob..ob + row], f: &f }),
             (1, 0) => {
                 let y = b[ob];
-                for (o, &x) in o.iter_mut().zip(&a[oa..oa + row]) {
-                    *o = f(x, y);
-                }
+                super::simd(Zip1 { out: o, x: &a[oa..oa + row], f: &|x| f(x, y) })
             }
             (0, 1) => {
                 let x = a[oa];
-                for (o, &y) in o.iter_mut().zip(&b[ob..ob + row]) {
-                    *o = f(x, y);
-                }
+                super::simd(Zip1 { out: o, x: &b[ob..ob + row], f: &|y| f(x, y) })
             }
             _ => {
                 for (j, o) in o.iter_mut().enumerate() {

@@ -169,3 +169,36 @@ pub fn matmul_scaled(d: &MatmulDims, a: &CpuStorage, b: &CpuStorage, alpha: f64,
         (a, _, _) => return Err(super::unsupported("matmul", a.dtype())),
     })
 }
+
+/// `x·wᵀ + bias` for x (m×k), w (n×k) and bias (n), as `linear`: the output
+/// rows start as copies of the bias and the GEMM accumulates the product
+/// into them, so the bias costs what zeroing the output did.
+pub fn linear_bias(x: &CpuStorage, w: &CpuStorage, bias: &CpuStorage, m: usize, n: usize, k: usize) -> Result<CpuStorage> {
+    if x.len() != m * k || w.len() != n * k || bias.len() != n {
+        return Err(Error::invalid(
+            "linear",
+            format!("expected x of {m}x{k}, w of {n}x{k} and a bias of {n} elements, got {}, {} and {}", x.len(), w.len(), bias.len()),
+        ));
+    }
+    Ok(float_match!("linear", (x, w, bias), |x, w, b| Float::store(linear_bias_t(x, w, b, m, n, k))))
+}
+
+fn linear_bias_t<T: Float>(x: &[T], w: &[T], b: &[T], m: usize, n: usize, k: usize) -> Vec<T> {
+    let mut c = if (m * n).saturating_mul(std::mem::size_of::<T>()) >= super::pool::MIN_BYTES {
+        // Large outputs reuse a pooled buffer (zeroed), then take the bias.
+        let mut c = super::pool::zeroed(m * n);
+        for row in c.chunks_exact_mut(n.max(1)) {
+            row.copy_from_slice(b);
+        }
+        c
+    } else {
+        let mut c = Vec::with_capacity(m * n);
+        for _ in 0..m {
+            c.extend_from_slice(b);
+        }
+        c
+    };
+    let par = if m * n * k >= PAR_GEMM { Parallelism::Rayon(rayon::current_num_threads()) } else { Parallelism::None };
+    gemm_raw(m, n, k, View { data: x, rs: k, cs: 1 }, View { data: w, rs: 1, cs: k }, &mut c, n, true, par);
+    c
+}

@@ -22,26 +22,89 @@ pub struct AdamStep {
     pub t: u64,
 }
 
+/// One chunk of the update as a [`super::SimdLoop`]: the parameter,
+/// gradient and moments zipped (no bounds checks), so the loop vectorises
+/// (√ and ÷ are IEEE-exact in every width: the same results as one element
+/// at a time).
+struct AdamChunk<'a, T> {
+    p: &'a mut [T],
+    g: &'a [T],
+    m: &'a mut [T],
+    v: &'a mut [T],
+    k: AdamConsts<T>,
+}
+
+#[derive(Clone, Copy)]
+struct AdamConsts<T> {
+    b1: T,
+    b2: T,
+    eps: T,
+    lr: T,
+    wd: T,
+    ibc1: T,
+    isbc2: T,
+    decoupled: bool,
+    l2: bool,
+}
+
+impl<T: Float> super::SimdLoop for AdamChunk<'_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let k = self.k;
+        let one = T::one();
+        for (((p, &g), m), v) in self.p.iter_mut().zip(self.g).zip(self.m.iter_mut()).zip(self.v.iter_mut()) {
+            let mut gi = g;
+            if k.decoupled {
+                *p = *p - k.lr * k.wd * *p;
+            } else if k.l2 {
+                gi = gi + k.wd * *p;
+            }
+            *m = k.b1 * *m + (one - k.b1) * gi;
+            *v = k.b2 * *v + (one - k.b2) * gi * gi;
+            *p = *p - k.lr * (*m * k.ibc1) / (v.sqrt() * k.isbc2 + k.eps);
+        }
+    }
+}
+
+/// Elements per parallel task of the update.
+const ADAM_CHUNK: usize = 1 << 14;
+
 fn adam_t<T: Float>(p: &mut [T], g: &[T], m: &mut [T], v: &mut [T], h: &AdamStep) {
+    use rayon::prelude::*;
     let bc1 = 1.0 - h.beta1.powi(h.t as i32);
     let bc2 = 1.0 - h.beta2.powi(h.t as i32);
-    let (b1, b2, eps, lr, wd) = (T::of(h.beta1), T::of(h.beta2), T::of(h.eps), T::of(h.lr), T::of(h.weight_decay));
-    let (one, ibc1, isbc2) = (T::one(), T::of(1.0 / bc1), T::of(1.0 / bc2.sqrt()));
-    for i in 0..p.len() {
-        let mut gi = g[i];
-        if h.decoupled {
-            p[i] = p[i] - lr * wd * p[i];
-        } else if h.weight_decay != 0.0 {
-            gi = gi + wd * p[i];
-        }
-        m[i] = b1 * m[i] + (one - b1) * gi;
-        v[i] = b2 * v[i] + (one - b2) * gi * gi;
-        p[i] = p[i] - lr * (m[i] * ibc1) / (v[i].sqrt() * isbc2 + eps);
+    let k = AdamConsts {
+        b1: T::of(h.beta1),
+        b2: T::of(h.beta2),
+        eps: T::of(h.eps),
+        lr: T::of(h.lr),
+        wd: T::of(h.weight_decay),
+        ibc1: T::of(1.0 / bc1),
+        isbc2: T::of(1.0 / bc2.sqrt()),
+        decoupled: h.decoupled,
+        l2: h.weight_decay != 0.0,
+    };
+    if p.len() < super::PAR_THRESHOLD {
+        super::simd(AdamChunk { p, g, m, v, k });
+        return;
     }
+    // The serial update over every parameter was a step's longest single-threaded stretch.
+    p.par_chunks_mut(ADAM_CHUNK)
+        .zip(g.par_chunks(ADAM_CHUNK))
+        .zip(m.par_chunks_mut(ADAM_CHUNK))
+        .zip(v.par_chunks_mut(ADAM_CHUNK))
+        .for_each(|(((p, g), m), v)| super::simd(AdamChunk { p, g, m, v, k }));
 }
 
 /// One Adam(W) step in place on the parameter `p` and moments `m`, `v`.
 pub fn adam(p: &mut CpuStorage, g: &CpuStorage, m: &mut CpuStorage, v: &mut CpuStorage, h: &AdamStep) -> Result<()> {
+    if g.len() != p.len() || m.len() != p.len() || v.len() != p.len() {
+        return Err(Error::invalid(
+            "adam",
+            format!("expected gradient and moments of the parameter's {} elements, got {}, {} and {}", p.len(), g.len(), m.len(), v.len()),
+        ));
+    }
     match (p, g, m, v) {
         (CpuStorage::F32(p), CpuStorage::F32(g), CpuStorage::F32(m), CpuStorage::F32(v)) => adam_t(p, g, m, v, h),
         (CpuStorage::F64(p), CpuStorage::F64(g), CpuStorage::F64(m), CpuStorage::F64(v)) => adam_t(p, g, m, v, h),

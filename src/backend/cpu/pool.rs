@@ -109,7 +109,12 @@ pub fn zeroed<T: Pooled>(n: usize) -> Vec<T> {
         }
     };
     drop(evicted);
-    let mut v = found.unwrap_or_else(|| Vec::with_capacity(n));
+    // A fresh buffer comes zeroed from the allocator (its own mmap: pages
+    // the kernel zeroes when the kernel writing the output first touches
+    // them, on the worker threads), not from a serial fill here.
+    let Some(mut v) = found else {
+        return vec![T::default(); n];
+    };
     v.clear();
     v.resize(n, T::default());
     v

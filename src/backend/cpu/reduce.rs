@@ -99,3 +99,20 @@ pub fn expand_dim(x: &CpuStorage, outer: usize, n: usize, inner: usize) -> Resul
         Float::store(out)
     }))
 }
+
+/// Σx² in f64, element by element in index order (the order, and so the
+/// bits, of summing a widened f64 copy), without making that copy: the
+/// gradient-norm clip reads every gradient once per step.
+pub fn sum_squares_f64(x: &CpuStorage) -> f64 {
+    fn sq<T: Copy>(v: &[T], f: impl Fn(T) -> f64) -> f64 {
+        v.iter().map(|&x| f(x) * f(x)).sum()
+    }
+    match x {
+        CpuStorage::F32(v) => sq(v, |x| x as f64),
+        CpuStorage::F64(v) => sq(v, |x| x),
+        CpuStorage::F16(v) => sq(v, |x| x.to_f64()),
+        CpuStorage::BF16(v) => sq(v, |x| x.to_f64()),
+        CpuStorage::I64(v) => sq(v, |x| x as f64),
+        CpuStorage::U8(v) => sq(v, |x| x as f64),
+    }
+}
