@@ -63,13 +63,14 @@ struct NnMax {
 // every row.
 //
 // Both reduce a row in the same order, so the two shapes give the same bits:
-// that of common.cuh's block tree over NN_BLOCK threads, thread t folding
+// that of common.cuh's block_reduce over NN_BLOCK threads, thread t folding
 // elements t, t + NN_BLOCK, ... in turn. A warp keeps the NN_BLOCK / 32
-// partials of the threads t = lane + 32k in registers v[k], folds them as
-// the tree's first levels do (v[k] with v[k + 4], then + 2, then + 1: the
-// tree's steps 128, 64, 32), then the lanes as its last levels (16 ... 1)
-// by an xor butterfly, whose lanes l < s combine (v_l, v_{l+s}) as the tree
-// does; the others hold the same bits, the operators being commutative.
+// partials of the threads t = lane + 32k in registers v[k], reduces each
+// across the lanes as block_reduce's per-warp stage does (offsets 16 ... 1,
+// by an xor butterfly, whose lanes l < s combine (v_l, v_{l+s}) as the
+// shuffle-down tree does; the others hold the same bits, the operators
+// being commutative), then folds the eight warp results as its second
+// stage does (v[k] with v[k + 4], then + 2, then + 1).
 #define NN_WARP_ROW_MAX 1024
 #define NN_WARP 32
 
@@ -91,14 +92,17 @@ struct WarpRows {
             v[k] = init;
             for (uint32_t i = t() + NN_WARP * k; i < n; i += NN_BLOCK) v[k] = op(v[k], f(i));
         }
+        // Each virtual warp k across the lanes first (block_reduce's first stage) ...
+#pragma unroll
+        for (int k = 0; k < K; ++k)
+#pragma unroll
+            for (int o = NN_WARP / 2; o > 0; o >>= 1) v[k] = op(v[k], __shfl_xor_sync(0xffffffffu, v[k], o));
+        // ... then the warps' results as its second stage folds them (4, 2, 1).
 #pragma unroll
         for (int s = K / 2; s > 0; s >>= 1)
 #pragma unroll
             for (int k = 0; k < s; ++k) v[k] = op(v[k], v[k + s]);
-        A r = v[0];
-#pragma unroll
-        for (int o = NN_WARP / 2; o > 0; o >>= 1) r = op(r, __shfl_xor_sync(0xffffffffu, r, o));
-        return r;
+        return v[0];
     }
 };
 
