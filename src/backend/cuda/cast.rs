@@ -52,6 +52,15 @@ impl CastTable {
         self.tensors += 1;
         k
     }
+    /// Elements of chunk `c`: its tensor's length past the chunk's start, at most a chunk.
+    fn chunk_len(&self, c: usize) -> u64 {
+        let base = 2 + 3 * CAST_TENSORS;
+        let shift = 32 * (c % 2);
+        let slot = ((self.words[base + c / 2] >> shift) & 0xffff_ffff) as usize;
+        let index = (self.words[base + CAST_CHUNKS / 2 + c / 2] >> shift) & 0xffff_ffff;
+        let (chunk, len) = (self.words[0], self.words[2 + 2 * CAST_TENSORS + slot]);
+        len.saturating_sub(index * chunk).min(chunk)
+    }
     fn add_chunk(&mut self, slot: usize, index: u32) {
         // Two little-endian u32 arrays packed into words: tensor[], then index[].
         let base = 2 + 3 * CAST_TENSORS;
@@ -125,7 +134,10 @@ pub fn to_dtype_many_chunked(xs: &[&CudaStorage], dtype: DType, chunk: usize) ->
     let kernel = format!("cast_many_{}_{}", dtype_suffix(from), dtype_suffix(dtype));
     for t in cast_tables(&pairs, chunk)? {
         let cfg = LaunchConfig { grid: (t.chunks.min(super::launch::max_grid() as usize) as u32, 1, 1), block: (CAST_THREADS, 1, 1), shared_bytes: 0 };
-        dev.launch("cast", &kernel, cfg, &[Arg::Words(&t.words)])?;
+        // The bytes of this table's chunks (the profile cannot see inside it).
+        let elems: u64 = (0..t.chunks).map(|c| t.chunk_len(c)).sum();
+        let moved = (elems * from.size_in_bytes() as u64, elems * dtype.size_in_bytes() as u64);
+        dev.launch_moving("cast", &kernel, cfg, &[Arg::Words(&t.words)], Some(moved))?;
     }
     Ok(ys)
 }

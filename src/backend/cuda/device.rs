@@ -178,6 +178,13 @@ impl CudaDevice {
     /// [`Error::Cuda`] naming the kernel; with `ASRFORGE_CUDA_SYNC=1` every
     /// launch is also synchronised so an asynchronous fault names its kernel.
     pub fn launch(&self, module: &str, kernel: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
+        self.launch_moving(module, kernel, cfg, args, None)
+    }
+
+    /// [`launch`](Self::launch) of a kernel whose buffers travel in a
+    /// by-value table the profile cannot see: `moved` gives the bytes it
+    /// reads and writes for `bench-train --profile`.
+    pub fn launch_moving(&self, module: &str, kernel: &str, cfg: LaunchConfig, args: &[Arg], moved: Option<(u64, u64)>) -> Result<()> {
         let name = format!("{module}/{kernel}");
         let (f, sig) = self.function(module, kernel)?;
         if let Some(codes) = sig {
@@ -210,7 +217,14 @@ impl CudaDevice {
                 _ => slot.as_mut_ptr() as *mut c_void,
             });
         }
-        let record = profile::on().then(|| kernel_record(module, kernel, args, sig));
+        let record = profile::on().then(|| {
+            let mut r = kernel_record(module, kernel, args, sig);
+            if let Some((read, written)) = moved {
+                r.bytes_read += read;
+                r.bytes_written += written;
+            }
+            r
+        });
         // SAFETY: `f` was resolved by this device's driver; `word_ptrs` has
         // one pointer per kernel parameter, each to a live value of the
         // parameter's size (`slots` and the caller's `Words` outlive the

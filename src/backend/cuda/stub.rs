@@ -46,6 +46,10 @@ impl CudaDevice {
     pub fn launch(&self, _module: &str, _kernel: &str, _cfg: LaunchConfig, _args: &[Arg]) -> Result<()> {
         match *self {}
     }
+    /// Unreachable without the `cuda` feature (no device can be opened).
+    pub fn launch_moving(&self, module: &str, kernel: &str, cfg: LaunchConfig, args: &[Arg], _moved: Option<(u64, u64)>) -> Result<()> {
+        self.launch(module, kernel, cfg, args)
+    }
     /// Waits for queued work.
     pub fn synchronize(&self) -> Result<()> {
         match *self {}
