@@ -54,6 +54,13 @@ fn fp16_and_bf16_loss_curves_follow_f32_for_50_steps() {
             // batch is the same every step).
             override_config: [
                 "scheduler_conf.warmup_steps 10",
+                // Half the config's peak rate: at 0.002 the late steps (loss
+                // ~0.75, one batch over-fitted) are chaotic enough that a
+                // last-bit change in f32's own sum order moves the f32 curve
+                // by ~1 % (seen when reductions changed order), so a 1e-2
+                // comparison there measured that chaos, not bf16. At 0.001 the
+                // bf16 run stays within 0.5 % (measured max 0.50 % at step 50).
+                "optim_conf.lr 0.001",
                 "encoder_conf.dropout_rate 0.0",
                 "encoder_conf.positional_dropout_rate 0.0",
                 "decoder_conf.dropout_rate 0.0",
@@ -79,6 +86,8 @@ fn fp16_and_bf16_loss_curves_follow_f32_for_50_steps() {
     assert!(want[49] < 0.9 * want[0], "f32 learns: {} -> {}", want[0], want[49]);
     // bf16 has no loss scaler: step by step within 1e-2 of f32.
     let bf16 = curve("bf16");
+    let rel: Vec<f64> = bf16.losses.iter().zip(want).map(|(g, w)| (g - w).abs() / w.abs()).collect();
+    eprintln!("f32 {want:?}\nbf16 {:?}\nrelative {rel:?}", bf16.losses);
     assert_eq!((bf16.losses.len(), bf16.skipped), (50, 0));
     for (i, (g, w)) in bf16.losses.iter().zip(want).enumerate() {
         assert!((g - w).abs() <= 1e-2 * w.abs(), "bf16 step {i}: loss {g} vs f32 {w} (more than 1e-2 relative)");
