@@ -154,25 +154,31 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     }
 }
 
+/// `linear`'s product dims for x (…, k) and w (n, k): rows m, n, k and the
+/// output's dims (x's with the last one n).
+fn linear_dims(x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize, Vec<usize>)> {
+    same_kind("linear", x, w)?;
+    let (n, k) = (w.dims()[0], w.dims()[1]);
+    if x.dims().last() != Some(&k) {
+        return Err(Error::ShapeMismatch { op: "linear", expected: format!("input with last dim {k}"), got: format!("{}", x.shape()) });
+    }
+    let mut out_dims = x.dims().to_vec();
+    if let Some(l) = out_dims.last_mut() {
+        *l = n;
+    }
+    Ok((x.elem_count() / k.max(1), n, k, out_dims))
+}
+
 /// The CPU `linear` with a bias: the output starts as the bias in every
 /// row and the GEMM adds x·wᵀ into it, with no separate broadcast add (its
 /// output buffer and its pass over the product). Backward as on the GPU:
 /// dx = g·w, dw = gᵀ·x over all rows, db = g summed over the rows.
 fn linear_cpu(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
-    same_kind("linear", x, w)?;
-    let (n, kk) = (w.dims()[0], w.dims()[1]);
-    if x.dims().last() != Some(&kk) {
-        return Err(Error::ShapeMismatch { op: "linear", expected: format!("input with last dim {kk}"), got: format!("{}", x.shape()) });
-    }
-    let m = x.elem_count() / kk.max(1);
+    let (m, n, kk, out_dims) = linear_dims(x, w)?;
     let y = match (&*x.storage(), &*w.storage(), &*b.storage()) {
         (Storage::Cpu(xs), Storage::Cpu(ws), Storage::Cpu(bs)) => Storage::Cpu(k::linear_bias(xs, ws, bs, m, n, kk)?),
         _ => return Err(mixed("linear")),
     };
-    let mut out_dims = x.dims().to_vec();
-    if let Some(l) = out_dims.last_mut() {
-        *l = n;
-    }
     let y = out_storage(y, out_dims);
     let (xd, wd, bshape) = (x.detach(), w.detach(), b.shape().clone());
     Ok(record("linear", &[x, w, b], y, vec![xd.clone(), wd.clone()], move |g, needs| {
@@ -188,20 +194,11 @@ fn linear_cpu(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// dx = g·w, dw = gᵀ·x over all rows and db = g summed over the rows, the
 /// last two in one cuBLASLt call (BGRADB epilogue) when both are needed.
 fn linear_fused(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
-    same_kind("linear", x, w)?;
-    let (n, k) = (w.dims()[0], w.dims()[1]);
-    if x.dims().last() != Some(&k) {
-        return Err(Error::ShapeMismatch { op: "linear", expected: format!("input with last dim {k}"), got: format!("{}", x.shape()) });
-    }
-    let m = x.elem_count() / k.max(1);
+    let (m, n, k, out_dims) = linear_dims(x, w)?;
     let y = match (&*x.storage(), &*w.storage(), &*b.storage()) {
         (Storage::Cuda(xs), Storage::Cuda(ws), Storage::Cuda(bs)) => Storage::Cuda(cuda::blaslt::linear_bias(xs, ws, bs, m, n, k)?),
         _ => return Err(mixed("linear")),
     };
-    let mut out_dims = x.dims().to_vec();
-    if let Some(l) = out_dims.last_mut() {
-        *l = n;
-    }
     let y = out_storage(y, out_dims);
     let (xd, wd, bshape) = (x.detach(), w.detach(), b.shape().clone());
     Ok(record("linear", &[x, w, b], y, vec![xd.clone(), wd.clone()], move |g, needs| {
