@@ -144,7 +144,7 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
         }
         // On the CPU the GEMM accumulates into rows that start as the bias.
         if matches!(x.device(), crate::tensor::Device::Cpu) && x.rank() >= 1 && super::autocast_dtype().is_none() {
-            return linear_cpu(x, w, b);
+            return linear_fused(x, w, b);
         }
     }
     let y = matmul_t(x, w, false, true)?;
@@ -169,33 +169,15 @@ fn linear_dims(x: &Tensor, w: &Tensor) -> Result<(usize, usize, usize, Vec<usize
     Ok((x.elem_count() / k.max(1), n, k, out_dims))
 }
 
-/// The CPU `linear` with a bias: the output starts as the bias in every
-/// row and the GEMM adds x·wᵀ into it, with no separate broadcast add (its
-/// output buffer and its pass over the product). Backward as on the GPU:
-/// dx = g·w, dw = gᵀ·x over all rows, db = g summed over the rows.
-fn linear_cpu(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let (m, n, kk, out_dims) = linear_dims(x, w)?;
-    let y = match (&*x.storage(), &*w.storage(), &*b.storage()) {
-        (Storage::Cpu(xs), Storage::Cpu(ws), Storage::Cpu(bs)) => Storage::Cpu(k::linear_bias(xs, ws, bs, m, n, kk)?),
-        _ => return Err(mixed("linear")),
-    };
-    let y = out_storage(y, out_dims);
-    let (xd, wd, bshape) = (x.detach(), w.detach(), b.shape().clone());
-    Ok(record("linear", &[x, w, b], y, vec![xd.clone(), wd.clone()], move |g, needs| {
-        let g2 = g.reshaped(Shape::from([m, n]), false);
-        let gx = if needs[0] { Some(matmul_t(g, &wd, false, false)?) } else { None };
-        let gw = if needs[1] { Some(matmul_t(&g2, &xd.reshaped(Shape::from([m, kk]), false), true, false)?) } else { None };
-        let gb = if needs[2] { Some(super::sum_to_shape(&g2, &bshape)?) } else { None };
-        Ok(vec![gx, gw, gb])
-    }))
-}
-
-/// The GPU `linear` with the bias in the GEMM epilogue; backward:
-/// dx = g·w, dw = gᵀ·x over all rows and db = g summed over the rows, the
-/// last two in one cuBLASLt call (BGRADB epilogue) when both are needed.
+/// `linear` with the bias inside the product: on the GPU in the cuBLASLt
+/// epilogue, on the CPU as the rows the GEMM accumulates into (no separate
+/// broadcast add). Backward: dx = g·w, dw = gᵀ·x over all rows and db = g
+/// summed over the rows, on the GPU the last two in one cuBLASLt call
+/// (BGRADB epilogue) when both are needed.
 fn linear_fused(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (m, n, k, out_dims) = linear_dims(x, w)?;
     let y = match (&*x.storage(), &*w.storage(), &*b.storage()) {
+        (Storage::Cpu(xs), Storage::Cpu(ws), Storage::Cpu(bs)) => Storage::Cpu(k::linear_bias(xs, ws, bs, m, n, k)?),
         (Storage::Cuda(xs), Storage::Cuda(ws), Storage::Cuda(bs)) => Storage::Cuda(cuda::blaslt::linear_bias(xs, ws, bs, m, n, k)?),
         _ => return Err(mixed("linear")),
     };
@@ -204,7 +186,7 @@ fn linear_fused(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
     Ok(record("linear", &[x, w, b], y, vec![xd.clone(), wd.clone()], move |g, needs| {
         let g2 = g.reshaped(Shape::from([m, n]), false);
         let gx = if needs[0] { Some(matmul_t(g, &wd, false, false)?) } else { None };
-        if needs[1] && needs[2] {
+        if needs[1] && needs[2] && matches!(&*g2.storage(), Storage::Cuda(_)) {
             // dW and db from one GEMM: db comes out of its BGRADB epilogue.
             let (dw, db) = match (&*g2.storage(), &*xd.storage()) {
                 (Storage::Cuda(gs), Storage::Cuda(xs)) => cuda::blaslt::linear_grad_weight_bias(gs, xs, m, n, k)?,
