@@ -88,7 +88,7 @@ fn the_command_prints_one_line_and_refuses_a_missing_gpu() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let line = String::from_utf8(out.stdout).unwrap();
-    assert!(line.starts_with("bench-train device=Cpu dtype=bf16 steps=2 "), "{line}");
+    assert!(line.starts_with("bench-train device=Cpu dtype=bf16 fusion=none steps=2 "), "{line}");
     let field = |k: &str| line.split_whitespace().find_map(|w| w.strip_prefix(&format!("{k}="))).map(|v| v.parse::<f64>().unwrap());
     let lib = run_bench_train(&BenchTrainArgs { dtype: "bf16".into(), ..args(cfg.clone(), 2) }).unwrap();
     assert!((field("first_loss").unwrap() - lib.losses[0]).abs() < 1e-5, "{line} vs {:?}", lib.losses);

@@ -11,6 +11,7 @@ mod cast;
 mod conv;
 mod ctc;
 mod dropout;
+pub mod fusion;
 mod index;
 mod label_smoothing;
 mod layout;

@@ -91,6 +91,8 @@ pub struct BenchReport {
     /// On a GPU with `--profile`: the per-kernel-family profile of the last
     /// step, and the seam's counters over that same step.
     pub kernel_profile: Option<(crate::backend::cuda::profile::KernelProfile, crate::backend::cuda::Counters)>,
+    /// The fused families that ran (`none`, `all` or a list; see [`crate::ops::fusion`]).
+    pub fusion: String,
 }
 
 impl BenchReport {
@@ -104,8 +106,9 @@ impl BenchReport {
         let first = self.losses.first().copied().unwrap_or(f64::NAN);
         let last = self.losses.last().copied().unwrap_or(f64::NAN);
         format!(
-            "bench-train device={:?} dtype={dt} steps={} init_loss={:.6} first_loss={first:.6} last_loss={last:.6} skipped={} frames_per_s={:.1} step_ms_median={:.1} step_ms_min={:.1} step_ms_max={:.1} timed_steps={} params={} peak_mib={:.1}",
+            "bench-train device={:?} dtype={dt} fusion={} steps={} init_loss={:.6} first_loss={first:.6} last_loss={last:.6} skipped={} frames_per_s={:.1} step_ms_median={:.1} step_ms_min={:.1} step_ms_max={:.1} timed_steps={} params={} peak_mib={:.1}",
             self.device,
+            self.fusion,
             self.losses.len(),
             self.init_loss,
             self.skipped,
@@ -166,6 +169,7 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
     let dtype = if a.dtype == "f32" { "fp32" } else { a.dtype.as_str() };
     let targs = TrainArgs { device: a.device.clone(), dtype: dtype.to_string(), tf32: a.tf32, ..Default::default() };
     super::device::init_gemm(&targs, &cfg);
+    super::device::init_fusion(&cfg)?;
     let autocast = amp_dtype(&targs)?;
     let device = init_device(&targs, &super::dist::dist_info_from(&|k| std::env::var(k).ok()).unwrap_or_else(|_| DistInfo::single()))?;
     let (mcfg, _) = ModelConfig::from_yaml(&root)?;
@@ -274,5 +278,6 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
         peak_bytes: peak,
         counters,
         kernel_profile,
+        fusion: crate::ops::fusion::describe(),
     })
 }

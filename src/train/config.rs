@@ -30,6 +30,9 @@ pub struct TrainConfig {
     pub tf32: bool,
     /// `cublaslt_workspace_mib`: cuBLASLt's workspace per GPU (default 32).
     pub cublaslt_workspace_mib: Option<u64>,
+    /// `fusion`: which fused kernels run (`all`, `none` or family words, see
+    /// [`crate::ops::fusion`]); `ASRFORGE_FUSION` overrides it.
+    pub fusion: Option<String>,
 }
 
 fn num(root: &Value, key: &str, default: f64) -> Result<f64> {
@@ -94,6 +97,16 @@ pub fn parse_train_config(root: &Value) -> Result<TrainConfig> {
         cublaslt_workspace_mib: match root.get("cublaslt_workspace_mib") {
             None | Some(Value::Null) => None,
             Some(_) => Some(count(root, "cublaslt_workspace_mib", 0)?),
+        },
+        fusion: match root.get("fusion") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(v) => {
+                return Err(Error::config(
+                    "fusion",
+                    format!("expected all, none or a comma-separated list of families, found {}", crate::models::config::describe(v)),
+                ))
+            }
         },
     })
 }

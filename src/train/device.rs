@@ -30,6 +30,12 @@ pub fn init_gemm(args: &TrainArgs, cfg: &super::TrainConfig) {
     }
 }
 
+/// Sets the fusion switch from `ASRFORGE_FUSION` or the config's `fusion:`
+/// (see [`crate::ops::fusion`]); a word it does not know is an error.
+pub fn init_fusion(cfg: &super::TrainConfig) -> Result<()> {
+    crate::ops::fusion::configure(cfg.fusion.as_deref())
+}
+
 /// The device of a run: the CPU, or `cuda:LOCAL_RANK` (a clean error when
 /// that GPU cannot be used).
 pub fn init_device(args: &TrainArgs, dist: &DistInfo) -> Result<Device> {

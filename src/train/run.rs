@@ -12,6 +12,7 @@ pub fn run_train(args: &TrainArgs) -> Result<Executor> {
     let autocast = amp_dtype(args)?;
     let cfg = check_modify_and_save_config(root, args, &dist.info)?;
     device::init_gemm(args, &cfg);
+    device::init_fusion(&cfg)?;
     let (train_loader, cv_loader) = init_dataset_and_dataloader(args, &cfg, &dist.info)?;
     rng::manual_seed(args.seed);
     let (model, resume) = init_model(args, &cfg)?;
