@@ -97,13 +97,23 @@ fn gpu_kernels(c: &mut Criterion) {
     let logits = Tensor::randn([16, 32, 4233], 0.0, 2.0, DType::F32, &mut rng, &gpu).unwrap().requires_grad_();
     let tg: Vec<i64> = (0..16 * 32).map(|i| if i % 7 == 6 { -1 } else { (i * 131 % 4233) as i64 }).collect();
     let target = Tensor::from_vec(tg, [16, 32], &Device::Cpu).unwrap();
-    group.bench_function("label_smoothing_fwd_bwd_512x4233", |bn| {
-        bn.iter(|| {
-            let l = ops::label_smoothing_loss(&logits, &target, 0.1, -1, false).unwrap();
-            backward(&l).unwrap();
-            gpu_sync(&l)
-        })
-    });
+    // The reference (gradient written by the forward) and the fused kernels
+    // (log-sum-exp kept, gradient written by the backward): the fusion
+    // switch's `loss` family against its composition.
+    type Loss = fn(&Tensor, &Tensor, f64, i64, bool) -> asrforge::Result<Tensor>;
+    let impls: [(&str, Loss); 2] = [
+        ("label_smoothing_fwd_bwd_512x4233", ops::label_smoothing_loss_reference),
+        ("label_smoothing_fused_fwd_bwd_512x4233", ops::label_smoothing_loss_fused),
+    ];
+    for (name, loss) in impls {
+        group.bench_function(name, |bn| {
+            bn.iter(|| {
+                let l = loss(&logits, &target, 0.1, -1, false).unwrap();
+                backward(&l).unwrap();
+                gpu_sync(&l)
+            })
+        });
+    }
     group.bench_function("token_accuracy_512x4233", |bn| bn.iter(|| ops::token_accuracy(&logits, &target, -1).unwrap().to_scalar().unwrap()));
     group.finish();
 }

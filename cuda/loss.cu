@@ -89,6 +89,104 @@ LABEL_SMOOTHING(f32, float, double)
 LABEL_SMOOTHING(f64, double, double)
 
 // ---------------------------------------------------------------------------
+// The fused label-smoothing loss (the `loss` family of the fusion switch,
+// src/ops/fusion.rs): the same loss in one read of the logits forward and one
+// read plus one write backward; the gradient (the probabilities) is never
+// stored between them, only the row's log-sum-exp.
+//
+//   fused_fwd: per row, in one pass over V, the online max and sum of
+//              exponentials (m, s), Σ_k x_k and x_y; lse = m + log s and
+//                row_kl = C − ε'·(Σ_k x_k − V·lse) − (c − ε')·(x_y − lse)
+//              with ε' = ε/(V−1), c = 1 − ε, C = (V−1)·ε' log ε' + c log c:
+//              the KL of the composition with the sums regrouped (f64).
+//   fused_bwd: dx_k = (exp(x_k − lse) − q_k) · g · inv_denom (0 for an ignored
+//              row), g the loss's incoming gradient (a device scalar).
+//
+// One block per row (grid-stride over rows), threads strided over V.
+
+namespace {
+
+template <typename T, typename A>
+__device__ void label_smoothing_fused_fwd_impl(const T* x, const int64_t* target, double* row_kl, double* lse_out,
+                                               int64_t rows, int64_t v, double smoothing, int64_t ignore) {
+    __shared__ A sh[LS_THREADS];
+    const A off = A(smoothing / ((double)v - 1.0));
+    const A on = A(1.0 - smoothing);
+    const A c = A(v - 1) * qlogq<A>(off) + qlogq<A>(on);
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = x + (size_t)r * (size_t)v;
+        const int64_t y = target[r];
+        if (y == ignore) {
+            if (threadIdx.x == 0) {
+                row_kl[r] = 0.0;
+                lse_out[r] = 0.0;
+            }
+            continue;
+        }
+        A m = -INFINITY, s = 0, sx = 0;
+        for (int64_t k = threadIdx.x; k < v; k += blockDim.x) {
+            const A xv = A(xr[k]);
+            sx += xv;
+            if (xv > m) {
+                s = s * exp(m - xv) + A(1);
+                m = xv;
+            } else {
+                s += exp(xv - m);
+            }
+        }
+        const A mb = block_max<A>(m, sh);
+        s = block_sum<A>(m == -INFINITY ? A(0) : s * exp(m - mb), sh);
+        sx = block_sum<A>(sx, sh);
+        const A lse = mb + log(s);
+        if (threadIdx.x == 0) {
+            const A xy = A(xr[y]);
+            row_kl[r] = (double)(c - off * (sx - A(v) * lse) - (on - off) * (xy - lse));
+            lse_out[r] = (double)lse;
+        }
+    }
+}
+
+template <typename T, typename A>
+__device__ void label_smoothing_fused_bwd_impl(const T* x, const int64_t* target, const double* lse_in, const T* g,
+                                               T* dx, int64_t rows, int64_t v, double smoothing, int64_t ignore,
+                                               double inv_denom) {
+    const A off = A(smoothing / ((double)v - 1.0));
+    const A on = A(1.0 - smoothing);
+    const A scale = A(g[0]) * A(inv_denom);
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = x + (size_t)r * (size_t)v;
+        T* dr = dx + (size_t)r * (size_t)v;
+        const int64_t y = target[r];
+        if (y == ignore) {
+            for (int64_t k = threadIdx.x; k < v; k += blockDim.x) dr[k] = T(0);
+            continue;
+        }
+        const A lse = A(lse_in[r]);
+        for (int64_t k = threadIdx.x; k < v; k += blockDim.x) {
+            const A q = (k == y) ? on : off;
+            dr[k] = T((exp(A(xr[k]) - lse) - q) * scale);
+        }
+    }
+}
+
+}  // namespace
+
+#define LABEL_SMOOTHING_FUSED(SUFFIX, T, A)                                                                         \
+    extern "C" __global__ void label_smoothing_fused_fwd_##SUFFIX(const T* x, const int64_t* target,              \
+                                                                  double* row_kl, double* lse, int64_t rows,     \
+                                                                  int64_t v, double smoothing, int64_t ignore) { \
+        label_smoothing_fused_fwd_impl<T, A>(x, target, row_kl, lse, rows, v, smoothing, ignore);               \
+    }                                                                                                            \
+    extern "C" __global__ void label_smoothing_fused_bwd_##SUFFIX(                                               \
+        const T* x, const int64_t* target, const double* lse, const T* g, T* dx, int64_t rows, int64_t v,         \
+        double smoothing, int64_t ignore, double inv_denom) {                                                    \
+        label_smoothing_fused_bwd_impl<T, A>(x, target, lse, g, dx, rows, v, smoothing, ignore, inv_denom);     \
+    }
+
+LABEL_SMOOTHING_FUSED(f32, float, double)
+LABEL_SMOOTHING_FUSED(f64, double, double)
+
+// ---------------------------------------------------------------------------
 // Per-row f64 results (the CTC's per-sequence loss, the label-smoothing KL
 // of each row, the token hits) turned into the op's output on the device,
 // so no loss is read back to the host inside a step.

@@ -336,12 +336,18 @@ fn label_smoothing_matches_its_formula() {
     };
     let q: [f64; 3] = [eps / 2.0, 1.0 - eps, eps / 2.0];
     let kl: f64 = (0..3).map(|k| q[k] * (q[k].ln() - lp[k])).sum();
-    assert_vec("by tokens", &v(ops::label_smoothing_loss(&x, &tg, eps, -1, true)), &[kl], 1e-12);
-    assert_vec("by batch", &v(ops::label_smoothing_loss(&x, &tg, eps, -1, false)), &[kl], 1e-12);
-    let x2 = ops::cat(&[&x, &x], 0).unwrap();
-    let tg2 = ids(&[1, -1, 1, -1], &[2, 2]);
-    assert_vec("2 tokens, by tokens", &v(ops::label_smoothing_loss(&x2, &tg2, eps, -1, true)), &[kl], 1e-12);
-    assert_vec("no smoothing is cross-entropy", &v(ops::label_smoothing_loss(&x, &tg, 0.0, -1, true)), &[-lp[1]], 1e-12);
+    // The op as the fusion switch picks it, the reference and the fused kernel.
+    type Loss = fn(&Tensor, &Tensor, f64, i64, bool) -> asrforge::Result<Tensor>;
+    let impls: [(&str, Loss); 3] =
+        [("switch", ops::label_smoothing_loss), ("reference", ops::label_smoothing_loss_reference), ("fused", ops::label_smoothing_loss_fused)];
+    for (name, loss) in impls {
+        assert_vec(&format!("{name} by tokens"), &v(loss(&x, &tg, eps, -1, true)), &[kl], 1e-12);
+        assert_vec(&format!("{name} by batch"), &v(loss(&x, &tg, eps, -1, false)), &[kl], 1e-12);
+        let x2 = ops::cat(&[&x, &x], 0).unwrap();
+        let tg2 = ids(&[1, -1, 1, -1], &[2, 2]);
+        assert_vec(&format!("{name} 2 tokens, by tokens"), &v(loss(&x2, &tg2, eps, -1, true)), &[kl], 1e-12);
+        assert_vec(&format!("{name} no smoothing is cross-entropy"), &v(loss(&x, &tg, 0.0, -1, true)), &[-lp[1]], 1e-12);
+    }
 }
 
 #[test]

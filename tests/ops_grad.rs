@@ -167,6 +167,13 @@ grad!(label_smoothing_by_tokens, [([2, 4, 6], Normal, true)], |x| {
 });
 grad!(label_smoothing_by_batch, [([3, 2, 5], Normal, true)], |x| { ops::label_smoothing_loss(&x[0], &i64t(&[4, -1, 0, 3, 1, 1], &[3, 2]), 0.2, -1, false) });
 grad!(label_smoothing_none, [([2, 2, 4], Normal, true)], |x| ops::label_smoothing_loss(&x[0], &i64t(&[3, 0, -1, 2], &[2, 2]), 0.0, -1, true));
+grad!(label_smoothing_fused_by_tokens, [([2, 4, 6], Normal, true)], |x| {
+    ops::label_smoothing_loss_fused(&x[0], &i64t(&[1, 5, 0, -1, 2, 2, -1, -1], &[2, 4]), 0.1, -1, true)
+});
+grad!(label_smoothing_fused_by_batch, [([3, 2, 5], Normal, true)], |x| {
+    ops::label_smoothing_loss_fused(&x[0], &i64t(&[4, -1, 0, 3, 1, 1], &[3, 2]), 0.2, -1, false)
+});
+grad!(label_smoothing_fused_none, [([2, 2, 4], Normal, true)], |x| ops::label_smoothing_loss_fused(&x[0], &i64t(&[3, 0, -1, 2], &[2, 2]), 0.0, -1, true));
 // Activation checkpointing as an op: the segment's gradient equals the plain one's.
 grad!(checkpoint_segment, [([3, 4], Normal, true), ([4, 4], Normal, true)], |x| {
     let w = x[1].clone();

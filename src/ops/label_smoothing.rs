@@ -1,6 +1,12 @@
 //! WeNet's LabelSmoothingLoss: KL(q‖softmax(x)) over tokens whose target is
 //! not `ignore_index`, divided by the token count (`normalize_length`) or by
 //! the batch size.
+//!
+//! Two implementations, chosen by the fusion switch's `loss` family
+//! (src/ops/fusion.rs): the reference writes the gradient p − q in the
+//! forward and scales it in the backward; the fused one keeps only each
+//! row's log-sum-exp and computes the gradient in its backward kernel
+//! (one read of the logits forward, one read and one write backward).
 
 use super::out_storage;
 use crate::autograd::record;
@@ -9,8 +15,19 @@ use crate::backend::{cuda, Storage};
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
 
-/// `x` (B, L, V) logits, `target` (B, L) i64 with `ignore_index` (WeNet: −1) for padding.
+/// `x` (B, L, V) logits, `target` (B, L) i64 with `ignore_index` (WeNet: −1)
+/// for padding: the fused kernels when the fusion switch has `loss` on,
+/// the reference otherwise.
 pub fn label_smoothing_loss(x: &Tensor, target: &Tensor, smoothing: f64, ignore_index: i64, normalize_length: bool) -> Result<Tensor> {
+    if super::fusion::enabled(super::fusion::Fusion::Loss) {
+        label_smoothing_loss_fused(x, target, smoothing, ignore_index, normalize_length)
+    } else {
+        label_smoothing_loss_reference(x, target, smoothing, ignore_index, normalize_length)
+    }
+}
+
+/// The arguments' checks; returns (B, V) and the targets on the host.
+fn check(x: &Tensor, target: &Tensor, smoothing: f64) -> Result<(usize, usize, Vec<i64>)> {
     super::expect_rank("label_smoothing_loss", "logits (B, L, V)", x, &[3])?;
     let (b, l, v) = (x.dims()[0], x.dims()[1], x.dims()[2]);
     super::expect_shape("label_smoothing_loss", "target", target, &[b, l])?;
@@ -20,7 +37,12 @@ pub fn label_smoothing_loss(x: &Tensor, target: &Tensor, smoothing: f64, ignore_
     if !(0.0..1.0).contains(&smoothing) {
         return Err(Error::invalid("label_smoothing_loss", format!("expected 0 <= smoothing < 1, got {smoothing}")));
     }
-    let tg = target.to_vec::<i64>()?;
+    Ok((b, v, target.to_vec::<i64>()?))
+}
+
+/// The reference label-smoothing loss: the gradient written by the forward.
+pub fn label_smoothing_loss_reference(x: &Tensor, target: &Tensor, smoothing: f64, ignore_index: i64, normalize_length: bool) -> Result<Tensor> {
+    let (b, v, tg) = check(x, target, smoothing)?;
     let want = crate::autograd::needs_grad(&[x]);
     // The loss: the rows' KL summed in row order over the denominator, in
     // x's dtype; on a GPU the sum runs there and nothing is read back.
@@ -47,4 +69,41 @@ pub fn label_smoothing_loss(x: &Tensor, target: &Tensor, smoothing: f64, ignore_
 /// WeNet's denominator: the valid tokens (`normalize_length`) or the batch size, at least 1.
 fn denominator(normalize_length: bool, valid: usize, batch: usize) -> f64 {
     (if normalize_length { valid.max(1) } else { batch.max(1) }) as f64
+}
+
+/// The fused label-smoothing loss: the forward keeps each row's
+/// log-sum-exp, the backward writes (p − q)·g/denom in one kernel.
+pub fn label_smoothing_loss_fused(x: &Tensor, target: &Tensor, smoothing: f64, ignore_index: i64, normalize_length: bool) -> Result<Tensor> {
+    let (b, v, tg) = check(x, target, smoothing)?;
+    enum Saved {
+        Cpu(Vec<f64>),
+        Cuda(cuda::loss::LabelSmoothingSaved),
+    }
+    let (y, denom, saved) = match &*x.storage() {
+        Storage::Cpu(c) => {
+            let (t, n, lse) = k::label_smoothing_fused_fwd(c, &tg, v, smoothing, ignore_index)?;
+            let denom = denominator(normalize_length, n, b);
+            (Tensor::scalar(t / denom, x.dtype(), &x.device())?, denom, Saved::Cpu(lse))
+        }
+        Storage::Cuda(c) => {
+            let (rows, n, saved) = cuda::loss::label_smoothing_fused_fwd(c, &tg, v, smoothing, ignore_index)?;
+            let denom = denominator(normalize_length, n, b);
+            (out_storage(Storage::Cuda(cuda::loss::rows_total(&rows, x.dtype(), denom)?), ()), denom, Saved::Cuda(saved))
+        }
+    };
+    let xs = x.clone();
+    Ok(record("label_smoothing_loss_fused", &[x], y, vec![x.clone()], move |g, _| {
+        let x = &xs;
+        let dx = match (&*x.storage(), &*g.storage(), &saved) {
+            (Storage::Cpu(xc), Storage::Cpu(_), Saved::Cpu(lse)) => {
+                let scale = g.to_scalar()? / denom;
+                Storage::Cpu(k::label_smoothing_fused_bwd(xc, &tg, lse, v, smoothing, ignore_index, scale)?)
+            }
+            (Storage::Cuda(xc), Storage::Cuda(gc), Saved::Cuda(s)) => {
+                Storage::Cuda(cuda::loss::label_smoothing_fused_bwd(xc, s, gc, v, smoothing, ignore_index, 1.0 / denom)?)
+            }
+            _ => return Err(super::mixed("label_smoothing_loss_fused backward")),
+        };
+        Ok(vec![Some(out_storage(dx, x.shape().clone()))])
+    }))
 }

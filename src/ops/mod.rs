@@ -31,7 +31,7 @@ pub use conv::{conv1d_depthwise, conv1d_pointwise, conv2d};
 pub use ctc::{ctc_loss, Reduction};
 pub use dropout::dropout;
 pub use index::{embedding, gather, index_select, masked_fill, where_cond};
-pub use label_smoothing::label_smoothing_loss;
+pub use label_smoothing::{label_smoothing_loss, label_smoothing_loss_fused, label_smoothing_loss_reference};
 pub use layout::{cat, flatten, narrow, pad, permute, reshape, squeeze, stack, transpose, unsqueeze};
 pub use matmul::{linear, matmul, matmul_t};
 pub use matmul_scaled::{matmul_pair_scaled, matmul_scaled};

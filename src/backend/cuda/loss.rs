@@ -24,20 +24,8 @@ pub fn label_smoothing(
     ignore: i64,
     want_grad: bool,
 ) -> Result<(CudaStorage, usize, Option<CudaStorage>)> {
-    if v < 2 {
-        return Err(Error::invalid("label_smoothing_loss", format!("expected a vocabulary of at least 2, got {v}")));
-    }
-    if let Some(&bad) = target.iter().find(|&&t| t != ignore && (t < 0 || t as usize >= v)) {
-        return Err(Error::IndexOutOfRange { op: "label_smoothing_loss (target)", index: bad, size: v });
-    }
-    let dt = x.dtype();
-    if dt != DType::F32 && dt != DType::F64 {
-        return Err(crate::backend::cpu::unsupported("label_smoothing_loss", dt));
-    }
+    let dt = check_label_smoothing(x, target, v, ignore)?;
     let rows = target.len();
-    if x.len() != rows * v {
-        return Err(Error::invalid("label_smoothing_loss", format!("expected {} logits for {rows} rows of {v}, got {}", rows * v, x.len())));
-    }
     let valid = target.iter().filter(|&&t| t != ignore).count();
     let dev = x.device();
     let grad = if want_grad { Some(dev.alloc(dt, rows * v)?) } else { None };
@@ -71,6 +59,99 @@ pub fn label_smoothing(
         ],
     )?;
     Ok((kl, valid, grad))
+}
+
+/// The checks both label-smoothing forwards share: the vocabulary, the
+/// targets' range, the dtype and the logits' size.
+fn check_label_smoothing(x: &CudaStorage, target: &[i64], v: usize, ignore: i64) -> Result<DType> {
+    if v < 2 {
+        return Err(Error::invalid("label_smoothing_loss", format!("expected a vocabulary of at least 2, got {v}")));
+    }
+    if let Some(&bad) = target.iter().find(|&&t| t != ignore && (t < 0 || t as usize >= v)) {
+        return Err(Error::IndexOutOfRange { op: "label_smoothing_loss (target)", index: bad, size: v });
+    }
+    let dt = x.dtype();
+    if dt != DType::F32 && dt != DType::F64 {
+        return Err(crate::backend::cpu::unsupported("label_smoothing_loss", dt));
+    }
+    let rows = target.len();
+    if x.len() != rows * v {
+        return Err(Error::invalid("label_smoothing_loss", format!("expected {} logits for {rows} rows of {v}, got {}", rows * v, x.len())));
+    }
+    Ok(dt)
+}
+
+/// What the fused forward leaves for its backward: the targets on the
+/// device and each row's log-sum-exp (f64).
+pub struct LabelSmoothingSaved {
+    target: CudaStorage,
+    lse: CudaStorage,
+}
+
+/// The fused label-smoothing forward (`label_smoothing_fused_fwd`): the KL
+/// of each row (f64 on the device), the number of valid rows, and what the
+/// backward needs, in one read of the logits; no gradient is written.
+pub fn label_smoothing_fused_fwd(x: &CudaStorage, target: &[i64], v: usize, smoothing: f64, ignore: i64) -> Result<(CudaStorage, usize, LabelSmoothingSaved)> {
+    let dt = check_label_smoothing(x, target, v, ignore)?;
+    let rows = target.len();
+    let valid = target.iter().filter(|&&t| t != ignore).count();
+    let dev = x.device();
+    let kl = dev.alloc(DType::F64, rows)?;
+    let lse = dev.alloc(DType::F64, rows)?;
+    let tg = CudaStorage::from_cpu(dev, &CpuStorage::I64(target.to_vec()))?;
+    if rows > 0 {
+        dev.launch(
+            "loss",
+            &format!("label_smoothing_fused_fwd_{}", dtype_suffix(dt)),
+            LaunchConfig::rows(rows, THREADS),
+            &[Arg::Ptr(x), Arg::Ptr(&tg), Arg::Ptr(&kl), Arg::Ptr(&lse), Arg::I64(rows as i64), Arg::I64(v as i64), Arg::F64(smoothing), Arg::I64(ignore)],
+        )?;
+    }
+    Ok((kl, valid, LabelSmoothingSaved { target: tg, lse }))
+}
+
+/// The fused label-smoothing backward (`label_smoothing_fused_bwd`):
+/// dx = (softmax(x) − q)·g·inv_denom from the saved log-sum-exp, with `g`
+/// the loss's incoming gradient (one element of x's dtype on the device).
+pub fn label_smoothing_fused_bwd(
+    x: &CudaStorage,
+    saved: &LabelSmoothingSaved,
+    g: &CudaStorage,
+    v: usize,
+    smoothing: f64,
+    ignore: i64,
+    inv_denom: f64,
+) -> Result<CudaStorage> {
+    let rows = saved.lse.len();
+    let dt = x.dtype();
+    if g.dtype() != dt || g.len() != 1 || x.len() != rows * v {
+        return Err(Error::invalid(
+            "label_smoothing_loss backward",
+            format!("expected a gradient of one {dt:?} and {} logits, got {} of {:?} and {}", rows * v, g.len(), g.dtype(), x.len()),
+        ));
+    }
+    let dev = x.device();
+    let dx = dev.alloc(dt, rows * v)?;
+    if rows > 0 {
+        dev.launch(
+            "loss",
+            &format!("label_smoothing_fused_bwd_{}", dtype_suffix(dt)),
+            LaunchConfig::rows(rows, THREADS),
+            &[
+                Arg::Ptr(x),
+                Arg::Ptr(&saved.target),
+                Arg::Ptr(&saved.lse),
+                Arg::Ptr(g),
+                Arg::Ptr(&dx),
+                Arg::I64(rows as i64),
+                Arg::I64(v as i64),
+                Arg::F64(smoothing),
+                Arg::I64(ignore),
+                Arg::F64(inv_denom),
+            ],
+        )?;
+    }
+    Ok(dx)
 }
 
 fn out_dtype(op: &'static str, dt: DType) -> Result<DType> {
