@@ -26,8 +26,17 @@
 // pair, so every output element has exactly one writer and no atomics are
 // needed; a symbol repeated in the label sums all its states.
 
+// The fused variant (the fusion switch's `loss` family) takes the logits x
+// instead of log-probabilities: y_t(k) = x_t(k) − lse_t with lse_t the row's
+// log-sum-exp (ctc_lse_rows, f64), so the log-softmax output is never
+// written, and its gradient is with respect to the logits:
+//   ∂nll/∂x_t(k) = p_t(k) − exp(logΣ_{s: l'_s = k}(α_t(s) + β_t(s)) − y_t(k) + nll)
+// (p = softmax(x_t); the occupation probabilities of a frame sum to 1), for
+// t < in_len, 0 beyond and for an infeasible sequence.
+
 #include <math.h>
 #include <stdint.h>
+#include "common.cuh"
 
 namespace {
 
@@ -43,8 +52,15 @@ __device__ __forceinline__ int64_t ext(const int64_t* lab, int64_t s, int64_t bl
     return (s % 2 == 0) ? blank : lab[s / 2];
 }
 
+// y_t(k): the log-probability, from the log-probabilities themselves or
+// from the logits and their row's log-sum-exp (lse != nullptr: fused).
 template <typename T>
-__device__ void ctc_one(const T* lp, const int64_t* lab, int64_t tlen, int64_t l, int64_t v, int64_t blank,
+__device__ __forceinline__ double ctc_y(const T* lp, const double* lse, int64_t v, int64_t t, int64_t k) {
+    return lse ? (double)lp[t * v + k] - lse[t] : (double)lp[t * v + k];
+}
+
+template <typename T>
+__device__ void ctc_one(const T* lp, const double* lse, const int64_t* lab, int64_t tlen, int64_t l, int64_t v, int64_t blank,
                         int64_t states_max, double* alpha, double* beta, double* nll_out, T* grad, int64_t t_max,
                         int want_grad) {
     const int64_t sl = 2 * l + 1;
@@ -62,21 +78,20 @@ __device__ void ctc_one(const T* lp, const int64_t* lab, int64_t tlen, int64_t l
     }
     for (int64_t s = threadIdx.x; s < sl; s += blockDim.x) {
         double a = ninf;
-        if (s == 0) a = (double)lp[blank];
-        else if (s == 1) a = (double)lp[ext(lab, 1, blank)];
+        if (s == 0) a = ctc_y(lp, lse, v, 0, blank);
+        else if (s == 1) a = ctc_y(lp, lse, v, 0, ext(lab, 1, blank));
         alpha[s] = a;
     }
     __syncthreads();
     for (int64_t t = 1; t < tlen; ++t) {
         const double* prev = alpha + (t - 1) * states_max;
         double* cur = alpha + t * states_max;
-        const T* row = lp + t * v;
         for (int64_t s = threadIdx.x; s < sl; s += blockDim.x) {
             int64_t k = ext(lab, s, blank);
             double a = prev[s];
             if (s >= 1) a = log_add(a, prev[s - 1]);
             if (s >= 2 && k != blank && k != ext(lab, s - 2, blank)) a = log_add(a, prev[s - 2]);
-            cur[s] = (a == ninf) ? ninf : a + (double)row[k];
+            cur[s] = (a == ninf) ? ninf : a + ctc_y(lp, lse, v, t, k);
         }
         __syncthreads();
     }
@@ -90,22 +105,28 @@ __device__ void ctc_one(const T* lp, const int64_t* lab, int64_t tlen, int64_t l
     const double nll = nll_sh;
     if (!want_grad || !isfinite(nll)) return;
 
+    if (lse) {
+        // Fused: p_t(k) for every frame of the sequence, the same element
+        // to thread mapping as the zero fill; the occupied (t, k) below are
+        // overwritten after the barriers of the β pass.
+        for (int64_t i = threadIdx.x; i < tlen * v; i += blockDim.x) grad[i] = T(exp(ctc_y(lp, lse, v, i / v, i % v)));
+    }
     double* last_b = beta + (tlen - 1) * states_max;
-    const T* last_row = lp + (tlen - 1) * v;
     for (int64_t s = threadIdx.x; s < sl; s += blockDim.x) {
-        last_b[s] = (s >= sl - 2) ? (double)last_row[ext(lab, s, blank)] : ninf;
+        last_b[s] = (s >= sl - 2) ? ctc_y(lp, lse, v, tlen - 1, ext(lab, s, blank)) : ninf;
     }
     __syncthreads();
     for (int64_t t = tlen - 2; t >= 0; --t) {
         const double* next = beta + (t + 1) * states_max;
         double* cur = beta + t * states_max;
-        const T* row = lp + t * v;
         for (int64_t s = threadIdx.x; s < sl; s += blockDim.x) {
             int64_t k = ext(lab, s, blank);
             double b = next[s];
             if (s + 1 < sl) b = log_add(b, next[s + 1]);
-            if (s + 2 < sl && k != blank && k != ext(lab, s + 2, blank)) b = log_add(b, next[s + 2]);
-            cur[s] = (b == ninf) ? ninf : b + (double)row[k];
+            // α's skip into s + 2, mirrored (tested on the state skipped into).
+            const int64_t k2 = (s + 2 < sl) ? ext(lab, s + 2, blank) : blank;
+            if (s + 2 < sl && k2 != blank && k != k2) b = log_add(b, next[s + 2]);
+            cur[s] = (b == ninf) ? ninf : b + ctc_y(lp, lse, v, t, k);
         }
         __syncthreads();
     }
@@ -135,25 +156,53 @@ __device__ void ctc_one(const T* lp, const int64_t* lab, int64_t tlen, int64_t l
                 if (lab[jj] == k) acc = log_add(acc, a[2 * jj + 1] + b[2 * jj + 1]);
         }
         if (acc != ninf) {
-            const double y = (double)lp[t * v + k];
-            grad[t * v + k] = T(-exp(acc - y + nll));
+            const double y = ctc_y(lp, lse, v, t, k);
+            grad[t * v + k] = T((lse ? exp(y) : 0.0) - exp(acc - y + nll));
         }
     }
 }
 
 template <typename T>
-__device__ void ctc_loss_impl(const T* log_probs, const int64_t* targets, const int64_t* in_len, const int64_t* tgt_len,
+__device__ void ctc_loss_impl(const T* log_probs, const double* lse, const int64_t* targets, const int64_t* in_len, const int64_t* tgt_len,
                               double* alpha, double* beta, double* nll, T* grad, int64_t nb, int64_t t_max,
                               int64_t v, int64_t s_max, int64_t blank, int want_grad) {
     const int64_t states_max = 2 * s_max + 1;
     for (int64_t b = blockIdx.x; b < nb; b += gridDim.x) {
         const size_t per = (size_t)t_max * (size_t)v;
         const size_t ws = (size_t)t_max * (size_t)states_max;
-        ctc_one<T>(log_probs + b * per, targets + b * s_max, in_len[b], tgt_len[b], v, blank, states_max,
+        ctc_one<T>(log_probs + b * per, lse ? lse + b * t_max : nullptr, targets + b * s_max, in_len[b], tgt_len[b], v, blank, states_max,
                    alpha + b * ws, beta + b * ws, nll + b, want_grad ? grad + b * per : nullptr, t_max, want_grad);
         // The next sequence of this block reuses nothing, but the shared nll
         // slot must not be overwritten before every thread has read it.
         __syncthreads();
+    }
+}
+
+// lse[r] = log Σ_k exp(x[r, k]) in f64: one block per row (grid-stride),
+// the online max and sum in one read of the row, then the threads' pairs
+// folded by a block max and a rescaled block sum.
+struct CtcMax {
+    __device__ __forceinline__ double operator()(double a, double b) const { return fmax(a, b); }
+};
+
+template <typename T>
+__device__ void ctc_lse_rows_impl(const T* x, double* lse, int64_t rows, int64_t v) {
+    __shared__ double sh[32];
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = x + (size_t)r * (size_t)v;
+        double m = -INFINITY, s = 0;
+        for (int64_t k = threadIdx.x; k < v; k += blockDim.x) {
+            const double xv = (double)xr[k];
+            if (xv > m) {
+                s = s * exp(m - xv) + 1.0;
+                m = xv;
+            } else {
+                s += exp(xv - m);
+            }
+        }
+        const double mb = block_reduce(m, sh, CtcMax());
+        s = block_sum(m == -INFINITY ? 0.0 : s * exp(m - mb), sh);
+        if (threadIdx.x == 0) lse[r] = mb + log(s);
     }
 }
 
@@ -164,8 +213,18 @@ __device__ void ctc_loss_impl(const T* log_probs, const int64_t* targets, const 
                                                  const int64_t* in_len, const int64_t* tgt_len, double* alpha,   \
                                                  double* beta, double* nll, T* grad, int64_t nb, int64_t t_max,  \
                                                  int64_t v, int64_t s_max, int64_t blank, int want_grad) {       \
-        ctc_loss_impl<T>(log_probs, targets, in_len, tgt_len, alpha, beta, nll, grad, nb, t_max, v, s_max,      \
+        ctc_loss_impl<T>(log_probs, nullptr, targets, in_len, tgt_len, alpha, beta, nll, grad, nb, t_max, v,    \
+                         s_max, blank, want_grad);                                                              \
+    }                                                                                                           \
+    extern "C" __global__ void ctc_loss_fused_##SUFFIX(                                                        \
+        const T* logits, const double* lse, const int64_t* targets, const int64_t* in_len,                     \
+        const int64_t* tgt_len, double* alpha, double* beta, double* nll, T* grad, int64_t nb, int64_t t_max,   \
+        int64_t v, int64_t s_max, int64_t blank, int want_grad) {                                              \
+        ctc_loss_impl<T>(logits, lse, targets, in_len, tgt_len, alpha, beta, nll, grad, nb, t_max, v, s_max,    \
                          blank, want_grad);                                                                     \
+    }                                                                                                           \
+    extern "C" __global__ void ctc_lse_rows_##SUFFIX(const T* x, double* lse, int64_t rows, int64_t v) {       \
+        ctc_lse_rows_impl<T>(x, lse, rows, v);                                                                  \
     }
 
 CTC_LOSS(f32, float)

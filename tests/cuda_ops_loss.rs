@@ -90,6 +90,59 @@ fn ctc_matches_the_cpu() {
     }
 }
 
+/// The fused CTC (log-softmax folded into the kernels, the fusion switch's
+/// `loss` family) against the composition ctc_loss(log_softmax(x)) on the
+/// CPU: losses and gradients with respect to the logits, on both devices,
+/// over sequences with repeats, an empty label, an impossible one, the
+/// blank id as a label, padded frames, and V wider than a block.
+#[test]
+fn ctc_fused_matches_the_composition() {
+    let Some(gpu) = gpu::gpu("ctc_fused_matches_the_composition") else { return };
+    let seed = seed();
+    let mut rng = Rng::new(seed);
+    for (t, v) in [(24, 7), (9, 600)] {
+        let (b, s) = (5, 6);
+        let x: Vec<f64> = rng.normal(b * t * v).into_iter().map(|z| 2.0 * z).collect();
+        let mut targets: Vec<i64> = (0..b * s).map(|_| 1 + rng.below(v - 1) as i64).collect();
+        targets[s] = 4;
+        targets[s + 1] = 4;
+        for j in 0..5 {
+            targets[3 * s + j] = 2;
+        }
+        targets[4 * s + 2] = 0;
+        let il = [t, t - 5, t / 2, 5, t - 8];
+        let tl = [6.min(t / 2), 4, 0, 5, 3];
+        let tg_cpu = Tensor::from_vec(targets.clone(), [b, s], &Device::Cpu).unwrap();
+        let tg_gpu = tg_cpu.clone().to_device(&gpu).unwrap();
+        let w: Vec<f64> = rng.normal(b);
+        for dt in [DType::F32, DType::F64] {
+            let mut out = vec![];
+            for (fused, dev) in [(false, Device::Cpu), (true, Device::Cpu), (true, gpu), (false, gpu)] {
+                let xt = on(&dev, &x, &[b, t, v], dt).requires_grad_();
+                let tg = if dev == Device::Cpu { &tg_cpu } else { &tg_gpu };
+                let per = if fused {
+                    ops::ctc_loss_fused(&xt, tg, &il, &tl, 0, Reduction::None, true).unwrap()
+                } else {
+                    ops::ctc_loss(&ops::log_softmax(&xt).unwrap(), tg, &il, &tl, 0, Reduction::None, true).unwrap()
+                };
+                let loss = ops::sum_all(&ops::mul(&per, &on(&dev, &w, &[b], dt)).unwrap()).unwrap();
+                backward(&loss).unwrap();
+                out.push((format!("fused={fused} on {dev:?}"), vals(&per), vals(&xt.grad().unwrap())));
+            }
+            let (_, ref_nll, ref_grad) = &out[0];
+            assert_eq!(ref_nll[3], 0.0, "the impossible sequence's loss is zeroed");
+            assert!(ref_grad.iter().any(|g| g.abs() > 1e-3), "the gradient is not trivial");
+            // Padded frames of sequence 1 have no gradient.
+            assert!(ref_grad[(t * v + (t - 5) * v)..(2 * t * v)].iter().all(|&g| g == 0.0));
+            for (name, nll, grad) in &out[1..] {
+                let tol = rtol(dt).max(1e-6);
+                gpu::assert_close(&format!("ctc T={t} V={v} {dt:?} {name}"), nll, ref_nll, tol, seed);
+                gpu::assert_close(&format!("ctc T={t} V={v} {dt:?} {name} grad"), grad, ref_grad, tol, seed);
+            }
+        }
+    }
+}
+
 #[test]
 fn label_smoothing_matches_the_cpu() {
     let Some(gpu) = gpu::gpu("label_smoothing_matches_the_cpu") else { return };

@@ -158,6 +158,17 @@ grad!(ctc_loss_after_log_softmax_sum, [([3, 7, 5], Normal, true)], |x| {
     let lp = ops::log_softmax(&x[0])?;
     ops::ctc_loss(&lp, &i64t(&[1, 1, 2, 4, 3, 0, 2, 0, 0], &[3, 3]), &[7, 6, 3], &[3, 2, 1], 0, Reduction::Sum, false)
 });
+// A label equal to the blank id (PyTorch forbids it; asrforge's kernels
+// accept it): β's skips must mirror α's for the gradient to be the derivative.
+grad!(ctc_loss_raw_log_probs_blank_label, [([2, 6, 4], Normal, true)], |x| {
+    ops::ctc_loss(&x[0], &i64t(&[1, 0, 3, 0, 2, 0], &[2, 3]), &[6, 5], &[3, 2], 0, Reduction::None, false)
+});
+grad!(ctc_loss_fused_sum, [([3, 7, 5], Normal, true)], |x| {
+    ops::ctc_loss_fused(&x[0], &i64t(&[1, 1, 2, 4, 3, 0, 2, 0, 0], &[3, 3]), &[7, 6, 3], &[3, 2, 1], 0, Reduction::Sum, false)
+});
+grad!(ctc_loss_fused_mean_blank_label, [([2, 5, 3], Normal, true)], |x| {
+    ops::ctc_loss_fused(&x[0], &i64t(&[1, 0, 2, 0], &[2, 2]), &[5, 4], &[2, 1], 0, Reduction::Mean, true)
+});
 grad!(ctc_loss_mean, [([2, 5, 3], Normal, true)], |x| {
     let lp = ops::log_softmax(&x[0])?;
     ops::ctc_loss(&lp, &i64t(&[1, 2, 2, 0], &[2, 2]), &[5, 4], &[2, 1], 0, Reduction::Mean, true)

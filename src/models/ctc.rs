@@ -55,9 +55,12 @@ impl Ctc {
     /// gradient zeroed, as WeNet's `zero_infinity=True`): the rest of the
     /// batch trains.
     pub fn loss_counted(&self, enc_out: &Tensor, enc_lens: &[usize], target: &Tensor, target_lens: &[usize]) -> Result<(Tensor, usize)> {
-        let lp = self.log_probs(enc_out)?;
+        // Fused (the fusion switch's `loss` family): the log-softmax inside the CTC kernels.
+        let fused = ops::fusion::enabled(ops::fusion::Fusion::Loss);
+        let lp = if fused { ops::widen_half(&self.ctc_lo.forward(enc_out)?)? } else { self.log_probs(enc_out)? };
         let b = enc_out.dims()[0].max(1);
-        let sum = ops::ctc_loss(&lp, target, enc_lens, target_lens, self.blank, Reduction::Sum, true)?;
+        let ctc = if fused { ops::ctc_loss_fused } else { ops::ctc_loss };
+        let sum = ctc(&lp, target, enc_lens, target_lens, self.blank, Reduction::Sum, true)?;
         let infeasible = if target.rank() == 2 && target.dtype() == DType::I64 {
             let d = CtcDims { b: target.dims()[0], t: lp.dims()[1], v: lp.dims()[2], s: target.dims()[1], blank: self.blank };
             count_infeasible(&d, &target.to_vec::<i64>()?, enc_lens, target_lens)

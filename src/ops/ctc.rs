@@ -34,6 +34,36 @@ pub fn ctc_loss(
     reduction: Reduction,
     zero_infinity: bool,
 ) -> Result<Tensor> {
+    ctc_loss_any(log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, false)
+}
+
+/// The fused CTC (the fusion switch's `loss` family): `ctc_loss(log_softmax(logits), ...)`
+/// in the kernels' single pass over the logits (each row's log-sum-exp in
+/// f64; the log-probabilities are never written), the gradient with respect
+/// to the logits written by the forward.
+pub fn ctc_loss_fused(
+    logits: &Tensor,
+    targets: &Tensor,
+    input_lengths: &[usize],
+    target_lengths: &[usize],
+    blank: usize,
+    reduction: Reduction,
+    zero_infinity: bool,
+) -> Result<Tensor> {
+    ctc_loss_any(logits, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, true)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn ctc_loss_any(
+    log_probs: &Tensor,
+    targets: &Tensor,
+    input_lengths: &[usize],
+    target_lengths: &[usize],
+    blank: usize,
+    reduction: Reduction,
+    zero_infinity: bool,
+    fused: bool,
+) -> Result<Tensor> {
     super::expect_rank("ctc_loss", "log_probs (B, T, V)", log_probs, &[3])?;
     super::expect_rank("ctc_loss", "targets (B, S)", targets, &[2])?;
     if targets.dtype() != DType::I64 {
@@ -54,21 +84,29 @@ pub fn ctc_loss(
     // zeroed loss has no gradient either.
     let (per, grad) = match &*log_probs.storage() {
         Storage::Cpu(c) => {
-            let (mut n, g) = k::ctc_loss(c, &tg, input_lengths, target_lengths, &d, want)?;
+            let (mut n, g) = if fused {
+                k::ctc_loss_fused(c, &tg, input_lengths, target_lengths, &d, want)?
+            } else {
+                k::ctc_loss(c, &tg, input_lengths, target_lengths, &d, want)?
+            };
             if zero_infinity {
                 n.iter_mut().filter(|l| l.is_infinite()).for_each(|l| *l = 0.0);
             }
             (Storage::Cpu(CpuStorage::F64(n).to_dtype(dtype)), g.map(Storage::Cpu))
         }
         Storage::Cuda(c) => {
-            let (n, g) = cuda::ctc::ctc_loss(c, &tg, input_lengths, target_lengths, &d, want)?;
+            let (n, g) = if fused {
+                cuda::ctc::ctc_loss_fused(c, &tg, input_lengths, target_lengths, &d, want)?
+            } else {
+                cuda::ctc::ctc_loss(c, &tg, input_lengths, target_lengths, &d, want)?
+            };
             (Storage::Cuda(cuda::loss::rows_to(&n, dtype, zero_infinity)?), g.map(Storage::Cuda))
         }
     };
     let per = out_storage(per, [b]);
     let grad = grad.map(|g| out_storage(g, log_probs.shape().clone()));
     let saved: Vec<Tensor> = grad.iter().cloned().collect();
-    let per = record("ctc_loss", &[log_probs], per, saved, move |g, _| {
+    let per = record(if fused { "ctc_loss_fused" } else { "ctc_loss" }, &[log_probs], per, saved, move |g, _| {
         let grad = grad.ok_or_else(|| Error::Autograd("ctc_loss: no gradient was computed in the forward".into()))?;
         Ok(vec![Some(super::mul(&grad, &super::reshape(g, [b, 1, 1])?)?)])
     });

@@ -28,7 +28,7 @@ pub use autocast::{autocast, autocast_dtype, autocast_params, set_autocast, Auto
 pub use binary::{add, add_scalar, add_scaled, div, mul, mul_scalar, sub, sum_to_shape};
 pub use cast::{to_dtype, to_dtype_many, widen_half};
 pub use conv::{conv1d_depthwise, conv1d_pointwise, conv2d};
-pub use ctc::{ctc_loss, Reduction};
+pub use ctc::{ctc_loss, ctc_loss_fused, Reduction};
 pub use dropout::dropout;
 pub use index::{embedding, gather, index_select, masked_fill, where_cond};
 pub use label_smoothing::{label_smoothing_loss, label_smoothing_loss_fused, label_smoothing_loss_reference};

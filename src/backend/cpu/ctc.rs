@@ -80,11 +80,14 @@ pub fn count_infeasible(d: &CtcDims, targets: &[i64], il: &[usize], tl: &[usize]
 }
 
 /// nll and (optionally) ∂nll/∂lp for one sequence; lp is its (T, V) block.
-fn one<T: Float>(lp: &[T], v: usize, tlen: usize, lab: &[i64], blank: usize, grad: Option<&mut [T]>) -> f64 {
+/// With `lse` (the fused CTC) lp holds logits, y_t(k) = lp[t, k] − lse[t],
+/// and the gradient is with respect to the logits: p_t(k) minus the
+/// occupation probability, for t < tlen.
+fn one<T: Float>(lp: &[T], lse: Option<&[f64]>, v: usize, tlen: usize, lab: &[i64], blank: usize, grad: Option<&mut [T]>) -> f64 {
     let l = lab.len();
     let sl = 2 * l + 1;
     let ext = |s: usize| if s % 2 == 0 { blank } else { lab[s / 2] as usize };
-    let at = |t: usize, k: usize| lp[t * v + k].f64();
+    let at = |t: usize, k: usize| lp[t * v + k].f64() - lse.map_or(0.0, |m| m[t]);
     if tlen == 0 {
         return if l == 0 { 0.0 } else { f64::INFINITY };
     }
@@ -127,7 +130,10 @@ fn one<T: Float>(lp: &[T], v: usize, tlen: usize, lab: &[i64], blank: usize, gra
             if s + 1 < sl {
                 b = log_add(b, beta[(t + 1) * sl + s + 1]);
             }
-            if s + 2 < sl && ext(s) != blank && ext(s) != ext(s + 2) {
+            // The mirror of α's skip into s + 2 (a label equal to the blank
+            // id makes ext(s) and ext(s + 2) differ in kind, so the test is
+            // on the state skipped into, as α's).
+            if s + 2 < sl && ext(s + 2) != blank && ext(s) != ext(s + 2) {
                 b = log_add(b, beta[(t + 1) * sl + s + 2]);
             }
             beta[t * sl + s] = if b == ninf { ninf } else { b + at(t, ext(s)) };
@@ -141,8 +147,12 @@ fn one<T: Float>(lp: &[T], v: usize, tlen: usize, lab: &[i64], blank: usize, gra
             acc[k] = log_add(acc[k], alpha[t * sl + s] + beta[t * sl + s]);
         }
         for k in 0..v {
+            let y = at(t, k);
+            let p = if lse.is_some() { y.exp() } else { 0.0 };
             if acc[k] != ninf {
-                g[t * v + k] = T::of(-(acc[k] - at(t, k) + nll).exp());
+                g[t * v + k] = T::of(p - (acc[k] - y + nll).exp());
+            } else if lse.is_some() {
+                g[t * v + k] = T::of(p);
             }
         }
     }
@@ -152,20 +162,60 @@ fn one<T: Float>(lp: &[T], v: usize, tlen: usize, lab: &[i64], blank: usize, gra
 /// Per-sequence negative log-likelihoods, and with `want_grad` the gradient
 /// of each sequence's nll with respect to log_probs (zero past its length).
 pub fn ctc_loss(lp: &CpuStorage, targets: &[i64], il: &[usize], tl: &[usize], d: &CtcDims, want_grad: bool) -> Result<(Vec<f64>, Option<CpuStorage>)> {
+    ctc_loss_any(lp, targets, il, tl, d, want_grad, false)
+}
+
+/// The fused CTC (the CPU twin of `ctc_lse_rows` + `ctc_loss_fused`): the
+/// nll from the logits (B, T, V) with the log-softmax folded in (each row's
+/// log-sum-exp in f64), and the gradient with respect to the logits.
+pub fn ctc_loss_fused(
+    logits: &CpuStorage,
+    targets: &[i64],
+    il: &[usize],
+    tl: &[usize],
+    d: &CtcDims,
+    want_grad: bool,
+) -> Result<(Vec<f64>, Option<CpuStorage>)> {
+    ctc_loss_any(logits, targets, il, tl, d, want_grad, true)
+}
+
+/// log Σ_k exp(x[r, k]) of each row of v, in f64.
+fn lse_rows<T: Float>(x: &[T], v: usize) -> Vec<f64> {
+    x.par_chunks(v.max(1))
+        .map(|row| {
+            let m = row.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b.f64()));
+            if m == f64::NEG_INFINITY {
+                return m;
+            }
+            m + row.iter().map(|&b| (b.f64() - m).exp()).sum::<f64>().ln()
+        })
+        .collect()
+}
+
+fn ctc_loss_any(
+    lp: &CpuStorage,
+    targets: &[i64],
+    il: &[usize],
+    tl: &[usize],
+    d: &CtcDims,
+    want_grad: bool,
+    fused: bool,
+) -> Result<(Vec<f64>, Option<CpuStorage>)> {
     check(d, targets, il, tl)?;
+    if lp.len() != d.b * d.t * d.v {
+        return Err(Error::invalid("ctc_loss", format!("expected {} values for {d:?}, got {}", d.b * d.t * d.v, lp.len())));
+    }
     Ok(float_match!("ctc_loss", lp, |lp| {
         let per = d.t * d.v;
+        let lse = if fused { Some(lse_rows(lp, d.v)) } else { None };
+        let lse_of = |b: usize| lse.as_deref().map(|m| &m[b * d.t..(b + 1) * d.t]);
+        let one_seq = |b: usize, g: Option<&mut [_]>| one(&lp[b * per..(b + 1) * per], lse_of(b), d.v, il[b], &targets[b * d.s..b * d.s + tl[b]], d.blank, g);
         if want_grad {
             let mut grad = vec![Default::default(); d.b * per];
-            let nll: Vec<f64> = grad
-                .par_chunks_mut(per.max(1))
-                .enumerate()
-                .map(|(b, g)| one(&lp[b * per..(b + 1) * per], d.v, il[b], &targets[b * d.s..b * d.s + tl[b]], d.blank, Some(g)))
-                .collect();
+            let nll: Vec<f64> = grad.par_chunks_mut(per.max(1)).enumerate().map(|(b, g)| one_seq(b, Some(g))).collect();
             (nll, Some(Float::store(grad)))
         } else {
-            let nll: Vec<f64> =
-                (0..d.b).into_par_iter().map(|b| one(&lp[b * per..(b + 1) * per], d.v, il[b], &targets[b * d.s..b * d.s + tl[b]], d.blank, None)).collect();
+            let nll: Vec<f64> = (0..d.b).into_par_iter().map(|b| one_seq(b, None)).collect();
             (nll, None)
         }
     }))

@@ -16,6 +16,33 @@ const THREADS: u32 = 256;
 /// log_probs (zero past its length, and zero for a sequence whose nll is
 /// not finite).
 pub fn ctc_loss(lp: &CudaStorage, targets: &[i64], il: &[usize], tl: &[usize], d: &CtcDims, want_grad: bool) -> Result<(CudaStorage, Option<CudaStorage>)> {
+    ctc_loss_any(lp, targets, il, tl, d, want_grad, false)
+}
+
+/// The fused CTC (`ctc_lse_rows` + `ctc_loss_fused`): the same nll from the
+/// logits (B, T, V), the log-softmax folded in (each row's log-sum-exp in
+/// f64, the log-probabilities never written), and the gradient with
+/// respect to the logits.
+pub fn ctc_loss_fused(
+    logits: &CudaStorage,
+    targets: &[i64],
+    il: &[usize],
+    tl: &[usize],
+    d: &CtcDims,
+    want_grad: bool,
+) -> Result<(CudaStorage, Option<CudaStorage>)> {
+    ctc_loss_any(logits, targets, il, tl, d, want_grad, true)
+}
+
+fn ctc_loss_any(
+    lp: &CudaStorage,
+    targets: &[i64],
+    il: &[usize],
+    tl: &[usize],
+    d: &CtcDims,
+    want_grad: bool,
+    fused: bool,
+) -> Result<(CudaStorage, Option<CudaStorage>)> {
     check(d, targets, il, tl)?;
     let dt = lp.dtype();
     if dt != DType::F32 && dt != DType::F64 {
@@ -47,26 +74,41 @@ pub fn ctc_loss(lp: &CudaStorage, targets: &[i64], il: &[usize], tl: &[usize], d
             &dummy
         }
     };
-    dev.launch(
-        "ctc",
-        &format!("ctc_loss_{}", dtype_suffix(dt)),
-        LaunchConfig::rows(d.b, THREADS),
-        &[
-            Arg::Ptr(lp),
-            Arg::Ptr(&tg),
-            Arg::Ptr(&ils),
-            Arg::Ptr(&tls),
-            Arg::Ptr(&alpha),
-            Arg::Ptr(&beta),
-            Arg::Ptr(&nll),
-            Arg::Ptr(g),
-            Arg::I64(d.b as i64),
-            Arg::I64(d.t as i64),
-            Arg::I64(d.v as i64),
-            Arg::I64(d.s as i64),
-            Arg::I64(d.blank as i64),
-            Arg::I32((want_grad && n > 0) as i32),
-        ],
-    )?;
+    let lse = if fused {
+        let rows = d.b * d.t;
+        let lse = dev.alloc(DType::F64, rows.max(1))?;
+        if rows > 0 && d.v > 0 {
+            dev.launch(
+                "ctc",
+                &format!("ctc_lse_rows_{}", dtype_suffix(dt)),
+                LaunchConfig::rows(rows, THREADS),
+                &[Arg::Ptr(lp), Arg::Ptr(&lse), Arg::I64(rows as i64), Arg::I64(d.v as i64)],
+            )?;
+        }
+        Some(lse)
+    } else {
+        None
+    };
+    let mut args = vec![Arg::Ptr(lp)];
+    if let Some(lse) = &lse {
+        args.push(Arg::Ptr(lse));
+    }
+    args.extend([
+        Arg::Ptr(&tg),
+        Arg::Ptr(&ils),
+        Arg::Ptr(&tls),
+        Arg::Ptr(&alpha),
+        Arg::Ptr(&beta),
+        Arg::Ptr(&nll),
+        Arg::Ptr(g),
+        Arg::I64(d.b as i64),
+        Arg::I64(d.t as i64),
+        Arg::I64(d.v as i64),
+        Arg::I64(d.s as i64),
+        Arg::I64(d.blank as i64),
+        Arg::I32((want_grad && n > 0) as i32),
+    ]);
+    let kernel = if fused { format!("ctc_loss_fused_{}", dtype_suffix(dt)) } else { format!("ctc_loss_{}", dtype_suffix(dt)) };
+    dev.launch("ctc", &kernel, LaunchConfig::rows(d.b, THREADS), &args)?;
     Ok((nll, grad))
 }
