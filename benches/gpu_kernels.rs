@@ -115,6 +115,27 @@ fn gpu_kernels(c: &mut Criterion) {
         });
     }
     group.bench_function("token_accuracy_512x4233", |bn| bn.iter(|| ops::token_accuracy(&logits, &target, -1).unwrap().to_scalar().unwrap()));
+    // CTC over the encoder's logits: 16 sequences of 128 frames (512 after
+    // 4x subsampling), 20 labels each; the composition
+    // ctc_loss(log_softmax(x)) against the fused kernels.
+    let ctc_x = Tensor::randn([16, 128, 4233], 0.0, 2.0, DType::F32, &mut rng, &gpu).unwrap().requires_grad_();
+    let labels: Vec<i64> = (0..16 * 20).map(|i| 1 + (i * 37 % 4232) as i64).collect();
+    let ctc_tg = Tensor::from_vec(labels, [16, 20], &Device::Cpu).unwrap();
+    let (il, tl) = (vec![128usize; 16], vec![20usize; 16]);
+    for fused in [false, true] {
+        let name = if fused { "ctc_fused_fwd_bwd_16x128x4233" } else { "ctc_log_softmax_fwd_bwd_16x128x4233" };
+        group.bench_function(name, |bn| {
+            bn.iter(|| {
+                let l = if fused {
+                    ops::ctc_loss_fused(&ctc_x, &ctc_tg, &il, &tl, 0, ops::Reduction::Sum, true).unwrap()
+                } else {
+                    ops::ctc_loss(&ops::log_softmax(&ctc_x).unwrap(), &ctc_tg, &il, &tl, 0, ops::Reduction::Sum, true).unwrap()
+                };
+                backward(&l).unwrap();
+                gpu_sync(&l)
+            })
+        });
+    }
     group.finish();
 }
 
