@@ -84,15 +84,12 @@ fn flash_attention_extra_memory_is_linear_in_t() {
     peak_extra(&dev, 16, true).unwrap();
     let fused: Vec<usize> = ts.iter().map(|&t| peak_extra(&dev, t, true).unwrap().1).collect();
     let comp: Vec<usize> = ts.iter().map(|&t| peak_extra(&dev, t, false).unwrap().1).collect();
-    // The inputs, outputs and gradients alone: 4 (B,T,H,D) inputs + output
-    // + 4 gradients + the weights, f32.
     for (i, &t) in ts.iter().enumerate() {
-        let io = 10 * B * t * H * D * 4;
         println!(
-            "rel-pos attention fwd+bwd B {B} H {H} d_k {D} T {t}: peak above the inputs: fused {:.2} MiB, composition {:.2} MiB (inputs/outputs/grads ≈ {:.2} MiB; one (B,H,T,T) f32 score tensor {:.2} MiB)",
+            "rel-pos attention fwd+bwd B {B} H {H} d_k {D} T {t}: peak above the inputs: fused {:.2} MiB, composition {:.2} MiB (one (B, T, H, d_k) f32 tensor {:.2} MiB, one (B, H, T, T) f32 score tensor {:.2} MiB)",
             fused[i] as f64 / 1048576.0,
             comp[i] as f64 / 1048576.0,
-            io as f64 / 1048576.0,
+            (B * t * H * D * 4) as f64 / 1048576.0,
             (B * H * t * t * 4) as f64 / 1048576.0
         );
     }
