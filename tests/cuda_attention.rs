@@ -124,8 +124,11 @@ fn composed(c: &Case, seed: u64) -> Rc<OpFn> {
     })
 }
 
+/// Input values and shapes.
+type Vals = Vec<(Vec<f64>, Vec<usize>)>;
+
 /// Fresh inputs of `c` and the output weights, rounded to `dtype` once.
-fn inputs(c: &Case, dtype: DType, seed: u64) -> (Vec<(Vec<f64>, Vec<usize>)>, Vec<f64>) {
+fn inputs(c: &Case, dtype: DType, seed: u64) -> (Vals, Vec<f64>) {
     let mut r = Rng::new(seed);
     let vals: Vec<(Vec<f64>, Vec<usize>)> = c
         .shapes()
@@ -380,7 +383,7 @@ fn attention_layers_match_with_the_fusion_on_and_off() {
         let src = AttentionMask::key_padding(&[ts, 5], ts).unwrap();
         let name = |s: &str| format!("{s} on {dev:?}");
         layer_compare(&name("rel-pos self-attention"), &rel, &[x.clone(), pos.clone()], seed, &|| rel.forward(&x, &x, &x, Some(&pad), &pos));
-        layer_compare(&name("causal self-attention"), &plain, &[x.clone()], seed, &|| plain.forward(&x, &x, &x, Some(&causal)));
+        layer_compare(&name("causal self-attention"), &plain, std::slice::from_ref(&x), seed, &|| plain.forward(&x, &x, &x, Some(&causal)));
         layer_compare(&name("cross attention"), &plain, &[x.clone(), mem.clone()], seed, &|| plain.forward(&x, &mem, &mem, Some(&src)));
     }
 }

@@ -66,8 +66,7 @@ impl AttentionRule {
         if lens.is_some_and(|l| j as i64 >= l[b]) || (self.causal && j > i) {
             return true;
         }
-        if self.chunk > 0 {
-            let c = i / self.chunk;
+        if let Some(c) = i.checked_div(self.chunk) {
             let start = if self.left_chunks < 0 { 0 } else { c.saturating_sub(self.left_chunks as usize) * self.chunk };
             if j >= (c + 1) * self.chunk || j < start {
                 return true;

@@ -61,6 +61,7 @@ fn ptr_or<'a>(s: Option<&'a CudaStorage>, dummy: &'a CudaStorage) -> Arg<'a> {
 }
 
 /// Checks the operands and builds the parameters every kernel starts with.
+#[allow(clippy::too_many_arguments)]
 fn common<'a>(
     op: &'static str,
     q: &'a CudaStorage,
