@@ -9,7 +9,7 @@
 //! by the one-pass and the tiled column sum, row sums with 16-byte loads,
 //! and broadcast and permute by the u32 (host divisors) and 64-bit kernels;
 //! the scaled attention-score pair and `add_scaled` against their unfused
-//! launches.
+//! launches; relative-position flash attention against its composition.
 //! It prints the launches of one (2048, 256) bias-gradient reduction.
 //!
 //! Without a GPU it prints why and benches nothing; under
@@ -191,5 +191,50 @@ fn reduce_and_index(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, gpu_kernels, reduce_and_index);
+/// Relative-position attention forward + backward, B 16, T 128, 4 heads of
+/// 64, key padding: `ops::flash_attention` (three kernels, no (B, H, T, T)
+/// tensor) against the composition it replaces (bias adds, permutes,
+/// `matmul_pair_scaled`, `masked_softmax`, `matmul`), in f32 and bf16.
+fn flash_attention_vs_composition(c: &mut Criterion) {
+    let Ok(gpu) = Device::cuda(0) else {
+        println!("flash attention benches: skipped, no usable GPU");
+        return;
+    };
+    let (b, t, h, d) = (16, 128, 4, 64);
+    let mut rng = Rng::new(13);
+    let mut group = c.benchmark_group("flash_attention");
+    group.sample_size(10);
+    let lens: Vec<usize> = (0..b).map(|i| t - i * 4).collect();
+    let m: Vec<u8> = lens.iter().flat_map(|&l| (0..t).map(move |j| u8::from(j >= l))).collect();
+    let mask = Tensor::from_vec(m, [b, 1, 1, t], &Device::Cpu).unwrap().to_device(&gpu).unwrap();
+    for dt in [DType::F32, DType::BF16] {
+        let mk = |s: &[usize], rng: &mut Rng| ops::to_dtype(&Tensor::randn(s.to_vec(), 0.0, 1.0, DType::F32, rng, &gpu).unwrap(), dt).unwrap().requires_grad_();
+        let (q, k, v, p) = (mk(&[b, t, h, d], &mut rng), mk(&[b, t, h, d], &mut rng), mk(&[b, t, h, d], &mut rng), mk(&[1, t, h, d], &mut rng));
+        let u = Tensor::randn([h, d], 0.0, 0.1, DType::F32, &mut rng, &gpu).unwrap().requires_grad_();
+        let vb = Tensor::randn([h, d], 0.0, 0.1, DType::F32, &mut rng, &gpu).unwrap().requires_grad_();
+        let fm = ops::FlashMask { key_lengths: Some(lens.clone()), ..Default::default() };
+        group.bench_function(format!("relpos_fwd_bwd_16x128x4x64_fused_{}", dt.as_str()), |bn| {
+            bn.iter(|| {
+                let o = ops::flash_attention(&q, &k, &v, Some(ops::RelPos { p: &p, u: &u, vb: &vb }), &fm, 0.1, true).unwrap();
+                backward(&ops::sum_all(&ops::to_dtype(&o, DType::F32).unwrap()).unwrap()).unwrap();
+                gpu_sync(&u)
+            })
+        });
+        group.bench_function(format!("relpos_fwd_bwd_16x128x4x64_composition_{}", dt.as_str()), |bn| {
+            bn.iter(|| {
+                let heads = |x: &Tensor| ops::permute(x, &[0, 2, 1, 3]).unwrap();
+                let (qu, qv) = (ops::add(&q, &ops::to_dtype(&u, dt).unwrap()).unwrap(), ops::add(&q, &ops::to_dtype(&vb, dt).unwrap()).unwrap());
+                let pb = ops::broadcast_to(&p, &[b, t, h, d]).unwrap();
+                let s = ops::matmul_pair_scaled(&heads(&qu), &heads(&k), &heads(&qv), &heads(&pb), false, true, 0.125).unwrap();
+                let a = ops::dropout(&ops::masked_softmax(&s, &mask).unwrap(), 0.1, true).unwrap();
+                let o = heads(&ops::matmul(&a, &heads(&v)).unwrap());
+                backward(&ops::sum_all(&ops::to_dtype(&o, DType::F32).unwrap()).unwrap()).unwrap();
+                gpu_sync(&u)
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, gpu_kernels, reduce_and_index, flash_attention_vs_composition);
 criterion_main!(benches);

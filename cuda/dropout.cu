@@ -11,19 +11,7 @@
 // rounded from f64 to the dtype once, as the CPU's f64 mask is converted.
 #include "nn_common.cuh"
 
-// Host-callable too, so its known answers can be checked without a GPU.
-__host__ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
-    const uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
-#pragma unroll
-    for (int r = 0; r < 10; ++r) {
-        const unsigned long long p0 = (unsigned long long)M0 * c.x;
-        const unsigned long long p1 = (unsigned long long)M1 * c.z;
-        c = make_uint4((uint32_t)(p1 >> 32) ^ c.y ^ k.x, (uint32_t)p1, (uint32_t)(p0 >> 32) ^ c.w ^ k.y, (uint32_t)p0);
-        k.x += W0;
-        k.y += W1;
-    }
-    return c;
-}
+#include "philox.cuh"
 
 // y = x * mask (the mask of the header, never stored): element i of x or
 // of an output gradient g scaled by the dtype-rounded 1/(1-p) where its

@@ -85,6 +85,29 @@ grad!(masked_softmax_per_query, [([2, 2, 3, 5], Normal, true)], |x| {
     ops::masked_softmax(&x[0], &u8t(&m, &[2, 1, 3, 5]))
 });
 grad!(masked_softmax_key_padding, [([2, 3, 2, 4], Normal, true)], |x| ops::masked_softmax(&x[0], &u8t(&[0, 0, 1, 1, 0, 0, 0, 1], &[2, 1, 1, 4])));
+// Flash attention: rel-pos with a shared table, key lengths and a chunk
+// with one left chunk; plain causal with a key-padding tensor and dropout
+// (the generator reseeded, so every evaluation draws the same mask).
+grad!(
+    flash_attention_rel_pos,
+    [
+        ([2, 5, 2, 3], Normal, true),
+        ([2, 6, 2, 3], Normal, true),
+        ([2, 6, 2, 3], Normal, true),
+        ([1, 6, 2, 3], Normal, true),
+        ([2, 3], Normal, true),
+        ([2, 3], Normal, true)
+    ],
+    |x| {
+        let m = ops::FlashMask { key_lengths: Some(vec![6, 4]), chunk: Some((2, 1)), ..Default::default() };
+        ops::flash_attention(&x[0], &x[1], &x[2], Some(ops::RelPos { p: &x[3], u: &x[4], vb: &x[5] }), &m, 0.0, false)
+    }
+);
+grad!(flash_attention_causal_dropout, [([2, 4, 2, 3], Normal, true), ([2, 4, 2, 3], Normal, true), ([2, 4, 2, 3], Normal, true)], |x| {
+    rng::manual_seed(11);
+    let m = ops::FlashMask { causal: true, mask: Some(u8t(&[0, 0, 0, 1, 0, 0, 1, 1], &[2, 1, 1, 4])), ..Default::default() };
+    ops::flash_attention(&x[0], &x[1], &x[2], None, &m, 0.3, true)
+});
 // Products.
 grad!(matmul, [([5, 4], Normal, true), ([4, 3], Normal, true)], |x| ops::matmul(&x[0], &x[1]));
 grad!(matmul_ta, [([4, 5], Normal, true), ([4, 3], Normal, true)], |x| ops::matmul_t(&x[0], &x[1], true, false));

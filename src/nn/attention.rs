@@ -6,13 +6,20 @@
 //! softmax over the unmasked keys (accumulated in f32, or f64) gives masked
 //! keys exactly 0 (a fully masked row yields zeros, never NaN), dropout, and
 //! the weighted values are merged back to (B, T1, D) for `linear_out`.
+//!
+//! With the attention fusion on (`ops::fusion`), `forward` of both kinds
+//! (encoder self-attention, the decoder's causal self-attention and its
+//! cross attention) runs `ops::flash_attention` on the (B, T, H, d_k)
+//! projections instead: one kernel each way, no T1×T2 scores stored. The
+//! cached and streaming paths (`forward_kv`, `forward_cached`) keep the
+//! composition.
 
 use super::dropout::Dropout;
 use super::init::{uniform_param, xavier_uniform_bound};
 use super::linear::Linear;
 use super::module::{Module, TensorKind};
 use crate::error::{Error, Result};
-use crate::ops;
+use crate::ops::{self, fusion, fusion::Fusion};
 use crate::tensor::{DType, Device, Rng, Tensor};
 
 /// Which keys a query must not attend to: u8 (B, 1, T1 or 1, T2), 1 = masked.
@@ -112,10 +119,37 @@ impl MultiHeadedAttention {
         self.linear_out.forward(&x)
     }
 
-    /// Attention of `query` (B, T1, D) over `key`/`value` (B, T2, D).
+    /// Attention of `query` (B, T1, D) over `key`/`value` (B, T2, D): the
+    /// fused kernel when the attention fusion is on, else the composition.
     pub fn forward(&self, query: &Tensor, key: &Tensor, value: &Tensor, mask: Option<&AttentionMask>) -> Result<Tensor> {
+        if fusion::enabled(Fusion::Attention) {
+            let q = self.split(&self.linear_q.forward(query)?)?;
+            let k = self.split(&self.linear_k.forward(key)?)?;
+            let v = self.split(&self.linear_v.forward(value)?)?;
+            if Self::fusable(&[&q, &k, &v]) {
+                return self.attend_fused(&q, &k, &v, None, mask);
+            }
+        }
         let (k, v) = self.project_kv(key, value)?;
         self.forward_kv(query, &k, &v, mask)
+    }
+
+    /// Whether the fused kernel takes these (B, T, H, d_k) operands: one
+    /// dtype, a head dim its tiles hold on a GPU.
+    fn fusable(xs: &[&Tensor]) -> bool {
+        let x = xs[0];
+        xs.iter().all(|t| t.dtype() == x.dtype() && t.device() == x.device())
+            && (x.device() == Device::Cpu || x.dims()[3] <= crate::backend::cuda::attention::MAX_D_K)
+    }
+
+    /// `ops::flash_attention` of (B, T, H, d_k) operands with the mask and
+    /// this layer's dropout, merged heads, `linear_out`.
+    fn attend_fused(&self, q: &Tensor, k: &Tensor, v: &Tensor, pos: Option<ops::RelPos>, mask: Option<&AttentionMask>) -> Result<Tensor> {
+        let m = ops::FlashMask { mask: mask.map(|m| m.0.clone()), ..Default::default() };
+        let x = ops::flash_attention(q, k, v, pos, &m, self.dropout.p, self.dropout.training)?;
+        let (b, t1) = (x.dims()[0], x.dims()[1]);
+        let x = ops::reshape(&x, [b, t1, self.heads * self.d_k()])?;
+        self.linear_out.forward(&x)
     }
 
     /// The projected keys and values of `key`/`value` (B, T, D), heads first:
@@ -206,9 +240,21 @@ impl RelPositionMultiHeadedAttention {
         Ok(RelPositionMultiHeadedAttention { base, linear_pos, pos_bias_u, pos_bias_v })
     }
 
-    /// Self-attention of x (B, T, D) with the positional table `pos_emb` (1, T, D).
+    /// Self-attention of x (B, T, D) with the positional table `pos_emb`
+    /// (1, T, D): the fused kernel when the attention fusion is on, else
+    /// the composition.
     pub fn forward(&self, query: &Tensor, key: &Tensor, value: &Tensor, mask: Option<&AttentionMask>, pos_emb: &Tensor) -> Result<Tensor> {
         let a = &self.base;
+        if fusion::enabled(Fusion::Attention) {
+            let q = a.split(&a.linear_q.forward(query)?)?;
+            let k = a.split(&a.linear_k.forward(key)?)?;
+            let v = a.split(&a.linear_v.forward(value)?)?;
+            let p = a.split(&self.linear_pos.forward(pos_emb)?)?;
+            if MultiHeadedAttention::fusable(&[&q, &k, &v, &p]) {
+                let pos = ops::RelPos { p: &p, u: &self.pos_bias_u, vb: &self.pos_bias_v };
+                return a.attend_fused(&q, &k, &v, Some(pos), mask);
+            }
+        }
         let k = MultiHeadedAttention::heads_first(&a.split(&a.linear_k.forward(key)?)?)?;
         let v = MultiHeadedAttention::heads_first(&a.split(&a.linear_v.forward(value)?)?)?;
         self.attend_kv(query, &k, &v, mask, pos_emb)

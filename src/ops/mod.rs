@@ -5,6 +5,7 @@
 //! dedicated backward kernel of the same family.
 
 mod accuracy;
+mod attention;
 mod autocast;
 mod binary;
 mod cast;
@@ -24,6 +25,7 @@ mod softmax;
 mod unary;
 
 pub use accuracy::token_accuracy;
+pub use attention::{flash_attention, FlashMask, RelPos};
 pub use autocast::{autocast, autocast_dtype, autocast_params, set_autocast, AutocastGuard};
 pub use binary::{add, add_scalar, add_scaled, div, mul, mul_scalar, sub, sum_to_shape};
 pub use cast::{to_dtype, to_dtype_many, widen_half};

@@ -5,6 +5,7 @@
 //! [`PAR_THRESHOLD`] elements is split over rayon's pool in fixed-size chunks,
 //! so results do not depend on the number of threads.
 
+pub mod attention;
 pub mod conv;
 pub mod ctc;
 pub mod elementwise;

@@ -61,6 +61,7 @@ pub use stub::{blas, blaslt, upload_staged, CudaDevice, CudaStorage, PinnedBuffe
 
 pub use launch::{dtype_suffix, Arg, LaunchConfig};
 
+pub mod attention;
 pub mod conv;
 pub mod dropout;
 pub mod index;

@@ -1,0 +1,239 @@
+//! Flash attention on the GPU (`cuda/attention.cu`): one forward kernel
+//! (output and log-sum-exp, the score matrix never stored) and two backward
+//! kernels (dq, then dk/dv/dp, each recomputing the scores per tile);
+//! mirrors `backend::cpu::attention`. f16 and bf16 are read and written in
+//! half and computed in f32. The kernels' blocks grid-stride over
+//! (sequence, head, tile), so any grid covers them.
+
+use super::nn_common::{expect_dtype, expect_len, same, FLOATS};
+use super::{launch::scalar_arg, Arg, CudaStorage, LaunchConfig};
+use crate::backend::cpu::attention::{AttentionDims, AttentionDropout, AttentionRule};
+use crate::error::{Error, Result};
+use crate::tensor::DType;
+
+/// Threads per block (`ATT_THREADS`).
+const THREADS: u32 = 128;
+/// The largest head dim (`ATT_DMAX`).
+pub const MAX_D_K: usize = 128;
+
+/// Rows per tile (`AttTile`): 8 in f64, else 16.
+fn tile(dt: DType) -> usize {
+    if dt == DType::F64 {
+        8
+    } else {
+        16
+    }
+}
+
+/// The compute type of `dt` (the log-sum-exp's, the biases', dp's).
+pub fn acc_dtype(dt: DType) -> DType {
+    if dt == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+/// The positional inputs on the GPU: p (pos_batch, t2, heads, d_k) in q's
+/// dtype, u and vb (heads, d_k) in the compute type.
+pub type RelPosGpu<'a> = (&'a CudaStorage, &'a CudaStorage, &'a CudaStorage);
+
+/// Key lengths (i64, batch) and a u8 mask laid out by the rule's strides.
+#[derive(Clone, Copy, Default)]
+pub struct MaskGpu<'a> {
+    /// Key lengths per sequence.
+    pub lens: Option<&'a CudaStorage>,
+    /// A u8 mask, 1 = masked.
+    pub mask: Option<&'a CudaStorage>,
+}
+
+fn units(n: &AttentionDims, rows: usize, dt: DType) -> usize {
+    n.batch * n.heads * rows.div_ceil(tile(dt))
+}
+
+fn cfg(units: usize) -> LaunchConfig {
+    LaunchConfig { grid: (units.clamp(1, super::launch::max_grid() as usize) as u32, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 }
+}
+
+/// `s`, or `dummy` (a valid buffer the kernel never reads, as `flags` says).
+fn ptr_or<'a>(s: Option<&'a CudaStorage>, dummy: &'a CudaStorage) -> Arg<'a> {
+    Arg::Ptr(s.unwrap_or(dummy))
+}
+
+/// Checks the operands and builds the parameters every kernel starts with.
+#[allow(clippy::too_many_arguments)]
+fn common<'a>(
+    op: &'static str,
+    q: &'a CudaStorage,
+    k: &'a CudaStorage,
+    v: &'a CudaStorage,
+    pos: Option<RelPosGpu<'a>>,
+    n: &AttentionDims,
+    rule: &AttentionRule,
+    m: MaskGpu<'a>,
+    drop: &AttentionDropout,
+) -> Result<Vec<Arg<'a>>> {
+    expect_dtype(op, q, FLOATS)?;
+    same(op, q, k)?;
+    same(op, q, v)?;
+    expect_len(op, "q", q, n.q_len())?;
+    expect_len(op, "k", k, n.k_len())?;
+    expect_len(op, "v", v, n.k_len())?;
+    if n.d_k == 0 || n.d_k > MAX_D_K {
+        return Err(Error::invalid(op, format!("expected a head dim in 1..={MAX_D_K} (the CUDA kernel's tiles), found {}", n.d_k)));
+    }
+    let acc = acc_dtype(q.dtype());
+    if let Some((p, u, vb)) = pos {
+        same(op, q, p)?;
+        expect_len(op, "p", p, n.pos_batch * n.t2 * n.heads * n.d_k)?;
+        for (what, b) in [("u", u), ("vb", vb)] {
+            if b.dtype() != acc {
+                return Err(Error::DTypeMismatch { op, expected: acc, got: b.dtype() });
+            }
+            expect_len(op, what, b, n.heads * n.d_k)?;
+        }
+    }
+    if let Some(l) = m.lens {
+        if l.dtype() != DType::I64 {
+            return Err(Error::DTypeMismatch { op, expected: DType::I64, got: l.dtype() });
+        }
+        expect_len(op, "the key lengths", l, n.batch)?;
+    }
+    if let Some(mk) = m.mask {
+        if mk.dtype() != DType::U8 {
+            return Err(Error::DTypeMismatch { op, expected: DType::U8, got: mk.dtype() });
+        }
+        let [sb, si, sj] = rule.mask_strides;
+        let last = n.batch.saturating_sub(1) * sb + n.t1.saturating_sub(1) * si + n.t2.saturating_sub(1) * sj;
+        if n.batch * n.t1 * n.t2 > 0 && last >= mk.len() {
+            return Err(Error::ShapeMismatch { op, expected: format!("a mask of more than {last} bytes"), got: format!("{} bytes", mk.len()) });
+        }
+    }
+    let u32a = |what: &str, x: usize| super::nn_common::u32_arg(op, what, x).map(Arg::U32);
+    let flags = u32::from(pos.is_some())
+        | (u32::from(pos.is_some() && n.pos_batch == n.batch && n.batch > 1) << 1)
+        | (u32::from(m.lens.is_some()) << 2)
+        | (u32::from(m.mask.is_some()) << 3);
+    let (p, u, vb) = match pos {
+        Some((p, u, vb)) => (Some(p), Some(u), Some(vb)),
+        None => (None, None, None),
+    };
+    Ok(vec![
+        Arg::Ptr(q),
+        Arg::Ptr(k),
+        Arg::Ptr(v),
+        ptr_or(p, q),
+        Arg::U32(flags),
+        ptr_or(u, q),
+        ptr_or(vb, q),
+        u32a("batch", n.batch)?,
+        u32a("t1", n.t1)?,
+        u32a("t2", n.t2)?,
+        u32a("heads", n.heads)?,
+        u32a("d_k", n.d_k)?,
+        scalar_arg(q.dtype(), 1.0 / (n.d_k as f64).sqrt()),
+        ptr_or(m.lens, q),
+        u32a("chunk size", rule.chunk)?,
+        Arg::I32(rule.left_chunks.clamp(-1, i32::MAX as i64) as i32),
+        Arg::U32(u32::from(rule.causal)),
+        ptr_or(m.mask, q),
+        Arg::U64(rule.mask_strides[0] as u64),
+        Arg::U64(rule.mask_strides[1] as u64),
+        Arg::U64(rule.mask_strides[2] as u64),
+        Arg::U64(drop.seed),
+        Arg::U64(drop.offset),
+        Arg::F64(1.0 - drop.p),
+        Arg::F64(if drop.p < 1.0 { 1.0 / (1.0 - drop.p) } else { 0.0 }),
+    ])
+}
+
+/// The output (batch, t1, heads, d_k) in q's dtype and the log-sum-exp
+/// (batch, heads, t1) in the compute type (+inf for a fully masked row).
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention(
+    q: &CudaStorage,
+    k: &CudaStorage,
+    v: &CudaStorage,
+    pos: Option<RelPosGpu>,
+    n: &AttentionDims,
+    rule: &AttentionRule,
+    m: MaskGpu,
+    drop: &AttentionDropout,
+) -> Result<(CudaStorage, CudaStorage)> {
+    let op = "flash_attention";
+    let mut args = common(op, q, k, v, pos, n, rule, m, drop)?;
+    let dev = q.device();
+    let dt = q.dtype();
+    let o = dev.alloc(dt, n.q_len())?;
+    let lse = dev.alloc(acc_dtype(dt), n.batch * n.heads * n.t1)?;
+    args.push(Arg::Ptr(&o));
+    args.push(Arg::Ptr(&lse));
+    if n.q_len() > 0 {
+        if n.t2 == 0 {
+            return Err(Error::invalid(op, "expected at least one key, found none"));
+        }
+        dev.launch("attention", &super::nn_common::kernel("attention_fwd", dt), cfg(units(n, n.t1, dt)), &args)?;
+    }
+    Ok((o, lse))
+}
+
+/// The backward's results: dq, dk, dv in q's dtype; with positions, dp per
+/// sequence (batch, t2, heads, d_k) and s (batch, t2, heads), the scaled
+/// row sums of dS over the queries, both in the compute type (du and dvb
+/// are Σ s·k and Σ s·p, reduced by the caller).
+pub struct AttentionGradsGpu {
+    /// Gradient of q.
+    pub dq: CudaStorage,
+    /// Gradient of k.
+    pub dk: CudaStorage,
+    /// Gradient of v.
+    pub dv: CudaStorage,
+    /// dp per sequence and s, with positions.
+    pub pos: Option<(CudaStorage, CudaStorage)>,
+}
+
+/// The gradients of [`flash_attention`] from its output `o`, log-sum-exp
+/// `lse` and output gradient `dout`.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention_backward(
+    q: &CudaStorage,
+    k: &CudaStorage,
+    v: &CudaStorage,
+    pos: Option<RelPosGpu>,
+    o: &CudaStorage,
+    lse: &CudaStorage,
+    dout: &CudaStorage,
+    n: &AttentionDims,
+    rule: &AttentionRule,
+    m: MaskGpu,
+    drop: &AttentionDropout,
+) -> Result<AttentionGradsGpu> {
+    let op = "flash_attention_backward";
+    let base = common(op, q, k, v, pos, n, rule, m, drop)?;
+    same(op, q, o)?;
+    same(op, q, dout)?;
+    expect_len(op, "the output", o, n.q_len())?;
+    expect_len(op, "the output gradient", dout, n.q_len())?;
+    let dev = q.device();
+    let (dt, acc) = (q.dtype(), acc_dtype(q.dtype()));
+    expect_len(op, "the log-sum-exp", lse, n.batch * n.heads * n.t1)?;
+    let dsum = dev.alloc(acc, n.batch * n.heads * n.t1)?;
+    let dq = dev.alloc(dt, n.q_len())?;
+    let dk = dev.alloc(dt, n.k_len())?;
+    let dv = dev.alloc(dt, n.k_len())?;
+    let extra = if pos.is_some() { Some((dev.alloc(acc, n.k_len())?, dev.alloc(acc, n.batch * n.t2 * n.heads)?)) } else { None };
+    if n.q_len() > 0 && n.t2 > 0 {
+        let mut a = base.clone();
+        a.extend([Arg::Ptr(o), Arg::Ptr(dout), Arg::Ptr(lse), Arg::Ptr(&dsum), Arg::Ptr(&dq)]);
+        dev.launch("attention", &super::nn_common::kernel("attention_bwd_dq", dt), cfg(units(n, n.t1, dt)), &a)?;
+        let mut a = base;
+        a.extend([Arg::Ptr(dout), Arg::Ptr(lse), Arg::Ptr(&dsum), Arg::Ptr(&dk), Arg::Ptr(&dv)]);
+        match &extra {
+            Some((dp, sk)) => a.extend([Arg::Ptr(dp), Arg::Ptr(sk)]),
+            // Never written without positions.
+            None => a.extend([Arg::Ptr(&dk), Arg::Ptr(&dk)]),
+        }
+        dev.launch("attention", &super::nn_common::kernel("attention_bwd_dkv", dt), cfg(units(n, n.t2, dt)), &a)?;
+    }
+    Ok(AttentionGradsGpu { dq, dk, dv, pos: extra })
+}

@@ -1,0 +1,389 @@
+//! Flash attention (`ops::flash_attention`, `cuda/attention.cu`) against
+//! the composition it replaces (`ops::matmul_pair_scaled` or
+//! `ops::matmul_scaled`, `ops::masked_softmax` with a dense (B, 1, T1, T2)
+//! mask built here from WeNet's definitions, `ops::dropout`, `ops::matmul`)
+//! and the CUDA kernel against the CPU op: outputs and every gradient
+//! (q, k, v, p, u, vb), on fresh random inputs, ragged key lengths (one of
+//! 0: fully masked rows), every mask kind (key lengths, chunk with all or
+//! limited left context, causal, a mask tensor with a fully masked row),
+//! dropout on and off (the same Philox words as ops::dropout draws over
+//! the weights), d_k 64 and 128 and small ones, T not a multiple of the
+//! 16-row tile, and more (sequence, head, tile) units than the capped grid.
+//! The CPU tests run without a GPU; the GPU ones on the emulator.
+
+mod common;
+
+use asrforge::models::mask::subsequent_chunk_mask;
+use asrforge::ops::{self, FlashMask, RelPos};
+use asrforge::tensor::{rng, Rng};
+use asrforge::{DType, Device, Result, Tensor};
+use common::gpu::{self, assert_close as close, gpu};
+use common::{draw, fresh_seed, run_with_grads, Kind, OpFn};
+use std::rc::Rc;
+
+/// One attention problem.
+#[derive(Clone, Debug)]
+struct Case {
+    b: usize,
+    t1: usize,
+    t2: usize,
+    h: usize,
+    d: usize,
+    /// The positional table's batch (1 or b), if rel-pos.
+    pos: Option<usize>,
+    lens: Option<Vec<usize>>,
+    chunk: Option<(usize, i64)>,
+    causal: bool,
+    /// A random (B, 1, T1, T2) mask tensor (first query of the first sequence fully masked).
+    tensor_mask: bool,
+    dropout: f64,
+}
+
+impl Case {
+    fn shapes(&self) -> Vec<Vec<usize>> {
+        let mut s = vec![vec![self.b, self.t1, self.h, self.d], vec![self.b, self.t2, self.h, self.d], vec![self.b, self.t2, self.h, self.d]];
+        if let Some(pb) = self.pos {
+            s.extend([vec![pb, self.t2, self.h, self.d], vec![self.h, self.d], vec![self.h, self.d]]);
+        }
+        s
+    }
+
+    /// The random mask tensor's bytes (1 = masked), from `seed`.
+    fn random_mask(&self, seed: u64) -> Vec<u8> {
+        let n = self.b * self.t1 * self.t2;
+        let mut m: Vec<u8> = Rng::new(seed).uniform(n).into_iter().map(|u| u8::from(u < 0.3)).collect();
+        m[..self.t2].iter_mut().for_each(|v| *v = 1);
+        m
+    }
+
+    /// The dense mask of every rule, built from the definitions (WeNet's
+    /// subsequent_chunk_mask for chunks), (B, 1, T1, T2), 1 = masked.
+    fn dense_mask(&self, seed: u64) -> Vec<u8> {
+        let (t1, t2) = (self.t1, self.t2);
+        let chunk = self.chunk.map(|(c, l)| subsequent_chunk_mask(t1.max(t2), c, l).unwrap());
+        let rand = self.tensor_mask.then(|| self.random_mask(seed));
+        let mut m = vec![0u8; self.b * t1 * t2];
+        for b in 0..self.b {
+            for i in 0..t1 {
+                for j in 0..t2 {
+                    let e = (b * t1 + i) * t2 + j;
+                    let mut off = self.lens.as_ref().is_some_and(|l| j >= l[b]) || (self.causal && j > i);
+                    if let Some(c) = &chunk {
+                        off |= !c[i * t1.max(t2) + j];
+                    }
+                    if let Some(r) = &rand {
+                        off |= r[e] != 0;
+                    }
+                    m[e] = u8::from(off);
+                }
+            }
+        }
+        m
+    }
+
+    fn flash_mask(&self, seed: u64) -> FlashMask {
+        FlashMask {
+            key_lengths: self.lens.clone(),
+            chunk: self.chunk,
+            causal: self.causal,
+            mask: self.tensor_mask.then(|| Tensor::from_vec(self.random_mask(seed), [self.b, 1, self.t1, self.t2], &Device::Cpu).unwrap()),
+        }
+    }
+}
+
+/// The fused op on `x` (q, k, v[, p, u, vb]); the generator seeded first so
+/// the dropout words are those of the composition.
+fn fused(c: &Case, seed: u64) -> Rc<OpFn> {
+    let (c, m) = (c.clone(), c.flash_mask(seed));
+    Rc::new(move |x: &[Tensor]| {
+        rng::manual_seed(seed);
+        let pos = c.pos.map(|_| RelPos { p: &x[3], u: &x[4], vb: &x[5] });
+        ops::flash_attention(&x[0], &x[1], &x[2], pos, &m, c.dropout, c.dropout > 0.0)
+    })
+}
+
+/// The composition the fused op replaces, in the (B, T, H, d_k) layout.
+fn composed(c: &Case, seed: u64) -> Rc<OpFn> {
+    let c = c.clone();
+    let mask = Tensor::from_vec(c.dense_mask(seed), [c.b, 1, c.t1, c.t2], &Device::Cpu).unwrap();
+    Rc::new(move |x: &[Tensor]| -> Result<Tensor> {
+        rng::manual_seed(seed);
+        let heads = |t: &Tensor| ops::permute(t, &[0, 2, 1, 3]);
+        let scale = 1.0 / (c.d as f64).sqrt();
+        let scores = match c.pos {
+            Some(_) => {
+                let p = if x[3].dims()[0] == c.b { x[3].clone() } else { ops::broadcast_to(&x[3], &[c.b, c.t2, c.h, c.d])? };
+                let (qu, qv) = (ops::add(&x[0], &x[4])?, ops::add(&x[0], &x[5])?);
+                ops::matmul_pair_scaled(&heads(&qu)?, &heads(&x[1])?, &heads(&qv)?, &heads(&p)?, false, true, scale)?
+            }
+            None => ops::matmul_scaled(&heads(&x[0])?, &heads(&x[1])?, false, true, scale)?,
+        };
+        let a = ops::masked_softmax(&scores, &mask)?;
+        let a = ops::dropout(&a, c.dropout, c.dropout > 0.0)?;
+        heads(&ops::matmul(&a, &heads(&x[2])?)?)
+    })
+}
+
+/// Input values and shapes.
+type Vals = Vec<(Vec<f64>, Vec<usize>)>;
+
+/// Fresh inputs of `c` and the output weights, rounded to `dtype` once.
+fn inputs(c: &Case, dtype: DType, seed: u64) -> (Vals, Vec<f64>) {
+    let mut r = Rng::new(seed);
+    let vals: Vec<(Vec<f64>, Vec<usize>)> = c
+        .shapes()
+        .into_iter()
+        .map(|s| {
+            let v = draw(&mut r, &s, Kind::Normal);
+            (common::tensor(&v, &s, dtype, &Device::Cpu).to_f64_vec().unwrap(), s)
+        })
+        .collect();
+    // The output weights (the output gradient) rounded to the dtype too, so
+    // a half run's gradient and an f64 run's start from the same numbers.
+    let n = c.b * c.t1 * c.h * c.d;
+    let weights = common::tensor(&r.normal(n), &[n], dtype, &Device::Cpu).to_f64_vec().unwrap();
+    (vals, weights)
+}
+
+const NAMES: [&str; 6] = ["q", "k", "v", "p", "u", "vb"];
+
+/// The output then every gradient of `f` on `dev` in `dtype`.
+fn results(f: &OpFn, vals: &[(Vec<f64>, Vec<usize>)], weights: &[f64], dtype: DType, dev: &Device) -> Vec<Vec<f64>> {
+    let (out, grads) = run_with_grads(f, vals, &vec![true; vals.len()], weights, dtype, dev);
+    std::iter::once(out).chain(grads.into_iter().map(|g| g.expect("a gradient"))).collect()
+}
+
+fn label(i: usize) -> String {
+    if i == 0 {
+        "output".into()
+    } else {
+        format!("gradient of {}", NAMES[i - 1])
+    }
+}
+
+/// Runs `f` on `fd` and `g` on `gd` in `dtype` with the same fresh inputs
+/// (rounded to the dtype once) and compares the output and every gradient.
+#[allow(clippy::too_many_arguments)]
+fn compare(name: &str, c: &Case, f: &OpFn, fd: &Device, g: &OpFn, gd: &Device, dtype: DType, tol: f64, seed: u64) {
+    let (vals, weights) = inputs(c, dtype, seed);
+    let a = results(f, &vals, &weights, dtype, fd);
+    let b = results(g, &vals, &weights, dtype, gd);
+    for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+        close(&format!("{name} {dtype:?} {c:?} {}", label(i)), a, b, tol, seed);
+    }
+}
+
+/// The largest |x − t| / (|t| + rms(t)) over the elements.
+fn rel_err(x: &[f64], t: &[f64]) -> f64 {
+    let rms = (t.iter().map(|v| v * v).sum::<f64>() / t.len().max(1) as f64).sqrt();
+    x.iter().zip(t).map(|(x, t)| if x.is_finite() { (x - t).abs() / (t.abs() + rms).max(f64::MIN_POSITIVE) } else { f64::INFINITY }).fold(0.0, f64::max)
+}
+
+/// In a half dtype the composition rounds its scores, weights and their
+/// gradients to half between its kernels while the fused kernel keeps them
+/// in f32, so the two differ by more than one rounding. Both are measured
+/// against the truth (the CPU op in f64 on the same half inputs): the
+/// fused kernel's error must be within the dtype's tolerance or no larger
+/// than the composition's, for the output and every gradient.
+fn compare_accuracy(c: &Case, dev: &Device, dtype: DType, seed: u64) {
+    let (vals, weights) = inputs(c, dtype, seed);
+    let fusedr = results(&*fused(c, seed), &vals, &weights, dtype, dev);
+    let comp = results(&*composed(c, seed), &vals, &weights, dtype, dev);
+    let truth = results(&*fused(c, seed), &vals, &weights, DType::F64, &Device::Cpu);
+    for i in 0..truth.len() {
+        let (ef, ec) = (rel_err(&fusedr[i], &truth[i]), rel_err(&comp[i], &truth[i]));
+        println!("{dtype:?} {}: fused error {ef:.3e}, composition error {ec:.3e}", label(i));
+        assert!(
+            ef <= ec.max(gpu::tol(dtype)),
+            "{dtype:?} {c:?} {}: fused error {ef:e} above both the composition's {ec:e} and the tolerance {} (seed {seed})",
+            label(i),
+            gpu::tol(dtype)
+        );
+    }
+}
+
+fn case(b: usize, t1: usize, t2: usize, h: usize, d: usize) -> Case {
+    Case { b, t1, t2, h, d, pos: None, lens: None, chunk: None, causal: false, tensor_mask: false, dropout: 0.0 }
+}
+
+/// Every mask kind, rel-pos and plain, dropout on and off; T not a
+/// multiple of 16 and ragged lengths (a 0 gives fully masked rows).
+fn cases(d: usize) -> Vec<Case> {
+    vec![
+        // Rel-pos, one shared table, key padding.
+        Case { pos: Some(1), lens: Some(vec![21, 9, 1]), ..case(3, 21, 21, 2, d) },
+        // Rel-pos, a table per sequence, a chunk of 4 with 1 left chunk, dropout.
+        Case { pos: Some(2), lens: Some(vec![18, 11]), chunk: Some((4, 1)), dropout: 0.2, ..case(2, 18, 18, 2, d) },
+        // Rel-pos, chunk of 5 with every left chunk and a sequence of length 0.
+        Case { pos: Some(1), lens: Some(vec![0, 17]), chunk: Some((5, -1)), ..case(2, 17, 17, 2, d) },
+        // Decoder self-attention: causal with padding, dropout.
+        Case { lens: Some(vec![19, 6]), causal: true, dropout: 0.1, ..case(2, 19, 19, 2, d) },
+        // Cross attention (T1 != T2) with a per-query mask tensor and dropout.
+        Case { tensor_mask: true, dropout: 0.3, ..case(2, 7, 33, 2, d) },
+    ]
+}
+
+#[test]
+fn flash_attention_matches_the_composition_on_the_cpu() {
+    let cpu = Device::Cpu;
+    for d in [8, 64] {
+        for c in cases(d) {
+            let seed = fresh_seed();
+            compare("cpu fused vs composition", &c, &*fused(&c, seed), &cpu, &*composed(&c, seed), &cpu, DType::F64, 1e-10, seed);
+            compare("cpu fused vs composition", &c, &*fused(&c, seed), &cpu, &*composed(&c, seed), &cpu, DType::F32, kernel_tol(DType::F32), seed);
+        }
+    }
+}
+
+#[test]
+fn flash_attention_rejects_bad_shapes_and_masks() {
+    let t = |s: &[usize]| Tensor::zeros(s.to_vec(), DType::F32, &Device::Cpu).unwrap();
+    let (q, k) = (t(&[2, 5, 2, 4]), t(&[2, 6, 2, 4]));
+    let m = FlashMask::default();
+    let e = ops::flash_attention(&q, &t(&[2, 6, 2, 3]), &k, None, &m, 0.0, false).unwrap_err().to_string();
+    assert!(e.contains("(2, T2, 2, 4)"), "{e}");
+    let e = ops::flash_attention(&q, &k, &k, None, &FlashMask { key_lengths: Some(vec![1]), ..Default::default() }, 0.0, false).unwrap_err().to_string();
+    assert!(e.contains("2 key lengths") && e.contains('1'), "{e}");
+    let e = ops::flash_attention(&q, &k, &k, None, &FlashMask { chunk: Some((0, -1)), ..Default::default() }, 0.0, false).unwrap_err().to_string();
+    assert!(e.contains("chunk size"), "{e}");
+    let (p, u) = (t(&[3, 6, 2, 4]), t(&[2, 4]));
+    let e = ops::flash_attention(&q, &k, &k, Some(RelPos { p: &p, u: &u, vb: &u }), &m, 0.0, false).unwrap_err().to_string();
+    assert!(e.contains("1 or 2"), "{e}");
+    let e = ops::flash_attention(&q, &k, &k, None, &m, 1.5, true).unwrap_err().to_string();
+    assert!(e.contains("dropout"), "{e}");
+}
+
+/// The tolerance of `dt` for the kernel against the CPU op or the f32
+/// composition: the harness's, three times over in f32, where the
+/// gradients are sums over T of recomputed probabilities (exp of a d_k-term
+/// dot product) times differences (dout·v − D) that cancel, a longer chain
+/// of f32 roundings than one reduction (measured: up to 1.006 × 1e-5 in
+/// 60 runs); half results are dominated by their one final rounding.
+fn kernel_tol(dt: DType) -> f64 {
+    if dt == DType::F32 {
+        3.0 * gpu::F32
+    } else {
+        gpu::tol(dt)
+    }
+}
+
+#[test]
+fn flash_attention_kernel_matches_the_cpu_op() {
+    let Some(dev) = gpu("flash_attention_kernel_matches_the_cpu_op") else { return };
+    let cpu = Device::Cpu;
+    for c in cases(64) {
+        let seed = fresh_seed();
+        for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+            compare("kernel vs cpu op", &c, &*fused(&c, seed), &dev, &*fused(&c, seed), &cpu, dt, kernel_tol(dt), seed);
+        }
+    }
+    // d_k 128, and more (sequence, head, tile) units (4·4·3 = 48) than the
+    // capped grid of 37 blocks, so the kernels' unit loops wrap.
+    let big = [
+        Case { pos: Some(1), lens: Some(vec![20, 33, 7]), chunk: Some((8, 2)), dropout: 0.1, ..case(3, 33, 33, 2, 128) },
+        Case { pos: Some(1), lens: Some(vec![37, 30, 21, 2]), ..case(4, 37, 37, 4, 16) },
+    ];
+    for c in big {
+        let seed = fresh_seed();
+        for dt in [DType::F32, DType::BF16] {
+            compare("kernel vs cpu op", &c, &*fused(&c, seed), &dev, &*fused(&c, seed), &cpu, dt, kernel_tol(dt), seed);
+        }
+    }
+}
+
+#[test]
+fn flash_attention_kernel_matches_the_composition_on_the_gpu() {
+    let Some(dev) = gpu("flash_attention_kernel_matches_the_composition_on_the_gpu") else { return };
+    for c in cases(64) {
+        let seed = fresh_seed();
+        compare("kernel vs composition", &c, &*fused(&c, seed), &dev, &*composed(&c, seed), &dev, DType::F32, kernel_tol(DType::F32), seed);
+        for dt in [DType::F16, DType::BF16] {
+            compare_accuracy(&c, &dev, dt, seed);
+        }
+    }
+}
+
+// ---- the layers with the fusion switch on and off ----
+
+use asrforge::nn::{AttentionMask, Module, MultiHeadedAttention, RelPositionMultiHeadedAttention};
+use asrforge::ops::fusion::{self, Fusion};
+
+/// Output and gradients (every parameter in `named_parameters` order, then
+/// the inputs) of `run` with the attention fusion `on`, the generator
+/// reseeded so dropout draws the same words either way.
+fn layer_run(m: &dyn Module, inputs: &[Tensor], on: bool, seed: u64, run: &dyn Fn() -> Result<Tensor>) -> (Vec<f64>, Vec<(String, Vec<f64>)>) {
+    fusion::set_enabled(if on { &[Fusion::Attention] } else { &[] });
+    rng::manual_seed(seed);
+    let y = run().unwrap();
+    fusion::set_enabled(&[]);
+    let w = Tensor::randn(y.dims().to_vec(), 0.0, 1.0, DType::F32, &mut Rng::new(seed ^ 1), &Device::Cpu).unwrap().to_device(&y.device()).unwrap();
+    let loss = ops::sum_all(&ops::mul(&ops::to_dtype(&y, DType::F32).unwrap(), &w).unwrap()).unwrap();
+    asrforge::autograd::backward(&loss).unwrap();
+    let mut grads = vec![];
+    let mut leaves = m.named_parameters();
+    leaves.extend(inputs.iter().enumerate().map(|(i, t)| (format!("input {i}"), t.clone())));
+    for (name, t) in leaves {
+        let g = t.grad().unwrap_or_else(|| panic!("{name} has no gradient"));
+        grads.push((name, g.to_f64_vec().unwrap()));
+        t.zero_grad();
+    }
+    (y.to_f64_vec().unwrap(), grads)
+}
+
+fn input_on(shape: &[usize], dev: &Device, rng: &mut Rng) -> Tensor {
+    Tensor::randn(shape.to_vec(), 0.0, 1.0, DType::F32, rng, &Device::Cpu).unwrap().to_device(dev).unwrap().requires_grad_()
+}
+
+fn move_layer(m: &dyn Module, dev: &Device) {
+    for (_, t) in m.named_parameters() {
+        t.move_to_device(dev).unwrap();
+    }
+}
+
+fn layer_compare(what: &str, m: &dyn Module, inputs: &[Tensor], seed: u64, run: &dyn Fn() -> Result<Tensor>) {
+    let (yc, gc) = layer_run(m, inputs, false, seed, run);
+    let (yf, gf) = layer_run(m, inputs, true, seed, run);
+    close(&format!("{what} output"), &yf, &yc, kernel_tol(DType::F32), seed);
+    let rms = |v: &[f64]| (v.iter().map(|x| x * x).sum::<f64>() / v.len().max(1) as f64).sqrt();
+    for ((name, a), (_, b)) in gf.iter().zip(&gc) {
+        // A bias gradient is Σ over the B·T rows of the layer's output
+        // gradient, and linear_k's is 0 in exact arithmetic (softmax ignores
+        // a constant added to every score of a row): its rounding scales
+        // with the terms, √(B·T)·rms(rows) ≈ rms of the same layer's weight
+        // gradient (inputs of unit variance), the floor used here.
+        let floor = match name.strip_suffix(".bias") {
+            Some(l) => gc.iter().find(|(n, _)| *n == format!("{l}.weight")).map_or(0.0, |(_, w)| rms(w)),
+            None => 0.0,
+        };
+        common::gpu::assert_close_floor(&format!("{what} gradient of {name}"), a, b, kernel_tol(DType::F32), floor, seed);
+    }
+}
+
+/// The encoder's rel-pos self-attention (key padding), the decoder's causal
+/// self-attention and its cross attention (T1 != T2), d = 128 with 2 heads
+/// (d_k 64), dropout 0.1, in f32 on the CPU and on the GPU: the fusion
+/// switch changes outputs and gradients by no more than f32 rounding.
+#[test]
+fn attention_layers_match_with_the_fusion_on_and_off() {
+    let mut devs = vec![Device::Cpu];
+    devs.extend(gpu("attention_layers_match_with_the_fusion_on_and_off"));
+    for dev in devs {
+        let seed = fresh_seed();
+        let mut rng = Rng::new(seed);
+        let (b, t, ts, d, h) = (2, 19, 23, 128, 2);
+        let rel = RelPositionMultiHeadedAttention::new(h, d, 0.1, DType::F32, &mut rng).unwrap();
+        let plain = MultiHeadedAttention::new(h, d, 0.1, DType::F32, &mut rng).unwrap();
+        move_layer(&rel, &dev);
+        move_layer(&plain, &dev);
+        let x = input_on(&[b, t, d], &dev, &mut rng);
+        let pos = input_on(&[1, t, d], &dev, &mut rng);
+        let mem = input_on(&[b, ts, d], &dev, &mut rng);
+        let pad = AttentionMask::key_padding(&[t, 11], t).unwrap();
+        let causal = AttentionMask::causal_padding(&[t, 7], t).unwrap();
+        let src = AttentionMask::key_padding(&[ts, 5], ts).unwrap();
+        let name = |s: &str| format!("{s} on {dev:?}");
+        layer_compare(&name("rel-pos self-attention"), &rel, &[x.clone(), pos.clone()], seed, &|| rel.forward(&x, &x, &x, Some(&pad), &pos));
+        layer_compare(&name("causal self-attention"), &plain, std::slice::from_ref(&x), seed, &|| plain.forward(&x, &x, &x, Some(&causal)));
+        layer_compare(&name("cross attention"), &plain, &[x.clone(), mem.clone()], seed, &|| plain.forward(&x, &mem, &mem, Some(&src)));
+    }
+}
