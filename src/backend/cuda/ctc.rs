@@ -2,7 +2,7 @@
 //! the same checks, per-sequence nll and the true derivative with respect
 //! to the log-probabilities, one block per sequence with f64 α/β.
 
-use super::{dtype_suffix, Arg, CudaStorage, LaunchConfig};
+use super::{kernels, CudaStorage, LaunchConfig};
 use crate::backend::cpu::ctc::{check, CtcDims};
 use crate::backend::cpu::CpuStorage;
 use crate::error::{Error, Result};
@@ -47,26 +47,24 @@ pub fn ctc_loss(lp: &CudaStorage, targets: &[i64], il: &[usize], tl: &[usize], d
             &dummy
         }
     };
-    dev.launch(
-        "ctc",
-        &format!("ctc_loss_{}", dtype_suffix(dt)),
+    kernels::ctc::ctc_loss(
+        dev,
+        dt,
         LaunchConfig::rows(d.b, THREADS),
-        &[
-            Arg::Ptr(lp),
-            Arg::Ptr(&tg),
-            Arg::Ptr(&ils),
-            Arg::Ptr(&tls),
-            Arg::Ptr(&alpha),
-            Arg::Ptr(&beta),
-            Arg::Ptr(&nll),
-            Arg::Ptr(g),
-            Arg::I64(d.b as i64),
-            Arg::I64(d.t as i64),
-            Arg::I64(d.v as i64),
-            Arg::I64(d.s as i64),
-            Arg::I64(d.blank as i64),
-            Arg::I32((want_grad && n > 0) as i32),
-        ],
+        lp,
+        &tg,
+        &ils,
+        &tls,
+        &alpha,
+        &beta,
+        &nll,
+        g,
+        d.b as i64,
+        d.t as i64,
+        d.v as i64,
+        d.s as i64,
+        d.blank as i64,
+        (want_grad && n > 0) as i32,
     )?;
     Ok((nll, grad))
 }
