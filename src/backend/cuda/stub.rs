@@ -155,6 +155,10 @@ pub mod blas {
     pub fn matmul(_d: &MatmulDims, a: &CudaStorage, _b: &CudaStorage) -> Result<CudaStorage> {
         match *a {}
     }
+    /// `alpha·a·b (+ acc)`.
+    pub fn matmul_scaled(_d: &MatmulDims, a: &CudaStorage, _b: &CudaStorage, _alpha: f64, _acc: Option<CudaStorage>) -> Result<CudaStorage> {
+        match *a {}
+    }
     /// Allows TF32 for f32 products (no effect in this build).
     pub fn set_allow_tf32(_allow: bool) {}
     /// Whether f32 products may use TF32.
