@@ -96,7 +96,7 @@ pub fn add_scaled(a: &CudaStorage, b: &CudaStorage, c: f64) -> Result<CudaStorag
 }
 
 /// `y = x^p`.
-pub fn powf(x: &CudaStorage, p: f64) -> Result<CudaStorage> {
+pub fn pow(x: &CudaStorage, p: f64) -> Result<CudaStorage> {
     float_only("pow", x)?;
     let dev = x.device();
     let y = dev.alloc(x.dtype(), x.len())?;

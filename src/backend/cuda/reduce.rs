@@ -177,7 +177,7 @@ pub fn max_dim_backward(g: &CudaStorage, arg: &CudaStorage, outer: usize, n: usi
     let dev = g.device();
     let out = dev.zeros(g.dtype(), outer * n * inner)?;
     if outer * inner > 0 {
-        k::max_bwd(dev, g.dtype(), LaunchConfig::for_elems(outer * inner), g, arg, &out, i(outer), i(n), i(inner))?;
+        k::max_dim_bwd(dev, g.dtype(), LaunchConfig::for_elems(outer * inner), g, arg, &out, i(outer), i(n), i(inner))?;
     }
     Ok(out)
 }
