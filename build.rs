@@ -753,7 +753,7 @@ fn write_bindings(out_dir: &Path, scans: &[(String, CuScan)]) {
     let mut id = 0usize;
     for (stem, scan) in scans {
         // (family, [(kernel index, dtypes, sig)]) in file order.
-        let mut families: Vec<(String, Vec<(usize, Vec<&str>, &KernelSig)>)> = Vec::new();
+        let mut families: Vec<(String, Vec<Member>)> = Vec::new();
         for k in &scan.signatures {
             let (fam, dts) = split_family(&k.name);
             let ptr_dts: Vec<String> = k
@@ -812,8 +812,11 @@ fn write_bindings(out_dir: &Path, scans: &[(String, CuScan)]) {
     std::fs::write(&dst, c).unwrap_or_else(|e| panic!("cannot write {}: {e}", dst.display()));
 }
 
-/// One generated launch function: `members` are (kernel id, dtypes, signature).
-fn write_fn(out: &mut String, check: &mut String, stem: &str, fname: &str, members: &[(usize, Vec<&str>, &KernelSig)], params: &[RustParam]) {
+/// One kernel of a family: (kernel id, dtypes, signature).
+type Member<'a> = (usize, Vec<&'static str>, &'a KernelSig);
+
+/// One generated launch function.
+fn write_fn(out: &mut String, check: &mut String, stem: &str, fname: &str, members: &[Member], params: &[RustParam]) {
     use std::fmt::Write;
     let kinds: Vec<String> = params.iter().map(|p| format!("<{} as Accepts>::CODES", p.ty)).collect();
     for (_, _, k) in members {
