@@ -1,9 +1,11 @@
 //! `CudaDevice`: one per GPU per process. It holds the driver seam (the real
 //! driver or the emulator, with the compute stream every kernel, copy and
 //! cuBLAS call is ordered on), the caching allocator, and the kernel
-//! functions, resolved by `module/kernel` name once and cached with their C
-//! signatures. While the step profile is on, each launch is recorded with
-//! the bytes of its buffers (see `profile.rs`).
+//! functions, one slot per kernel id of `kernels::KERNEL_TABLE`, resolved
+//! at the kernel's first launch (the generated launch functions of
+//! `kernels` call [`CudaDevice::launch_kernel`]). While the step profile is
+//! on, each launch is recorded with the bytes of its buffers (see
+//! `profile.rs`).
 
 use super::alloc::Pool;
 use super::driver::{self, Counters, DevPtr, DriverKind, Event, Func, Seam, Stream, COMPUTE};
