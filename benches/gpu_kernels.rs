@@ -10,7 +10,8 @@
 //! and broadcast and permute by the u32 (host divisors) and 64-bit kernels;
 //! the scaled attention-score pair and `add_scaled` against their unfused
 //! launches; relative-position flash attention against its composition.
-//! It prints the launches of one (2048, 256) bias-gradient reduction.
+//! It prints the launches of one (2048, 256) bias-gradient reduction, and
+//! the host-side cost of one launch (`gpu_launch`).
 //!
 //! Without a GPU it prints why and benches nothing; under
 //! `ASRFORGE_CUDA_EMU=1` it runs on the emulator, which only shows that it
@@ -236,5 +237,57 @@ fn flash_attention_vs_composition(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, gpu_kernels, reduce_and_index, flash_attention_vs_composition);
+/// Host-side cost of one launch: a one-element `affine_f32` (one block of
+/// 32 threads) launched 10 000 times per sample through the generated
+/// typed function, then one synchronisation. On the emulator the kernel
+/// itself runs inside the launch (its fiber scheduler, about a microsecond),
+/// so the number is the emulated launch; the wrapper's own share is what
+/// the typed path removed (string formatting, a mutex and map lookup, an
+/// environment read and three Vecs per launch before). It also prints the
+/// fastest and median of 30 runs of 10 000 launches timed by hand.
+fn launch_overhead(c: &mut Criterion) {
+    use asrforge::backend::cuda;
+    let Ok(_) = Device::cuda(0) else { return };
+    let dev = cuda::device(0).unwrap();
+    let x = dev.zeros(DType::F32, 1).unwrap();
+    let y = dev.alloc(DType::F32, 1).unwrap();
+    let cfg = cuda::LaunchConfig { grid: (1, 1, 1), block: (32, 1, 1), shared_bytes: 0 };
+    const N: usize = 10_000;
+    let run = || {
+        for _ in 0..N {
+            cuda::kernels::elementwise::affine(&dev, DType::F32, cfg, &x, &y, 2.0, 1.0, 1).unwrap();
+        }
+        dev.synchronize().unwrap();
+    };
+    run();
+    // The fastest and the median of 30 timed runs (the fastest is the least
+    // disturbed by other work on a shared machine).
+    // Wall time, and this thread's CPU time (which other processes on a
+    // shared machine do not inflate; the emulator runs a one-block launch
+    // on the launching thread).
+    let cpu = || {
+        let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).unwrap();
+        t.tv_sec() as f64 * 1e6 + t.tv_nsec() as f64 * 1e-3
+    };
+    let (mut wall, mut thread): (Vec<f64>, Vec<f64>) = (0..30)
+        .map(|_| {
+            let (t, c) = (std::time::Instant::now(), cpu());
+            run();
+            (t.elapsed().as_secs_f64() * 1e6 / N as f64, (cpu() - c) / N as f64)
+        })
+        .unzip();
+    wall.sort_by(f64::total_cmp);
+    thread.sort_by(f64::total_cmp);
+    let kind = if dev.is_emulated() { "emulated" } else { "GPU" };
+    println!(
+        "launch overhead ({kind}, 30 x 10 000 launches of a 1-element affine_f32): wall {:.3} us fastest, {:.3} median; thread CPU {:.3} us fastest, {:.3} median",
+        wall[0], wall[15], thread[0], thread[15]
+    );
+    let mut group = c.benchmark_group("gpu_launch");
+    group.sample_size(10);
+    group.bench_function("launch_affine_f32_1elem_x10000", |bn| bn.iter(run));
+    group.finish();
+}
+
+criterion_group!(benches, gpu_kernels, reduce_and_index, flash_attention_vs_composition, launch_overhead);
 criterion_main!(benches);

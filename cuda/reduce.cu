@@ -20,7 +20,7 @@
 //       end (4x300x129 halves summed dim by dim in f16 overflow to inf).
 //   max_dim_{dt}(x, val, arg, outer, n, inner): value and first arg-max;
 //       NaN propagates (the first NaN wins), as on the CPU.
-//   max_bwd_{dt}(g, arg, out, outer, n, inner): out (zeroed by the host)
+//   max_dim_bwd_{dt}(g, arg, out, outer, n, inner): out (zeroed by the host)
 //       gets g at the arg-max positions.
 //   expand_dim_{dt}(x, y, outer, n, inner): y[o,k,j] = x[o,j].
 #include "common.cuh"
@@ -167,7 +167,7 @@ __device__ void max_dim(const T* x, T* val, i64* arg, i64 outer, i64 n, i64 inne
 }
 
 template <typename T>
-__device__ void max_bwd(const T* g, const i64* arg, T* out, i64 outer, i64 n, i64 inner) {
+__device__ void max_dim_bwd(const T* g, const i64* arg, T* out, i64 outer, i64 n, i64 inner) {
     GRID_LOOP(i, outer * inner) {
         i64 o = i / inner, j = i % inner;
         out[o * n * inner + arg[i] * inner + j] = g[i];
@@ -197,8 +197,8 @@ __device__ void expand_dim(const T* x, T* y, i64 outer, i64 n, i64 inner) {
     extern "C" __global__ void max_dim_##dt(const T* x, T* val, i64* arg, i64 outer, i64 n, i64 inner) {      \
         max_dim<T>(x, val, arg, outer, n, inner);                                                               \
     }                                                                                                           \
-    extern "C" __global__ void max_bwd_##dt(const T* g, const i64* arg, T* out, i64 outer, i64 n, i64 inner) { \
-        max_bwd<T>(g, arg, out, outer, n, inner);                                                               \
+    extern "C" __global__ void max_dim_bwd_##dt(const T* g, const i64* arg, T* out, i64 outer, i64 n, i64 inner) { \
+        max_dim_bwd<T>(g, arg, out, outer, n, inner);                                                               \
     }                                                                                                           \
     extern "C" __global__ void expand_dim_##dt(const T* x, T* y, i64 outer, i64 n, i64 inner) {               \
         expand_dim<T>(x, y, outer, n, inner);                                                                   \

@@ -11,7 +11,7 @@
 use asrforge::backend::cpu::CpuStorage;
 use asrforge::backend::cuda::blas::{self, GemmSpec};
 use asrforge::backend::cuda::blaslt::{self, MatrixLayout};
-use asrforge::backend::cuda::{self, Arg, CudaDevice, CudaStorage, LaunchConfig};
+use asrforge::backend::cuda::{self, kernels, CudaDevice, CudaStorage, LaunchConfig};
 use asrforge::tensor::Rng;
 use asrforge::{DType, Device};
 use half::{bf16, f16};
@@ -243,7 +243,7 @@ fn a_write_past_a_buffer_is_caught_by_its_guard_naming_the_kernel() {
     let x = CudaStorage::from_cpu(&dev, &CpuStorage::F32(vec![1.5; n + 1])).unwrap();
     let y = dev.alloc(DType::F64, n).unwrap();
     // The cast kernel told one element more than y holds writes 8 bytes past its end.
-    let e = dev.launch("cast", "cast_f32_f64", LaunchConfig::for_elems(n + 1), &[Arg::Ptr(&x), Arg::Ptr(&y), Arg::I64(n as i64 + 1)]).unwrap_err().to_string();
+    let e = kernels::cast::cast(&dev, DType::F32, DType::F64, LaunchConfig::for_elems(n + 1), &x, &y, n as i64 + 1).unwrap_err().to_string();
     assert!(e.contains("cast/cast_f32_f64"), "the error must name the kernel: {e}");
     assert!(e.contains("800 bytes"), "the error must name the buffer's size: {e}");
     assert!(e.contains("past its end"), "{e}");
@@ -255,7 +255,7 @@ fn a_write_past_a_buffer_is_caught_by_its_guard_naming_the_kernel() {
     dev.synchronize().expect("a fault is reported once");
     // The same launch within bounds passes and leaves every guard intact.
     let y2 = dev.alloc(DType::F64, n + 1).unwrap();
-    dev.launch("cast", "cast_f32_f64", LaunchConfig::for_elems(n + 1), &[Arg::Ptr(&x), Arg::Ptr(&y2), Arg::I64(n as i64 + 1)]).unwrap();
+    kernels::cast::cast(&dev, DType::F32, DType::F64, LaunchConfig::for_elems(n + 1), &x, &y2, n as i64 + 1).unwrap();
     assert_eq!(values(&y2), vec![1.5; n + 1]);
 }
 

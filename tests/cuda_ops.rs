@@ -9,7 +9,7 @@
 
 mod common;
 
-use asrforge::backend::cuda::{self, Arg, LaunchConfig};
+use asrforge::backend::cuda::{self, kernels, LaunchConfig};
 use asrforge::ops;
 use asrforge::tensor::Rng;
 use asrforge::{DType, Device, Result, Tensor};
@@ -406,14 +406,17 @@ fn out_of_memory_names_the_size_and_the_pool() {
 }
 
 #[test]
-fn a_missing_kernel_is_named() {
-    let Some(_) = gpu("a_missing_kernel_is_named") else { return };
+fn a_dtype_without_a_kernel_and_a_buffer_of_another_type_are_named() {
+    let Some(_) = gpu("a_dtype_without_a_kernel_and_a_buffer_of_another_type_are_named") else { return };
     let d = cuda::device(0).unwrap();
-    let x = d.alloc(DType::F32, 16).unwrap();
-    let e = d.launch("elementwise", "no_such_kernel_f32", LaunchConfig::for_elems(16), &[Arg::Ptr(&x)]).unwrap_err().to_string();
-    assert!(e.contains("elementwise/no_such_kernel_f32"), "{e}");
-    let e = d.launch("no_such_module", "k_f32", LaunchConfig::for_elems(16), &[]).unwrap_err().to_string();
-    assert!(e.contains("no_such_module"), "{e}");
+    let (x, y) = (d.alloc(DType::I64, 16).unwrap(), d.alloc(DType::I64, 16).unwrap());
+    // softmax has f32, f64, f16 and bf16 kernels only.
+    let e = kernels::softmax::softmax_fwd(&d, DType::I64, LaunchConfig::rows(1, 256), &x, &y, 1, 16).unwrap_err().to_string();
+    assert!(e.contains("softmax/softmax_fwd") && e.contains("no kernel for i64") && e.contains("f32, f64, f16, bf16"), "{e}");
+    // The f32 kernel given an f64 output buffer.
+    let (xf, yd) = (d.alloc(DType::F32, 16).unwrap(), d.alloc(DType::F64, 16).unwrap());
+    let e = kernels::softmax::softmax_fwd(&d, DType::F32, LaunchConfig::rows(1, 256), &xf, &yd, 1, 16).unwrap_err().to_string();
+    assert!(e.contains("softmax/softmax_fwd_f32") && e.contains("pointer argument 1 expects f32 elements, got a f64 buffer"), "{e}");
 }
 
 #[test]

@@ -11,7 +11,7 @@
 mod common;
 
 use asrforge::backend::cpu::CpuStorage;
-use asrforge::backend::cuda::{self, kernels, Arg, CudaStorage, LaunchConfig};
+use asrforge::backend::cuda::{self, kernels, CudaStorage, LaunchConfig};
 use asrforge::tensor::Rng;
 use asrforge::train::bench::{run_bench_train, BenchTrainArgs};
 use asrforge::{DType, Device, Tensor};
@@ -106,8 +106,8 @@ fn a_known_kernel_and_a_product_are_counted_from_their_tensors_sizes() {
 }
 
 #[test]
-fn a_launch_that_does_not_match_the_kernels_c_signature_fails_naming_the_argument() {
-    let Some(Device::Cuda(ord)) = common::gpu::gpu("a_launch_that_does_not_match_the_kernels_c_signature_fails_naming_the_argument") else { return };
+fn a_launch_whose_buffers_do_not_match_the_kernels_c_types_fails_naming_the_argument() {
+    let Some(Device::Cuda(ord)) = common::gpu::gpu("a_launch_whose_buffers_do_not_match_the_kernels_c_types_fails_naming_the_argument") else { return };
     let _s = serial();
     // build.rs scanned `cast_f32_bf16(const float* x, bf16* y, i64 n)` and
     // `add_bcast_f32(const T* a, const T* b, T* y, Bcast bc, i64 n)`.
@@ -119,14 +119,15 @@ fn a_launch_that_does_not_match_the_kernels_c_signature_fails_naming_the_argumen
     let x = CudaStorage::from_cpu(&dev, &CpuStorage::F32((0..n).map(|i| i as f32 * 0.25).collect())).unwrap();
     let y = dev.alloc(DType::BF16, n).unwrap();
     let cfg = LaunchConfig::for_elems(n);
-    let e = dev.launch("cast", "cast_f32_bf16", cfg, &[Arg::Ptr(&x), Arg::Ptr(&y)]).unwrap_err().to_string();
-    assert!(e.contains("cast/cast_f32_bf16") && e.contains("2 argument(s) passed") && e.contains("has 3"), "{e}");
-    let e = dev.launch("cast", "cast_f32_bf16", cfg, &[Arg::Ptr(&x), Arg::Ptr(&y), Arg::U32(n as u32)]).unwrap_err().to_string();
-    assert!(e.contains("argument 2 is U32") && e.contains("Int64"), "{e}");
-    let e = dev.launch("cast", "cast_f32_bf16", cfg, &[Arg::Ptr(&x), Arg::F64(1.0), Arg::I64(n as i64)]).unwrap_err().to_string();
-    assert!(e.contains("argument 1 is F64") && e.contains("Out"), "{e}");
+    // A wrong argument count or kind no longer compiles (the launch
+    // functions are generated from the signatures); the element types of
+    // the buffers are checked at the launch.
+    let e = kernels::cast::cast(&dev, DType::F32, DType::BF16, cfg, &x, &x, n as i64).unwrap_err().to_string();
+    assert!(e.contains("cast/cast_f32_bf16") && e.contains("pointer argument 1 expects bf16 elements, got a f32 buffer"), "{e}");
+    let e = kernels::cast::cast(&dev, DType::F16, DType::BF16, cfg, &x, &y, n as i64).unwrap_err().to_string();
+    assert!(e.contains("cast/cast_f16_bf16") && e.contains("pointer argument 0 expects f16 elements, got a f32 buffer"), "{e}");
     // The matching launch runs, and rounds each value to bf16 (exact here: multiples of 1/4 below 75).
-    dev.launch("cast", "cast_f32_bf16", cfg, &[Arg::Ptr(&x), Arg::Ptr(&y), Arg::I64(n as i64)]).unwrap();
+    kernels::cast::cast(&dev, DType::F32, DType::BF16, cfg, &x, &y, n as i64).unwrap();
     let CpuStorage::BF16(v) = y.to_cpu().unwrap() else { panic!("bf16 storage") };
     for (i, b) in v.iter().enumerate() {
         assert_eq!(b.to_f32(), half::bf16::from_f32(i as f32 * 0.25).to_f32(), "element {i}");

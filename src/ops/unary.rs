@@ -87,8 +87,8 @@ pub fn affine(x: &Tensor, a: f64, b: f64) -> Result<Tensor> {
 /// `x^p` for a scalar exponent.
 pub fn pow(x: &Tensor, p: f64) -> Result<Tensor> {
     let y = match &*x.storage() {
-        Storage::Cpu(c) => Storage::Cpu(k::powf(c, p)?),
-        Storage::Cuda(c) => Storage::Cuda(cuda::elementwise::powf(c, p)?),
+        Storage::Cpu(c) => Storage::Cpu(k::pow(c, p)?),
+        Storage::Cuda(c) => Storage::Cuda(cuda::elementwise::pow(c, p)?),
     };
     let y = out_storage(y, x.shape().clone());
     let xs = x.detach();

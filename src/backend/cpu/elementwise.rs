@@ -217,7 +217,7 @@ pub fn add_scaled(a: &CpuStorage, b: &CpuStorage, c: f64) -> Result<CpuStorage> 
 }
 
 /// `y = x^p`.
-pub fn powf(x: &CpuStorage, p: f64) -> Result<CpuStorage> {
+pub fn pow(x: &CpuStorage, p: f64) -> Result<CpuStorage> {
     Ok(float_match!("pow", x, |x| {
         let pp = super::of_as(x, p);
         Float::store(map(x, |v| v.powf(pp)))

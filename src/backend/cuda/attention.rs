@@ -6,7 +6,7 @@
 //! (sequence, head, tile), so any grid covers them.
 
 use super::nn_common::{expect_dtype, expect_len, same, FLOATS};
-use super::{launch::scalar_arg, Arg, CudaStorage, LaunchConfig};
+use super::{kernels, CudaStorage, LaunchConfig};
 use crate::backend::cpu::attention::{AttentionDims, AttentionDropout, AttentionRule};
 use crate::error::{Error, Result};
 use crate::tensor::DType;
@@ -55,12 +55,47 @@ fn cfg(units: usize) -> LaunchConfig {
     LaunchConfig { grid: (units.clamp(1, super::launch::max_grid() as usize) as u32, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 }
 }
 
-/// `s`, or `dummy` (a valid buffer the kernel never reads, as `flags` says).
-fn ptr_or<'a>(s: Option<&'a CudaStorage>, dummy: &'a CudaStorage) -> Arg<'a> {
-    Arg::Ptr(s.unwrap_or(dummy))
+/// The leading parameters every attention kernel takes (ATT_PARAMS), checked
+/// and resolved: absent optional inputs are replaced by valid buffers of
+/// the parameter's type that the kernel never reads (as `flags` says).
+struct Common<'a> {
+    q: &'a CudaStorage,
+    k: &'a CudaStorage,
+    v: &'a CudaStorage,
+    p: &'a CudaStorage,
+    flags: u32,
+    u: &'a CudaStorage,
+    vb: &'a CudaStorage,
+    dims: [u32; 5],
+    scale: f64,
+    lens: &'a CudaStorage,
+    chunk: u32,
+    left: i32,
+    causal: u32,
+    mask: &'a CudaStorage,
+    strides: [u64; 3],
+    seed: u64,
+    offset: u64,
+    keep: f64,
+    dscale: f64,
 }
 
-/// Checks the operands and builds the parameters every kernel starts with.
+/// Stand-ins for absent optional inputs: one element of the compute type
+/// (for u and vb), of i64 (the key lengths) and of u8 (the mask).
+struct Dummies {
+    acc: CudaStorage,
+    lens: CudaStorage,
+    mask: CudaStorage,
+}
+
+impl Dummies {
+    fn new(q: &CudaStorage) -> Result<Dummies> {
+        let dev = q.device();
+        Ok(Dummies { acc: dev.alloc(acc_dtype(q.dtype()), 1)?, lens: dev.alloc(DType::I64, 1)?, mask: dev.alloc(DType::U8, 1)? })
+    }
+}
+
+/// Checks the operands and resolves the parameters every kernel starts with.
 #[allow(clippy::too_many_arguments)]
 fn common<'a>(
     op: &'static str,
@@ -72,7 +107,8 @@ fn common<'a>(
     rule: &AttentionRule,
     m: MaskGpu<'a>,
     drop: &AttentionDropout,
-) -> Result<Vec<Arg<'a>>> {
+    dummies: &'a Dummies,
+) -> Result<Common<'a>> {
     expect_dtype(op, q, FLOATS)?;
     same(op, q, k)?;
     same(op, q, v)?;
@@ -109,42 +145,36 @@ fn common<'a>(
             return Err(Error::ShapeMismatch { op, expected: format!("a mask of more than {last} bytes"), got: format!("{} bytes", mk.len()) });
         }
     }
-    let u32a = |what: &str, x: usize| super::nn_common::u32_arg(op, what, x).map(Arg::U32);
+    let u32a = |what: &str, x: usize| super::nn_common::u32_arg(op, what, x);
     let flags = u32::from(pos.is_some())
         | (u32::from(pos.is_some() && n.pos_batch == n.batch && n.batch > 1) << 1)
         | (u32::from(m.lens.is_some()) << 2)
         | (u32::from(m.mask.is_some()) << 3);
     let (p, u, vb) = match pos {
-        Some((p, u, vb)) => (Some(p), Some(u), Some(vb)),
-        None => (None, None, None),
+        Some((p, u, vb)) => (p, u, vb),
+        None => (q, &dummies.acc, &dummies.acc),
     };
-    Ok(vec![
-        Arg::Ptr(q),
-        Arg::Ptr(k),
-        Arg::Ptr(v),
-        ptr_or(p, q),
-        Arg::U32(flags),
-        ptr_or(u, q),
-        ptr_or(vb, q),
-        u32a("batch", n.batch)?,
-        u32a("t1", n.t1)?,
-        u32a("t2", n.t2)?,
-        u32a("heads", n.heads)?,
-        u32a("d_k", n.d_k)?,
-        scalar_arg(q.dtype(), 1.0 / (n.d_k as f64).sqrt()),
-        ptr_or(m.lens, q),
-        u32a("chunk size", rule.chunk)?,
-        Arg::I32(rule.left_chunks.clamp(-1, i32::MAX as i64) as i32),
-        Arg::U32(u32::from(rule.causal)),
-        ptr_or(m.mask, q),
-        Arg::U64(rule.mask_strides[0] as u64),
-        Arg::U64(rule.mask_strides[1] as u64),
-        Arg::U64(rule.mask_strides[2] as u64),
-        Arg::U64(drop.seed),
-        Arg::U64(drop.offset),
-        Arg::F64(1.0 - drop.p),
-        Arg::F64(if drop.p < 1.0 { 1.0 / (1.0 - drop.p) } else { 0.0 }),
-    ])
+    Ok(Common {
+        q,
+        k,
+        v,
+        p,
+        flags,
+        u,
+        vb,
+        dims: [u32a("batch", n.batch)?, u32a("t1", n.t1)?, u32a("t2", n.t2)?, u32a("heads", n.heads)?, u32a("d_k", n.d_k)?],
+        scale: 1.0 / (n.d_k as f64).sqrt(),
+        lens: m.lens.unwrap_or(&dummies.lens),
+        chunk: u32a("chunk size", rule.chunk)?,
+        left: rule.left_chunks.clamp(-1, i32::MAX as i64) as i32,
+        causal: u32::from(rule.causal),
+        mask: m.mask.unwrap_or(&dummies.mask),
+        strides: [rule.mask_strides[0] as u64, rule.mask_strides[1] as u64, rule.mask_strides[2] as u64],
+        seed: drop.seed,
+        offset: drop.offset,
+        keep: 1.0 - drop.p,
+        dscale: if drop.p < 1.0 { 1.0 / (1.0 - drop.p) } else { 0.0 },
+    })
 }
 
 /// The output (batch, t1, heads, d_k) in q's dtype and the log-sum-exp
@@ -161,18 +191,50 @@ pub fn flash_attention(
     drop: &AttentionDropout,
 ) -> Result<(CudaStorage, CudaStorage)> {
     let op = "flash_attention";
-    let mut args = common(op, q, k, v, pos, n, rule, m, drop)?;
+    let dummies = Dummies::new(q)?;
+    let c = common(op, q, k, v, pos, n, rule, m, drop, &dummies)?;
     let dev = q.device();
     let dt = q.dtype();
     let o = dev.alloc(dt, n.q_len())?;
     let lse = dev.alloc(acc_dtype(dt), n.batch * n.heads * n.t1)?;
-    args.push(Arg::Ptr(&o));
-    args.push(Arg::Ptr(&lse));
     if n.q_len() > 0 {
         if n.t2 == 0 {
             return Err(Error::invalid(op, "expected at least one key, found none"));
         }
-        dev.launch("attention", &super::nn_common::kernel("attention_fwd", dt), cfg(units(n, n.t1, dt)), &args)?;
+        let [b, t1, t2, h, d] = c.dims;
+        let [mb, mi, mj] = c.strides;
+        kernels::attention::attention_fwd(
+            dev,
+            dt,
+            cfg(units(n, n.t1, dt)),
+            c.q,
+            c.k,
+            c.v,
+            c.p,
+            c.flags,
+            c.u,
+            c.vb,
+            b,
+            t1,
+            t2,
+            h,
+            d,
+            c.scale,
+            c.lens,
+            c.chunk,
+            c.left,
+            c.causal,
+            c.mask,
+            mb,
+            mi,
+            mj,
+            c.seed,
+            c.offset,
+            c.keep,
+            c.dscale,
+            &o,
+            &lse,
+        )?;
     }
     Ok((o, lse))
 }
@@ -209,7 +271,8 @@ pub fn flash_attention_backward(
     drop: &AttentionDropout,
 ) -> Result<AttentionGradsGpu> {
     let op = "flash_attention_backward";
-    let base = common(op, q, k, v, pos, n, rule, m, drop)?;
+    let dummies = Dummies::new(q)?;
+    let c = common(op, q, k, v, pos, n, rule, m, drop, &dummies)?;
     same(op, q, o)?;
     same(op, q, dout)?;
     expect_len(op, "the output", o, n.q_len())?;
@@ -223,17 +286,85 @@ pub fn flash_attention_backward(
     let dv = dev.alloc(dt, n.k_len())?;
     let extra = if pos.is_some() { Some((dev.alloc(acc, n.k_len())?, dev.alloc(acc, n.batch * n.t2 * n.heads)?)) } else { None };
     if n.q_len() > 0 && n.t2 > 0 {
-        let mut a = base.clone();
-        a.extend([Arg::Ptr(o), Arg::Ptr(dout), Arg::Ptr(lse), Arg::Ptr(&dsum), Arg::Ptr(&dq)]);
-        dev.launch("attention", &super::nn_common::kernel("attention_bwd_dq", dt), cfg(units(n, n.t1, dt)), &a)?;
-        let mut a = base;
-        a.extend([Arg::Ptr(dout), Arg::Ptr(lse), Arg::Ptr(&dsum), Arg::Ptr(&dk), Arg::Ptr(&dv)]);
-        match &extra {
-            Some((dp, sk)) => a.extend([Arg::Ptr(dp), Arg::Ptr(sk)]),
-            // Never written without positions.
-            None => a.extend([Arg::Ptr(&dk), Arg::Ptr(&dk)]),
-        }
-        dev.launch("attention", &super::nn_common::kernel("attention_bwd_dkv", dt), cfg(units(n, n.t2, dt)), &a)?;
+        let [b, t1, t2, h, d] = c.dims;
+        let [mb, mi, mj] = c.strides;
+        kernels::attention::attention_bwd_dq(
+            dev,
+            dt,
+            cfg(units(n, n.t1, dt)),
+            c.q,
+            c.k,
+            c.v,
+            c.p,
+            c.flags,
+            c.u,
+            c.vb,
+            b,
+            t1,
+            t2,
+            h,
+            d,
+            c.scale,
+            c.lens,
+            c.chunk,
+            c.left,
+            c.causal,
+            c.mask,
+            mb,
+            mi,
+            mj,
+            c.seed,
+            c.offset,
+            c.keep,
+            c.dscale,
+            o,
+            dout,
+            lse,
+            &dsum,
+            &dq,
+        )?;
+        // Never written without positions: any buffer of the compute type.
+        let (dp, sk) = match &extra {
+            Some((dp, sk)) => (dp, sk),
+            None => (&dsum, &dsum),
+        };
+        kernels::attention::attention_bwd_dkv(
+            dev,
+            dt,
+            cfg(units(n, n.t2, dt)),
+            c.q,
+            c.k,
+            c.v,
+            c.p,
+            c.flags,
+            c.u,
+            c.vb,
+            b,
+            t1,
+            t2,
+            h,
+            d,
+            c.scale,
+            c.lens,
+            c.chunk,
+            c.left,
+            c.causal,
+            c.mask,
+            mb,
+            mi,
+            mj,
+            c.seed,
+            c.offset,
+            c.keep,
+            c.dscale,
+            dout,
+            lse,
+            &dsum,
+            &dk,
+            &dv,
+            dp,
+            sk,
+        )?;
     }
     Ok(AttentionGradsGpu { dq, dk, dv, pos: extra })
 }

@@ -1,7 +1,8 @@
 //! Dtype conversions on the GPU (`cuda/cast.cu`), the twin of
 //! `CpuStorage::to_dtype`: any of f32, f64, f16, bf16, i64, u8 to any other.
 
-use super::{dtype_suffix, Arg, CudaStorage, LaunchConfig};
+use super::kernels::cast as k;
+use super::{CudaStorage, LaunchConfig};
 use crate::error::{Error, Result};
 use crate::tensor::DType;
 
@@ -15,8 +16,7 @@ pub fn to_dtype(x: &CudaStorage, dtype: DType) -> Result<CudaStorage> {
     if x.is_empty() {
         return Ok(y);
     }
-    let kernel = format!("cast_{}_{}", dtype_suffix(x.dtype()), dtype_suffix(dtype));
-    dev.launch("cast", &kernel, LaunchConfig::for_elems(x.len()), &[Arg::Ptr(x), Arg::Ptr(&y), Arg::I64(x.len() as i64)])?;
+    k::cast(dev, x.dtype(), dtype, LaunchConfig::for_elems(x.len()), x, &y, x.len() as i64)?;
     Ok(y)
 }
 
@@ -33,14 +33,14 @@ const CAST_THREADS: u32 = 256;
 
 /// One launch's table of tensors and chunks.
 struct CastTable {
-    words: Vec<u64>,
+    words: [u64; CAST_WORDS],
     tensors: usize,
     chunks: usize,
 }
 
 impl CastTable {
     fn new(chunk: usize) -> CastTable {
-        let mut words = vec![0u64; CAST_WORDS];
+        let mut words = [0u64; CAST_WORDS];
         words[0] = chunk as u64;
         CastTable { words, tensors: 0, chunks: 0 }
     }
@@ -131,13 +131,12 @@ pub fn to_dtype_many_chunked(xs: &[&CudaStorage], dtype: DType, chunk: usize) ->
     let dev = first.device();
     let ys = xs.iter().map(|x| dev.alloc(dtype, x.len())).collect::<Result<Vec<_>>>()?;
     let pairs: Vec<(&CudaStorage, &CudaStorage)> = xs.iter().copied().zip(ys.iter()).filter(|(x, _)| !x.is_empty()).collect();
-    let kernel = format!("cast_many_{}_{}", dtype_suffix(from), dtype_suffix(dtype));
     for t in cast_tables(&pairs, chunk)? {
         let cfg = LaunchConfig { grid: (t.chunks.min(super::launch::max_grid() as usize) as u32, 1, 1), block: (CAST_THREADS, 1, 1), shared_bytes: 0 };
         // The bytes of this table's chunks (the profile cannot see inside it).
         let elems: u64 = (0..t.chunks).map(|c| t.chunk_len(c)).sum();
         let moved = (elems * from.size_in_bytes() as u64, elems * dtype.size_in_bytes() as u64);
-        dev.launch_moving("cast", &kernel, cfg, &[Arg::Words(&t.words)], Some(moved))?;
+        k::cast_many(dev, from, dtype, cfg, &t.words, moved)?;
     }
     Ok(ys)
 }

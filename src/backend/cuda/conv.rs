@@ -2,8 +2,9 @@
 //! Depthwise conv1d runs in its own kernels; conv2d is im2col here plus a
 //! cuBLAS product in the op layer, and col2im for the input gradient.
 
-use super::nn_common::{elems, expect_dtype, expect_len, launch, rows, same, u32_arg, FLOATS};
-use super::{Arg, CudaStorage};
+use super::kernels::conv as kc;
+use super::nn_common::{elems, expect_dtype, expect_len, rows, same, u32_arg, FLOATS};
+use super::CudaStorage;
 use crate::backend::cpu::conv::{Conv2d, Dw1d};
 use crate::error::Result;
 
@@ -32,20 +33,9 @@ pub fn depthwise_conv1d(x: &CudaStorage, w: &CudaStorage, bias: Option<&CudaStor
     let dev = x.device();
     let n = g.b * g.c * g.t_out();
     let y = dev.alloc(x.dtype(), n)?;
-    let args = [
-        Arg::Ptr(x),
-        Arg::Ptr(w),
-        Arg::Ptr(bias.unwrap_or(w)),
-        Arg::Ptr(&y),
-        Arg::U64((g.b * g.c) as u64),
-        Arg::U32(c),
-        Arg::U32(t),
-        Arg::U32(k),
-        Arg::U32(pad),
-        Arg::U32(to),
-        Arg::U32(bias.is_some() as u32),
-    ];
-    launch(dev, "conv", "depthwise_conv1d_fwd", x.dtype(), n, elems(n), &args)?;
+    if n > 0 {
+        kc::depthwise_conv1d_fwd(dev, x.dtype(), elems(n), x, w, bias.unwrap_or(w), &y, (g.b * g.c) as u64, c, t, k, pad, to, bias.is_some() as u32)?;
+    }
     Ok(y)
 }
 
@@ -61,18 +51,21 @@ pub fn depthwise_conv1d_backward(x: &CudaStorage, w: &CudaStorage, gy: &CudaStor
     let [c, t, k, pad, to] = dw_args(op, g)?;
     let (dt, dev) = (x.dtype(), x.device());
     let gx = dev.alloc(dt, x.len())?;
-    let args = [Arg::Ptr(w), Arg::Ptr(gy), Arg::Ptr(&gx), Arg::U64((g.b * g.c) as u64), Arg::U32(c), Arg::U32(t), Arg::U32(k), Arg::U32(pad), Arg::U32(to)];
-    launch(dev, "conv", "depthwise_conv1d_bwd_input", dt, x.len(), elems(x.len()), &args)?;
+    if !x.is_empty() {
+        kc::depthwise_conv1d_bwd_input(dev, dt, elems(x.len()), w, gy, &gx, (g.b * g.c) as u64, c, t, k, pad, to)?;
+    }
     let gw = dev.alloc(dt, g.c * g.k)?;
-    let args = [Arg::Ptr(x), Arg::Ptr(gy), Arg::Ptr(&gw), Arg::U64(g.b as u64), Arg::U32(c), Arg::U32(t), Arg::U32(k), Arg::U32(pad), Arg::U32(to)];
-    launch(dev, "conv", "depthwise_conv1d_bwd_weight", dt, g.c * g.k, rows(g.c * g.k), &args)?;
+    if g.c * g.k > 0 {
+        kc::depthwise_conv1d_bwd_weight(dev, dt, rows(g.c * g.k), x, gy, &gw, g.b as u64, c, t, k, pad, to)?;
+    }
     let gb = dev.alloc(dt, g.c)?;
-    let args = [Arg::Ptr(gy), Arg::Ptr(&gb), Arg::U64(g.b as u64), Arg::U32(c), Arg::U32(to)];
-    launch(dev, "conv", "depthwise_conv1d_bwd_bias", dt, g.c, rows(g.c), &args)?;
+    if g.c > 0 {
+        kc::depthwise_conv1d_bwd_bias(dev, dt, rows(g.c), gy, &gb, g.b as u64, c, to)?;
+    }
     Ok((gx, gw, gb))
 }
 
-fn geom_args(op: &'static str, g: &Conv2d) -> Result<Vec<Arg<'static>>> {
+fn geom_args(op: &'static str, g: &Conv2d) -> Result<[u32; 10]> {
     let (ho, wo) = g.out_hw();
     let vals = [
         (g.b, "batch"),
@@ -86,7 +79,11 @@ fn geom_args(op: &'static str, g: &Conv2d) -> Result<Vec<Arg<'static>>> {
         (ho, "output height"),
         (wo, "output width"),
     ];
-    vals.iter().map(|&(v, what)| u32_arg(op, what, v).map(Arg::U32)).collect()
+    let mut out = [0u32; 10];
+    for (o, &(v, what)) in out.iter_mut().zip(&vals) {
+        *o = u32_arg(op, what, v)?;
+    }
+    Ok(out)
 }
 
 /// The columns of a conv2d: (B, Ci·kh·kw, Ho·Wo), zero where the window leaves the image.
@@ -98,9 +95,10 @@ pub fn im2col(x: &CudaStorage, g: &Conv2d) -> Result<CudaStorage> {
     let n = g.b * g.ci * g.kh * g.kw * ho * wo;
     let dev = x.device();
     let cols = dev.alloc(x.dtype(), n)?;
-    let mut args = vec![Arg::Ptr(x), Arg::Ptr(&cols)];
-    args.extend(geom_args(op, g)?);
-    launch(dev, "conv", "im2col", x.dtype(), n, elems(n), &args)?;
+    let [b, ci, h, w, kh, kw, stride, pad, ho, wo] = geom_args(op, g)?;
+    if n > 0 {
+        kc::im2col(dev, x.dtype(), elems(n), x, &cols, b, ci, h, w, kh, kw, stride, pad, ho, wo)?;
+    }
     Ok(cols)
 }
 
@@ -114,8 +112,9 @@ pub fn col2im(cols: &CudaStorage, g: &Conv2d) -> Result<CudaStorage> {
     let n = g.b * g.ci * g.h * g.w;
     let dev = cols.device();
     let gx = dev.alloc(cols.dtype(), n)?;
-    let mut args = vec![Arg::Ptr(cols), Arg::Ptr(&gx)];
-    args.extend(geom_args(op, g)?);
-    launch(dev, "conv", "col2im", cols.dtype(), n, elems(n), &args)?;
+    let [b, ci, h, w, kh, kw, stride, pad, ho, wo] = geom_args(op, g)?;
+    if n > 0 {
+        kc::col2im(dev, cols.dtype(), elems(n), cols, &gx, b, ci, h, w, kh, kw, stride, pad, ho, wo)?;
+    }
     Ok(gx)
 }

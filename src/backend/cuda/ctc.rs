@@ -2,7 +2,7 @@
 //! the same checks, per-sequence nll and the true derivative with respect
 //! to the log-probabilities, one block per sequence with f64 α/β.
 
-use super::{dtype_suffix, Arg, CudaStorage, LaunchConfig};
+use super::{kernels, CudaStorage, LaunchConfig};
 use crate::backend::cpu::ctc::{check, CtcDims};
 use crate::backend::cpu::CpuStorage;
 use crate::error::{Error, Result};
@@ -74,41 +74,17 @@ fn ctc_loss_any(
             &dummy
         }
     };
-    let lse = if fused {
+    let cfg = LaunchConfig::rows(d.b, THREADS);
+    let (nb, t, v, sm, blank, want) = (d.b as i64, d.t as i64, d.v as i64, d.s as i64, d.blank as i64, (want_grad && n > 0) as i32);
+    if fused {
         let rows = d.b * d.t;
         let lse = dev.alloc(DType::F64, rows.max(1))?;
         if rows > 0 && d.v > 0 {
-            dev.launch(
-                "ctc",
-                &format!("ctc_lse_rows_{}", dtype_suffix(dt)),
-                LaunchConfig::rows(rows, THREADS),
-                &[Arg::Ptr(lp), Arg::Ptr(&lse), Arg::I64(rows as i64), Arg::I64(d.v as i64)],
-            )?;
+            kernels::ctc::ctc_lse_rows(dev, dt, LaunchConfig::rows(rows, THREADS), lp, &lse, rows as i64, v)?;
         }
-        Some(lse)
+        kernels::ctc::ctc_loss_fused(dev, dt, cfg, lp, &lse, &tg, &ils, &tls, &alpha, &beta, &nll, g, nb, t, v, sm, blank, want)?;
     } else {
-        None
-    };
-    let mut args = vec![Arg::Ptr(lp)];
-    if let Some(lse) = &lse {
-        args.push(Arg::Ptr(lse));
+        kernels::ctc::ctc_loss(dev, dt, cfg, lp, &tg, &ils, &tls, &alpha, &beta, &nll, g, nb, t, v, sm, blank, want)?;
     }
-    args.extend([
-        Arg::Ptr(&tg),
-        Arg::Ptr(&ils),
-        Arg::Ptr(&tls),
-        Arg::Ptr(&alpha),
-        Arg::Ptr(&beta),
-        Arg::Ptr(&nll),
-        Arg::Ptr(g),
-        Arg::I64(d.b as i64),
-        Arg::I64(d.t as i64),
-        Arg::I64(d.v as i64),
-        Arg::I64(d.s as i64),
-        Arg::I64(d.blank as i64),
-        Arg::I32((want_grad && n > 0) as i32),
-    ]);
-    let kernel = if fused { format!("ctc_loss_fused_{}", dtype_suffix(dt)) } else { format!("ctc_loss_{}", dtype_suffix(dt)) };
-    dev.launch("ctc", &kernel, LaunchConfig::rows(d.b, THREADS), &args)?;
     Ok((nll, grad))
 }

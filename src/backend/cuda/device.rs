@@ -1,19 +1,20 @@
 //! `CudaDevice`: one per GPU per process. It holds the driver seam (the real
 //! driver or the emulator, with the compute stream every kernel, copy and
 //! cuBLAS call is ordered on), the caching allocator, and the kernel
-//! functions, resolved by `module/kernel` name once and cached with their C
-//! signatures. While the step profile is on, each launch is recorded with
-//! the bytes of its buffers (see `profile.rs`).
+//! functions, one slot per kernel id of `kernels::KERNEL_TABLE`, resolved
+//! at the kernel's first launch (the generated launch functions of
+//! `kernels` call [`CudaDevice::launch_kernel`]). While the step profile is
+//! on, each launch is recorded with the bytes of its buffers (see
+//! `profile.rs`).
 
 use super::alloc::Pool;
 use super::driver::{self, Counters, DevPtr, DriverKind, Event, Func, Seam, Stream, COMPUTE};
 use super::kernels;
-use super::launch::{check_args, Arg, LaunchConfig, ParamKind};
+use super::launch::LaunchConfig;
 use super::profile::{self, KernelProfile, LaunchRecord};
 use super::CudaStorage;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -22,8 +23,8 @@ pub struct CudaDevice {
     ordinal: usize,
     seam: Seam,
     pub(crate) pool: Mutex<Pool>,
-    /// Resolved kernels with their signature codes (None: not scanned).
-    functions: Mutex<HashMap<String, (Func, Option<&'static str>)>>,
+    /// Each kernel's function, by its id in `kernels::KERNEL_TABLE`, resolved at its first launch.
+    functions: Box<[OnceLock<Func>]>,
     /// cuBLASLt's workspace (address, bytes), obtained from the driver once.
     lt_workspace: OnceLock<std::result::Result<(DevPtr, usize), String>>,
     /// The stream batch uploads run on (made at first use).
@@ -45,7 +46,7 @@ impl CudaDevice {
             ordinal,
             seam: Seam::new(drv),
             pool: Mutex::new(Pool::default()),
-            functions: Mutex::new(HashMap::new()),
+            functions: kernels::KERNEL_TABLE.iter().map(|_| OnceLock::new()).collect(),
             lt_workspace: OnceLock::new(),
             copy_stream: OnceLock::new(),
         }))
@@ -128,16 +129,6 @@ impl CudaDevice {
         Ok(s)
     }
 
-    fn function(&self, module: &str, kernel: &str) -> Result<(Func, Option<&'static str>)> {
-        let key = format!("{module}/{kernel}");
-        if let Some(f) = self.functions.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            return Ok(*f);
-        }
-        let f = (self.seam.driver().function(module, kernel)?, kernels::signature(module, kernel));
-        self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(key, f);
-        Ok(f)
-    }
-
     /// cuBLASLt's workspace of this device: `bytes` (the first caller's
     /// size; [`super::blaslt::workspace_bytes`]) obtained from the driver once
     /// and kept for the device's life; (0, 0) when the size is 0.
@@ -170,71 +161,57 @@ impl CudaDevice {
         Ok(KernelProfile::from_records(format!("cuda:{} ({name})", self.ordinal), self.is_emulated(), &recs))
     }
 
-    /// Launches `module/kernel` on the compute stream. The arguments must
-    /// match the kernel's C signature in order and type (checked against the
-    /// signature build.rs scanned from `cuda/*.cu`: a wrong count or kind is
-    /// an error naming the argument); buffers passed as
-    /// `Arg::Ptr` must belong to this device. A failed launch is an
-    /// [`Error::Cuda`] naming the kernel; with `ASRFORGE_CUDA_SYNC=1` every
-    /// launch is also synchronised so an asynchronous fault names its kernel.
-    pub fn launch(&self, module: &str, kernel: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
-        self.launch_moving(module, kernel, cfg, args, None)
-    }
-
-    /// [`launch`](Self::launch) of a kernel whose buffers travel in a
-    /// by-value table the profile cannot see: `moved` gives the bytes it
-    /// reads and writes for `bench-train --profile`.
-    pub fn launch_moving(&self, module: &str, kernel: &str, cfg: LaunchConfig, args: &[Arg], moved: Option<(u64, u64)>) -> Result<()> {
-        let name = format!("{module}/{kernel}");
-        let (f, sig) = self.function(module, kernel)?;
-        if let Some(codes) = sig {
-            check_args(codes, args).map_err(|msg| Error::Cuda { kernel: name.clone(), msg })?;
-        }
-        let mut slots = vec![[0u8; 8]; args.len()];
-        let mut word_ptrs: Vec<*mut c_void> = Vec::with_capacity(args.len());
-        let mut buffers: Vec<DevPtr> = Vec::new();
-        for (slot, a) in slots.iter_mut().zip(args) {
-            match a {
-                Arg::Ptr(s) => {
-                    if s.ordinal() != self.ordinal {
-                        return Err(Error::Cuda { kernel: name, msg: format!("argument on cuda:{} passed to a launch on cuda:{}", s.ordinal(), self.ordinal) });
-                    }
-                    buffers.push(s.ptr());
-                    slot.copy_from_slice(&s.ptr().to_ne_bytes());
-                }
-                Arg::U32(v) => slot[..4].copy_from_slice(&v.to_ne_bytes()),
-                Arg::I32(v) => slot[..4].copy_from_slice(&v.to_ne_bytes()),
-                Arg::U64(v) => slot.copy_from_slice(&v.to_ne_bytes()),
-                Arg::I64(v) => slot.copy_from_slice(&v.to_ne_bytes()),
-                Arg::F32(v) => slot[..4].copy_from_slice(&v.to_ne_bytes()),
-                Arg::F64(v) => slot.copy_from_slice(&v.to_ne_bytes()),
-                Arg::Words(_) => {}
+    /// Launches kernel `id` of [`kernels::KERNEL_TABLE`] on the compute
+    /// stream: what every generated launch function of [`kernels`] calls.
+    /// No allocation, formatting, lock or environment read unless the
+    /// profile is on: the function comes from this device's table (resolved
+    /// at the kernel's first launch), `ASRFORGE_CUDA_SYNC=1` (every launch
+    /// synchronised, so an asynchronous fault names its kernel) was read once.
+    /// `moved`: the bytes a by-value table's buffers read and write, for
+    /// `bench-train --profile`.
+    ///
+    /// # Safety
+    /// `params` has one pointer per C parameter of the kernel, each to a live
+    /// value of that parameter's type and size; `bufs` are the buffers its
+    /// pointer parameters address, in order, all of this device.
+    pub(crate) unsafe fn launch_kernel(
+        &self,
+        id: usize,
+        cfg: LaunchConfig,
+        params: &mut [*mut c_void],
+        bufs: &[&CudaStorage],
+        moved: Option<(u64, u64)>,
+    ) -> Result<()> {
+        let k = &kernels::KERNEL_TABLE[id];
+        let f = match self.functions[id].get() {
+            Some(f) => *f,
+            None => {
+                let f = self.seam.driver().function(k.module, k.name)?;
+                *self.functions[id].get_or_init(|| f)
             }
-        }
-        for (slot, a) in slots.iter_mut().zip(args) {
-            word_ptrs.push(match a {
-                Arg::Words(w) => w.as_ptr() as *mut c_void,
-                _ => slot.as_mut_ptr() as *mut c_void,
-            });
+        };
+        let mut ptrs = [0 as DevPtr; 16];
+        for (p, b) in ptrs.iter_mut().zip(bufs) {
+            *p = b.ptr();
         }
         let record = profile::on().then(|| {
-            let mut r = kernel_record(module, kernel, args, sig);
+            let mut r = kernel_record(k, bufs);
             if let Some((read, written)) = moved {
                 r.bytes_read += read;
                 r.bytes_written += written;
             }
             r
         });
-        // SAFETY: `f` was resolved by this device's driver; `word_ptrs` has
-        // one pointer per kernel parameter, each to a live value of the
-        // parameter's size (`slots` and the caller's `Words` outlive the
-        // call; the driver copies the values at launch). Device pointers come
-        // from live `CudaStorage`s of this device whose buffers stay valid
-        // until the stream has run the kernel (freed blocks return to the
-        // pool and are only reused by work ordered after it on this stream).
-        unsafe { self.seam.launch(f, &name, cfg, &mut word_ptrs, &buffers, COMPUTE, record) }?;
-        if std::env::var_os("ASRFORGE_CUDA_SYNC").is_some_and(|v| v == "1") {
-            self.seam.synchronize(COMPUTE).map_err(|e| Error::Cuda { kernel: name, msg: format!("kernel failed: {e}") })?;
+        // SAFETY: `f` was resolved by this device's driver for kernel `k`;
+        // the caller guarantees `params` (one pointer per parameter, each to a
+        // live value of its size; the driver copies the values at launch).
+        // Device pointers come from live `CudaStorage`s of this device whose
+        // buffers stay valid until the stream has run the kernel (freed
+        // blocks return to the pool and are only reused by work ordered
+        // after it on this stream).
+        unsafe { self.seam.launch(f, k.path, cfg, params, &ptrs[..bufs.len().min(16)], COMPUTE, record) }?;
+        if sync_enabled() {
+            self.seam.synchronize(COMPUTE).map_err(|e| Error::Cuda { kernel: k.path.to_string(), msg: format!("kernel failed: {e}") })?;
         }
         Ok(())
     }
@@ -279,31 +256,29 @@ impl Drop for DeviceEvent {
     }
 }
 
-/// Whether fresh allocations are poisoned (`ASRFORGE_CUDA_POISON=1`).
+/// Whether fresh allocations are poisoned (`ASRFORGE_CUDA_POISON=1`, read once).
 pub(crate) fn poison_enabled() -> bool {
-    std::env::var_os("ASRFORGE_CUDA_POISON").is_some_and(|v| v == "1")
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("ASRFORGE_CUDA_POISON").is_some_and(|v| v == "1"))
+}
+
+/// Whether every launch is synchronised (`ASRFORGE_CUDA_SYNC=1`, read once).
+fn sync_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("ASRFORGE_CUDA_SYNC").is_some_and(|v| v == "1"))
 }
 
 /// A kernel launch as the step profile counts it: the bytes of the buffers
-/// passed for `const T*` parameters are read, those for `T*` written (all
-/// read when the signature was not scanned).
-fn kernel_record(module: &str, kernel: &str, args: &[Arg], sig: Option<&'static str>) -> LaunchRecord {
+/// passed for `const T*` parameters are read, those for `T*` written.
+fn kernel_record(k: &kernels::Kernel, bufs: &[&CudaStorage]) -> LaunchRecord {
     let (mut read, mut written) = (0u64, 0u64);
-    for (i, a) in args.iter().enumerate() {
-        if let Arg::Ptr(s) = a {
-            let bytes = s.size_in_bytes() as u64;
-            match sig.and_then(|c| c.as_bytes().get(i)).and_then(|&c| ParamKind::from_code(c)) {
-                Some(ParamKind::Out) => written += bytes,
-                _ => read += bytes,
-            }
+    for (j, b) in bufs.iter().enumerate() {
+        let bytes = b.size_in_bytes() as u64;
+        if k.outs >> j & 1 == 1 {
+            written += bytes;
+        } else {
+            read += bytes;
         }
     }
-    LaunchRecord {
-        family: profile::family_of(module, kernel),
-        bytes_read: read,
-        bytes_written: written,
-        flops: 0,
-        gemm_dtype: None,
-        kinds_known: sig.is_some(),
-    }
+    LaunchRecord { family: profile::family_of(k.module, k.name), bytes_read: read, bytes_written: written, flops: 0, gemm_dtype: None, kinds_known: true }
 }

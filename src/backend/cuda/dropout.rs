@@ -4,8 +4,8 @@
 //! is never stored, and the backward regenerates it from the same
 //! (seed, offset).
 
-use super::nn_common::{elems, expect_dtype, launch, FLOATS};
-use super::{Arg, CudaStorage};
+use super::nn_common::{elems, expect_dtype, FLOATS};
+use super::{kernels, CudaStorage};
 use crate::error::{Error, Result};
 
 /// `x` times the scaled keep mask: `x·1/(1−p)` where the uniform draw `u`
@@ -24,7 +24,8 @@ pub fn dropout_apply(x: &CudaStorage, seed: u64, offset: u64, p: f64) -> Result<
     let dev = x.device();
     let y = dev.alloc(x.dtype(), n)?;
     let blocks = n.div_ceil(4);
-    let args = [Arg::Ptr(x), Arg::Ptr(&y), Arg::U64(n as u64), Arg::U64(seed), Arg::U64(offset), Arg::F64(1.0 - p), Arg::F64(scale)];
-    launch(dev, "dropout", "dropout_apply", x.dtype(), blocks, elems(blocks), &args)?;
+    if blocks > 0 {
+        kernels::dropout::dropout_apply(dev, x.dtype(), elems(blocks), x, &y, n as u64, seed, offset, 1.0 - p, scale)?;
+    }
     Ok(y)
 }

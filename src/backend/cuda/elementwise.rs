@@ -2,7 +2,8 @@
 //! `cpu/elementwise.rs`: unary maps and their backward, affine, pow, and
 //! binary ops with broadcasting. Float dtypes: f32, f64, f16, bf16.
 
-use super::{dtype_suffix, launch::scalar_arg, Arg, CudaStorage, LaunchConfig};
+use super::kernels::elementwise as k;
+use super::{CudaStorage, LaunchConfig};
 use crate::backend::cpu::elementwise::{Bcast, Binary, Unary};
 use crate::error::{Error, Result};
 
@@ -33,8 +34,19 @@ pub fn unary(op: Unary, x: &CudaStorage) -> Result<CudaStorage> {
     float_only(op.name(), x)?;
     let dev = x.device();
     let y = dev.alloc(x.dtype(), x.len())?;
-    let k = format!("{}_fwd_{}", op.name(), dtype_suffix(x.dtype()));
-    dev.launch("elementwise", &k, LaunchConfig::for_elems(x.len()), &[Arg::Ptr(x), Arg::Ptr(&y), Arg::I64(x.len() as i64)])?;
+    let f = match op {
+        Unary::Exp => k::exp_fwd,
+        Unary::Log => k::log_fwd,
+        Unary::Sqrt => k::sqrt_fwd,
+        Unary::Rsqrt => k::rsqrt_fwd,
+        Unary::Abs => k::abs_fwd,
+        Unary::Relu => k::relu_fwd,
+        Unary::Silu => k::silu_fwd,
+        Unary::Gelu => k::gelu_fwd,
+        Unary::Sigmoid => k::sigmoid_fwd,
+        Unary::Tanh => k::tanh_fwd,
+    };
+    f(dev, x.dtype(), LaunchConfig::for_elems(x.len()), x, &y, x.len() as i64)?;
     Ok(y)
 }
 
@@ -45,9 +57,19 @@ pub fn unary_backward(op: Unary, x: &CudaStorage, y: &CudaStorage, gy: &CudaStor
     same(op.name(), x, gy)?;
     let dev = x.device();
     let gx = dev.alloc(x.dtype(), x.len())?;
-    let k = format!("{}_bwd_{}", op.name(), dtype_suffix(x.dtype()));
-    let args = [Arg::Ptr(x), Arg::Ptr(y), Arg::Ptr(gy), Arg::Ptr(&gx), Arg::I64(x.len() as i64)];
-    dev.launch("elementwise", &k, LaunchConfig::for_elems(x.len()), &args)?;
+    let f = match op {
+        Unary::Exp => k::exp_bwd,
+        Unary::Log => k::log_bwd,
+        Unary::Sqrt => k::sqrt_bwd,
+        Unary::Rsqrt => k::rsqrt_bwd,
+        Unary::Abs => k::abs_bwd,
+        Unary::Relu => k::relu_bwd,
+        Unary::Silu => k::silu_bwd,
+        Unary::Gelu => k::gelu_bwd,
+        Unary::Sigmoid => k::sigmoid_bwd,
+        Unary::Tanh => k::tanh_bwd,
+    };
+    f(dev, x.dtype(), LaunchConfig::for_elems(x.len()), x, y, gy, &gx, x.len() as i64)?;
     Ok(gx)
 }
 
@@ -56,9 +78,7 @@ pub fn affine(x: &CudaStorage, mul: f64, add: f64) -> Result<CudaStorage> {
     float_only("affine", x)?;
     let dev = x.device();
     let y = dev.alloc(x.dtype(), x.len())?;
-    let k = format!("affine_{}", dtype_suffix(x.dtype()));
-    let args = [Arg::Ptr(x), Arg::Ptr(&y), scalar_arg(x.dtype(), mul), scalar_arg(x.dtype(), add), Arg::I64(x.len() as i64)];
-    dev.launch("elementwise", &k, LaunchConfig::for_elems(x.len()), &args)?;
+    k::affine(dev, x.dtype(), LaunchConfig::for_elems(x.len()), x, &y, mul, add, x.len() as i64)?;
     Ok(y)
 }
 
@@ -71,32 +91,29 @@ pub fn add_scaled(a: &CudaStorage, b: &CudaStorage, c: f64) -> Result<CudaStorag
     if a.is_empty() {
         return Ok(y);
     }
-    let k = format!("add_scaled_{}", dtype_suffix(a.dtype()));
-    let args = [Arg::Ptr(a), Arg::Ptr(b), Arg::Ptr(&y), scalar_arg(a.dtype(), c), Arg::I64(a.len() as i64)];
-    dev.launch("elementwise", &k, LaunchConfig::for_elems(a.len()), &args)?;
+    k::add_scaled(dev, a.dtype(), LaunchConfig::for_elems(a.len()), a, b, &y, c, a.len() as i64)?;
     Ok(y)
 }
 
 /// `y = x^p`.
-pub fn powf(x: &CudaStorage, p: f64) -> Result<CudaStorage> {
+pub fn pow(x: &CudaStorage, p: f64) -> Result<CudaStorage> {
     float_only("pow", x)?;
     let dev = x.device();
     let y = dev.alloc(x.dtype(), x.len())?;
-    let k = format!("pow_{}", dtype_suffix(x.dtype()));
-    dev.launch("elementwise", &k, LaunchConfig::for_elems(x.len()), &[Arg::Ptr(x), Arg::Ptr(&y), scalar_arg(x.dtype(), p), Arg::I64(x.len() as i64)])?;
+    k::pow(dev, x.dtype(), LaunchConfig::for_elems(x.len()), x, &y, p, x.len() as i64)?;
     Ok(y)
 }
 
 /// The `Bcast` struct of `cuda/common.cuh` as 64-bit words:
 /// rank, out[8], sa[8], sb[8] (size-1 dims dropped, contiguous dims merged).
-fn bcast_words(op: &'static str, bc: &Bcast) -> Result<Vec<u64>> {
+fn bcast_words(op: &'static str, bc: &Bcast) -> Result<[u64; 1 + 3 * MAX_DIMS]> {
     let (out_dims, s) = coalesce(&bc.out_dims, &[&bc.sa, &bc.sb]);
     let bc = Bcast { out_dims, sa: s[0].clone(), sb: s[1].clone() };
     let r = bc.out_dims.len();
     if r > MAX_DIMS {
         return Err(Error::invalid(op, format!("broadcast over {r} dims; the CUDA kernel takes at most {MAX_DIMS}")));
     }
-    let mut w = vec![0u64; 1 + 3 * MAX_DIMS];
+    let mut w = [0u64; 1 + 3 * MAX_DIMS];
     w[0] = r as u64;
     for d in 0..r {
         w[1 + d] = bc.out_dims[d] as u64;
@@ -134,25 +151,38 @@ fn binary_with(op: Binary, a: &CudaStorage, b: &CudaStorage, bc: &Bcast, width: 
     let n: usize = bc.out_dims.iter().product();
     let dev = a.device();
     let y = dev.alloc(a.dtype(), n)?;
-    let dt = dtype_suffix(a.dtype());
+    let dt = a.dtype();
     if n == 0 {
         return Ok(y);
     }
     let aligned = [a.ptr(), b.ptr(), y.ptr()].iter().all(|p| p % 16 == 0);
     if a.len() == n && b.len() == n && aligned {
-        let k = format!("{}_{dt}", op.name());
-        dev.launch("elementwise", &k, LaunchConfig::for_elems(n), &[Arg::Ptr(a), Arg::Ptr(b), Arg::Ptr(&y), Arg::I64(n as i64)])?;
+        let f = match op {
+            Binary::Add => k::add,
+            Binary::Sub => k::sub,
+            Binary::Mul => k::mul,
+            Binary::Div => k::div,
+        };
+        f(dev, dt, LaunchConfig::for_elems(n), a, b, &y, n as i64)?;
     } else if width.use_u32(&[n, a.len(), b.len()]) {
         // u32 indices and host-computed divisors (`Bcast32` of `cuda/common.cuh`).
         let words = strided32_words(op.name(), &bc.out_dims, &[&bc.sa, &bc.sb])?;
-        let k = format!("{}_bcast_u32_{dt}", op.name());
-        let args = [Arg::Ptr(a), Arg::Ptr(b), Arg::Ptr(&y), Arg::Words(&words), Arg::U32(n as u32)];
-        dev.launch("elementwise", &k, LaunchConfig::for_elems(n), &args)?;
+        let f = match op {
+            Binary::Add => k::add_bcast_u32,
+            Binary::Sub => k::sub_bcast_u32,
+            Binary::Mul => k::mul_bcast_u32,
+            Binary::Div => k::div_bcast_u32,
+        };
+        f(dev, dt, LaunchConfig::for_elems(n), a, b, &y, &words, n as u32)?;
     } else {
         let words = bcast_words(op.name(), bc)?;
-        let k = format!("{}_bcast_{dt}", op.name());
-        let args = [Arg::Ptr(a), Arg::Ptr(b), Arg::Ptr(&y), Arg::Words(&words), Arg::I64(n as i64)];
-        dev.launch("elementwise", &k, LaunchConfig::for_elems(n), &args)?;
+        let f = match op {
+            Binary::Add => k::add_bcast,
+            Binary::Sub => k::sub_bcast,
+            Binary::Mul => k::mul_bcast,
+            Binary::Div => k::div_bcast,
+        };
+        f(dev, dt, LaunchConfig::for_elems(n), a, b, &y, &words, n as i64)?;
     }
     Ok(y)
 }

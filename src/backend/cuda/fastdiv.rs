@@ -3,7 +3,7 @@
 //! multiplier and shift computed once on the host (Granlund and Montgomery,
 //! "Division by invariant integers using multiplication", PLDI 1994, §4).
 //! The kernels' side is `FastDiv` in `cuda/common.cuh`; shapes travel by
-//! value as 64-bit words (`Arg::Words`), two u32 fields a word.
+//! value as 64-bit words (`&[u64; N]`), two u32 fields a word.
 //!
 //! For a divisor d in [1, 2^31], s = ⌈log2 d⌉ and m = ⌊2^32·(2^s − d)/d⌋ + 1;
 //! then for every n < 2^31, ⌊n/d⌋ = (mulhi(n, m) + n) >> s (the sum stays
@@ -102,8 +102,10 @@ pub fn coalesce(dims: &[usize], strides: &[&[usize]]) -> (Vec<usize>, Vec<Vec<us
 /// A 32-bit strided walk: `rank`, a pad field, `FastDiv dims[8]`, then
 /// `u32 strides[8]` per operand (`Strided32` of `cuda/common.cuh` for one
 /// operand, `Bcast32` for two), after [`coalesce`]. Every dim and stride
-/// must fit (the caller checked [`fits_u32`] on the buffers).
-pub fn strided32_words(op: &'static str, dims: &[usize], strides: &[&[usize]]) -> Result<Vec<u64>> {
+/// must fit (the caller checked [`fits_u32`] on the buffers). `N`: the
+/// struct's words (21 for `Strided32`, 25 for `Bcast32`), as the typed launch
+/// function takes them; a count that does not match `strides` is an error.
+pub fn strided32_words<const N: usize>(op: &'static str, dims: &[usize], strides: &[&[usize]]) -> Result<[u64; N]> {
     let (dims, strides) = coalesce(dims, strides);
     let r = dims.len();
     if r > MAX_DIMS {
@@ -119,7 +121,9 @@ pub fn strided32_words(op: &'static str, dims: &[usize], strides: &[&[usize]]) -
             f.push(u32::try_from(v).map_err(|_| Error::invalid(op, format!("a stride of {v} does not fit the 32-bit kernel")))?);
         }
     }
-    Ok(pack_u32(&f))
+    let words = pack_u32(&f);
+    let got = words.len();
+    words.try_into().map_err(|_| Error::invalid(op, format!("expected a 32-bit shape struct of {N} words, {} operand(s) make {got}", strides.len())))
 }
 
 /// Which kernels a copy or broadcast launch takes: `Auto` the u32 kernels

@@ -4,8 +4,9 @@
 //! (an out-of-range index is `Error::IndexOutOfRange`, as on the CPU), and
 //! the backward sums are deterministic (a host-built inverse index, no atomics).
 
-use super::nn_common::{elems, expect_dtype, expect_len, launch, same, strided_words, upload_i64, value_bits, FLOATS};
-use super::{Arg, CudaStorage};
+use super::kernels::index as k;
+use super::nn_common::{elems, expect_dtype, expect_len, same, strided_words, upload_i64, value_bits, FLOATS};
+use super::CudaStorage;
 use crate::backend::cpu::elementwise::Bcast;
 use crate::backend::cpu::index::{check_indices, gather_offsets};
 use crate::error::{Error, Result};
@@ -36,8 +37,9 @@ fn select(op: &'static str, x: &CudaStorage, outer: usize, n: usize, inner: usiz
     let m = outer * idx.len() * inner;
     let y = dev.alloc(x.dtype(), m)?;
     let ids = upload_i64(dev, idx)?;
-    let args = [Arg::Ptr(x), Arg::Ptr(&ids), Arg::Ptr(&y), Arg::U64(outer as u64), Arg::U64(n as u64), Arg::U64(inner as u64), Arg::U64(idx.len() as u64)];
-    launch(dev, "index", "index_select", x.dtype(), m, elems(m), &args)?;
+    if m > 0 {
+        k::index_select(dev, x.dtype(), elems(m), x, &ids, &y, outer as u64, n as u64, inner as u64, idx.len() as u64)?;
+    }
     Ok(y)
 }
 
@@ -49,17 +51,9 @@ fn add_back(op: &'static str, g: &CudaStorage, outer: usize, n: usize, inner: us
     let m = outer * n * inner;
     let out = dev.alloc(g.dtype(), m)?;
     let (offs, pos) = (upload_i64(dev, &offs)?, upload_i64(dev, &pos)?);
-    let args = [
-        Arg::Ptr(g),
-        Arg::Ptr(&offs),
-        Arg::Ptr(&pos),
-        Arg::Ptr(&out),
-        Arg::U64(outer as u64),
-        Arg::U64(n as u64),
-        Arg::U64(inner as u64),
-        Arg::U64(idx.len() as u64),
-    ];
-    launch(dev, "index", "index_add", g.dtype(), m, elems(m), &args)?;
+    if m > 0 {
+        k::index_add(dev, g.dtype(), elems(m), g, &offs, &pos, &out, outer as u64, n as u64, inner as u64, idx.len() as u64)?;
+    }
     Ok(out)
 }
 
@@ -127,8 +121,9 @@ pub(crate) fn masked_fill(x: &CudaStorage, mask: &CudaStorage, bc: &Bcast, value
     }
     let dev = x.device();
     let y = dev.alloc(x.dtype(), x.len())?;
-    let args = [Arg::Ptr(x), Arg::Ptr(mask), Arg::Words(&shape), Arg::Ptr(&y), Arg::U64(x.len() as u64), Arg::U64(value_bits(x.dtype(), value))];
-    launch(dev, "index", op, x.dtype(), x.len(), elems(x.len()), &args)?;
+    if !x.is_empty() {
+        k::masked_fill(dev, x.dtype(), elems(x.len()), x, mask, &shape, &y, x.len() as u64, value_bits(x.dtype(), value))?;
+    }
     Ok(y)
 }
 
@@ -144,8 +139,9 @@ pub(crate) fn where_cond(mask: &CudaStorage, bc: &Bcast, a: &CudaStorage, b: &Cu
     }
     let dev = a.device();
     let y = dev.alloc(a.dtype(), a.len())?;
-    let args = [Arg::Ptr(mask), Arg::Words(&shape), Arg::Ptr(a), Arg::Ptr(b), Arg::Ptr(&y), Arg::U64(a.len() as u64)];
-    launch(dev, "index", "where_cond", a.dtype(), a.len(), elems(a.len()), &args)?;
+    if !a.is_empty() {
+        k::where_cond(dev, a.dtype(), elems(a.len()), mask, &shape, a, b, &y, a.len() as u64)?;
+    }
     Ok(y)
 }
 

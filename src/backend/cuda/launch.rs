@@ -1,7 +1,7 @@
-//! Launch parameters shared by every kernel wrapper: the grid shape and the
-//! typed arguments, in the order of the kernel's C signature.
+//! Launch parameters shared by every kernel wrapper: the grid shape, and
+//! the parameter kinds of the scanned C signatures (the arguments
+//! themselves are typed by the generated functions of [`super::kernels`]).
 
-use super::CudaStorage;
 use crate::tensor::DType;
 
 /// Threads per block of the 1-D elementwise launches.
@@ -53,34 +53,9 @@ impl LaunchConfig {
     }
 }
 
-/// One kernel argument. `Ptr` passes the device pointer of a buffer; the
-/// scalars pass their value; `Words` passes a small by-value struct laid out
-/// as 64-bit words (shapes and strides).
-#[derive(Clone, Copy)]
-pub enum Arg<'a> {
-    Ptr(&'a CudaStorage),
-    U32(u32),
-    I32(i32),
-    U64(u64),
-    I64(i64),
-    F32(f32),
-    F64(f64),
-    Words(&'a [u64]),
-}
-
 /// The kernel-name suffix of a dtype (`f32`, `bf16`, ...).
 pub fn dtype_suffix(dt: DType) -> &'static str {
     dt.as_str()
-}
-
-/// A scalar argument in the kernel's compute type: f64 kernels take a
-/// double, every other float kernel a float (half kernels compute in f32).
-pub fn scalar_arg(dt: DType, v: f64) -> Arg<'static> {
-    if dt == DType::F64 {
-        Arg::F64(v)
-    } else {
-        Arg::F32(v as f32)
-    }
 }
 
 /// The kind of one kernel parameter, from its C signature (build.rs scans
@@ -117,49 +92,4 @@ impl ParamKind {
             _ => return None,
         })
     }
-    /// Whether `arg` can be passed for a parameter of this kind.
-    pub fn accepts(self, arg: &Arg) -> bool {
-        matches!(
-            (self, arg),
-            (ParamKind::In | ParamKind::Out, Arg::Ptr(_))
-                | (ParamKind::Int32, Arg::U32(_) | Arg::I32(_))
-                | (ParamKind::Int64, Arg::U64(_) | Arg::I64(_))
-                | (ParamKind::Float, Arg::F32(_))
-                | (ParamKind::Double, Arg::F64(_))
-                | (ParamKind::Struct, Arg::Words(_))
-        )
-    }
-}
-
-impl Arg<'_> {
-    /// The argument's variant name, for errors.
-    pub fn kind_name(&self) -> &'static str {
-        match self {
-            Arg::Ptr(_) => "Ptr",
-            Arg::U32(_) => "U32",
-            Arg::I32(_) => "I32",
-            Arg::U64(_) => "U64",
-            Arg::I64(_) => "I64",
-            Arg::F32(_) => "F32",
-            Arg::F64(_) => "F64",
-            Arg::Words(_) => "Words",
-        }
-    }
-}
-
-/// Checks `args` against the kernel's signature codes: the count and each
-/// argument's kind; the error says which argument, what the signature
-/// expects and what was passed.
-pub fn check_args(codes: &str, args: &[Arg]) -> std::result::Result<(), String> {
-    let kinds = || codes.bytes().map(|c| ParamKind::from_code(c).map_or("?".to_string(), |k| format!("{k:?}"))).collect::<Vec<_>>().join(", ");
-    if codes.len() != args.len() {
-        return Err(format!("{} argument(s) passed, the kernel's C signature has {} ({})", args.len(), codes.len(), kinds()));
-    }
-    for (i, (c, a)) in codes.bytes().zip(args).enumerate() {
-        match ParamKind::from_code(c) {
-            Some(k) if k.accepts(a) => {}
-            k => return Err(format!("argument {i} is {}, the kernel's C signature has {k:?} there ({})", a.kind_name(), kinds())),
-        }
-    }
-    Ok(())
 }

@@ -5,13 +5,14 @@
 //! `fastdiv.rs`); larger ones the 64-bit kernels.
 
 use super::fastdiv::{coalesce, fast_div_words, strided32_words, IndexWidth};
-use super::nn_common::{elems, expect_len, launch, same, strided_words, value_bits};
-use super::{Arg, CudaStorage};
+use super::kernels::layout as k;
+use super::nn_common::{elems, expect_len, same, strided_words, value_bits};
+use super::CudaStorage;
 use crate::error::{Error, Result};
 
 /// A size argument of a `_u32` kernel (the caller checked `fits_u32`).
-fn u32a(v: usize) -> Arg<'static> {
-    Arg::U32(v as u32)
+fn u32a(v: usize) -> u32 {
+    v as u32
 }
 
 /// The copy of `x` (of shape `dims`) with its dims reordered: output dim `i`
@@ -38,13 +39,11 @@ pub fn permute_with(x: &CudaStorage, dims: &[usize], perm: &[usize], width: Inde
     }
     if width.use_u32(&[x.len()]) {
         let shape = strided32_words(op, &odims, &[&pstrides])?;
-        let args = [Arg::Ptr(x), Arg::Words(&shape), Arg::Ptr(&y), u32a(x.len())];
-        launch(dev, "layout", "permute_u32", x.dtype(), x.len(), elems(x.len()), &args)?;
+        k::permute_u32(dev, x.dtype(), elems(x.len()), x, &shape, &y, u32a(x.len()))?;
     } else {
         let (odims, ps) = coalesce(&odims, &[&pstrides]);
         let shape = strided_words(op, &odims, &ps[0])?;
-        let args = [Arg::Ptr(x), Arg::Words(&shape), Arg::Ptr(&y), Arg::U64(x.len() as u64)];
-        launch(dev, "layout", op, x.dtype(), x.len(), elems(x.len()), &args)?;
+        k::permute(dev, x.dtype(), elems(x.len()), x, &shape, &y, x.len() as u64)?;
     }
     Ok(y)
 }
@@ -69,12 +68,9 @@ pub fn narrow_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, start:
     }
     if width.use_u32(&[x.len(), m]) {
         let (fi, fl) = (fast_div_words(op, inner)?, fast_div_words(op, len)?);
-        let args = [Arg::Ptr(x), Arg::Ptr(&y), Arg::Words(&fi), Arg::Words(&fl), u32a(n), u32a(start), u32a(m)];
-        launch(dev, "layout", "narrow_u32", x.dtype(), m, elems(m), &args)?;
+        k::narrow_u32(dev, x.dtype(), elems(m), x, &y, &fi, &fl, u32a(n), u32a(start), u32a(m))?;
     } else {
-        let args =
-            [Arg::Ptr(x), Arg::Ptr(&y), Arg::U64(outer as u64), Arg::U64(n as u64), Arg::U64(inner as u64), Arg::U64(start as u64), Arg::U64(len as u64)];
-        launch(dev, "layout", op, x.dtype(), m, elems(m), &args)?;
+        k::narrow(dev, x.dtype(), elems(m), x, &y, outer as u64, n as u64, inner as u64, start as u64, len as u64)?;
     }
     Ok(y)
 }
@@ -97,21 +93,10 @@ pub fn pad_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, left: usi
     }
     if width.use_u32(&[x.len(), m]) {
         let (fi, fm) = (fast_div_words(op, inner)?, fast_div_words(op, left + n + right)?);
-        let args = [Arg::Ptr(x), Arg::Ptr(&y), Arg::Words(&fi), Arg::Words(&fm), u32a(n), u32a(left), Arg::U64(value_bits(x.dtype(), value)), u32a(m)];
-        launch(dev, "layout", "pad_u32", x.dtype(), m, elems(m), &args)?;
+        k::pad_u32(dev, x.dtype(), elems(m), x, &y, &fi, &fm, u32a(n), u32a(left), value_bits(x.dtype(), value), u32a(m))?;
         return Ok(y);
     }
-    let args = [
-        Arg::Ptr(x),
-        Arg::Ptr(&y),
-        Arg::U64(outer as u64),
-        Arg::U64(n as u64),
-        Arg::U64(inner as u64),
-        Arg::U64(left as u64),
-        Arg::U64(right as u64),
-        Arg::U64(value_bits(x.dtype(), value)),
-    ];
-    launch(dev, "layout", op, x.dtype(), m, elems(m), &args)?;
+    k::pad(dev, x.dtype(), elems(m), x, &y, outer as u64, n as u64, inner as u64, left as u64, right as u64, value_bits(x.dtype(), value))?;
     Ok(y)
 }
 
@@ -140,12 +125,9 @@ pub fn cat_with(xs: &[&CudaStorage], outer: usize, ns: &[usize], inner: usize, w
     for (x, &n) in xs.iter().zip(ns) {
         if small && !x.is_empty() {
             let (fi, fnn) = (fast_div_words(op, inner)?, fast_div_words(op, n)?);
-            let args = [Arg::Ptr(x), Arg::Ptr(&y), Arg::Words(&fi), Arg::Words(&fnn), u32a(total), u32a(start), u32a(x.len())];
-            launch(dev, "layout", "cat_part_u32", first.dtype(), x.len(), elems(x.len()), &args)?;
-        } else {
-            let args =
-                [Arg::Ptr(x), Arg::Ptr(&y), Arg::U64(outer as u64), Arg::U64(n as u64), Arg::U64(inner as u64), Arg::U64(total as u64), Arg::U64(start as u64)];
-            launch(dev, "layout", "cat_part", first.dtype(), x.len(), elems(x.len()), &args)?;
+            k::cat_part_u32(dev, first.dtype(), elems(x.len()), x, &y, &fi, &fnn, u32a(total), u32a(start), u32a(x.len()))?;
+        } else if !x.is_empty() {
+            k::cat_part(dev, first.dtype(), elems(x.len()), x, &y, outer as u64, n as u64, inner as u64, total as u64, start as u64)?;
         }
         start += n;
     }

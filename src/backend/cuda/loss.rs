@@ -5,7 +5,8 @@
 //! `rows_total`: summed in row order as the CPU sums), so a step reads no
 //! loss back to the host until it logs.
 
-use super::{dtype_suffix, Arg, CudaStorage, LaunchConfig};
+use super::kernels::loss as k;
+use super::{CudaStorage, LaunchConfig};
 use crate::backend::cpu::CpuStorage;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
@@ -42,22 +43,7 @@ pub fn label_smoothing(
             &dummy
         }
     };
-    dev.launch(
-        "loss",
-        &format!("label_smoothing_{}", dtype_suffix(dt)),
-        LaunchConfig::rows(rows, THREADS),
-        &[
-            Arg::Ptr(x),
-            Arg::Ptr(&tg),
-            Arg::Ptr(&kl),
-            Arg::Ptr(g),
-            Arg::I64(rows as i64),
-            Arg::I64(v as i64),
-            Arg::F64(smoothing),
-            Arg::I64(ignore),
-            Arg::I32(want_grad as i32),
-        ],
-    )?;
+    k::label_smoothing(dev, dt, LaunchConfig::rows(rows, THREADS), x, &tg, &kl, g, rows as i64, v as i64, smoothing, ignore, want_grad as i32)?;
     Ok((kl, valid, grad))
 }
 
@@ -100,12 +86,7 @@ pub fn label_smoothing_fused_fwd(x: &CudaStorage, target: &[i64], v: usize, smoo
     let lse = dev.alloc(DType::F64, rows)?;
     let tg = CudaStorage::from_cpu(dev, &CpuStorage::I64(target.to_vec()))?;
     if rows > 0 {
-        dev.launch(
-            "loss",
-            &format!("label_smoothing_fused_fwd_{}", dtype_suffix(dt)),
-            LaunchConfig::rows(rows, THREADS),
-            &[Arg::Ptr(x), Arg::Ptr(&tg), Arg::Ptr(&kl), Arg::Ptr(&lse), Arg::I64(rows as i64), Arg::I64(v as i64), Arg::F64(smoothing), Arg::I64(ignore)],
-        )?;
+        k::label_smoothing_fused_fwd(dev, dt, LaunchConfig::rows(rows, THREADS), x, &tg, &kl, &lse, rows as i64, v as i64, smoothing, ignore)?;
     }
     Ok((kl, valid, LabelSmoothingSaved { target: tg, lse }))
 }
@@ -133,22 +114,20 @@ pub fn label_smoothing_fused_bwd(
     let dev = x.device();
     let dx = dev.alloc(dt, rows * v)?;
     if rows > 0 {
-        dev.launch(
-            "loss",
-            &format!("label_smoothing_fused_bwd_{}", dtype_suffix(dt)),
+        k::label_smoothing_fused_bwd(
+            dev,
+            dt,
             LaunchConfig::rows(rows, THREADS),
-            &[
-                Arg::Ptr(x),
-                Arg::Ptr(&saved.target),
-                Arg::Ptr(&saved.lse),
-                Arg::Ptr(g),
-                Arg::Ptr(&dx),
-                Arg::I64(rows as i64),
-                Arg::I64(v as i64),
-                Arg::F64(smoothing),
-                Arg::I64(ignore),
-                Arg::F64(inv_denom),
-            ],
+            x,
+            &saved.target,
+            &saved.lse,
+            g,
+            &dx,
+            rows as i64,
+            v as i64,
+            smoothing,
+            ignore,
+            inv_denom,
         )?;
     }
     Ok(dx)
@@ -179,12 +158,7 @@ pub fn rows_to(rows: &CudaStorage, dt: DType, zero_inf: bool) -> Result<CudaStor
         return Ok(out);
     }
     let n = rows.len();
-    dev.launch(
-        "loss",
-        &format!("rows_to_{}", dtype_suffix(dt)),
-        LaunchConfig::for_elems(n),
-        &[Arg::Ptr(rows), Arg::Ptr(&out), Arg::I64(n as i64), Arg::I32(zero_inf as i32)],
-    )?;
+    k::rows_to(dev, dt, LaunchConfig::for_elems(n), rows, &out, n as i64, zero_inf as i32)?;
     Ok(out)
 }
 
@@ -195,7 +169,7 @@ pub fn rows_total(rows: &CudaStorage, dt: DType, denom: f64) -> Result<CudaStora
     let dev = rows.device();
     let out = dev.alloc(dt, 1)?;
     let one = LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_bytes: 0 };
-    dev.launch("loss", &format!("rows_total_{}", dtype_suffix(dt)), one, &[Arg::Ptr(rows), Arg::Ptr(&out), Arg::I64(rows.len() as i64), Arg::F64(denom)])?;
+    k::rows_total(dev, dt, one, rows, &out, rows.len() as i64, denom)?;
     Ok(out)
 }
 
@@ -213,11 +187,6 @@ pub fn token_hits(x: &CudaStorage, target: &[i64], v: usize, ignore: i64) -> Res
         return Ok(hits);
     }
     let tg = CudaStorage::from_cpu(dev, &CpuStorage::I64(target.to_vec()))?;
-    dev.launch(
-        "loss",
-        &format!("token_hits_{}", dtype_suffix(dt)),
-        LaunchConfig::rows(rows, THREADS),
-        &[Arg::Ptr(x), Arg::Ptr(&tg), Arg::Ptr(&hits), Arg::I64(rows as i64), Arg::I64(v as i64), Arg::I64(ignore)],
-    )?;
+    k::token_hits(dev, dt, LaunchConfig::rows(rows, THREADS), x, &tg, &hits, rows as i64, v as i64, ignore)?;
     Ok(hits)
 }

@@ -59,7 +59,7 @@ pub use stub::DriverKind;
 #[cfg(not(feature = "cuda"))]
 pub use stub::{blas, blaslt, upload_staged, CudaDevice, CudaStorage, PinnedBuffer};
 
-pub use launch::{dtype_suffix, Arg, LaunchConfig};
+pub use launch::{dtype_suffix, LaunchConfig};
 
 pub mod attention;
 pub mod conv;

@@ -1,7 +1,7 @@
 //! Launch helpers shared by the nn kernel families (softmax, norm, conv,
 //! index, layout, dropout); their kernel side is `cuda/nn_common.cuh`.
 
-use super::{dtype_suffix, Arg, CudaDevice, CudaStorage, LaunchConfig};
+use super::{CudaDevice, CudaStorage, LaunchConfig};
 use crate::error::{Error, Result};
 use crate::tensor::DType;
 use std::sync::Arc;
@@ -30,20 +30,6 @@ pub(crate) fn elems(n: usize) -> LaunchConfig {
 /// One block per row (grid-stride over rows past `max_blocks()`).
 pub(crate) fn rows(rows: usize) -> LaunchConfig {
     LaunchConfig { grid: (rows.clamp(1, max_blocks()) as u32, 1, 1), block: (NN_BLOCK, 1, 1), shared_bytes: 0 }
-}
-
-/// The kernel `{op}_{dtype}`.
-pub(crate) fn kernel(op: &str, dtype: DType) -> String {
-    format!("{op}_{}", dtype_suffix(dtype))
-}
-
-/// Launches `{op}_{dtype}` of `module` unless there is no work (a grid of
-/// zero blocks is not a valid launch, and there is nothing to write).
-pub(crate) fn launch(dev: &CudaDevice, module: &str, op: &str, dtype: DType, work: usize, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
-    if work == 0 {
-        return Ok(());
-    }
-    dev.launch(module, &kernel(op, dtype), cfg, args)
 }
 
 /// Checks that `s` has one of the dtypes in `supported`.
@@ -93,7 +79,7 @@ pub(crate) fn upload_i64(dev: &Arc<CudaDevice>, v: &[i64]) -> Result<CudaStorage
 pub(crate) const MAX_DIMS: usize = 8;
 
 /// The `Strided` struct of `cuda/common.cuh` as 64-bit words (rank,
-/// dims[8], strides[8]), passed to a kernel by value (`Arg::Words`): no
+/// dims[8], strides[8]), passed to a kernel by value (`&[u64; 17]`): no
 /// upload, no allocation, no wait for the copy.
 pub(crate) fn strided_words(op: &'static str, dims: &[usize], strides: &[usize]) -> Result<[u64; 1 + 2 * MAX_DIMS]> {
     let r = dims.len();

@@ -4,9 +4,10 @@
 //! its backward is two launches (gx with partial weight and bias sums, then
 //! their final sum): deterministic column sums, no atomics.
 
-use super::nn_common::{elems, expect_dtype, expect_len, launch, rows, same, u32_arg, F32_F64, FLOATS};
+use super::kernels::norm as k;
+use super::nn_common::{elems, expect_dtype, expect_len, rows, same, u32_arg, F32_F64, FLOATS};
 use super::softmax::row_launch;
-use super::{Arg, CudaStorage};
+use super::CudaStorage;
 use crate::backend::cpu::norm::ln_param_dtype;
 use crate::error::{Error, Result};
 
@@ -39,22 +40,14 @@ pub fn layer_norm(x: &CudaStorage, w: Option<&CudaStorage>, b: Option<&CudaStora
     let dev = x.device();
     let pd = ln_param_dtype(x.dtype());
     let (y, mean, rstd) = (dev.alloc(x.dtype(), x.len())?, dev.alloc(pd, r)?, dev.alloc(pd, r)?);
-    // An absent weight or bias is never read; x stands in for its pointer.
-    let args = [
-        Arg::Ptr(x),
-        Arg::Ptr(w.unwrap_or(x)),
-        Arg::Ptr(b.unwrap_or(x)),
-        Arg::Ptr(&y),
-        Arg::Ptr(&mean),
-        Arg::Ptr(&rstd),
-        Arg::U64(r as u64),
-        Arg::U32(nn),
-        Arg::F64(eps),
-        Arg::U32(w.is_some() as u32),
-        Arg::U32(b.is_some() as u32),
-    ];
-    let (name, cfg) = row_launch("layer_norm_fwd", n, r);
-    launch(dev, "norm", &name, x.dtype(), x.len(), cfg, &args)?;
+    // An absent weight or bias is never read; `mean` (of the parameter
+    // dtype) stands in for its pointer.
+    let (warp, cfg) = row_launch(n, r);
+    let f = if warp { k::layer_norm_fwd_warp } else { k::layer_norm_fwd };
+    let (pw, pb) = (w.unwrap_or(&mean), b.unwrap_or(&mean));
+    if !x.is_empty() {
+        f(dev, x.dtype(), cfg, x, pw, pb, &y, &mean, &rstd, r as u64, nn, eps, w.is_some() as u32, b.is_some() as u32)?;
+    }
     Ok((y, mean, rstd))
 }
 
@@ -85,26 +78,17 @@ pub fn layer_norm_backward(
     // A chunk of rows per block, one partial row of the sums per chunk.
     let chunks = r.div_ceil(LN_CHUNK);
     let (pw, pb) = (dev.alloc(pd, (chunks * n).max(1))?, dev.alloc(pd, (chunks * n).max(1))?);
-    let args = [
-        Arg::Ptr(x),
-        Arg::Ptr(w.unwrap_or(x)),
-        Arg::Ptr(mean),
-        Arg::Ptr(rstd),
-        Arg::Ptr(g),
-        Arg::Ptr(&gx),
-        Arg::Ptr(&pw),
-        Arg::Ptr(&pb),
-        Arg::U64(r as u64),
-        Arg::U32(nn),
-        Arg::U32(w.is_some() as u32),
-        Arg::U32(LN_CHUNK as u32),
-    ];
-    let (name, _) = row_launch("layer_norm_bwd", n, r);
-    launch(dev, "norm", &name, dt, x.len(), rows(chunks), &args)?;
+    // An absent weight is never read; `mean` stands in for its pointer.
+    let (warp, _) = row_launch(n, r);
+    let f = if warp { k::layer_norm_bwd_warp } else { k::layer_norm_bwd };
+    if !x.is_empty() {
+        f(dev, dt, rows(chunks), x, w.unwrap_or(mean), mean, rstd, g, &gx, &pw, &pb, r as u64, nn, w.is_some() as u32, LN_CHUNK as u32)?;
+    }
     let (gw, gb) = (dev.alloc(pd, n)?, dev.alloc(pd, n)?);
     // With no rows the final pass writes zeros (an empty sum).
-    let args = [Arg::Ptr(&pw), Arg::Ptr(&pb), Arg::Ptr(&gw), Arg::Ptr(&gb), Arg::U64(chunks as u64), Arg::U32(nn)];
-    launch(dev, "norm", "layer_norm_bwd_wb", dt, n, elems(n), &args)?;
+    if n > 0 {
+        k::layer_norm_bwd_wb(dev, dt, elems(n), &pw, &pb, &gw, &gb, chunks as u64, nn)?;
+    }
     Ok((gx, gw, gb))
 }
 
@@ -119,8 +103,9 @@ pub fn batch_norm_stats(x: &CudaStorage, b: usize, c: usize, t: usize) -> Result
     let cc = bn_dims("batch_norm", x, b, c, t)?;
     let dev = x.device();
     let (mean, var) = (dev.alloc(x.dtype(), c)?, dev.alloc(x.dtype(), c)?);
-    let args = [Arg::Ptr(x), Arg::Ptr(&mean), Arg::Ptr(&var), Arg::U64(b as u64), Arg::U32(cc), Arg::U64(t as u64)];
-    launch(dev, "norm", "batch_norm_stats", x.dtype(), c, rows(c), &args)?;
+    if c > 0 {
+        k::batch_norm_stats(dev, x.dtype(), rows(c), x, &mean, &var, b as u64, cc, t as u64)?;
+    }
     Ok((mean, var))
 }
 
@@ -143,9 +128,9 @@ pub fn batch_norm_apply(
     }
     let dev = x.device();
     let y = dev.alloc(x.dtype(), x.len())?;
-    let args =
-        [Arg::Ptr(x), Arg::Ptr(mean), Arg::Ptr(rstd), Arg::Ptr(w), Arg::Ptr(bias), Arg::Ptr(&y), Arg::U64(x.len() as u64), Arg::U32(cc), Arg::U64(t as u64)];
-    launch(dev, "norm", "batch_norm_apply", x.dtype(), x.len(), elems(x.len()), &args)?;
+    if !x.is_empty() {
+        k::batch_norm_apply(dev, x.dtype(), elems(x.len()), x, mean, rstd, w, bias, &y, x.len() as u64, cc, t as u64)?;
+    }
     Ok(y)
 }
 
@@ -171,23 +156,12 @@ pub fn batch_norm_backward(
     }
     let (dt, dev) = (x.dtype(), x.device());
     let (gb, gw) = (dev.alloc(dt, c)?, dev.alloc(dt, c)?);
-    let args = [Arg::Ptr(x), Arg::Ptr(mean), Arg::Ptr(rstd), Arg::Ptr(g), Arg::Ptr(&gb), Arg::Ptr(&gw), Arg::U64(b as u64), Arg::U32(cc), Arg::U64(t as u64)];
-    launch(dev, "norm", "batch_norm_bwd_sums", dt, c, rows(c), &args)?;
+    if c > 0 {
+        k::batch_norm_bwd_sums(dev, dt, rows(c), x, mean, rstd, g, &gb, &gw, b as u64, cc, t as u64)?;
+    }
     let gx = dev.alloc(dt, x.len())?;
-    let args = [
-        Arg::Ptr(x),
-        Arg::Ptr(w),
-        Arg::Ptr(mean),
-        Arg::Ptr(rstd),
-        Arg::Ptr(g),
-        Arg::Ptr(&gb),
-        Arg::Ptr(&gw),
-        Arg::Ptr(&gx),
-        Arg::U64(x.len() as u64),
-        Arg::U32(cc),
-        Arg::U64(t as u64),
-        Arg::U32(train as u32),
-    ];
-    launch(dev, "norm", "batch_norm_bwd_dx", dt, x.len(), elems(x.len()), &args)?;
+    if !x.is_empty() {
+        k::batch_norm_bwd_dx(dev, dt, elems(x.len()), x, w, mean, rstd, g, &gb, &gw, &gx, x.len() as u64, cc, t as u64, train as u32)?;
+    }
     Ok((gx, gw, gb))
 }

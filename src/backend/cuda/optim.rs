@@ -7,7 +7,8 @@
 //! few multi-tensor launches ([`fused_adam`]: tables of pointers passed by
 //! value, the step's decisions left on the GPU, one read-back).
 
-use super::{dtype_suffix, Arg, CudaStorage, LaunchConfig};
+use super::kernels::optim as k;
+use super::{CudaStorage, LaunchConfig};
 use crate::backend::cpu::optim::AdamStep;
 use crate::backend::cpu::CpuStorage;
 use crate::error::{Error, Result};
@@ -50,30 +51,17 @@ pub fn adam(p: &mut CudaStorage, g: &CudaStorage, m: &mut CudaStorage, v: &mut C
         return Ok(());
     }
     let dev = p.device().clone();
-    let [lr, b1, b2, eps, wd, ibc1, isbc2, dec] = hyper_args(h);
-    dev.launch(
-        "optim",
-        &format!("adam_{}", dtype_suffix(dt)),
-        LaunchConfig::for_elems(n),
-        &[Arg::Ptr(p), Arg::Ptr(g), Arg::Ptr(m), Arg::Ptr(v), Arg::U64(n as u64), lr, b1, b2, eps, wd, ibc1, isbc2, dec],
-    )
+    let (lr, b1, b2, eps, wd, ibc1, isbc2, dec) = hyper_args(h);
+    k::adam(&dev, dt, LaunchConfig::for_elems(n), p, g, m, v, n as u64, lr, b1, b2, eps, wd, ibc1, isbc2, dec)
 }
 
 /// Adam's hyper-parameters as the kernels take them, after their tensors:
 /// lr, β1, β2, ε, weight decay, 1/(1−β1ᵗ), 1/√(1−β2ᵗ), decoupled.
-fn hyper_args(h: &AdamStep) -> [Arg<'static>; 8] {
+#[allow(clippy::type_complexity)]
+fn hyper_args(h: &AdamStep) -> (f64, f64, f64, f64, f64, f64, f64, i32) {
     let bc1 = 1.0 - h.beta1.powi(h.t as i32);
     let bc2 = 1.0 - h.beta2.powi(h.t as i32);
-    [
-        Arg::F64(h.lr),
-        Arg::F64(h.beta1),
-        Arg::F64(h.beta2),
-        Arg::F64(h.eps),
-        Arg::F64(h.weight_decay),
-        Arg::F64(1.0 / bc1),
-        Arg::F64(1.0 / bc2.sqrt()),
-        Arg::I32(h.decoupled as i32),
-    ]
+    (h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, 1.0 / bc1, 1.0 / bc2.sqrt(), h.decoupled as i32)
 }
 
 /// Blocks of one tensor's partial-sum launch (fixed by its length alone).
@@ -93,17 +81,12 @@ pub fn sum_squares(xs: &[&CudaStorage]) -> Result<f64> {
         let dt = float_dtype("grad_norm", x)?;
         let blocks = partial_blocks(x.len());
         let cfg = LaunchConfig { grid: (blocks as u32, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 };
-        dev.launch(
-            "optim",
-            &format!("sumsq_partial_{}", dtype_suffix(dt)),
-            cfg,
-            &[Arg::Ptr(x), Arg::U64(x.len() as u64), Arg::Ptr(&partials), Arg::U64(offset as u64)],
-        )?;
+        k::sumsq_partial(&dev, dt, cfg, x, x.len() as u64, &partials, offset as u64)?;
         offset += blocks;
     }
     let out = dev.alloc(DType::F64, 1)?;
     let one = LaunchConfig { grid: (1, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 };
-    dev.launch("optim", "sum_partials", one, &[Arg::Ptr(&partials), Arg::U64(total as u64), Arg::Ptr(&out)])?;
+    k::sum_partials(&dev, one, &partials, total as u64, &out)?;
     match out.to_cpu()? {
         CpuStorage::F64(v) if v.len() == 1 => Ok(v[0]),
         other => Err(Error::invalid("grad_norm", format!("expected one f64 sum, got {} {:?}", other.len(), other.dtype()))),
@@ -122,12 +105,7 @@ pub fn unscale_many(gs: &[&CudaStorage], inv_scale: f64) -> Result<(Vec<CudaStor
         let dt = float_dtype("unscale", g)?;
         let o = dev.alloc(dt, g.len())?;
         if !g.is_empty() {
-            dev.launch(
-                "optim",
-                &format!("unscale_{}", dtype_suffix(dt)),
-                LaunchConfig::for_elems(g.len()),
-                &[Arg::Ptr(g), Arg::Ptr(&o), Arg::U64(g.len() as u64), Arg::F64(inv_scale), Arg::Ptr(&flag)],
-            )?;
+            k::unscale(&dev, dt, LaunchConfig::for_elems(g.len()), g, &o, g.len() as u64, inv_scale, &flag)?;
         }
         out.push(o);
     }
@@ -191,20 +169,22 @@ pub struct FusedOutcome {
     pub skipped: bool,
 }
 
-/// One launch's table: its dtype, its words and its chunk count.
+/// One launch's table: its dtype, its words, its chunk count and the
+/// elements its chunks cover (for the profile's bytes).
 struct MtTable {
     dt: DType,
-    words: Vec<u64>,
+    words: [u64; MT_WORDS],
     tensors: usize,
     chunks: usize,
+    elems: u64,
 }
 
 impl MtTable {
     fn new(dt: DType, chunk: usize, first_chunk: usize) -> MtTable {
-        let mut words = vec![0u64; MT_WORDS];
+        let mut words = [0u64; MT_WORDS];
         words[0] = chunk as u64;
         words[2] = first_chunk as u64;
-        MtTable { dt, words, tensors: 0, chunks: 0 }
+        MtTable { dt, words, tensors: 0, chunks: 0, elems: 0 }
     }
     fn add_tensor(&mut self, s: &FusedSlot) -> usize {
         let k = self.tensors;
@@ -223,6 +203,8 @@ impl MtTable {
         let shift = 32 * (c % 2);
         self.words[base + c / 2] |= (slot as u64) << shift;
         self.words[base + half + c / 2] |= (index as u64) << shift;
+        let (chunk, len) = (self.words[0], self.words[3 + 4 * MT_TENSORS + slot]);
+        self.elems += len.saturating_sub(index as u64 * chunk).min(chunk);
         self.chunks += 1;
         self.words[1] = self.chunks as u64;
     }
@@ -298,18 +280,19 @@ pub fn fused_adam(slots: &[FusedSlot], h: &AdamStep, o: &FusedOptions) -> Result
     let state = dev.alloc(DType::F64, 5)?;
     let (inv_scale, amp) = (o.inv_scale.unwrap_or(1.0), o.inv_scale.is_some() as i32);
     let grid = |t: &MtTable| LaunchConfig { grid: (t.chunks.min(super::launch::max_grid() as usize) as u32, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 };
+    // The bytes of each table's chunks (the profile cannot see inside it):
+    // the norm reads g; the update reads p, g, m, v and writes p, m, v.
+    let bytes = |t: &MtTable| t.elems * t.dt.size_in_bytes() as u64;
     for t in &tables {
-        let k = format!("mt_norm_{}", dtype_suffix(t.dt));
-        dev.launch("optim", &k, grid(t), &[Arg::Words(&t.words), Arg::F64(inv_scale), Arg::I32(amp), Arg::Ptr(&partials)])?;
+        k::mt_norm(&dev, t.dt, grid(t), &t.words, inv_scale, amp, &partials, (bytes(t), 0))?;
     }
     let one = LaunchConfig { grid: (1, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 };
     let max_norm = o.max_norm.filter(|&m| m > 0.0).unwrap_or(0.0);
-    dev.launch("optim", "mt_finish", one, &[Arg::Ptr(&partials), Arg::U64(total as u64), Arg::F64(max_norm), Arg::Ptr(&state)])?;
-    let [lr, b1, b2, eps, wd, ibc1, isbc2, dec] = hyper_args(h);
+    k::mt_finish(&dev, one, &partials, total as u64, max_norm, &state)?;
+    let (lr, b1, b2, eps, wd, ibc1, isbc2, dec) = hyper_args(h);
     for t in &tables {
-        let k = format!("mt_adam_{}", dtype_suffix(t.dt));
-        let args = [Arg::Words(&t.words), Arg::Ptr(&state), Arg::F64(inv_scale), Arg::I32(amp), lr, b1, b2, eps, wd, ibc1, isbc2, dec];
-        dev.launch("optim", &k, grid(t), &args)?;
+        let moved = (4 * bytes(t), 3 * bytes(t));
+        k::mt_adam(&dev, t.dt, grid(t), &t.words, &state, inv_scale, amp, lr, b1, b2, eps, wd, ibc1, isbc2, dec, moved)?;
     }
     match state.to_cpu()? {
         CpuStorage::F64(v) if v.len() == 5 => Ok(FusedOutcome { grad_norm: v[0], found_inf: v[1] != 0.0, skipped: v[2] != 0.0 }),

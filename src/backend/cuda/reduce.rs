@@ -2,7 +2,8 @@
 //! `cpu/reduce.rs`: layout `(outer, n, inner)`, output `(outer, inner)`.
 //! Every result is summed in a fixed order, so it is the same run to run.
 
-use super::{dtype_suffix, Arg, CudaStorage, LaunchConfig};
+use super::kernels::reduce as k;
+use super::{CudaStorage, LaunchConfig};
 use crate::error::{Error, Result};
 use crate::tensor::DType;
 
@@ -23,13 +24,13 @@ fn check_len(op: &'static str, x: &CudaStorage, want: usize) -> Result<()> {
     Ok(())
 }
 
-fn i(v: usize) -> Arg<'static> {
-    Arg::I64(v as i64)
+fn i(v: usize) -> i64 {
+    v as i64
 }
 
 /// Sum over the middle dim of `(outer, n, inner)`, in the input's dtype.
 pub fn sum_dim(x: &CudaStorage, outer: usize, n: usize, inner: usize) -> Result<CudaStorage> {
-    sum_into(x, outer, n, inner, x.dtype(), "")
+    sum_into(x, outer, n, inner, x.dtype(), false)
 }
 
 /// Sum over the middle dim of `(outer, n, inner)` in the accumulation type:
@@ -37,8 +38,8 @@ pub fn sum_dim(x: &CudaStorage, outer: usize, n: usize, inner: usize) -> Result<
 /// dims, rounded to half once at the end), f32/f64 their own dtype.
 pub fn sum_dim_acc(x: &CudaStorage, outer: usize, n: usize, inner: usize) -> Result<CudaStorage> {
     match x.dtype() {
-        DType::F16 | DType::BF16 => sum_into(x, outer, n, inner, DType::F32, "_to_f32"),
-        dt => sum_into(x, outer, n, inner, dt, ""),
+        DType::F16 | DType::BF16 => sum_into(x, outer, n, inner, DType::F32, true),
+        dt => sum_into(x, outer, n, inner, dt, false),
     }
 }
 
@@ -96,16 +97,17 @@ pub fn col_sum_tiling(outer: usize, n: usize, inner: usize) -> (usize, usize) {
 /// benches compare the paths; [`ColSum::Auto`] is what `sum_dim_acc` does).
 pub fn sum_dim_acc_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, path: ColSum) -> Result<CudaStorage> {
     match x.dtype() {
-        DType::F16 | DType::BF16 => sum_into_with(x, outer, n, inner, DType::F32, "_to_f32", path),
-        dt => sum_into_with(x, outer, n, inner, dt, "", path),
+        DType::F16 | DType::BF16 => sum_into_with(x, outer, n, inner, DType::F32, true, path),
+        dt => sum_into_with(x, outer, n, inner, dt, false, path),
     }
 }
 
-fn sum_into(x: &CudaStorage, outer: usize, n: usize, inner: usize, out: DType, suffix: &str) -> Result<CudaStorage> {
-    sum_into_with(x, outer, n, inner, out, suffix, ColSum::Auto)
+/// `to_f32`: the `*_to_f32` kernels (half in, f32 sums out).
+fn sum_into(x: &CudaStorage, outer: usize, n: usize, inner: usize, out: DType, to_f32: bool) -> Result<CudaStorage> {
+    sum_into_with(x, outer, n, inner, out, to_f32, ColSum::Auto)
 }
 
-fn sum_into_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, out: DType, suffix: &str, path: ColSum) -> Result<CudaStorage> {
+fn sum_into_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, out: DType, to_f32: bool, path: ColSum) -> Result<CudaStorage> {
     float_only("sum", x)?;
     check_len("sum", x, outer * n * inner)?;
     let dev = x.device();
@@ -113,18 +115,19 @@ fn sum_into_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, out: DTy
     if outer * inner == 0 {
         return Ok(y);
     }
-    let dt = dtype_suffix(x.dtype());
+    let dt = x.dtype();
     if inner == 1 {
-        let args = [Arg::Ptr(x), Arg::Ptr(&y), i(outer), i(n)];
         if n <= SHORT_ROW {
             // A warp per row, THREADS / 32 rows a block.
             let blocks = outer.div_ceil(THREADS as usize / 32).clamp(1, super::launch::max_grid() as usize) as u32;
             let cfg = LaunchConfig { grid: (blocks, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 };
-            dev.launch("reduce", &format!("sum_rows_warp_{dt}{suffix}"), cfg, &args)?;
+            let f = if to_f32 { k::sum_rows_warp_to_f32 } else { k::sum_rows_warp };
+            f(dev, dt, cfg, x, &y, i(outer), i(n))?;
         } else {
             // Dynamic shared memory: one partial (at most 8 bytes) per warp.
             let cfg = LaunchConfig { shared_bytes: ROW_SHARED_BYTES, ..LaunchConfig::rows(outer, THREADS) };
-            dev.launch("reduce", &format!("sum_rows_{dt}{suffix}"), cfg, &args)?;
+            let f = if to_f32 { k::sum_rows_to_f32 } else { k::sum_rows };
+            f(dev, dt, cfg, x, &y, i(outer), i(n))?;
         }
         return Ok(y);
     }
@@ -141,11 +144,11 @@ fn sum_into_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, out: DTy
             block: ((COL_STRIP * ROW_LANES) as u32, 1, 1),
             shared_bytes: 0,
         };
-        let args = [Arg::Ptr(x), Arg::Ptr(&y), Arg::Ptr(&partials), Arg::Ptr(&counters), i(outer), i(n), i(inner), i(tile_rows)];
-        dev.launch("reduce", &format!("sum_cols_tiled_{dt}{suffix}"), cfg, &args)?;
+        let f = if to_f32 { k::sum_cols_tiled_to_f32 } else { k::sum_cols_tiled };
+        f(dev, dt, cfg, x, &y, &partials, &counters, i(outer), i(n), i(inner), i(tile_rows))?;
     } else {
-        let args = [Arg::Ptr(x), Arg::Ptr(&y), i(outer), i(n), i(inner)];
-        dev.launch("reduce", &format!("sum_cols_{dt}{suffix}"), LaunchConfig::for_elems(outer * inner), &args)?;
+        let f = if to_f32 { k::sum_cols_to_f32 } else { k::sum_cols };
+        f(dev, dt, LaunchConfig::for_elems(outer * inner), x, &y, i(outer), i(n), i(inner))?;
     }
     Ok(y)
 }
@@ -161,8 +164,7 @@ pub fn max_dim(x: &CudaStorage, outer: usize, n: usize, inner: usize) -> Result<
     let val = dev.alloc(x.dtype(), outer * inner)?;
     let arg = dev.alloc(DType::I64, outer * inner)?;
     if outer * inner > 0 {
-        let args = [Arg::Ptr(x), Arg::Ptr(&val), Arg::Ptr(&arg), i(outer), i(n), i(inner)];
-        dev.launch("reduce", &format!("max_dim_{}", dtype_suffix(x.dtype())), LaunchConfig::for_elems(outer * inner), &args)?;
+        k::max_dim(dev, x.dtype(), LaunchConfig::for_elems(outer * inner), x, &val, &arg, i(outer), i(n), i(inner))?;
     }
     Ok((val, arg))
 }
@@ -175,8 +177,7 @@ pub fn max_dim_backward(g: &CudaStorage, arg: &CudaStorage, outer: usize, n: usi
     let dev = g.device();
     let out = dev.zeros(g.dtype(), outer * n * inner)?;
     if outer * inner > 0 {
-        let args = [Arg::Ptr(g), Arg::Ptr(arg), Arg::Ptr(&out), i(outer), i(n), i(inner)];
-        dev.launch("reduce", &format!("max_bwd_{}", dtype_suffix(g.dtype())), LaunchConfig::for_elems(outer * inner), &args)?;
+        k::max_dim_bwd(dev, g.dtype(), LaunchConfig::for_elems(outer * inner), g, arg, &out, i(outer), i(n), i(inner))?;
     }
     Ok(out)
 }
@@ -188,8 +189,7 @@ pub fn expand_dim(x: &CudaStorage, outer: usize, n: usize, inner: usize) -> Resu
     let dev = x.device();
     let y = dev.alloc(x.dtype(), outer * n * inner)?;
     if !y.is_empty() {
-        let args = [Arg::Ptr(x), Arg::Ptr(&y), i(outer), i(n), i(inner)];
-        dev.launch("reduce", &format!("expand_dim_{}", dtype_suffix(x.dtype())), LaunchConfig::for_elems(outer * n * inner), &args)?;
+        k::expand_dim(dev, x.dtype(), LaunchConfig::for_elems(outer * n * inner), x, &y, i(outer), i(n), i(inner))?;
     }
     Ok(y)
 }

@@ -4,8 +4,9 @@
 //! and accumulated in f32. Rows of up to `WARP_ROW_MAX` elements get a warp
 //! each (several rows per block), longer rows a block each.
 
-use super::nn_common::{expect_dtype, expect_len, launch, rows, same, strided_words, u32_arg, FLOATS, NN_BLOCK};
-use super::{Arg, CudaStorage, LaunchConfig};
+use super::kernels::softmax as k;
+use super::nn_common::{expect_dtype, expect_len, rows, same, strided_words, u32_arg, FLOATS, NN_BLOCK};
+use super::{CudaDevice, CudaStorage, LaunchConfig};
 use crate::backend::cpu::softmax::MaskRows;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
@@ -16,29 +17,37 @@ pub(crate) const WARP_ROW_MAX: usize = 1024;
 /// Rows per block of the warp-per-row kernels.
 const WARPS: usize = NN_BLOCK as usize / 32;
 
-/// The kernel shape for `rows` rows of length `n`: `{op}_warp` with a warp
-/// per row for rows up to `WARP_ROW_MAX` (NN_BLOCK / 32 rows per block),
-/// else `{op}` with a block per row; both grid-stride over the rows.
-pub(crate) fn row_launch(op: &str, n: usize, r: usize) -> (String, LaunchConfig) {
+/// The kernel shape for `rows` rows of length `n`: (true, ..) for the
+/// `{op}_warp` kernel with a warp per row for rows up to `WARP_ROW_MAX`
+/// (NN_BLOCK / 32 rows per block), else (false, ..) for `{op}` with a block
+/// per row; both grid-stride over the rows.
+pub(crate) fn row_launch(n: usize, r: usize) -> (bool, LaunchConfig) {
     if n <= WARP_ROW_MAX {
-        (format!("{op}_warp"), rows(r.div_ceil(WARPS)))
+        (true, rows(r.div_ceil(WARPS)))
     } else {
-        (op.to_string(), rows(r))
+        (false, rows(r))
     }
 }
 
-fn forward(op: &'static str, x: &CudaStorage, n: usize) -> Result<CudaStorage> {
+/// A row kernel's launch function: (rows, n) → y.
+type RowFn = fn(&CudaDevice, DType, LaunchConfig, &CudaStorage, &CudaStorage, u64, u32) -> Result<()>;
+/// A row backward's launch function: (y, g) → gx.
+type RowBwdFn = fn(&CudaDevice, DType, LaunchConfig, &CudaStorage, &CudaStorage, &CudaStorage, u64, u32) -> Result<()>;
+
+fn forward(op: &'static str, kernels: (RowFn, RowFn), x: &CudaStorage, n: usize) -> Result<CudaStorage> {
     expect_dtype(op, x, FLOATS)?;
     let nn = u32_arg(op, "row length", n)?;
     let r = if n == 0 { 0 } else { x.len() / n };
     let dev = x.device();
     let y = dev.alloc(x.dtype(), x.len())?;
-    let (name, cfg) = row_launch(op, n, r);
-    launch(dev, "softmax", &name, x.dtype(), x.len(), cfg, &[Arg::Ptr(x), Arg::Ptr(&y), Arg::U64(r as u64), Arg::U32(nn)])?;
+    let (warp, cfg) = row_launch(n, r);
+    if !x.is_empty() {
+        (if warp { kernels.1 } else { kernels.0 })(dev, x.dtype(), cfg, x, &y, r as u64, nn)?;
+    }
     Ok(y)
 }
 
-fn backward(op: &'static str, y: &CudaStorage, g: &CudaStorage, n: usize) -> Result<CudaStorage> {
+fn backward(op: &'static str, kernels: (RowBwdFn, RowBwdFn), y: &CudaStorage, g: &CudaStorage, n: usize) -> Result<CudaStorage> {
     expect_dtype(op, y, FLOATS)?;
     same(op, y, g)?;
     expect_len(op, "the output gradient", g, y.len())?;
@@ -46,30 +55,32 @@ fn backward(op: &'static str, y: &CudaStorage, g: &CudaStorage, n: usize) -> Res
     let r = if n == 0 { 0 } else { y.len() / n };
     let dev = y.device();
     let gx = dev.alloc(y.dtype(), y.len())?;
-    let (name, cfg) = row_launch(op, n, r);
-    launch(dev, "softmax", &name, y.dtype(), y.len(), cfg, &[Arg::Ptr(y), Arg::Ptr(g), Arg::Ptr(&gx), Arg::U64(r as u64), Arg::U32(nn)])?;
+    let (warp, cfg) = row_launch(n, r);
+    if !y.is_empty() {
+        (if warp { kernels.1 } else { kernels.0 })(dev, y.dtype(), cfg, y, g, &gx, r as u64, nn)?;
+    }
     Ok(gx)
 }
 
 /// Softmax over rows of length `n`.
 pub fn softmax(x: &CudaStorage, n: usize) -> Result<CudaStorage> {
-    forward("softmax_fwd", x, n)
+    forward("softmax_fwd", (k::softmax_fwd, k::softmax_fwd_warp), x, n)
 }
 
 /// Log-softmax over rows of length `n`.
 pub fn log_softmax(x: &CudaStorage, n: usize) -> Result<CudaStorage> {
-    forward("log_softmax_fwd", x, n)
+    forward("log_softmax_fwd", (k::log_softmax_fwd, k::log_softmax_fwd_warp), x, n)
 }
 
 /// Softmax's backward from its output `y` and output gradient `g` (also
 /// masked softmax's: its masked outputs are 0, so their gradient is 0).
 pub fn softmax_backward(y: &CudaStorage, g: &CudaStorage, n: usize) -> Result<CudaStorage> {
-    backward("softmax_bwd", y, g, n)
+    backward("softmax_bwd", (k::softmax_bwd, k::softmax_bwd_warp), y, g, n)
 }
 
 /// Log-softmax's backward from its output `y` and output gradient `g`.
 pub fn log_softmax_backward(y: &CudaStorage, g: &CudaStorage, n: usize) -> Result<CudaStorage> {
-    backward("log_softmax_bwd", y, g, n)
+    backward("log_softmax_bwd", (k::log_softmax_bwd, k::log_softmax_bwd_warp), y, g, n)
 }
 
 /// Softmax over rows of length `n` of the elements whose byte of `mask`
@@ -90,8 +101,10 @@ pub fn masked_softmax(x: &CudaStorage, mask: &CudaStorage, rows: &MaskRows, n: u
     let words = strided_words(op, &rows.dims, &rows.strides)?;
     let dev = x.device();
     let y = dev.alloc(x.dtype(), x.len())?;
-    let (name, cfg) = row_launch("masked_softmax_fwd", n, r);
-    let args = [Arg::Ptr(x), Arg::Ptr(mask), Arg::Words(&words), Arg::U64(rows.step as u64), Arg::Ptr(&y), Arg::U64(r as u64), Arg::U32(nn)];
-    launch(dev, "softmax", &name, x.dtype(), x.len(), cfg, &args)?;
+    let (warp, cfg) = row_launch(n, r);
+    let f = if warp { k::masked_softmax_fwd_warp } else { k::masked_softmax_fwd };
+    if !x.is_empty() {
+        f(dev, x.dtype(), cfg, x, mask, &words, rows.step as u64, &y, r as u64, nn)?;
+    }
     Ok(y)
 }

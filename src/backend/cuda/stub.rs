@@ -2,7 +2,7 @@
 //! as the real runtime, but no device can be opened, so no value of these
 //! types can exist and every GPU path is unreachable by construction.
 
-use super::launch::{Arg, LaunchConfig};
+use super::launch::LaunchConfig;
 use super::PoolStats;
 use crate::backend::cpu::CpuStorage;
 use crate::error::Result;
@@ -42,13 +42,19 @@ impl CudaDevice {
     pub fn zeros(self: &Arc<Self>, _dtype: DType, _len: usize) -> Result<CudaStorage> {
         match **self {}
     }
-    /// Launches a kernel.
-    pub fn launch(&self, _module: &str, _kernel: &str, _cfg: LaunchConfig, _args: &[Arg]) -> Result<()> {
-        match *self {}
-    }
+    /// Launches a kernel (what the generated functions of `kernels` call).
+    ///
+    /// # Safety
     /// Unreachable without the `cuda` feature (no device can be opened).
-    pub fn launch_moving(&self, module: &str, kernel: &str, cfg: LaunchConfig, args: &[Arg], _moved: Option<(u64, u64)>) -> Result<()> {
-        self.launch(module, kernel, cfg, args)
+    pub(crate) unsafe fn launch_kernel(
+        &self,
+        _id: usize,
+        _cfg: LaunchConfig,
+        _params: &mut [*mut std::ffi::c_void],
+        _bufs: &[&CudaStorage],
+        _moved: Option<(u64, u64)>,
+    ) -> Result<()> {
+        match *self {}
     }
     /// Waits for queued work.
     pub fn synchronize(&self) -> Result<()> {
@@ -147,6 +153,10 @@ pub mod blas {
 
     /// The batched product.
     pub fn matmul(_d: &MatmulDims, a: &CudaStorage, _b: &CudaStorage) -> Result<CudaStorage> {
+        match *a {}
+    }
+    /// `alpha·a·b (+ acc)`.
+    pub fn matmul_scaled(_d: &MatmulDims, a: &CudaStorage, _b: &CudaStorage, _alpha: f64, _acc: Option<CudaStorage>) -> Result<CudaStorage> {
         match *a {}
     }
     /// Allows TF32 for f32 products (no effect in this build).
