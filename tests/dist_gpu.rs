@@ -250,3 +250,143 @@ fn gpu_zero2_uneven_data_ends_the_epoch_on_every_rank() {
     }
     uneven("gpu_zero2_uneven_data_ends_the_epoch_on_every_rank", "deepspeed");
 }
+
+/// `asrforge launch --nproc_per_node {nproc} ... train --device cuda` over
+/// `dir`'s `train.list` with `--timeout`, on as many emulated devices as
+/// workers; stdout and stderr in `dir/launch.{out,err}`.
+fn launch_gpu_train(dir: &std::path::Path, nproc: usize, timeout: u64, engine: &str) -> (std::process::Child, PathBuf) {
+    let a = train_common::args(dir, "exp");
+    let port = dist_common::free_port().to_string();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_asrforge"));
+    let (nproc_s, timeout) = (nproc.to_string(), timeout.to_string());
+    cmd.args(["launch", "--nproc_per_node", &nproc_s, "--master_port", &port, "--grace_period", "3", "train", "--dist_backend", "gloo"]);
+    cmd.args(["--device", "cuda", "--num_workers", "1", "--timeout", &timeout, "--train_engine", engine]);
+    if engine == "deepspeed" {
+        cmd.arg("--deepspeed_config").arg(dir.join("ds.json"));
+    }
+    for (flag, p) in [
+        ("--config", &a.config),
+        ("--model_dir", &a.model_dir),
+        ("--tensorboard_dir", &a.tensorboard_dir),
+        ("--train_data", &dir.join("train.list")),
+        ("--cv_data", &dir.join("cv.list")),
+        ("--symbol_table", &dir.join("units.txt")),
+    ] {
+        cmd.arg(flag).arg(p);
+    }
+    cmd.env_remove("ASRFORGE_RDZV_TOKEN").env("ASRFORGE_CUDA_EMU_DEVICES", nproc.to_string()).stdin(std::process::Stdio::null());
+    cmd.stdout(std::fs::File::create(dir.join("launch.out")).unwrap()).stderr(std::fs::File::create(dir.join("launch.err")).unwrap());
+    (cmd.spawn().unwrap(), a.model_dir)
+}
+
+/// A corpus whose `train.list` gives `per_rank` batches to each of `nproc` ranks, a cv list and a ZeRO-2 JSON.
+fn launch_corpus(name: &str, nproc: usize, per_rank: usize) -> PathBuf {
+    let dir = train_common::tmpdir(name);
+    train_common::setup(&dir, 5 * 12, &train_common::tiny_yaml(0.0, 1, 1, "save_interval: 2\n"));
+    std::fs::write(dir.join("train.list"), good_lines(&dir, nproc * per_rank).join("\n") + "\n").unwrap();
+    std::fs::write(dir.join("cv.list"), good_lines(&dir, 4).join("\n") + "\n").unwrap();
+    std::fs::write(
+        dir.join("ds.json"),
+        r#"{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 2, "reduce_bucket_size": 1000, "allgather_bucket_size": 1000}}"#,
+    )
+    .unwrap();
+    dir
+}
+
+/// Waits (at most 120 s) until the run in `model_dir` has saved step 2.
+fn wait_for_step_2(model_dir: &std::path::Path, dir: &std::path::Path) {
+    let marker = model_dir.join("step_2.yaml");
+    let t0 = std::time::Instant::now();
+    while !marker.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "training never reached step 2:\n{}",
+            std::fs::read_to_string(dir.join("launch.err")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Signals rank 1 of a GPU job of 2 workers with `sig` once it saved step 2,
+/// and checks that the launcher fails within `--timeout` + 5 s with a
+/// message containing `want`, leaving no worker behind.
+fn signal_gpu_job(name: &str, engine: &str, sig: &str, want: &str) {
+    if common::gpu::gpu(name).is_none() {
+        return;
+    }
+    const TIMEOUT: u64 = 10;
+    let dir = launch_corpus(name, 2, 60);
+    let (mut launcher, model_dir) = launch_gpu_train(&dir, 2, TIMEOUT, engine);
+    wait_for_step_2(&model_dir, &dir);
+    let workers = dist_common::workers_of(launcher.id());
+    assert_eq!(workers.iter().map(|(r, _)| *r).collect::<Vec<_>>(), [0, 1], "two workers: {workers:?}");
+    assert!(std::process::Command::new("kill").args([sig, &workers[1].1.to_string()]).status().unwrap().success());
+    let t0 = std::time::Instant::now();
+    // Bounded wait: a job that ignores the timeout is stopped by the test, which then fails.
+    let status = loop {
+        if let Some(s) = launcher.try_wait().unwrap() {
+            break Some(s);
+        }
+        if t0.elapsed() > Duration::from_secs(4 * TIMEOUT) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let secs = t0.elapsed().as_secs_f64();
+    if status.is_none() {
+        for (_, pid) in &workers {
+            let _ = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+        }
+        let _ = launcher.kill();
+        let _ = launcher.wait();
+    }
+    let err = std::fs::read_to_string(dir.join("launch.err")).unwrap();
+    println!(
+        "{engine} on the device, {sig}: launcher exited {status:?} {secs:.1} s later; {}",
+        err.lines().filter(|l| l.contains("rank 1")).collect::<Vec<_>>().join(" | ")
+    );
+    let status = status.unwrap_or_else(|| panic!("the job still ran {secs:.0} s after {sig} of rank 1 (--timeout {TIMEOUT}):\n{err}"));
+    assert!(!status.success());
+    assert!(secs < (TIMEOUT + 5) as f64, "the job took {secs} s to fail");
+    assert!(err.contains(want), "the job names rank 1 ({want:?}):\n{err}");
+    assert!(!err.contains("panicked") && !err.contains("stack backtrace"), "{err}");
+    std::thread::sleep(Duration::from_millis(200));
+    let left: Vec<u32> = workers.iter().map(|(_, p)| *p).filter(|p| dist_common::alive(*p)).collect();
+    assert!(left.is_empty(), "workers left behind: {left:?}");
+    assert!(!model_dir.join("epoch_0.yaml").exists(), "stopped mid-epoch");
+}
+
+#[test]
+fn gpu_ddp_job_fails_naming_a_stopped_rank_within_the_timeout() {
+    signal_gpu_job("gpu_ddp_job_fails_naming_a_stopped_rank_within_the_timeout", "torch_ddp", "-STOP", "rank 1 did not answer within 10 s");
+}
+
+#[test]
+fn gpu_zero2_job_fails_naming_a_stopped_rank_within_the_timeout() {
+    signal_gpu_job("gpu_zero2_job_fails_naming_a_stopped_rank_within_the_timeout", "deepspeed", "-STOP", "rank 1 did not answer within 10 s");
+}
+
+#[test]
+fn gpu_ddp_job_fails_naming_a_killed_rank() {
+    signal_gpu_job("gpu_ddp_job_fails_naming_a_killed_rank", "torch_ddp", "-KILL", "asrforge launch: rank 1 (");
+}
+
+#[test]
+fn gpu_zero2_job_fails_naming_a_killed_rank() {
+    signal_gpu_job("gpu_zero2_job_fails_naming_a_killed_rank", "deepspeed", "-KILL", "asrforge launch: rank 1 (");
+}
+
+/// The launcher's own path with `--device cuda` on 2 emulated devices: a
+/// whole epoch, both workers on their own `cuda:LOCAL_RANK`.
+#[test]
+fn gpu_launch_trains_an_epoch_on_2_devices() {
+    if common::gpu::gpu("gpu_launch_trains_an_epoch_on_2_devices").is_none() {
+        return;
+    }
+    let dir = launch_corpus("gpu-launch-epoch", 2, 3);
+    let (launcher, model_dir) = launch_gpu_train(&dir, 2, 30, "torch_ddp");
+    let out = launcher.wait_with_output().unwrap();
+    let err = std::fs::read_to_string(dir.join("launch.err")).unwrap();
+    assert!(out.status.success(), "launch failed:\n{err}");
+    assert!(model_dir.join("epoch_0.yaml").exists() && model_dir.join("final.safetensors").exists(), "the epoch finished:\n{err}");
+}
