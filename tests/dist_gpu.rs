@@ -390,3 +390,48 @@ fn gpu_launch_trains_an_epoch_on_2_devices() {
     assert!(out.status.success(), "launch failed:\n{err}");
     assert!(model_dir.join("epoch_0.yaml").exists() && model_dir.join("final.safetensors").exists(), "the epoch finished:\n{err}");
 }
+
+/// The engines' own collectives honour the communicator's timeout: rank 1
+/// builds the engines and then stays silent (as a hung process would) while
+/// rank 0 trains; rank 0's step fails within the timeout (+ 5 s) naming
+/// rank 1, for DDP's bucket all-reduce on the communication thread and for
+/// ZeRO-2's reduce-scatter on the training thread.
+fn silent_rank_worker(w: &Worker) {
+    const SHORT: Duration = Duration::from_secs(3);
+    let dev = common::gpu::gpu("silent_rank_worker").expect("the parent checked for a GPU");
+    let (_server, s) = store(w);
+    let c = |prefix: &str| Box::new(TcpCommunicator::new(&s, prefix, w.rank, w.world_size, SHORT).expect("communicator"));
+    let o = ZeroOptions { stage: 2, reduce_bucket_size: 8, allgather_bucket_size: 11, overlap_comm: false };
+    let mut engines: Vec<(&str, Box<dyn Engine>)> = vec![
+        ("ddp", Box::new(Ddp::new(device_params(7, &dev), &[], ADAM, c("ddp"), 64).expect("ddp"))),
+        ("zero2", Box::new(ZeroEngine::new(device_params(7, &dev), c("zero2"), o, ADAM).expect("zero"))),
+    ];
+    if w.rank == 1 {
+        // Silent, connections open, for longer than rank 0 may wait on both engines.
+        std::thread::sleep(SHORT * 2 + Duration::from_secs(12));
+        return;
+    }
+    let run = Run { first_step: 0, steps: 3, accum: 1, clip: CLIP, lr: 0.01 };
+    for (name, e) in &mut engines {
+        let t0 = std::time::Instant::now();
+        let err = train(e.as_mut(), run, None, &|_, _| {}).expect_err("rank 1 never answers");
+        let secs = t0.elapsed().as_secs_f64();
+        println!("SILENT {name} failed after {secs:.1} s: {err}");
+        assert!(secs < SHORT.as_secs_f64() + 5.0, "{name}: {secs} s");
+        assert!(err.to_string().contains("rank 1"), "{name}: the error names rank 1: {err}");
+    }
+}
+
+#[test]
+fn gpu_engine_collectives_fail_within_the_timeout_naming_a_silent_rank() {
+    if let Some(w) = worker() {
+        silent_rank_worker(&w);
+        return;
+    }
+    if common::gpu::gpu("gpu_engine_collectives_fail_within_the_timeout_naming_a_silent_rank").is_none() {
+        return;
+    }
+    let rs = all_ok(dist_common::spawn("gpu_engine_collectives_fail_within_the_timeout_naming_a_silent_rank", 2, &[], &|_| Vec::new()));
+    eprintln!("{}", rs[0].lines_with("SILENT ").join("\n"));
+    assert_eq!(rs[0].lines_with("SILENT ").len(), 2);
+}
