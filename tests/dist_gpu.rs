@@ -435,3 +435,45 @@ fn gpu_engine_collectives_fail_within_the_timeout_naming_a_silent_rank() {
     eprintln!("{}", rs[0].lines_with("SILENT ").join("\n"));
     assert_eq!(rs[0].lines_with("SILENT ").len(), 2);
 }
+
+/// `asrforge train --dist_backend nccl` in a job of 2 (this process rank 0,
+/// rendezvous `--timeout 2`): its exit status and stderr.
+fn nccl_train(device: &str, emu: Option<&str>) -> (bool, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_asrforge"));
+    cmd.args(["train", "--config", concat!(env!("CARGO_MANIFEST_DIR"), "/conf/tiny.yaml"), "--train_data", "none.list", "--cv_data", "none.list"]);
+    cmd.args(["--model_dir", &std::env::temp_dir().join(format!("asrforge-nccl-cli-{}", std::process::id())).display().to_string()]);
+    cmd.args(["--dist_backend", "nccl", "--device", device, "--timeout", "2"]);
+    cmd.env("WORLD_SIZE", "2").env("RANK", "0").env("MASTER_PORT", dist_common::free_port().to_string()).env_remove("ASRFORGE_CUDA_EMU");
+    if let Some(v) = emu {
+        cmd.env("ASRFORGE_CUDA_EMU", v);
+    }
+    let out = cmd.output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).trim().to_string())
+}
+
+/// `--dist_backend nccl` where it cannot run is one line saying why and
+/// what to do: on the CPU, on the emulated device, without a GPU (or, on a
+/// GPU host, without NCCL). NCCL itself is not run here.
+#[test]
+fn dist_backend_nccl_without_a_gpu_or_nccl_is_one_clean_line() {
+    let one_line = |what: &str, ok: bool, err: &str, want: &[&str]| {
+        println!("{what}: {err}");
+        assert!(!ok, "{what}: the run must fail");
+        assert_eq!(err.lines().count(), 1, "{what}: one line:\n{err}");
+        assert!(err.starts_with("error: config key `--dist_backend`: nccl"), "{what}: {err}");
+        assert!(want.iter().any(|w| err.contains(w)), "{what}: expected one of {want:?} in {err}");
+        assert!(!err.contains("panicked"), "{what}: {err}");
+    };
+    let (ok, err) = nccl_train("cpu", None);
+    one_line("--device cpu", ok, &err, &["trains on the CPU (--device \"cpu\"); use --dist_backend gloo"]);
+    let (ok, err) = nccl_train("cuda", Some("1"));
+    one_line("the emulated device", ok, &err, &["the emulated CUDA device (ASRFORGE_CUDA_EMU=1) runs the GPU engines over --dist_backend gloo"]);
+    let (ok, err) = nccl_train("cuda", None);
+    if err.contains("rendezvous") || err.contains("did not") {
+        // A GPU with NCCL: the checks passed and the job waited for rank 1 (2 s).
+        println!("a GPU with NCCL is present; the rendezvous timed out as it should: {err}");
+        assert!(!ok);
+    } else {
+        one_line("no GPU, or no NCCL", ok, &err, &["nccl needs a GPU (cuda:0, LOCAL_RANK) but none is usable", "NCCL was not found on the loader path"]);
+    }
+}

@@ -37,6 +37,8 @@ mod device;
 #[cfg(feature = "cuda")]
 pub mod driver;
 #[cfg(feature = "cuda")]
+pub mod nccl;
+#[cfg(feature = "cuda")]
 mod pinned;
 #[cfg(feature = "cuda")]
 mod storage;
