@@ -477,3 +477,102 @@ fn dist_backend_nccl_without_a_gpu_or_nccl_is_one_clean_line() {
         one_line("no GPU, or no NCCL", ok, &err, &["nccl needs a GPU (cuda:0, LOCAL_RANK) but none is usable", "NCCL was not found on the loader path"]);
     }
 }
+
+/// `Cuda(0)` where a real GPU and NCCL are usable, else `None` after saying
+/// why (a failure instead under `ASRFORGE_REQUIRE_NCCL=1`, which
+/// scripts/gpu-run.sh sets). The emulated device has no NCCL.
+#[cfg(feature = "cuda")]
+fn nccl_gpu(test: &str) -> Option<Device> {
+    let why = match asrforge::backend::cuda::device(0) {
+        Err(e) => format!("no usable GPU: {e}"),
+        Ok(d) if d.is_emulated() => "the emulated device has no NCCL".to_string(),
+        Ok(_) => match asrforge::backend::cuda::nccl::version() {
+            Ok(v) => {
+                println!("{test}: NCCL {v}");
+                return Some(Device::Cuda(0));
+            }
+            Err(e) => e.to_string(),
+        },
+    };
+    assert!(std::env::var("ASRFORGE_REQUIRE_NCCL").map_or(true, |v| v != "1"), "{test}: ASRFORGE_REQUIRE_NCCL=1 but {why}");
+    println!("{test}: skipped, {why}");
+    None
+}
+
+/// A world-size-1 NCCL communicator on `dev` (its own store on a free port).
+#[cfg(feature = "cuda")]
+fn nccl_world_1(dev: &Device, prefix: &str) -> (StoreServer, asrforge::dist::NcclComm) {
+    let addr = format!("127.0.0.1:{}", dist_common::free_port());
+    let server = StoreServer::start(&addr, "nccl-test").expect("store");
+    let store = Store::connect(&addr, "nccl-test", 0, TIMEOUT).expect("connect");
+    (server, asrforge::dist::NcclComm::new(&store, prefix, 0, 1, dev, TIMEOUT).expect("NCCL init, world size 1"))
+}
+
+/// NCCL at world size 1 on a GPU: init, every collective on f32, f16 and
+/// bf16 against its expected value (at one rank: the input itself, into
+/// outputs poisoned with NaN), a grouped all-reduce, host tensors staged,
+/// a size mismatch refused, then destroy.
+#[cfg(feature = "cuda")]
+#[test]
+fn nccl_world_1_collectives_on_f32_f16_bf16() {
+    use asrforge::dist::{Communicator, ReduceOp};
+    use asrforge::tensor::{DType, Rng};
+    let Some(dev) = nccl_gpu("nccl_world_1_collectives_on_f32_f16_bf16") else { return };
+    let (_server, mut c) = nccl_world_1(&dev, "coll");
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let mut rng = Rng::new(seed);
+    for dt in [DType::F32, DType::F16, DType::BF16] {
+        let n = 1000 + (rng.normal(1)[0].abs() * 500.0) as usize;
+        let x = asrforge::Tensor::randn([n], 0.0, 1.0, dt, &mut rng, &dev).unwrap();
+        let want = x.to_f64_vec().unwrap();
+        for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min] {
+            let t = asrforge::ops::mul_scalar(&x, 1.0).unwrap();
+            c.all_reduce(&t, op).unwrap();
+            assert_eq!(t.to_f64_vec().unwrap(), want, "{dt:?} all_reduce {op:?} at world size 1 (seed {seed})");
+        }
+        let t = asrforge::ops::mul_scalar(&x, 1.0).unwrap();
+        c.broadcast(&t, 0).unwrap();
+        assert_eq!(t.to_f64_vec().unwrap(), want, "{dt:?} broadcast (seed {seed})");
+        let out = asrforge::Tensor::full([n], f64::NAN, dt, &dev).unwrap();
+        c.all_gather(&x, &out).unwrap();
+        assert_eq!(out.to_f64_vec().unwrap(), want, "{dt:?} all_gather into a NaN-poisoned output (seed {seed})");
+        let out = asrforge::Tensor::full([n], f64::NAN, dt, &dev).unwrap();
+        c.reduce_scatter(&x, &out, ReduceOp::Sum).unwrap();
+        assert_eq!(out.to_f64_vec().unwrap(), want, "{dt:?} reduce_scatter into a NaN-poisoned output (seed {seed})");
+        let (a, b) = (asrforge::ops::mul_scalar(&x, 2.0).unwrap(), asrforge::ops::mul_scalar(&x, 1.0).unwrap());
+        c.all_reduce_many(&[&a, &b], ReduceOp::Sum).unwrap();
+        assert_eq!(b.to_f64_vec().unwrap(), want, "{dt:?} grouped all_reduce (seed {seed})");
+        let bad = asrforge::Tensor::zeros([n + 1], dt, &dev).unwrap();
+        let e = c.all_gather(&x, &bad).unwrap_err().to_string();
+        assert!(e.contains("expected an output of 1 x"), "{e}");
+    }
+    let mut v = [1.5, -2.0, 3.25];
+    c.all_reduce_f64(&mut v, ReduceOp::Sum).unwrap();
+    assert_eq!(v, [1.5, -2.0, 3.25], "a host tensor staged through the device");
+    c.barrier().unwrap();
+    drop(c);
+    println!("NCCL world size 1: every collective on f32, f16, bf16 checked, communicator destroyed (seed {seed})");
+}
+
+/// DDP and ZeRO-2 over a world-size-1 NCCL communicator on a GPU equal one
+/// CPU process after 20 steps (1e-5, the dist tests' tolerance).
+#[cfg(feature = "cuda")]
+#[test]
+fn nccl_ddp_and_zero2_at_world_1_match_one_process_after_20_steps() {
+    let Some(dev) = nccl_gpu("nccl_ddp_and_zero2_at_world_1_match_one_process_after_20_steps") else { return };
+    let run = Run { first_step: 0, steps: 20, accum: 2, clip: CLIP, lr: 0.01 };
+    let mut single = SingleProcess::new(make_params(7), ADAM).unwrap();
+    train(&mut single, run, None, &|_, _| {}).unwrap();
+    let want = flat_values(single.parameters());
+    let (_s1, c1) = nccl_world_1(&dev, "ddp");
+    let mut ddp = Ddp::new(device_params(7, &dev), &[], ADAM, Box::new(c1), 64).unwrap();
+    let (_s2, c2) = nccl_world_1(&dev, "zero2");
+    let o = ZeroOptions { stage: 2, reduce_bucket_size: 8, allgather_bucket_size: 11, overlap_comm: false };
+    let mut zero = ZeroEngine::new(device_params(7, &dev), Box::new(c2), o, ADAM).unwrap();
+    for (name, e) in [("ddp", &mut ddp as &mut dyn Engine), ("zero2", &mut zero)] {
+        train(e, run, None, &|_, _| {}).unwrap();
+        let rel = max_rel(&flat_values(e.parameters()), &want);
+        println!("NCCL {name} at world size 1, 20 steps: {rel:e} from one CPU process");
+        assert!(rel < 1e-5, "{name} over NCCL: {rel:e}");
+    }
+}
