@@ -82,6 +82,9 @@ pub struct ZeroEngine {
     gpu: Option<DeviceShard>,
 }
 
+/// Copies flat gradient elements `range` into the slice it is given.
+type FlatReader<'a> = &'a dyn Fn(std::ops::Range<usize>, &mut [f32]) -> Result<()>;
+
 /// The ZeRO shard state of a rank whose parameters live on a GPU.
 struct DeviceShard {
     dev: Device,
@@ -279,7 +282,7 @@ impl ZeroEngine {
     /// by bucket and adds the averaged shard into `acc`; with `free_early`
     /// (stage 2 on the CPU) each parameter's full gradient is freed after the
     /// last bucket that reads it.
-    fn reduce_scatter_buckets(&mut self, acc: &mut [f32], read: &dyn Fn(std::ops::Range<usize>, &mut [f32]) -> Result<()>, free_early: bool) -> Result<()> {
+    fn reduce_scatter_buckets(&mut self, acc: &mut [f32], read: FlatReader, free_early: bool) -> Result<()> {
         let (rank, world, s) = (self.comm.rank(), self.layout.world_size, self.layout.shard_len);
         let chunk = (self.opts.reduce_bucket_size / world).max(1);
         let last = self.layout.last_bucket(chunk);
