@@ -18,7 +18,7 @@ mod dist_common;
 mod train_common;
 mod zero_common;
 
-use asrforge::dist::{Store, StoreServer, TcpCommunicator};
+use asrforge::dist::{Communicator, ReduceOp, Store, StoreServer, TcpCommunicator};
 use asrforge::engine::{Ddp, Engine, SingleProcess, ZeroEngine, ZeroOptions};
 use asrforge::optim::AdamConfig;
 use asrforge::tensor::Device;
@@ -51,6 +51,45 @@ fn device_params(seed: u64, dev: &Device) -> Vec<(String, asrforge::Tensor)> {
     p
 }
 
+/// The TCP communicator declaring that it reduces device buffers, as
+/// NCCL does: DDP then keeps its buckets on the device and hands them to the
+/// communication thread (NCCL's code path in the engine; the TCP
+/// communicator stages them through the host there).
+struct DeviceSide(Box<TcpCommunicator>);
+
+impl Communicator for DeviceSide {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.0.world_size()
+    }
+    fn timeout(&self) -> Duration {
+        self.0.timeout()
+    }
+    fn set_timeout(&mut self, t: Duration) {
+        self.0.set_timeout(t)
+    }
+    fn all_reduce(&mut self, t: &asrforge::Tensor, op: ReduceOp) -> asrforge::Result<()> {
+        self.0.all_reduce(t, op)
+    }
+    fn broadcast(&mut self, t: &asrforge::Tensor, root: usize) -> asrforge::Result<()> {
+        self.0.broadcast(t, root)
+    }
+    fn all_gather(&mut self, i: &asrforge::Tensor, o: &asrforge::Tensor) -> asrforge::Result<()> {
+        self.0.all_gather(i, o)
+    }
+    fn reduce_scatter(&mut self, i: &asrforge::Tensor, o: &asrforge::Tensor, op: ReduceOp) -> asrforge::Result<()> {
+        self.0.reduce_scatter(i, o, op)
+    }
+    fn barrier(&mut self) -> asrforge::Result<()> {
+        self.0.barrier()
+    }
+    fn device_collectives(&self) -> bool {
+        true
+    }
+}
+
 fn bits(v: &[f32]) -> String {
     v.iter().map(|x| format!("{:08x}", x.to_bits())).collect::<Vec<_>>().join(",")
 }
@@ -74,6 +113,8 @@ fn engines_worker(w: &Worker, accum: usize) {
     let ddp = Ddp::new(device_params(seed, &dev), &[], ADAM, comm(&s, w, "ddp"), 64).expect("ddp on the device");
     println!("BUCKETS {}", ddp.stats().lock().unwrap().bucket_numels.len());
     engines.push(("ddp".into(), Box::new(ddp)));
+    let dev_side = Box::new(DeviceSide(comm(&s, w, "ddp-dev")));
+    engines.push(("ddp-dev".into(), Box::new(Ddp::new(device_params(seed, &dev), &[], ADAM, dev_side, 64).expect("ddp, device buckets"))));
     for stage in [1u8, 2] {
         let o = ZeroOptions { stage, reduce_bucket_size: 8, allgather_bucket_size: 11, overlap_comm: false };
         let e = ZeroEngine::new(device_params(seed, &dev), comm(&s, w, &format!("zero{stage}")), o, ADAM).expect("zero on the device");
@@ -123,7 +164,7 @@ fn line(r: &WorkerResult, key: &str) -> String {
 }
 
 fn check_engines(rs: &[WorkerResult], accum: u64) {
-    for name in ["ddp", "zero1", "zero2"] {
+    for name in ["ddp", "ddp-dev", "zero1", "zero2"] {
         let first = line(&rs[0], &format!("PARAMS{name}"));
         for r in rs {
             assert_eq!(line(r, &format!("PARAMS{name}")), first, "{name}: rank {} ends with other parameters than rank 0", r.rank);
@@ -142,6 +183,10 @@ fn check_engines(rs: &[WorkerResult], accum: u64) {
         assert!(buckets > 1, "several buckets");
         let got = |k: &str| -> u64 { line(r, &format!("SYNCS {k}")).parse().unwrap() };
         assert_eq!(got("ddp"), STEPS * (buckets + 1), "rank {}: DDP's host synchronisations in {STEPS} steps of {buckets} buckets", r.rank);
+        // Device buckets: the used flags of every bucket in one read, Adam's
+        // outcome in one; the TCP communicator under them then stages each
+        // bucket through the host on the communication thread (NCCL would not).
+        assert_eq!(got("ddp-dev"), STEPS * (buckets + 2), "rank {}: DDP with device buckets", r.rank);
         assert_eq!(got("zero1"), STEPS * 3, "rank {}: ZeRO-1's host synchronisations in {STEPS} steps", r.rank);
         assert_eq!(got("zero2"), STEPS * (accum + 2), "rank {}: ZeRO-2's host synchronisations in {STEPS} steps of {accum} micro-batches", r.rank);
     }
@@ -528,7 +573,6 @@ fn nccl_world_1(dev: &Device, prefix: &str) -> (StoreServer, asrforge::dist::Ncc
 #[cfg(feature = "cuda")]
 #[test]
 fn nccl_world_1_collectives_on_f32_f16_bf16() {
-    use asrforge::dist::{Communicator, ReduceOp};
     use asrforge::tensor::{DType, Rng};
     let Some(dev) = nccl_gpu("nccl_world_1_collectives_on_f32_f16_bf16") else { return };
     let (_server, mut c) = nccl_world_1(&dev, "coll");

@@ -233,6 +233,10 @@ impl Communicator for NcclComm {
         Self::copy_back(output, &o, staged)
     }
 
+    fn device_collectives(&self) -> bool {
+        true
+    }
+
     fn barrier(&mut self) -> Result<()> {
         let t = Tensor::zeros([1], DType::F32, &self.device)?;
         self.all_reduce(&t, ReduceOp::Sum)

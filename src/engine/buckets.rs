@@ -170,3 +170,84 @@ fn unflatten_device<T: WithDType + Default + PartialOrd>(bucket: &Bucket, params
         Ok(())
     })
 }
+
+/// A bucket packed on its parameters' GPU (gradients, zeros where none,
+/// then the used flags, uploaded without a host wait), for a communicator
+/// that reduces device buffers where they are (NCCL): nothing crosses to
+/// the host.
+pub fn flatten_on_device(bucket: &Bucket, params: &[(String, Tensor)]) -> Result<Tensor> {
+    let dev = params[bucket.params[0]].1.device();
+    let dtype = bucket_dtype(bucket, params)?;
+    crate::autograd::no_grad(|| {
+        let mut parts = Vec::with_capacity(bucket.params.len() + 1);
+        let mut used = Vec::with_capacity(bucket.params.len());
+        for &i in &bucket.params {
+            let (name, p) = &params[i];
+            match p.grad() {
+                Some(g) if g.dtype() != dtype || g.device() != dev => {
+                    return Err(Error::Msg(format!("ddp: gradient of {name} is {:?} on {:?}; expected {dtype:?} on {dev:?}", g.dtype(), g.device())))
+                }
+                Some(g) => {
+                    parts.push(crate::ops::reshape(&g, [g.elem_count()])?);
+                    used.push(1.0f64);
+                }
+                None => {
+                    parts.push(Tensor::zeros([p.elem_count()], dtype, &dev)?);
+                    used.push(0.0);
+                }
+            }
+        }
+        let n = used.len();
+        parts.push(crate::ops::to_dtype(&Tensor::from_vec(used, vec![n], &Device::Cpu)?, dtype)?.to_device(&dev)?);
+        let refs: Vec<&Tensor> = parts.iter().collect();
+        crate::ops::cat(&refs, 0)
+    })
+}
+
+/// The used flags of reduced device buckets, all read in one copy to the
+/// host: for each bucket, whether each parameter got a gradient on any rank.
+pub fn used_flags_on_device(buckets: &[(&Bucket, &Tensor)]) -> Result<Vec<Vec<bool>>> {
+    if buckets.is_empty() {
+        return Ok(Vec::new());
+    }
+    let flags = crate::autograd::no_grad(|| -> Result<Vec<f64>> {
+        let parts = buckets
+            .iter()
+            .map(|(b, flat)| crate::ops::to_dtype(&crate::ops::narrow(flat, 0, b.numel, b.params.len())?, DType::F64))
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&Tensor> = parts.iter().collect();
+        crate::ops::cat(&refs, 0)?.to_vec::<f64>()
+    })?;
+    let mut out = Vec::with_capacity(buckets.len());
+    let mut off = 0;
+    for (b, _) in buckets {
+        out.push(flags[off..off + b.params.len()].iter().map(|&f| f > 0.0).collect());
+        off += b.params.len();
+    }
+    Ok(out)
+}
+
+/// Writes a reduced device bucket back as its parameters' gradients, cut on
+/// the device; `used` from [`used_flags_on_device`].
+pub fn unflatten_on_device(bucket: &Bucket, params: &[(String, Tensor)], flat: &Tensor, used: &[bool]) -> Result<()> {
+    if flat.elem_count() != bucket.numel + bucket.params.len() || used.len() != bucket.params.len() {
+        return Err(Error::Msg(format!(
+            "ddp: a reduced bucket has {} elements and {} flags, expected {} and {}",
+            flat.elem_count(),
+            used.len(),
+            bucket.numel + bucket.params.len(),
+            bucket.params.len()
+        )));
+    }
+    let mut off = 0;
+    crate::autograd::no_grad(|| -> Result<()> {
+        for (k, &i) in bucket.params.iter().enumerate() {
+            let p = &params[i].1;
+            let n = p.elem_count();
+            let g = if used[k] { Some(crate::ops::reshape(&crate::ops::narrow(flat, 0, off, n)?, p.dims().to_vec())?) } else { None };
+            p.set_grad(g)?;
+            off += n;
+        }
+        Ok(())
+    })
+}
