@@ -10,8 +10,9 @@
 //! that says what to install, never a panic.
 //!
 //! Every collective is enqueued on a stream of the communicator's device
-//! (the compute stream, or a communication stream ordered against it by
-//! events both ways) and then waited for by polling: the completion event
+//! (a communication stream of its own, which waits on an event of the
+//! compute stream's queued work, or the compute stream) and then waited for
+//! by polling: the completion event
 //! and `ncclCommGetAsyncError`, every millisecond, until a deadline; so a
 //! dead or stuck peer is an error naming the collective, not a hang. After
 //! an error the communicator must be aborted (`abort`); a clean one is
@@ -227,9 +228,9 @@ impl NcclHandle {
     }
 
     /// Runs `enqueue` (NCCL calls on the communicator's stream, inside one
-    /// group) after the compute stream's queued work, makes the compute
-    /// stream wait for it, and polls until it is done, NCCL reports an
-    /// asynchronous error, or `timeout` passes.
+    /// group) after the compute stream's queued work (an event), and polls
+    /// until it is done, NCCL reports an asynchronous error, or `timeout`
+    /// passes.
     fn run(&mut self, what: &str, timeout: Duration, enqueue: impl FnOnce(&Api, ncclComm_t, *mut c_void) -> Res) -> Result<()> {
         let a = self.api;
         self.dev.bind()?;
@@ -246,10 +247,11 @@ impl NcclHandle {
         if end != IN_PROGRESS {
             check(a, "ncclGroupEnd", end)?;
         }
+        // No compute-stream wait on `done`: this call returns only once the
+        // collective has finished (polled below), so every later use of its
+        // buffers is enqueued after it, and backward kernels the training
+        // thread queues meanwhile keep running beside it.
         let done = self.dev.record_event(self.stream)?;
-        if self.stream != 0 {
-            done.wait_on(0)?;
-        }
         let deadline = Instant::now() + timeout;
         loop {
             if done.query()? {
