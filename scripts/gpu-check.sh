@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds what the GPU host runs and stages it into .device/ (see GPU.md):
-# the release GPU test binaries (tests/cuda*.rs, tests/gpu_profile.rs) and the asrforge binary,
+# the release GPU test binaries (tests/cuda*.rs, tests/gpu_profile.rs; tests/dist_gpu.rs
+# into .device/nccl/) and the asrforge binary,
 # with the CUDA kernels embedded, stripped, plus the configs they read.
 # The GPU host has no Rust and no network: scripts/gpu-run.sh runs them.
 #
@@ -42,7 +43,7 @@ rm -rf "$DEV"
 mkdir -p "$DEV/tests" "$DEV/bin"
 # Test executables: the GPU suites (target name cuda*, and gpu_profile), named by their target.
 python3 - "$ROOT/target/gpu-check-tests.json" "$DEV/tests" <<'PY'
-import json, shutil, sys
+import json, os, shutil, sys
 src, dst = sys.argv[1], sys.argv[2]
 staged = []
 for line in open(src):
@@ -56,11 +57,19 @@ for line in open(src):
     if "test" in t["kind"] and (t["name"].startswith("cuda") or t["name"] == "gpu_profile"):
         shutil.copy(m["executable"], f"{dst}/{t['name']}")
         staged.append(t["name"])
+    elif "test" in t["kind"] and t["name"] == "dist_gpu":
+        # The NCCL and GPU-engine tests: gpu-run.sh's NCCL section runs
+        # chosen tests of it (not the generic loop: its launcher tests need
+        # the build tree).
+        os.makedirs(f"{dst}/../nccl", exist_ok=True)
+        shutil.copy(m["executable"], f"{dst}/../nccl/dist_gpu")
+        staged.append("nccl/dist_gpu")
 print("gpu-check: staged tests:", " ".join(sorted(staged)) or "(none)")
 sys.exit(0 if staged else 1)
 PY
 cp target/release/asrforge "$DEV/bin/asrforge"
 strip "$DEV"/tests/* "$DEV/bin/asrforge"
+[ -f "$DEV/nccl/dist_gpu" ] && strip "$DEV/nccl/dist_gpu"
 # What the binaries read: the configs (bench-train uses the AISHELL one).
 cp -r conf "$DEV/conf"
 # The kernel sources: the staged build test (tests/cuda_build.rs) compares

@@ -14,7 +14,12 @@
 #   4. the step profile (bench-train --profile) in bf16 and fp32: per kernel
 #      family launches, bytes, GEMM FLOPs, the modelled H200 time and the time
 #      CUDA events measured;
-#   5. prints the tables last. Full logs go to $OUT when it is set.
+#   5. NCCL (tests/dist_gpu.rs, staged in .device/nccl/): a world-size-1 NCCL
+#      communicator (init, every collective on f32/f16/bf16 against expected
+#      values, destroy), DDP and ZeRO-2 over NCCL at world size 1 equal to one
+#      process after 20 steps, and DDP/ZeRO-1/2 on the GPU at 2 processes over
+#      gloo; one GPU exercises world size 1 of NCCL only (no link is measured);
+#   6. prints the tables last. Full logs go to $OUT when it is set.
 # Each piece has its own timeout so the whole stays under 8 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -140,7 +145,34 @@ for dt in bf16 fp32; do
         sed -n '/^GPU step profile/,/^total /p' "$LOG/profile-$dt.txt" | awk 'NR<=4 || /^total / || n++ < 25')
 done
 
-# --- 5. tables --------------------------------------------------------------
+# --- 5. NCCL -----------------------------------------------------------------
+# ASRFORGE_REQUIRE_NCCL=1: a missing GPU or NCCL fails these tests instead of
+# skipping them. World size 1 only: one GPU cannot exercise a link, a peer's
+# failure or the overlap of communication with backward.
+declare -a NROWS
+NCCL_BIN=$DEV/nccl/dist_gpu
+if [ ! -x "$NCCL_BIN" ]; then
+    NROWS+=("not staged (.device/nccl/dist_gpu missing: rerun scripts/gpu-check.sh)")
+else
+    "$BIN" info 2>&1 | grep -i '^NCCL' | sed 's/^/info: /' > "$LOG/nccl-info.txt"
+    for t in nccl_world_1_collectives_on_f32_f16_bf16 \
+             nccl_ddp_and_zero2_at_world_1_match_one_process_after_20_steps \
+             gpu_ddp_and_zero_equal_one_process_at_2_ranks; do
+        if [ $(( $(date +%s) - START )) -gt 420 ]; then
+            NROWS+=("$(printf '%-62s %s' "$t" 'NOT RUN (out of time)')")
+            continue
+        fi
+        ASRFORGE_REQUIRE_NCCL=1 timeout 120 "$NCCL_BIN" "$t" --exact --nocapture --test-threads=1 > "$LOG/nccl-$t.log" 2>&1
+        rc=$?
+        [ $rc -eq 0 ] && st=ok || st="FAILED (rc $rc)"
+        detail=$(grep -E 'NCCL (world size 1|ddp|zero2|[0-9])|skipped|REL ' "$LOG/nccl-$t.log" | tr '\n' ';' | cut -c1-160)
+        NROWS+=("$(printf '%-62s %-14s %s' "$t" "$st" "$detail")")
+        echo "nccl $t: $st"
+        [ $rc -ne 0 ] && grep -E 'panicked|FAILED|assert' "$LOG/nccl-$t.log" | head -5
+    done
+fi
+
+# --- 6. tables --------------------------------------------------------------
 {
     echo
     echo "== asrforge GPU check ($(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)) =="
@@ -154,5 +186,8 @@ done
     printf '  %s\n' "${TPROWS[@]}"
     echo "step profile (bench-train --profile, batch $BATCH x $FRAMES; model_ms is a MODEL, measured_ms from CUDA events):"
     printf '  %s\n' "${PROWS[@]:-none}"
+    echo "NCCL (world size 1 on one GPU; $(cat "$LOG/nccl-info.txt" 2>/dev/null | tr '\n' ' ')):"
+    printf '  %s\n' "${NROWS[@]:-none}"
+    echo "  not exercised here: several GPUs, a peer's failure under NCCL, the overlap of bucket all-reduces with backward"
     echo "total $(( $(date +%s) - START )) s; logs in $LOG"
 } | tee "$LOG/summary.txt"

@@ -54,6 +54,13 @@ pub trait Communicator: Send {
     fn reduce_scatter(&mut self, input: &Tensor, output: &Tensor, op: ReduceOp) -> Result<()>;
     /// Returns once every rank has entered the barrier.
     fn barrier(&mut self) -> Result<()>;
+    /// Whether collectives on device tensors run on the device (NCCL), so
+    /// engines should hand it device buffers rather than host copies; false
+    /// for a host-side communicator (TCP), which stages device tensors
+    /// through the host itself.
+    fn device_collectives(&self) -> bool {
+        false
+    }
     /// Tells every peer that this process gives up and why (an error on
     /// another communicator of the job, or outside any collective), so their
     /// current or next call fails with `reason` rather than with "rank r

@@ -8,6 +8,8 @@ pub mod comm;
 mod elem;
 pub mod groups;
 pub mod join;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 mod ring;
 pub mod store;
 mod store_proto;
@@ -18,6 +20,8 @@ mod wire;
 pub use comm::{Communicator, ReduceOp};
 pub use groups::{init_process_groups, init_process_groups_with, GroupOptions, ProcessGroups};
 pub use join::JoinGroup;
+#[cfg(feature = "cuda")]
+pub use nccl::NcclComm;
 pub use store::{rdzv_token_from_env, Store};
 pub use store_server::StoreServer;
 pub use tcp::TcpCommunicator;

@@ -1,6 +1,15 @@
 //! `TcpCommunicator`: the `Communicator` for CPU tensors over TCP (the role
 //! gloo plays for PyTorch).
 //!
+//! Device tensors are staged through host memory: each argument on a GPU is
+//! copied to the host (one device-to-host copy and one host
+//! synchronisation), the collective runs on the copy, and a result goes back
+//! into the same device buffer (one host-to-device copy, one device copy).
+//! This is how the GPU engines run on the emulated device (whose device
+//! memory is host memory) and the fallback `--dist_backend gloo` gives on a
+//! GPU; the engines stage their buckets themselves on the calling thread, so
+//! the communication thread never touches the device.
+//!
 //! Set-up: every rank listens on an ephemeral port, publishes `host:port`
 //! under `{prefix}/addr/{rank}` in the rendezvous store, and builds a full
 //! mesh of persistent connections — rank i connects to every j < i and
@@ -22,7 +31,7 @@ use super::wire::{self, read_full, secs, write_full, Header, HEADER_LEN, KIND_AB
 use crate::backend::cpu::CpuStorage;
 use crate::backend::Storage;
 use crate::error::{Error, Result};
-use crate::tensor::Tensor;
+use crate::tensor::{Device, Tensor};
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -344,7 +353,28 @@ pub(super) fn op_name(code: u8) -> &'static str {
 }
 
 fn gpu(op: &'static str) -> Error {
-    Error::invalid(op, "the TCP communicator moves CPU tensors; GPU tensors go through NCCL")
+    Error::invalid(op, "the TCP communicator stages GPU tensors through a host copy; found a GPU storage where a host copy was expected")
+}
+
+/// A host copy of `t` when it lives on a GPU (`None` on the CPU).
+fn host_copy(t: &Tensor) -> Result<Option<Tensor>> {
+    match t.device() {
+        Device::Cpu => Ok(None),
+        Device::Cuda(_) => Ok(Some(t.detach().to_device(&Device::Cpu)?)),
+    }
+}
+
+/// A host buffer for an output `t` that lives on a GPU (its old contents are not read).
+fn host_out(t: &Tensor) -> Result<Option<Tensor>> {
+    match t.device() {
+        Device::Cpu => Ok(None),
+        Device::Cuda(_) => Ok(Some(Tensor::zeros(t.shape().clone(), t.dtype(), &Device::Cpu)?)),
+    }
+}
+
+/// Writes the host result `h` back into the device tensor `t`.
+fn write_back(t: &Tensor, h: Tensor) -> Result<()> {
+    t.assign(&h.to_device(&t.device())?)
 }
 
 /// Runs `f` on `t`'s CPU storage with write access.
@@ -382,6 +412,10 @@ impl Communicator for TcpCommunicator {
     fn all_reduce(&mut self, t: &Tensor, op: ReduceOp) -> Result<()> {
         const OP: &str = "all_reduce";
         elem::check_reducible(OP, t.dtype(), op)?;
+        if let Some(h) = host_copy(t)? {
+            self.all_reduce(&h, op)?;
+            return write_back(t, h);
+        }
         let (dtype, count) = (t.dtype(), t.elem_count());
         with_cpu_mut(OP, t, |s| {
             let buf = s.as_bytes_mut();
@@ -393,6 +427,10 @@ impl Communicator for TcpCommunicator {
         const OP: &str = "broadcast";
         if root >= self.world {
             return Err(Error::invalid(OP, format!("root {root} is not a rank of a group of {}", self.world)));
+        }
+        if let Some(h) = host_copy(t)? {
+            self.broadcast(&h, root)?;
+            return write_back(t, h);
         }
         let (dtype, count) = (t.dtype(), t.elem_count());
         with_cpu_mut(OP, t, |s| {
@@ -410,6 +448,16 @@ impl Communicator for TcpCommunicator {
                 expected: format!("an output of {} x {n} = {} {} elements", self.world, self.world * n, input.dtype().as_str()),
                 got: format!("{} {} elements", output.elem_count(), output.dtype().as_str()),
             });
+        }
+        if input.device() != Device::Cpu || output.device() != Device::Cpu {
+            let i = host_copy(input)?.unwrap_or_else(|| input.clone());
+            let o = host_out(output)?;
+            let oh = o.clone().unwrap_or_else(|| output.clone());
+            self.all_gather(&i, &oh)?;
+            return match o {
+                Some(h) => write_back(output, h),
+                None => Ok(()),
+            };
         }
         let mine = cpu_copy(OP, input)?;
         let dtype = input.dtype();
@@ -429,6 +477,16 @@ impl Communicator for TcpCommunicator {
                 expected: format!("an input of {} x {n} = {} {} elements", self.world, self.world * n, output.dtype().as_str()),
                 got: format!("{} {} elements", input.elem_count(), input.dtype().as_str()),
             });
+        }
+        if input.device() != Device::Cpu || output.device() != Device::Cpu {
+            let i = host_copy(input)?.unwrap_or_else(|| input.clone());
+            let o = host_out(output)?;
+            let oh = o.clone().unwrap_or_else(|| output.clone());
+            self.reduce_scatter(&i, &oh, op)?;
+            return match o {
+                Some(h) => write_back(output, h),
+                None => Ok(()),
+            };
         }
         let mut scratch = cpu_copy(OP, input)?;
         let dtype = input.dtype();

@@ -38,13 +38,58 @@ pub fn assign_buckets(sizes: &[usize], elem_bytes: usize, cap_bytes: usize) -> V
     out
 }
 
-/// Packs a bucket's gradients and used flags into one flat tensor of the
-/// parameters' dtype (f32 for training, f64 for exact checks).
+/// Packs a bucket's gradients and used flags into one flat host tensor of
+/// the parameters' dtype (f32 for training, f64 for exact checks). On a GPU
+/// the gradients are concatenated there (one kernel) and the bucket comes
+/// to the host in one copy: one host synchronisation per bucket, on the
+/// calling thread, once backward has produced every gradient in it.
 pub fn flatten(bucket: &Bucket, params: &[(String, Tensor)]) -> Result<Tensor> {
-    match bucket_dtype(bucket, params)? {
-        DType::F64 => flatten_as::<f64>(bucket, params, 1.0),
-        _ => flatten_as::<f32>(bucket, params, 1.0),
+    let dev = params[bucket.params[0]].1.device();
+    match (bucket_dtype(bucket, params)?, dev) {
+        (DType::F64, Device::Cpu) => flatten_as::<f64>(bucket, params, 1.0),
+        (_, Device::Cpu) => flatten_as::<f32>(bucket, params, 1.0),
+        (DType::F64, dev) => flatten_device::<f64>(bucket, params, &dev, 1.0),
+        (_, dev) => flatten_device::<f32>(bucket, params, &dev, 1.0),
     }
+}
+
+fn flatten_device<T: WithDType + Default>(bucket: &Bucket, params: &[(String, Tensor)], dev: &Device, one: T) -> Result<Tensor> {
+    let dtype = T::DTYPE;
+    let mut parts = Vec::with_capacity(bucket.params.len());
+    let mut used = Vec::with_capacity(bucket.params.len());
+    crate::autograd::no_grad(|| -> Result<()> {
+        for &i in &bucket.params {
+            let (name, p) = &params[i];
+            if p.device() != *dev {
+                return Err(Error::Msg(format!("ddp: parameter {name} is on {:?}; a bucket's parameters share one device ({dev:?})", p.device())));
+            }
+            match p.grad() {
+                Some(g) if g.dtype() != dtype || g.device() != *dev => {
+                    return Err(Error::Msg(format!(
+                        "ddp: gradient of {name} is {:?} on {:?}; expected {dtype:?} on {dev:?} like its bucket",
+                        g.dtype(),
+                        g.device()
+                    )))
+                }
+                Some(g) => {
+                    parts.push(crate::ops::reshape(&g, [g.elem_count()])?);
+                    used.push(one);
+                }
+                None => {
+                    parts.push(Tensor::zeros([p.elem_count()], dtype, dev)?);
+                    used.push(T::default());
+                }
+            }
+        }
+        Ok(())
+    })?;
+    let refs: Vec<&Tensor> = parts.iter().collect();
+    let flat = crate::autograd::no_grad(|| crate::ops::cat(&refs, 0))?;
+    drop(parts);
+    let mut v = flat.to_vec::<T>()?;
+    v.extend_from_slice(&used);
+    let n = v.len();
+    Tensor::from_vec(v, vec![n], &Device::Cpu)
 }
 
 fn bucket_dtype(bucket: &Bucket, params: &[(String, Tensor)]) -> Result<DType> {
@@ -90,6 +135,10 @@ fn unflatten_as<T: WithDType + Default + PartialOrd>(bucket: &Bucket, params: &[
     if v.len() != bucket.numel + bucket.params.len() {
         return Err(Error::Msg(format!("ddp: a reduced bucket has {} elements, expected {}", v.len(), bucket.numel + bucket.params.len())));
     }
+    let dev = params[bucket.params[0]].1.device();
+    if dev != Device::Cpu {
+        return unflatten_device(bucket, params, v, &dev);
+    }
     let (grads, used) = v.split_at(bucket.numel);
     let mut off = 0;
     for (k, &i) in bucket.params.iter().enumerate() {
@@ -100,4 +149,105 @@ fn unflatten_as<T: WithDType + Default + PartialOrd>(bucket: &Bucket, params: &[
         off += n;
     }
     Ok(())
+}
+
+/// The device half of [`unflatten`]: the averaged gradients go back to the
+/// GPU in one copy (no host wait) and each parameter's gradient is cut from
+/// that buffer there.
+fn unflatten_device<T: WithDType + Default + PartialOrd>(bucket: &Bucket, params: &[(String, Tensor)], mut v: Vec<T>, dev: &Device) -> Result<()> {
+    let used = v.split_off(bucket.numel);
+    let n = v.len();
+    let flat = Tensor::from_vec(v, vec![n], &Device::Cpu)?.to_device(dev)?;
+    let mut off = 0;
+    crate::autograd::no_grad(|| -> Result<()> {
+        for (k, &i) in bucket.params.iter().enumerate() {
+            let p = &params[i].1;
+            let n = p.elem_count();
+            let g = if used[k] > T::default() { Some(crate::ops::reshape(&crate::ops::narrow(&flat, 0, off, n)?, p.dims().to_vec())?) } else { None };
+            p.set_grad(g)?;
+            off += n;
+        }
+        Ok(())
+    })
+}
+
+/// A bucket packed on its parameters' GPU (gradients, zeros where none,
+/// then the used flags, uploaded without a host wait), for a communicator
+/// that reduces device buffers where they are (NCCL): nothing crosses to
+/// the host.
+pub fn flatten_on_device(bucket: &Bucket, params: &[(String, Tensor)]) -> Result<Tensor> {
+    let dev = params[bucket.params[0]].1.device();
+    let dtype = bucket_dtype(bucket, params)?;
+    crate::autograd::no_grad(|| {
+        let mut parts = Vec::with_capacity(bucket.params.len() + 1);
+        let mut used = Vec::with_capacity(bucket.params.len());
+        for &i in &bucket.params {
+            let (name, p) = &params[i];
+            match p.grad() {
+                Some(g) if g.dtype() != dtype || g.device() != dev => {
+                    return Err(Error::Msg(format!("ddp: gradient of {name} is {:?} on {:?}; expected {dtype:?} on {dev:?}", g.dtype(), g.device())))
+                }
+                Some(g) => {
+                    parts.push(crate::ops::reshape(&g, [g.elem_count()])?);
+                    used.push(1.0f64);
+                }
+                None => {
+                    parts.push(Tensor::zeros([p.elem_count()], dtype, &dev)?);
+                    used.push(0.0);
+                }
+            }
+        }
+        let n = used.len();
+        parts.push(crate::ops::to_dtype(&Tensor::from_vec(used, vec![n], &Device::Cpu)?, dtype)?.to_device(&dev)?);
+        let refs: Vec<&Tensor> = parts.iter().collect();
+        crate::ops::cat(&refs, 0)
+    })
+}
+
+/// The used flags of reduced device buckets, all read in one copy to the
+/// host: for each bucket, whether each parameter got a gradient on any rank.
+pub fn used_flags_on_device(buckets: &[(&Bucket, &Tensor)]) -> Result<Vec<Vec<bool>>> {
+    if buckets.is_empty() {
+        return Ok(Vec::new());
+    }
+    let flags = crate::autograd::no_grad(|| -> Result<Vec<f64>> {
+        let parts = buckets
+            .iter()
+            .map(|(b, flat)| crate::ops::to_dtype(&crate::ops::narrow(flat, 0, b.numel, b.params.len())?, DType::F64))
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&Tensor> = parts.iter().collect();
+        crate::ops::cat(&refs, 0)?.to_vec::<f64>()
+    })?;
+    let mut out = Vec::with_capacity(buckets.len());
+    let mut off = 0;
+    for (b, _) in buckets {
+        out.push(flags[off..off + b.params.len()].iter().map(|&f| f > 0.0).collect());
+        off += b.params.len();
+    }
+    Ok(out)
+}
+
+/// Writes a reduced device bucket back as its parameters' gradients, cut on
+/// the device; `used` from [`used_flags_on_device`].
+pub fn unflatten_on_device(bucket: &Bucket, params: &[(String, Tensor)], flat: &Tensor, used: &[bool]) -> Result<()> {
+    if flat.elem_count() != bucket.numel + bucket.params.len() || used.len() != bucket.params.len() {
+        return Err(Error::Msg(format!(
+            "ddp: a reduced bucket has {} elements and {} flags, expected {} and {}",
+            flat.elem_count(),
+            used.len(),
+            bucket.numel + bucket.params.len(),
+            bucket.params.len()
+        )));
+    }
+    let mut off = 0;
+    crate::autograd::no_grad(|| -> Result<()> {
+        for (k, &i) in bucket.params.iter().enumerate() {
+            let p = &params[i].1;
+            let n = p.elem_count();
+            let g = if used[k] { Some(crate::ops::reshape(&crate::ops::narrow(flat, 0, off, n)?, p.dims().to_vec())?) } else { None };
+            p.set_grad(g)?;
+            off += n;
+        }
+        Ok(())
+    })
 }

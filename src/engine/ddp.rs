@@ -25,7 +25,7 @@
 //!   construction: each rank keeps its own, as PyTorch DDP with
 //!   `broadcast_buffers=False`.
 
-use super::buckets::{assign_buckets, flatten, unflatten, Bucket};
+use super::buckets::{assign_buckets, flatten, flatten_on_device, unflatten, unflatten_on_device, used_flags_on_device, Bucket};
 use super::comm_thread::{CommThread, Pending};
 use super::update::{adam_state, load_adam_state, replicated_step};
 use super::{Engine, OptimizerState, StepOutcome};
@@ -77,6 +77,10 @@ pub struct Ddp {
     pending: Vec<(usize, Pending<(Tensor, Instant)>)>,
     backward_end: Option<Instant>,
     stats: Arc<Mutex<DdpStats>>,
+    /// Buckets stay on the GPU (the parameters are there and the
+    /// communicator reduces device buffers, NCCL); else each bucket comes
+    /// to the host once on the training thread.
+    device_buckets: bool,
 }
 
 impl Ddp {
@@ -100,6 +104,7 @@ impl Ddp {
         }
         let index = params.iter().enumerate().map(|(i, (_, p))| (p.id(), i)).collect();
         let stats = DdpStats { bucket_numels: buckets.iter().map(|b| b.numel).collect(), ..Default::default() };
+        let device_buckets = comm.device_collectives() && params.first().is_some_and(|(_, p)| p.device() != Device::Cpu);
         Ok(Ddp {
             adam: Adam::new(params.clone(), adam)?,
             params,
@@ -112,6 +117,7 @@ impl Ddp {
             pending: Vec::new(),
             backward_end: None,
             stats: Arc::new(Mutex::new(stats)),
+            device_buckets,
         })
     }
 
@@ -125,7 +131,7 @@ impl Ddp {
     }
 
     fn launch(&mut self, b: usize) -> Result<()> {
-        let flat = flatten(&self.buckets[b], &self.params)?;
+        let flat = if self.device_buckets { flatten_on_device(&self.buckets[b], &self.params)? } else { flatten(&self.buckets[b], &self.params)? };
         let p = self.comm.submit("all_reduce", move |c| {
             let t0 = Instant::now();
             c.all_reduce(&flat, ReduceOp::Avg)?;
@@ -175,19 +181,29 @@ impl Ddp {
     fn finish_reduction(&mut self) -> Result<()> {
         let mut started_early = false;
         let mut first_err = None;
+        let mut done = Vec::new();
         for (b, p) in std::mem::take(&mut self.pending) {
             match p.wait() {
                 Ok((flat, t0)) => {
                     started_early |= self.backward_end.is_some_and(|end| t0 < end);
-                    if first_err.is_none() {
-                        if let Err(e) = unflatten(&self.buckets[b], &self.params, &flat) {
-                            first_err = Some(e);
-                        }
-                    }
+                    done.push((b, flat));
                 }
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
+            }
+        }
+        if first_err.is_none() {
+            let r = if self.device_buckets {
+                // Every bucket's used flags in one read, then the gradients cut on the device.
+                let pairs: Vec<(&Bucket, &Tensor)> = done.iter().map(|(b, f)| (&self.buckets[*b], f)).collect();
+                used_flags_on_device(&pairs)
+                    .and_then(|used| done.iter().zip(&used).try_for_each(|((b, flat), u)| unflatten_on_device(&self.buckets[*b], &self.params, flat, u)))
+            } else {
+                done.iter().try_for_each(|(b, flat)| unflatten(&self.buckets[*b], &self.params, flat))
+            };
+            if let Err(e) = r {
+                first_err = Some(e);
             }
         }
         if self.backward_end.take().is_some() && started_early {

@@ -135,7 +135,7 @@ impl FlatLayout {
                 )),
                 Storage::Cuda(_) => Err(Error::invalid(
                     "zero all-gather",
-                    format!("parameter {}: the ZeRO engine keeps parameters on the CPU (its GPU path comes with the NCCL communicator)", e.name),
+                    format!("parameter {}: these host-side layout helpers read CPU tensors (the ZeRO engine stages a GPU shard through flat device buffers instead)", e.name),
                 )),
             })?;
         }
@@ -169,7 +169,9 @@ pub fn with_f32<R>(t: &Tensor, name: &str, f: impl FnOnce(&[f32]) -> R) -> Resul
         Storage::Cpu(other) => Err(Error::invalid("zero", format!("parameter {name}: expected f32 data, found {:?}", other.dtype()))),
         Storage::Cuda(_) => Err(Error::invalid(
             "zero",
-            format!("parameter {name}: the ZeRO engine keeps parameters on the CPU (its GPU path comes with the NCCL communicator)"),
+            format!(
+                "parameter {name}: these host-side layout helpers read CPU tensors (the ZeRO engine stages a GPU shard through flat device buffers instead)"
+            ),
         )),
     }
 }

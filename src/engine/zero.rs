@@ -19,6 +19,19 @@
 //! done, so between micro-batches only the shard gradient is held. The
 //! buckets are reduced after backward returns (there is no backward hook to
 //! reduce them while it runs); `overlap_comm` is accepted and has no effect.
+//!
+//! With the parameters on a GPU the master shard, both moments and the
+//! shard gradient live on that GPU, and the update is the device's Adam
+//! kernel. The communicator is host-side (TCP: the emulated device, or
+//! `gloo` on a GPU), so each collective phase crosses once: the full flat
+//! gradient is concatenated on the device and copied to the host in one
+//! piece (then reduce-scattered bucket by bucket there) and the averaged
+//! shard goes back in one copy; the shard's squared norm is one scalar read;
+//! the updated master shard comes to the host once and the gathered
+//! parameters go back in one copy. Three host synchronisations per step, on
+//! the training thread. Stage 2 then holds the flat gradient copy (not each
+//! parameter's) while it reduces: every parameter's full gradient is freed
+//! as soon as the flat copy exists.
 
 use super::flat::FlatLayout;
 use super::{Engine, OptimizerState, StepOutcome};
@@ -64,6 +77,61 @@ pub struct ZeroEngine {
     exp_avg_sq: Vec<f32>,
     /// This rank's averaged (and, for stage 2, accumulated) shard gradient.
     shard_grad: Option<Vec<f32>>,
+    /// The shard state on the GPU when the parameters live there (the host
+    /// vectors above are then empty).
+    gpu: Option<DeviceShard>,
+}
+
+/// Copies flat gradient elements `range` into the slice it is given.
+type FlatReader<'a> = &'a dyn Fn(std::ops::Range<usize>, &mut [f32]) -> Result<()>;
+
+/// The ZeRO shard state of a rank whose parameters live on a GPU.
+struct DeviceShard {
+    dev: Device,
+    master: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    /// The averaged (stage 2: accumulated) shard gradient.
+    grad: Option<Tensor>,
+}
+
+/// The parameters' values (or gradients, zeros where none) laid out flat on
+/// `dev` and padded to `layout.padded()`: one concatenation on the device.
+fn flat_on_device(params: &[(String, Tensor)], layout: &FlatLayout, grads: bool, dev: &Device) -> Result<Tensor> {
+    crate::autograd::no_grad(|| {
+        let mut parts = Vec::with_capacity(params.len() + 1);
+        for (name, p) in params {
+            let t = if grads { p.grad() } else { Some(p.detach()) };
+            let t = match t {
+                Some(t) if t.device() != *dev || t.dtype() != DType::F32 => {
+                    return Err(Error::invalid("zero", format!("{name}: expected f32 on {dev:?}, found {:?} on {:?}", t.dtype(), t.device())))
+                }
+                Some(t) => crate::ops::reshape(&t, [t.elem_count()])?,
+                None => Tensor::zeros([p.elem_count()], DType::F32, dev)?,
+            };
+            parts.push(t);
+        }
+        if layout.padded() > layout.numel {
+            parts.push(Tensor::zeros([layout.padded() - layout.numel], DType::F32, dev)?);
+        }
+        let refs: Vec<&Tensor> = parts.iter().collect();
+        crate::ops::cat(&refs, 0)
+    })
+}
+
+/// The device's Adam kernel on one shard, in place.
+fn device_adam(master: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor, h: &AdamStep) -> Result<()> {
+    use crate::backend::Storage;
+    let gs = g.storage();
+    let Storage::Cuda(gc) = &*gs else { return Err(Error::invalid("zero", "expected the shard gradient on the GPU")) };
+    master.with_storage_mut(|p| {
+        m.with_storage_mut(|ms| {
+            v.with_storage_mut(|vs| match (p, ms, vs) {
+                (Storage::Cuda(p), Storage::Cuda(ms), Storage::Cuda(vs)) => crate::backend::cuda::optim::adam(p, gc, ms, vs, h),
+                _ => Err(Error::invalid("zero", "expected the master shard and both moments on the GPU")),
+            })
+        })
+    })
 }
 
 fn f32_tensor(v: Vec<f32>) -> Result<Tensor> {
@@ -87,18 +155,40 @@ impl ZeroEngine {
                 return Err(Error::config(key, "expected a bucket of at least 1 element, found 0"));
             }
         }
+        let dev = params.first().map_or(Device::Cpu, |(_, p)| p.device());
         for (name, p) in &params {
-            if p.dtype() != DType::F32 || p.device() != Device::Cpu {
-                return Err(Error::invalid("zero", format!("parameter {name}: expected an f32 CPU tensor, found {:?} on {:?}", p.dtype(), p.device())));
+            if p.dtype() != DType::F32 || p.device() != dev {
+                return Err(Error::invalid(
+                    "zero",
+                    format!("parameter {name}: expected an f32 tensor on {dev:?} like the first parameter, found {:?} on {:?}", p.dtype(), p.device()),
+                ));
             }
         }
         let layout = FlatLayout::of_params(&params, comm.world_size())?;
-        let mut engine =
-            ZeroEngine { params, comm, opts, adam, step: 0, master: Vec::new(), exp_avg: Vec::new(), exp_avg_sq: Vec::new(), shard_grad: None, layout };
+        let mut engine = ZeroEngine {
+            params,
+            comm,
+            opts,
+            adam,
+            step: 0,
+            master: Vec::new(),
+            exp_avg: Vec::new(),
+            exp_avg_sq: Vec::new(),
+            shard_grad: None,
+            layout,
+            gpu: None,
+        };
         for (name, p) in &engine.params {
             engine.comm.broadcast(p, 0).map_err(|e| Error::dist("broadcast", rank, format!("initial parameter {name}: {e}")))?;
         }
         let s = engine.layout.shard_len;
+        if dev != Device::Cpu {
+            let flat = flat_on_device(&engine.params, &engine.layout, false, &dev)?;
+            let master = crate::autograd::no_grad(|| crate::ops::narrow(&flat, 0, rank * s, s))?;
+            let (exp_avg, exp_avg_sq) = (Tensor::zeros([s], DType::F32, &dev)?, Tensor::zeros([s], DType::F32, &dev)?);
+            engine.gpu = Some(DeviceShard { dev, master, exp_avg, exp_avg_sq, grad: None });
+            return Ok(engine);
+        }
         let mut master = vec![0.0f32; s];
         engine.layout.read_values(&engine.params, engine.layout.shard_range(rank), &mut master)?;
         engine.master = master;
@@ -127,12 +217,19 @@ impl ZeroEngine {
         self.step
     }
 
-    /// This rank's shard of the master weights and both moments.
+    /// This rank's shard of the master weights and both moments (empty
+    /// slices when the shard lives on a GPU; [`OptimizerState`] copies it).
     pub fn shard(&self) -> (&[f32], &[f32], &[f32]) {
         (&self.master, &self.exp_avg, &self.exp_avg_sq)
     }
 
-    /// This rank's current shard gradient (after a reduction), if any.
+    /// Whether the shard state (master, moments, shard gradient) lives on a GPU.
+    pub fn on_device(&self) -> bool {
+        self.gpu.is_some()
+    }
+
+    /// This rank's current shard gradient (after a reduction), if any
+    /// (`None` when the shard lives on a GPU).
     pub fn shard_grad(&self) -> Option<&[f32]> {
         self.shard_grad.as_deref()
     }
@@ -141,10 +238,54 @@ impl ZeroEngine {
     /// averaged result into the shard gradient; stage 2 frees each full
     /// gradient after its last bucket, stage 1 after all of them.
     fn reduce_gradients(&mut self) -> Result<()> {
+        if let Some(dev) = self.gpu.as_ref().map(|g| g.dev) {
+            return self.reduce_gradients_device(&dev);
+        }
+        let s = self.layout.shard_len;
+        let mut acc = self.shard_grad.take().unwrap_or_else(|| vec![0.0; s]);
+        let params = self.params.clone();
+        let layout = self.layout.clone();
+        let r = self.reduce_scatter_buckets(&mut acc, &|range, out| layout.read_grads(&params, range, out), self.opts.stage == 2);
+        self.shard_grad = Some(acc);
+        r
+    }
+
+    /// [`Self::reduce_gradients`] with the parameters on a GPU: the flat
+    /// gradient comes to the host in one copy, is reduce-scattered there
+    /// bucket by bucket, and the averaged shard goes back in one copy.
+    fn reduce_gradients_device(&mut self, dev: &Device) -> Result<()> {
+        let s = self.layout.shard_len;
+        let flat = flat_on_device(&self.params, &self.layout, true, dev)?;
+        // The flat copy holds every gradient now; the parameters' own are freed (both stages).
+        self.params.iter().for_each(|(_, p)| p.zero_grad());
+        let host = flat.to_vec::<f32>()?;
+        drop(flat);
+        let mut part = vec![0.0f32; s];
+        self.reduce_scatter_buckets(
+            &mut part,
+            &|range, out| {
+                out.copy_from_slice(&host[range]);
+                Ok(())
+            },
+            false,
+        )?;
+        let part = Tensor::from_vec(part, vec![s], &Device::Cpu)?.to_device(dev)?;
+        let gpu = self.gpu.as_mut().ok_or_else(|| Error::invalid("zero", "the device shard is missing"))?;
+        gpu.grad = Some(match gpu.grad.take() {
+            Some(acc) => crate::autograd::no_grad(|| crate::ops::add(&acc, &part))?,
+            None => part,
+        });
+        Ok(())
+    }
+
+    /// Reduce-scatters flat gradient elements (read through `read`) bucket
+    /// by bucket and adds the averaged shard into `acc`; with `free_early`
+    /// (stage 2 on the CPU) each parameter's full gradient is freed after the
+    /// last bucket that reads it.
+    fn reduce_scatter_buckets(&mut self, acc: &mut [f32], read: FlatReader, free_early: bool) -> Result<()> {
         let (rank, world, s) = (self.comm.rank(), self.layout.world_size, self.layout.shard_len);
         let chunk = (self.opts.reduce_bucket_size / world).max(1);
         let last = self.layout.last_bucket(chunk);
-        let acc = self.shard_grad.get_or_insert_with(|| vec![0.0; s]);
         let mut k = 0usize;
         while k * chunk < s {
             let lo = k * chunk;
@@ -152,7 +293,7 @@ impl ZeroEngine {
             let mut input = vec![0.0f32; world * n];
             for r in 0..world {
                 let base = r * s + lo;
-                self.layout.read_grads(&self.params, base..base + n, &mut input[r * n..(r + 1) * n])?;
+                read(base..base + n, &mut input[r * n..(r + 1) * n])?;
             }
             let input = f32_tensor(input)?;
             let output = f32_tensor(vec![0.0; n])?;
@@ -164,7 +305,7 @@ impl ZeroEngine {
             for (a, g) in acc[lo..lo + n].iter_mut().zip(&part) {
                 *a += *g;
             }
-            if self.opts.stage == 2 {
+            if free_early {
                 for (i, (_, p)) in self.params.iter().enumerate() {
                     if last[i] == k {
                         p.zero_grad();
@@ -182,10 +323,16 @@ impl ZeroEngine {
         let (rank, world, s) = (self.comm.rank(), self.layout.world_size, self.layout.shard_len);
         let chunk = (self.opts.allgather_bucket_size / world).max(1);
         let mut flat = vec![0.0f32; self.layout.padded()];
+        // On a GPU the updated master shard comes to the host in one copy.
+        let device_master = match &self.gpu {
+            Some(g) => Some(g.master.to_vec::<f32>()?),
+            None => None,
+        };
+        let master = device_master.as_deref().unwrap_or(&self.master);
         let mut lo = 0usize;
         while lo < s {
             let n = chunk.min(s - lo);
-            let input = f32_tensor(self.master[lo..lo + n].to_vec())?;
+            let input = f32_tensor(master[lo..lo + n].to_vec())?;
             let output = f32_tensor(vec![0.0; world * n])?;
             self.comm
                 .all_gather(&input, &output)
@@ -196,7 +343,74 @@ impl ZeroEngine {
             }
             lo += n;
         }
-        self.layout.write_values(&self.params, &flat)
+        match &self.gpu {
+            Some(g) => {
+                // The gathered parameters go back in one copy and are cut there.
+                let all = Tensor::from_vec(flat, vec![self.layout.padded()], &Device::Cpu)?.to_device(&g.dev)?;
+                crate::autograd::no_grad(|| {
+                    for (e, (_, p)) in self.layout.entries.iter().zip(&self.params) {
+                        p.assign(&crate::ops::reshape(&crate::ops::narrow(&all, 0, e.offset, e.numel)?, p.dims().to_vec())?)?;
+                    }
+                    Ok(())
+                })
+            }
+            None => self.layout.write_values(&self.params, &flat),
+        }
+    }
+
+    /// [`Engine::step`] with the shard on a GPU: the same sequence (unscale,
+    /// global inf/NaN check, global norm, clip, Adam, all-gather) with the
+    /// shard arithmetic and Adam on the device; one scalar read (the shard's
+    /// squared norm, which is also its inf/NaN check: a square sum in f64 of
+    /// f32 values is finite exactly when every value is).
+    fn step_device(&mut self, lr: f64, grad_clip: f64, scaler: Option<&mut GradScaler>) -> Result<StepOutcome> {
+        let rank = self.comm.rank();
+        let s = self.layout.shard_len;
+        let valid = self.layout.valid_in_shard(rank);
+        let gpu = self.gpu.as_mut().ok_or_else(|| Error::invalid("zero", "the device shard is missing"))?;
+        let dev = gpu.dev;
+        let mut g = match gpu.grad.take() {
+            Some(g) => g,
+            None => Tensor::zeros([s], DType::F32, &dev)?,
+        };
+        let local_sq = crate::autograd::no_grad(|| -> Result<f64> {
+            if let Some(sc) = &scaler {
+                g = crate::ops::mul_scalar(&g, 1.0 / sc.scale)?;
+            }
+            if valid == 0 {
+                return Ok(0.0);
+            }
+            let x = crate::ops::to_dtype(&crate::ops::narrow(&g, 0, 0, valid)?, DType::F64)?;
+            crate::ops::sum_all(&crate::ops::mul(&x, &x)?)?.to_scalar()
+        })?;
+        let local_bad = !local_sq.is_finite();
+        let overflow = self.all_reduce_scalar(if local_bad { 1.0 } else { 0.0 }, ReduceOp::Max, "inf/NaN check")? > 0.0;
+        if let Some(sc) = scaler {
+            sc.set_found_inf(overflow);
+        }
+        let grad_norm = self.all_reduce_scalar(local_sq, ReduceOp::Sum, "squared gradient norm")?.sqrt();
+        let skipped = overflow || !grad_norm.is_finite();
+        if !skipped {
+            if grad_clip > 0.0 && grad_norm > grad_clip {
+                let c = grad_clip / (grad_norm + 1e-6);
+                g = crate::autograd::no_grad(|| crate::ops::mul_scalar(&g, c))?;
+            }
+            self.step += 1;
+            let h = AdamStep {
+                lr,
+                beta1: self.adam.betas.0,
+                beta2: self.adam.betas.1,
+                eps: self.adam.eps,
+                weight_decay: self.adam.weight_decay,
+                decoupled: self.adam.decoupled,
+                t: self.step,
+            };
+            let gpu = self.gpu.as_ref().ok_or_else(|| Error::invalid("zero", "the device shard is missing"))?;
+            device_adam(&gpu.master, &g, &gpu.exp_avg, &gpu.exp_avg_sq, &h)?;
+            self.gather_parameters()?;
+        }
+        self.zero_grad();
+        Ok(StepOutcome { grad_norm, skipped })
     }
 
     fn all_reduce_scalar(&mut self, v: f64, op: ReduceOp, what: &str) -> Result<f64> {
@@ -246,6 +460,9 @@ impl Engine for ZeroEngine {
     }
 
     fn step(&mut self, lr: f64, grad_clip: f64, scaler: Option<&mut GradScaler>) -> Result<StepOutcome> {
+        if self.gpu.is_some() {
+            return self.step_device(lr, grad_clip, scaler);
+        }
         let rank = self.comm.rank();
         let s = self.layout.shard_len;
         let mut g = self.shard_grad.take().unwrap_or_else(|| vec![0.0; s]);
@@ -293,6 +510,9 @@ impl Engine for ZeroEngine {
 
     fn zero_grad(&mut self) {
         self.shard_grad = None;
+        if let Some(g) = &mut self.gpu {
+            g.grad = None;
+        }
         self.params.iter().for_each(|(_, p)| p.zero_grad());
     }
 
@@ -309,6 +529,12 @@ impl Engine for ZeroEngine {
     }
 
     fn optimizer_state(&self) -> Result<OptimizerState> {
+        if let Some(g) = &self.gpu {
+            let host = |t: &Tensor| t.detach().to_device(&Device::Cpu);
+            let tensors =
+                vec![("exp_avg".to_string(), host(&g.exp_avg)?), ("exp_avg_sq".to_string(), host(&g.exp_avg_sq)?), ("master".to_string(), host(&g.master)?)];
+            return Ok(OptimizerState { step: self.step, tensors, meta: self.meta() });
+        }
         let tensors = vec![
             ("exp_avg".to_string(), f32_tensor(self.exp_avg.clone())?),
             ("exp_avg_sq".to_string(), f32_tensor(self.exp_avg_sq.clone())?),
@@ -320,6 +546,11 @@ impl Engine for ZeroEngine {
     fn load_optimizer_state(&mut self, saved: &[OptimizerState]) -> Result<()> {
         let (rank, step) = (self.comm.rank(), super::zero_state::check_step(saved)?);
         let [m, v, p] = super::zero_state::reshard(saved, &self.layout, rank)?;
+        if let Some(g) = &mut self.gpu {
+            let up = |x: Vec<f32>| f32_tensor(x)?.to_device(&g.dev);
+            (g.exp_avg, g.exp_avg_sq, g.master, self.step) = (up(m)?, up(v)?, up(p)?, step);
+            return Ok(());
+        }
         (self.exp_avg, self.exp_avg_sq, self.master, self.step) = (m, v, p, step);
         Ok(())
     }

@@ -79,11 +79,23 @@ pub fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// The variables a remote node's launcher gets from this one: NCCL's own
+/// (`NCCL_SOCKET_IFNAME`, `NCCL_IB_DISABLE`, `NCCL_DEBUG`, ...), which ssh
+/// does not carry and every rank of a job must agree on (as DeepSpeed's
+/// runner forwards them), sorted by name.
+pub fn forwarded_env(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = vars.into_iter().filter(|(k, _)| k.starts_with("NCCL_")).collect();
+    v.sort();
+    v
+}
+
 /// The command line (one shell string) that a remote host runs: change to
-/// `cwd`, pass the job token, and run `exe launch <launch_args> -- <program>`.
-pub fn remote_command(cwd: &str, token: &str, exe: &str, launch_args: &[String], program: &[String]) -> String {
+/// `cwd`, pass the job token and the forwarded variables `env`, and run
+/// `exe launch <launch_args> -- <program>`.
+pub fn remote_command(cwd: &str, token: &str, env: &[(String, String)], exe: &str, launch_args: &[String], program: &[String]) -> String {
     let mut words = vec!["cd".to_string(), shell_quote(cwd), "&&".into(), "env".into()];
     words.push(shell_quote(&format!("ASRFORGE_RDZV_TOKEN={token}")));
+    words.extend(env.iter().map(|(k, v)| shell_quote(&format!("{k}={v}"))));
     words.push(shell_quote(exe));
     words.push("launch".into());
     words.extend(launch_args.iter().map(|a| shell_quote(a)));
@@ -125,14 +137,16 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("mkdir");
         // Stands in for the remote asrforge: prints where it runs, the token and its arguments.
         let exe = dir.join("print args");
-        std::fs::write(&exe, "#!/bin/sh\npwd\necho \"$ASRFORGE_RDZV_TOKEN\"\nprintf '%s|' \"$@\"\n").expect("write");
+        std::fs::write(&exe, "#!/bin/sh\npwd\necho \"$ASRFORGE_RDZV_TOKEN\"\necho \"$NCCL_SOCKET_IFNAME|$NCCL_DEBUG\"\nprintf '%s|' \"$@\"\n").expect("write");
         std::process::Command::new("chmod").arg("+x").arg(&exe).status().expect("chmod");
         let (d, e) = (dir.to_str().expect("utf8"), exe.to_str().expect("utf8"));
-        let cmd = remote_command(d, "t$k'n", e, &["--nnodes".into(), "2".into()], &["sh".into(), "-c".into(), "echo \"$X\" 'y'".into()]);
+        let env = forwarded_env([("PATH".into(), "/x".into()), ("NCCL_SOCKET_IFNAME".into(), "=eth0 ib'0".into()), ("NCCL_DEBUG".into(), "INFO".into())]);
+        assert_eq!(env.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["NCCL_DEBUG", "NCCL_SOCKET_IFNAME"], "only NCCL's variables, sorted");
+        let cmd = remote_command(d, "t$k'n", &env, e, &["--nnodes".into(), "2".into()], &["sh".into(), "-c".into(), "echo \"$X\" 'y'".into()]);
         let out = std::process::Command::new("sh").arg("-c").arg(&cmd).output().expect("run sh");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let _ = std::fs::remove_dir_all(&dir);
-        assert_eq!(text, format!("{d}\nt$k'n\nlaunch|--nnodes|2|--|sh|-c|echo \"$X\" 'y'|"), "{cmd}");
+        assert_eq!(text, format!("{d}\nt$k'n\n=eth0 ib'0|INFO\nlaunch|--nnodes|2|--|sh|-c|echo \"$X\" 'y'|"), "{cmd}");
     }
 
     #[test]

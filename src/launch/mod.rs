@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use hostfile::{local_names, node_order, parse_hostfile, remote_command, ssh_program};
+use hostfile::{forwarded_env, local_names, node_order, parse_hostfile, remote_command, ssh_program};
 use layout::{job_token, NodePlan};
 use supervise::{supervise, ChildSpec, Role};
 
@@ -202,7 +202,7 @@ fn plan_job(args: &LaunchArgs) -> Result<(NodePlan, Vec<ChildSpec>)> {
         if let Some(id) = &args.rdzv_id {
             launch.extend(["--rdzv_id".to_string(), id.clone()]);
         }
-        let line = remote_command(&cwd, &token, &exe, &launch, &args.program);
+        let line = remote_command(&cwd, &token, &forwarded_env(std::env::vars()), &exe, &launch, &args.program);
         eprintln!("asrforge launch: starting node {index} on {} over {ssh} (ranks {}..{})", host.name, offset, offset + host.slots - 1);
         let args = vec![OsString::from(&host.name), OsString::from(line)];
         remotes.push(ChildSpec { role: Role::Node { index, host: host.name.clone() }, program: OsString::from(&ssh), args, env: Vec::new(), stdin_pipe: true });

@@ -302,16 +302,58 @@ pub fn init_distributed(args: &super::TrainArgs) -> Result<Distributed> {
     if info.world_size == 1 {
         return Ok(Distributed { info, ..Distributed::single() });
     }
-    match args.dist_backend.as_str() {
-        "gloo" => {}
-        "nccl" => return Err(Error::config("--dist_backend", "nccl needs the CUDA backend; use --dist_backend gloo on the CPU")),
+    let nccl = match args.dist_backend.as_str() {
+        "gloo" => false,
+        "nccl" => {
+            nccl_usable(args, &info)?;
+            true
+        }
         other => return Err(Error::config("--dist_backend", format!("expected gloo or nccl, found {other:?}"))),
-    }
+    };
     if args.timeout == 0 {
         return Err(Error::config("--timeout", "expected a number of seconds >= 1, found 0"));
     }
     let timeout = Duration::from_secs(args.timeout);
     let opts = GroupOptions { rank0_hosts_store: true, timeout, join_timeout: timeout, local_rank: Some(info.local_rank) };
     let g = init_process_groups_with(info.rank, info.world_size, &info.master_addr, info.master_port, &rdzv_token_from_env(), &opts)?;
-    Ok(Distributed { info, comm: Some(Box::new(g.comm)), join: Some(g.join), store: Some(g.store), server: g.server })
+    let comm: Box<dyn Communicator> = if nccl { nccl_comm(&g.store, &info, timeout)? } else { Box::new(g.comm) };
+    Ok(Distributed { info, comm: Some(comm), join: Some(g.join), store: Some(g.store), server: g.server })
+}
+
+/// Why `--dist_backend nccl` cannot run here, as one line: a CPU run, the
+/// emulated device, no usable GPU, or no NCCL library.
+fn nccl_usable(args: &super::TrainArgs, info: &DistInfo) -> Result<()> {
+    const KEY: &str = "--dist_backend";
+    if args.device != "cuda" {
+        return Err(Error::config(
+            KEY,
+            format!("nccl moves GPU tensors, but this run trains on the CPU (--device {:?}); use --dist_backend gloo, or --device cuda", args.device),
+        ));
+    }
+    nccl_device_check(info.local_rank).map_err(|m| Error::config(KEY, m))
+}
+
+#[cfg(feature = "cuda")]
+fn nccl_device_check(local_rank: usize) -> std::result::Result<(), String> {
+    let dev = crate::backend::cuda::device(local_rank).map_err(|e| format!("nccl needs a GPU (cuda:{local_rank}, LOCAL_RANK) but none is usable: {e}"))?;
+    if dev.is_emulated() {
+        return Err("nccl needs a real GPU; the emulated CUDA device (ASRFORGE_CUDA_EMU=1) runs the GPU engines over --dist_backend gloo".into());
+    }
+    crate::backend::cuda::nccl::version().map(|_| ()).map_err(|e| format!("nccl: {e}"))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn nccl_device_check(_local_rank: usize) -> std::result::Result<(), String> {
+    Err("nccl needs the CUDA backend, and this asrforge was built without the `cuda` feature; use --dist_backend gloo".into())
+}
+
+#[cfg(feature = "cuda")]
+fn nccl_comm(store: &Store, info: &DistInfo, timeout: Duration) -> Result<Box<dyn Communicator>> {
+    let dev = crate::tensor::Device::Cuda(info.local_rank);
+    Ok(Box::new(crate::dist::NcclComm::new(store, "nccl", info.rank, info.world_size, &dev, timeout)?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn nccl_comm(_store: &Store, info: &DistInfo, _timeout: Duration) -> Result<Box<dyn Communicator>> {
+    Err(Error::dist("nccl init", info.rank, "this asrforge was built without the `cuda` feature"))
 }

@@ -146,3 +146,28 @@ pub fn run_ok(test_name: &str, world_size: usize, extra: &[(&str, String)]) -> V
     rs.iter().for_each(WorkerResult::assert_ok);
     rs
 }
+
+/// The pids of `launcher`'s children, by their `RANK` (an `asrforge launch`'s workers).
+pub fn workers_of(launcher: u32) -> Vec<(usize, u32)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)).and_then(|p| p.parse::<u32>().ok());
+        if ppid != Some(launcher) {
+            continue;
+        }
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let rank = env.split(|b| *b == 0).find_map(|kv| std::str::from_utf8(kv).ok()?.strip_prefix("RANK=")?.parse().ok());
+        if let Some(r) = rank {
+            out.push((r, pid));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Whether process `pid` still runs (a zombie counts as gone).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+}

@@ -38,12 +38,15 @@ pub fn global_batch(step: u64, micro: usize) -> (Vec<f32>, Vec<f32>) {
 }
 
 /// Mean squared error of `gain · (w2 · tanh(w1 · x + b1) + b2)` against the
-/// targets, over this rank's rows of the global micro-batch.
+/// targets, over this rank's rows of the global micro-batch, on the
+/// parameters' device.
 pub fn local_loss(params: &[(String, Tensor)], step: u64, micro: usize, rank: usize, world: usize) -> Result<Tensor> {
     let (x, t) = global_batch(step, micro);
     let rows = GLOBAL_BATCH / world;
-    let x = Tensor::from_vec(x[rank * rows * IN..(rank + 1) * rows * IN].to_vec(), vec![rows, IN], &Device::Cpu)?;
-    let t = Tensor::from_vec(t[rank * rows * OUT..(rank + 1) * rows * OUT].to_vec(), vec![rows, OUT], &Device::Cpu)?;
+    // The batch lives where the parameters do (the CPU, or a GPU).
+    let dev = params[0].1.device();
+    let x = Tensor::from_vec(x[rank * rows * IN..(rank + 1) * rows * IN].to_vec(), vec![rows, IN], &Device::Cpu)?.to_device(&dev)?;
+    let t = Tensor::from_vec(t[rank * rows * OUT..(rank + 1) * rows * OUT].to_vec(), vec![rows, OUT], &Device::Cpu)?.to_device(&dev)?;
     let h = ops::tanh(&ops::linear(&x, &params[0].1, Some(&params[1].1))?)?;
     let y = ops::mul(&ops::linear(&h, &params[2].1, Some(&params[3].1))?, &params[4].1)?;
     ops::mean_all(&ops::pow(&ops::sub(&y, &t)?, 2.0)?)

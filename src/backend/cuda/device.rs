@@ -85,6 +85,16 @@ impl CudaDevice {
         let e = self.seam.driver().record_event(Stream(stream))?;
         Ok(DeviceEvent { dev: self.clone(), ev: Some(e) })
     }
+    /// Makes this device current on the calling thread (before a library
+    /// such as NCCL enqueues work from a thread that launched nothing yet).
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.seam.driver().bind()
+    }
+    /// The raw `CUstream` of stream `stream` (0: compute), for NCCL; an
+    /// error on the emulator.
+    pub(crate) fn raw_stream(&self, stream: usize) -> Result<*mut c_void> {
+        self.seam.driver().raw_stream(Stream(stream))
+    }
     /// Waits until every queued kernel and copy has finished; reports an
     /// asynchronous kernel fault (a host synchronisation in the counters).
     pub fn synchronize(&self) -> Result<()> {
@@ -236,6 +246,13 @@ impl DeviceEvent {
         match &self.ev {
             Some(e) => self.dev.seam.event_synchronize(e),
             None => Ok(()),
+        }
+    }
+    /// Whether the recorded work has finished (no wait, not a host synchronisation).
+    pub fn query(&self) -> Result<bool> {
+        match &self.ev {
+            Some(e) => self.dev.seam.driver().event_query(e),
+            None => Ok(true),
         }
     }
     /// Waits on the host only if the recorded work has not finished yet

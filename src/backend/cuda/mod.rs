@@ -37,6 +37,8 @@ mod device;
 #[cfg(feature = "cuda")]
 pub mod driver;
 #[cfg(feature = "cuda")]
+pub mod nccl;
+#[cfg(feature = "cuda")]
 mod pinned;
 #[cfg(feature = "cuda")]
 mod storage;
@@ -172,13 +174,21 @@ fn driver_problem() -> Option<&'static str> {
 }
 
 #[cfg(feature = "cuda")]
-/// The number of visible GPUs (one emulated device under
-/// `ASRFORGE_CUDA_EMU=1`), or why none can be used.
+/// The number of visible GPUs (under `ASRFORGE_CUDA_EMU=1`, one emulated
+/// device, or `ASRFORGE_CUDA_EMU_DEVICES` of them, so that a launcher's
+/// processes can each open `cuda:LOCAL_RANK` as on a multi-GPU node), or
+/// why none can be used.
 pub fn device_count() -> Result<usize> {
     if driver::emulation_requested() {
-        return match driver::emulation_problem() {
-            Some(why) => Err(Error::CudaUnavailable(why)),
-            None => Ok(1),
+        if let Some(why) = driver::emulation_problem() {
+            return Err(Error::CudaUnavailable(why));
+        }
+        return match std::env::var("ASRFORGE_CUDA_EMU_DEVICES") {
+            Err(_) => Ok(1),
+            Ok(v) => match v.trim().parse::<usize>() {
+                Ok(n) if n >= 1 => Ok(n),
+                _ => Err(Error::CudaUnavailable(format!("ASRFORGE_CUDA_EMU_DEVICES: expected a number of emulated devices >= 1, found {v:?}"))),
+            },
         };
     }
     if let Some(why) = driver_problem() {

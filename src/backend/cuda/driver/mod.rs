@@ -161,6 +161,11 @@ pub(crate) trait Driver: Send + Sync {
     fn mem_info(&self) -> Result<(usize, usize)>;
     /// Makes the device current on the calling thread.
     fn bind(&self) -> Result<()>;
+    /// The raw `CUstream` of `s`, for libraries that enqueue their own work
+    /// on it (NCCL); the emulator has none.
+    fn raw_stream(&self, _s: Stream) -> Result<*mut c_void> {
+        Err(Error::CudaUnavailable(format!("the {:?} device has no CUDA stream to hand to NCCL", self.kind())))
+    }
     /// A fresh stream.
     fn new_stream(&self) -> Result<Stream>;
     /// A fresh buffer of `bytes` (> 0), or `None` when the device is out of memory.

@@ -201,6 +201,9 @@ impl Driver for RealDriver {
     fn bind(&self) -> Result<()> {
         check("cuCtxSetCurrent", self.ctx.bind_to_thread())
     }
+    fn raw_stream(&self, s: Stream) -> Result<*mut c_void> {
+        Ok(self.cu(s)? as *mut c_void)
+    }
     fn new_stream(&self) -> Result<Stream> {
         let s = check("cuStreamCreate", self.ctx.new_stream())?;
         let mut o = self.others.lock().unwrap_or_else(|e| e.into_inner());
