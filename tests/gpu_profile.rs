@@ -149,3 +149,51 @@ fn bench_train_tf32_runs_the_f32_products_as_tf32() {
     assert!(tf32 > 0, "f32 products run as TF32\n{}", p.table());
     assert!(p.rows.iter().all(|r| !(r.family.starts_with("cublas") && r.family.ends_with(" f32"))), "no plain f32 product is left\n{}", p.table());
 }
+
+/// The fusion switch on a whole training step: `ASRFORGE_FUSION=all`
+/// (flash attention, the fused losses) against `none` (the compositions):
+/// the same losses within the dtype's tolerance and fewer launches.
+#[test]
+fn fusion_all_runs_the_same_step_in_fewer_launches() {
+    let Some(_) = common::gpu::gpu("fusion_all_runs_the_same_step_in_fewer_launches") else { return };
+    let _s = serial();
+    // The config's `fusion:` key chooses (bench-train sets the switch from it).
+    let text = std::fs::read_to_string(tiny_config()).expect("conf/tiny.yaml");
+    let dir = std::env::temp_dir().join(format!("asrforge-fusion-step-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let configs: Vec<std::path::PathBuf> = ["none", "all"]
+        .iter()
+        .map(|f| {
+            let p = dir.join(format!("tiny_fusion_{f}.yaml"));
+            std::fs::write(&p, format!("{text}\nfusion: {f}\n")).unwrap();
+            p
+        })
+        .collect();
+    for (dtype, tol) in [("fp32", 1e-4), ("bf16", 5e-3)] {
+        let mut runs = Vec::new();
+        let base = profiled_bench(dtype, false);
+        for config in &configs {
+            let r = run_bench_train(&BenchTrainArgs { config: config.clone(), ..base.clone() });
+            asrforge::ops::fusion::set_enabled(&[]);
+            let r = r.expect("bench-train --device cuda --profile");
+            let (_, step) = r.kernel_profile.clone().expect("a kernel profile");
+            runs.push((r, step));
+        }
+        let ((none, none_step), (all, all_step)) = (&runs[0], &runs[1]);
+        assert_eq!((none.fusion.as_str(), all.fusion.as_str()), ("none", "all"));
+        for (i, (a, b)) in all.losses.iter().zip(&none.losses).enumerate() {
+            assert!((a - b).abs() <= tol * b.abs(), "{dtype} step {}: fused loss {a} vs composition {b} (tolerance {tol} relative)", i + 1);
+        }
+        assert!(all_step.launches < none_step.launches, "{dtype}: fused {} launches vs composition {}", all_step.launches, none_step.launches);
+        // At 16 frames after subsampling the score matrices the fused path
+        // never stores are smaller than its log-sum-exp and stand-in
+        // buffers: within 1 % here; tests/attention_memory.rs shows the
+        // O(T) against O(T²) at long T.
+        assert!(all.peak_bytes <= none.peak_bytes + none.peak_bytes / 100, "{dtype}: fused peak {} vs composition {}", all.peak_bytes, none.peak_bytes);
+        eprintln!(
+            "{dtype}: fusion=all {} launches, peak {} B, losses {:?}; fusion=none {} launches, peak {} B, losses {:?}",
+            all_step.launches, all.peak_bytes, all.losses, none_step.launches, none.peak_bytes, none.losses
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
