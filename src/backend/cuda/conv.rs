@@ -1,14 +1,15 @@
 //! Convolutions on the GPU (`cuda/conv.cu`); mirrors `backend::cpu::conv`.
-//! Depthwise conv1d runs in its own kernels; conv2d is im2col here plus a
+//! Depthwise conv1d (channels last) runs in its own kernels; conv2d is im2col here plus a
 //! cuBLAS product in the op layer, and col2im for the input gradient.
 
-use super::nn_common::{elems, expect_dtype, expect_len, launch, rows, same, u32_arg, FLOATS};
+use super::nn_common::{elems, expect_dtype, expect_len, launch, same, u32_arg, FLOATS};
 use super::{Arg, CudaStorage};
 use crate::backend::cpu::conv::{Conv2d, Dw1d};
 use crate::error::Result;
 
-fn dw_args(op: &'static str, g: &Dw1d) -> Result<[u32; 5]> {
+fn dw_args(op: &'static str, g: &Dw1d) -> Result<[u32; 6]> {
     Ok([
+        u32_arg(op, "batch", g.b)?,
         u32_arg(op, "channels", g.c)?,
         u32_arg(op, "frames", g.t)?,
         u32_arg(op, "kernel size", g.k)?,
@@ -17,27 +18,27 @@ fn dw_args(op: &'static str, g: &Dw1d) -> Result<[u32; 5]> {
     ])
 }
 
-/// Depthwise conv1d forward: x (B, C, T), w (C, 1, K), bias (C) → (B, C, To).
-pub fn depthwise_conv1d(x: &CudaStorage, w: &CudaStorage, bias: Option<&CudaStorage>, g: &Dw1d) -> Result<CudaStorage> {
-    let op = "depthwise_conv1d";
+/// Depthwise conv1d forward, channels last: x (B, T, C), w (C, 1, K), bias (C) → (B, To, C).
+pub fn conv1d_depthwise(x: &CudaStorage, w: &CudaStorage, bias: Option<&CudaStorage>, g: &Dw1d) -> Result<CudaStorage> {
+    let op = "conv1d_depthwise";
     expect_dtype(op, x, FLOATS)?;
     same(op, x, w)?;
-    expect_len(op, "the input (B, C, T)", x, g.b * g.c * g.t)?;
+    expect_len(op, "the input (B, T, C)", x, g.b * g.t * g.c)?;
     expect_len(op, "the weight (C, 1, K)", w, g.c * g.k)?;
     if let Some(b) = bias {
         same(op, x, b)?;
         expect_len(op, "the bias (C)", b, g.c)?;
     }
-    let [c, t, k, pad, to] = dw_args(op, g)?;
+    let [b, c, t, k, pad, to] = dw_args(op, g)?;
     let dev = x.device();
-    let n = g.b * g.c * g.t_out();
+    let n = g.b * g.t_out() * g.c;
     let y = dev.alloc(x.dtype(), n)?;
     let args = [
         Arg::Ptr(x),
         Arg::Ptr(w),
         Arg::Ptr(bias.unwrap_or(w)),
         Arg::Ptr(&y),
-        Arg::U64((g.b * g.c) as u64),
+        Arg::U32(b),
         Arg::U32(c),
         Arg::U32(t),
         Arg::U32(k),
@@ -45,30 +46,30 @@ pub fn depthwise_conv1d(x: &CudaStorage, w: &CudaStorage, bias: Option<&CudaStor
         Arg::U32(to),
         Arg::U32(bias.is_some() as u32),
     ];
-    launch(dev, "conv", "depthwise_conv1d_fwd", x.dtype(), n, elems(n), &args)?;
+    launch(dev, "conv", "conv1d_depthwise_fwd", x.dtype(), n, elems(n), &args)?;
     Ok(y)
 }
 
-/// Depthwise conv1d backward: `(gx, gw, gbias)`, the weight and bias sums deterministic.
-pub fn depthwise_conv1d_backward(x: &CudaStorage, w: &CudaStorage, gy: &CudaStorage, g: &Dw1d) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
-    let op = "depthwise_conv1d_backward";
+/// Depthwise conv1d backward, channels last: `(gx, gw, gbias)` in two
+/// launches (the input gradient; the weight and bias gradients, one thread
+/// per output summing in a fixed order: deterministic).
+pub fn conv1d_depthwise_backward(x: &CudaStorage, w: &CudaStorage, gy: &CudaStorage, g: &Dw1d) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+    let op = "conv1d_depthwise_backward";
     expect_dtype(op, x, FLOATS)?;
     same(op, x, w)?;
     same(op, x, gy)?;
-    expect_len(op, "the input (B, C, T)", x, g.b * g.c * g.t)?;
+    expect_len(op, "the input (B, T, C)", x, g.b * g.t * g.c)?;
     expect_len(op, "the weight (C, 1, K)", w, g.c * g.k)?;
-    expect_len(op, "the output gradient (B, C, To)", gy, g.b * g.c * g.t_out())?;
-    let [c, t, k, pad, to] = dw_args(op, g)?;
+    expect_len(op, "the output gradient (B, To, C)", gy, g.b * g.t_out() * g.c)?;
+    let [b, c, t, k, pad, to] = dw_args(op, g)?;
     let (dt, dev) = (x.dtype(), x.device());
     let gx = dev.alloc(dt, x.len())?;
-    let args = [Arg::Ptr(w), Arg::Ptr(gy), Arg::Ptr(&gx), Arg::U64((g.b * g.c) as u64), Arg::U32(c), Arg::U32(t), Arg::U32(k), Arg::U32(pad), Arg::U32(to)];
-    launch(dev, "conv", "depthwise_conv1d_bwd_input", dt, x.len(), elems(x.len()), &args)?;
-    let gw = dev.alloc(dt, g.c * g.k)?;
-    let args = [Arg::Ptr(x), Arg::Ptr(gy), Arg::Ptr(&gw), Arg::U64(g.b as u64), Arg::U32(c), Arg::U32(t), Arg::U32(k), Arg::U32(pad), Arg::U32(to)];
-    launch(dev, "conv", "depthwise_conv1d_bwd_weight", dt, g.c * g.k, rows(g.c * g.k), &args)?;
-    let gb = dev.alloc(dt, g.c)?;
-    let args = [Arg::Ptr(gy), Arg::Ptr(&gb), Arg::U64(g.b as u64), Arg::U32(c), Arg::U32(to)];
-    launch(dev, "conv", "depthwise_conv1d_bwd_bias", dt, g.c, rows(g.c), &args)?;
+    let args = [Arg::Ptr(w), Arg::Ptr(gy), Arg::Ptr(&gx), Arg::U32(b), Arg::U32(c), Arg::U32(t), Arg::U32(k), Arg::U32(pad), Arg::U32(to)];
+    launch(dev, "conv", "conv1d_depthwise_bwd_input", dt, x.len(), elems(x.len()), &args)?;
+    let (gw, gb) = (dev.alloc(dt, g.c * g.k)?, dev.alloc(dt, g.c)?);
+    let n = (g.k + 1) * g.c;
+    let args = [Arg::Ptr(x), Arg::Ptr(gy), Arg::Ptr(&gw), Arg::Ptr(&gb), Arg::U32(b), Arg::U32(c), Arg::U32(t), Arg::U32(k), Arg::U32(pad), Arg::U32(to)];
+    launch(dev, "conv", "conv1d_depthwise_bwd_weight", dt, n, elems(n), &args)?;
     Ok((gx, gw, gb))
 }
 
