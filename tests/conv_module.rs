@@ -1,7 +1,7 @@
 //! The channels-last Conformer convolution module against the composition
 //! it replaced, rebuilt here from generic ops in PyTorch's (B, C, T) layout:
 //! transpose, mask, pointwise conv1d as a product plus broadcast bias, GLU
-//! over channels, the depthwise conv as a sum over taps of shifted slices
+//! over channels from slices and a sigmoid, the depthwise conv as a sum over taps of shifted slices
 //! times the tap's weights (no conv kernel at all), batch norm over (B, C, T)
 //! or layer norm between transposes, the activation, pointwise conv2, mask,
 //! transpose back. Outputs, every parameter and input gradient and the
@@ -49,7 +49,10 @@ fn reference(m: &ConvolutionModule, x: &Tensor, pad: Option<&Tensor>, stats: Opt
     if m.lorder > 0 {
         h = ops::pad(&h, 2, m.lorder, 0, 0.0)?;
     }
-    let mut h = ops::glu(&ops::conv1d_pointwise(&h, &m.pointwise_conv1.weight, m.pointwise_conv1.bias.as_ref())?, 1)?;
+    // GLU over channels from slices: a·σ(b).
+    let h2 = ops::conv1d_pointwise(&h, &m.pointwise_conv1.weight, m.pointwise_conv1.bias.as_ref())?;
+    let c = h2.dims()[1] / 2;
+    let mut h = ops::mul(&ops::narrow(&h2, 1, 0, c)?, &ops::sigmoid(&ops::narrow(&h2, 1, c, c)?)?)?;
     if let (Some(p), false) = (pad, m.wenet_masking) {
         // The mask widened by the unmasked causal left padding.
         let left = Tensor::zeros([p.dims()[0], 1, m.lorder], DType::U8, &p.device())?;

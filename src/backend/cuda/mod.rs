@@ -63,6 +63,7 @@ pub use launch::{dtype_suffix, Arg, LaunchConfig};
 
 pub mod conv;
 pub mod dropout;
+pub mod glu;
 pub mod index;
 pub mod layout;
 mod nn_common;
