@@ -5,11 +5,11 @@
 // To = T + 2p - K + 1, zero padding p on both sides, stride 1:
 //   y[b,t,c]   = bias[c] + sum_k w[c,k] * x[b,t+k-p,c]  (one thread per output element)
 //   gx[b,i,c]  = sum_k w[c,k] * gy[b,i+p-k,c]           (one thread per input element)
-//   gw[c,k]    = sum_{b,t} gy[b,t,c] * x[b,t+k-p,c]     (one thread per (k, c) ...
-//   gbias[c]   = sum_{b,t} gy[b,t,c]                    (... and per c, same launch)
+//   gw[c,k]    = sum_{b,t} gy[b,t,c] * x[b,t+k-p,c]     (a block per (k, 32 channels) ...
+//   gbias[c]   = sum_{b,t} gy[b,t,c]                    (... and per 32 c, same launch)
 // Consecutive threads take consecutive channels, so every load of a warp is
 // one contiguous run of a frame. Every output is written by exactly one
-// thread summing in a fixed order: no atomics, reproducible bits.
+// thread or block summing in a fixed order: no atomics, reproducible bits.
 //
 // Conv2d (the subsampling front end) is im2col + GEMM: x (B, Ci, H, W),
 // w (Co, Ci, kh, kw), stride s, zero padding p, (Ho, Wo) the output size.
@@ -60,34 +60,51 @@ __device__ void conv1d_depthwise_bwd_input(const T* __restrict__ w, const T* __r
     }
 }
 
-// Weight and bias gradients in one launch: thread j = kk*C + ch (consecutive
-// threads read consecutive channels of a frame) sums tap kk of channel ch
-// (kk = K: the bias) over b, then t ascending. One thread per output, a
-// fixed order: reproducible bits, no atomics, no shared memory.
+// Weight and bias gradients in one launch: a block per (tap kk, group of 32
+// channels) (kk = K: the bias), its NN_BLOCK threads as 32 channel lanes x
+// DW_ROWS row lanes. Row lane ly sums the (b, t) terms j = ly, ly + DW_ROWS,
+// ... in order (each warp reads 32 consecutive channels of one frame), then
+// lane 0 adds the DW_ROWS partial sums in order: a fixed order, reproducible
+// bits, no atomics.
+#define DW_ROWS (NN_BLOCK / 32)
 template <typename T>
 __device__ void conv1d_depthwise_bwd_weight(const T* __restrict__ x, const T* __restrict__ gy, T* __restrict__ gw,
                                             T* __restrict__ gbias, uint32_t b, uint32_t c, uint32_t t, uint32_t k, uint32_t pad,
                                             uint32_t to) {
     typedef typename Num<T>::acc A;
-    NN_GRID_STRIDE(j, (size_t)(k + 1) * c) {
-        const size_t ch = j % c;
-        const uint32_t kk = (uint32_t)(j / c);
+    __shared__ A sh[DW_ROWS][32];
+    const uint32_t groups = (c + 31) / 32;
+    const uint32_t lx = threadIdx.x % 32, ly = threadIdx.x / 32;
+    NN_BLOCK_ROWS(blk, (size_t)(k + 1) * groups) {
+        const uint32_t kk = (uint32_t)(blk / groups);
+        const size_t ch = (blk % groups) * 32 + lx;
         A s = 0;
-        if (kk == k) {
-            for (size_t r = 0; r < (size_t)b * to; ++r) s += Num<T>::to(gy[r * c + ch]);
-            gbias[ch] = Num<T>::from(s);
-        } else {
-            // Output frames ot whose input frame ot + kk - pad is inside x.
-            const long long lo0 = (long long)pad - kk, hi0 = (long long)t + pad - kk;
-            const size_t lo = lo0 > 0 ? (size_t)lo0 : 0;
-            const size_t hi = hi0 < (long long)to ? (hi0 > 0 ? (size_t)hi0 : 0) : to;
-            for (size_t bi = 0; bi < b; ++bi) {
-                const T* gb = gy + bi * (size_t)to * c + ch;
-                const T* xb = x + bi * (size_t)t * c + ch;
-                for (size_t ot = lo; ot < hi; ++ot) s += Num<T>::to(gb[ot * c]) * Num<T>::to(xb[(ot + kk - pad) * c]);
+        if (ch < c) {
+            if (kk == k) {
+                for (size_t r = ly; r < (size_t)b * to; r += DW_ROWS) s += Num<T>::to(gy[r * c + ch]);
+            } else {
+                // Output frames ot whose input frame ot + kk - pad is inside x.
+                const long long lo0 = (long long)pad - kk, hi0 = (long long)t + pad - kk;
+                const size_t lo = lo0 > 0 ? (size_t)lo0 : 0;
+                const size_t hi = hi0 < (long long)to ? (hi0 > 0 ? (size_t)hi0 : 0) : to;
+                const size_t span = hi > lo ? hi - lo : 0;
+                for (size_t j = ly; j < (size_t)b * span; j += DW_ROWS) {
+                    const size_t bi = j / span, ot = lo + j % span;
+                    s += Num<T>::to(gy[(bi * to + ot) * c + ch]) * Num<T>::to(x[(bi * t + ot + kk - pad) * c + ch]);
+                }
             }
-            gw[ch * k + kk] = Num<T>::from(s);
         }
+        sh[ly][lx] = s;
+        __syncthreads();
+        if (ly == 0 && ch < c) {
+            A tot = 0;
+            for (uint32_t r = 0; r < DW_ROWS; ++r) tot += sh[r][lx];
+            if (kk == k)
+                gbias[ch] = Num<T>::from(tot);
+            else
+                gw[ch * k + kk] = Num<T>::from(tot);
+        }
+        __syncthreads();
     }
 }
 

@@ -357,11 +357,25 @@ fn all_floats(name: &str, dev: &Device, inputs: &[Input], f: &OpFn) {
 }
 
 #[test]
+fn glu_matches_the_cpu() {
+    let Some(dev) = gpu("glu_matches_the_cpu") else { return };
+    // Over the last dim (the convolution module's) and a middle one; halves
+    // of 4 elements, 1500 (past a block) and 700 with 14000 outputs (more
+    // than the capped grid's threads, so the loop wraps).
+    let cases: [(&'static [usize], isize); 5] = [(&[2, 3, 8], -1), (&[3, 600, 5], 1), (&[4097, 2], -1), (&[2, 10, 1400], -1), (&[1, 2, 1], 1)];
+    for (s, d) in cases {
+        all_floats(&format!("glu {s:?} dim {d}"), &dev, &[(s, Normal, true)], &move |x| ops::glu(&x[0], d));
+    }
+}
+
+#[test]
 fn conv1d_depthwise_matches_the_cpu() {
     let Some(dev) = gpu("conv1d_depthwise_matches_the_cpu") else { return };
-    // Channels last, x (B, T, C). Channel counts of 3 and 5 (ragged), 300
-    // (past a block) and 700 (with k = 15, 16·700 weight-and-bias threads
-    // outnumber the capped grid's 37·256, so that loop wraps too).
+    // Channels last, x (B, T, C). Channel counts of 3 and 5 (ragged, less
+    // than a 32-channel group), 300 (past a block) and 700 (with k = 15, the
+    // weight-and-bias pass's 16 taps x 22 channel groups = 352 blocks
+    // outnumber the capped grid's 37, so that loop wraps too); 4097 frames
+    // with 4 channels give 8 row lanes of 2000+ terms each.
     all_floats("conv1d_depthwise k3 p1 with bias", &dev, &[(&[2, 7, 3], Normal, true), (&[3, 1, 3], Normal, true), (&[3], Normal, true)], &move |x| {
         ops::conv1d_depthwise(&x[0], &x[1], Some(&x[2]), 1)
     });

@@ -2,7 +2,7 @@
 //! Depthwise conv1d (channels last) runs in its own kernels; conv2d is im2col here plus a
 //! cuBLAS product in the op layer, and col2im for the input gradient.
 
-use super::nn_common::{elems, expect_dtype, expect_len, launch, same, u32_arg, FLOATS};
+use super::nn_common::{elems, expect_dtype, expect_len, launch, rows, same, u32_arg, FLOATS};
 use super::{Arg, CudaStorage};
 use crate::backend::cpu::conv::{Conv2d, Dw1d};
 use crate::error::Result;
@@ -51,8 +51,8 @@ pub fn conv1d_depthwise(x: &CudaStorage, w: &CudaStorage, bias: Option<&CudaStor
 }
 
 /// Depthwise conv1d backward, channels last: `(gx, gw, gbias)` in two
-/// launches (the input gradient; the weight and bias gradients, one thread
-/// per output summing in a fixed order: deterministic).
+/// launches (the input gradient; the weight and bias gradients, a block per
+/// tap and 32 channels summing in a fixed order: deterministic).
 pub fn conv1d_depthwise_backward(x: &CudaStorage, w: &CudaStorage, gy: &CudaStorage, g: &Dw1d) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
     let op = "conv1d_depthwise_backward";
     expect_dtype(op, x, FLOATS)?;
@@ -67,9 +67,10 @@ pub fn conv1d_depthwise_backward(x: &CudaStorage, w: &CudaStorage, gy: &CudaStor
     let args = [Arg::Ptr(w), Arg::Ptr(gy), Arg::Ptr(&gx), Arg::U32(b), Arg::U32(c), Arg::U32(t), Arg::U32(k), Arg::U32(pad), Arg::U32(to)];
     launch(dev, "conv", "conv1d_depthwise_bwd_input", dt, x.len(), elems(x.len()), &args)?;
     let (gw, gb) = (dev.alloc(dt, g.c * g.k)?, dev.alloc(dt, g.c)?);
-    let n = (g.k + 1) * g.c;
+    // A block per (tap or bias, group of 32 channels).
+    let blocks = (g.k + 1) * g.c.div_ceil(32);
     let args = [Arg::Ptr(x), Arg::Ptr(gy), Arg::Ptr(&gw), Arg::Ptr(&gb), Arg::U32(b), Arg::U32(c), Arg::U32(t), Arg::U32(k), Arg::U32(pad), Arg::U32(to)];
-    launch(dev, "conv", "conv1d_depthwise_bwd_weight", dt, n, elems(n), &args)?;
+    launch(dev, "conv", "conv1d_depthwise_bwd_weight", dt, blocks, rows(blocks), &args)?;
     Ok((gx, gw, gb))
 }
 
