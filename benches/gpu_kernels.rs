@@ -1,6 +1,7 @@
 //! Kernels added for the fast GPU step, on `Cuda(0)` at AISHELL-conformer
-//! shapes: layer norm (forward + backward) and softmax (forward + backward)
-//! in f32 and in bf16 (half activations: f32 statistics and sums),
+//! shapes: layer norm (forward + backward), the convolution module's
+//! channels-last batch norm, depthwise conv and GLU (forward + backward),
+//! and softmax (forward + backward) in f32 and in bf16 (half activations: f32 statistics and sums),
 //! attention's masked softmax and dropout (one kernel each way), the
 //! log-softmax of the 4233-word output layer (a block per row), the
 //! label-smoothing loss reduced on the device (`rows_total`) and token
@@ -41,6 +42,35 @@ fn gpu_kernels(c: &mut Criterion) {
         group.bench_function(format!("layer_norm_fwd_bwd_2048x256_{}", dt.as_str()), |bn| {
             bn.iter(|| {
                 let y = ops::layer_norm(&x, Some(&w), Some(&b), 1e-5).unwrap();
+                backward(&ops::sum_all(&ops::to_dtype(&y, DType::F32).unwrap()).unwrap()).unwrap();
+                gpu_sync(&w)
+            })
+        });
+        // The convolution module, channels last: batch norm over (B·T, C)
+        // with f32 statistics (training: the running update in the stats
+        // launch), the depthwise conv (k = 15) and GLU, forward + backward.
+        let (rm, rv) = (Tensor::zeros([256], DType::F32, &gpu).unwrap(), Tensor::ones([256], DType::F32, &gpu).unwrap());
+        group.bench_function(format!("batch_norm_fwd_bwd_2048x256_{}", dt.as_str()), |bn| {
+            bn.iter(|| {
+                let st = ops::BatchNormState { running_mean: &rm, running_var: &rv, momentum: 0.1, eps: 1e-5, training: true };
+                let y = ops::batch_norm(&x, &w, &b, &st).unwrap();
+                backward(&ops::sum_all(&ops::to_dtype(&y, DType::F32).unwrap()).unwrap()).unwrap();
+                gpu_sync(&w)
+            })
+        });
+        let xc = ops::reshape(&x.detach(), [16, 128, 256]).unwrap().requires_grad_();
+        let wd = ops::to_dtype(&Tensor::randn([256, 1, 15], 0.0, 0.3, DType::F32, &mut rng, &gpu).unwrap(), dt).unwrap().requires_grad_();
+        group.bench_function(format!("conv1d_depthwise_fwd_bwd_16x128x256_k15_{}", dt.as_str()), |bn| {
+            bn.iter(|| {
+                let y = ops::conv1d_depthwise(&xc, &wd, None, 7).unwrap();
+                backward(&ops::sum_all(&ops::to_dtype(&y, DType::F32).unwrap()).unwrap()).unwrap();
+                gpu_sync(&wd)
+            })
+        });
+        let xg = ops::to_dtype(&Tensor::randn([16, 128, 512], 0.0, 1.0, DType::F32, &mut rng, &gpu).unwrap(), dt).unwrap().requires_grad_();
+        group.bench_function(format!("glu_fwd_bwd_16x128x512_{}", dt.as_str()), |bn| {
+            bn.iter(|| {
+                let y = ops::glu(&xg, -1).unwrap();
                 backward(&ops::sum_all(&ops::to_dtype(&y, DType::F32).unwrap()).unwrap()).unwrap();
                 gpu_sync(&w)
             })

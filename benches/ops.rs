@@ -53,10 +53,10 @@ fn kernels(c: &mut Criterion) {
     let (w, bias) = (randn(&[256], &mut rng), randn(&[256], &mut rng));
     g.throughput(Throughput::Elements(h.elem_count() as u64));
     g.bench_function("layer_norm 3200x256", |b| b.iter(|| black_box(ops::layer_norm(&h, Some(&w), Some(&bias), 1e-5).unwrap())));
-    let xc = randn(&[8, 256, 200], &mut rng);
+    let xc = randn(&[8, 200, 256], &mut rng);
     let wc = randn(&[256, 1, 15], &mut rng);
     g.throughput(Throughput::Elements(xc.elem_count() as u64));
-    g.bench_function("conv1d_depthwise 8x256x200 k15", |b| b.iter(|| black_box(ops::conv1d_depthwise(&xc, &wc, None, 7).unwrap())));
+    g.bench_function("conv1d_depthwise 8x200x256 k15", |b| b.iter(|| black_box(ops::conv1d_depthwise(&xc, &wc, None, 7).unwrap())));
     g.finish();
 
     let mut g = c.benchmark_group("ctc_loss");

@@ -1,15 +1,15 @@
 // Convolutions for the two shapes the models need.
 //
-// Depthwise conv1d (the Conformer convolution module): x (B, C, T),
-// w (C, 1, K) read as (C, K), bias (C), y and gy (B, C, To),
+// Depthwise conv1d (the Conformer convolution module), channels last:
+// x (B, T, C), w (C, 1, K) read as (C, K), bias (C), y and gy (B, To, C),
 // To = T + 2p - K + 1, zero padding p on both sides, stride 1:
-//   y[b,c,t]   = bias[c] + sum_k w[c,k] * x[b,c,t+k-p]
-//   gx[b,c,i]  = sum_k w[c,k] * gy[b,c,i+p-k]           (one thread per input element)
-//   gw[c,k]    = sum_{b,t} gy[b,c,t] * x[b,c,t+k-p]     (one block per (c, k))
-//   gbias[c]   = sum_{b,t} gy[b,c,t]                    (one block per c)
-// Every output element is written by exactly one thread or block, and the
-// weight and bias sums go through a fixed shared-memory tree: no atomics,
-// reproducible bits.
+//   y[b,t,c]   = bias[c] + sum_k w[c,k] * x[b,t+k-p,c]  (one thread per output element)
+//   gx[b,i,c]  = sum_k w[c,k] * gy[b,i+p-k,c]           (one thread per input element)
+//   gw[c,k]    = sum_{b,t} gy[b,t,c] * x[b,t+k-p,c]     (a block per (k, 32 channels) ...
+//   gbias[c]   = sum_{b,t} gy[b,t,c]                    (... and per 32 c, same launch)
+// Consecutive threads take consecutive channels, so every load of a warp is
+// one contiguous run of a frame. Every output is written by exactly one
+// thread or block summing in a fixed order: no atomics, reproducible bits.
 //
 // Conv2d (the subsampling front end) is im2col + GEMM: x (B, Ci, H, W),
 // w (Co, Ci, kh, kw), stride s, zero padding p, (Ho, Wo) the output size.
@@ -22,76 +22,89 @@
 #include "nn_common.cuh"
 
 template <typename T>
-__device__ void depthwise_conv1d_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
-                                     T* __restrict__ y, uint64_t rows, uint32_t c, uint32_t t, uint32_t k, uint32_t pad,
+__device__ void conv1d_depthwise_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                                     T* __restrict__ y, uint32_t b, uint32_t c, uint32_t t, uint32_t k, uint32_t pad,
                                      uint32_t to, uint32_t has_bias) {
     typedef typename Num<T>::acc A;
-    NN_GRID_STRIDE(e, rows * to) {
-        const size_t row = e / to;  // b*C + c
-        const long long ot = (long long)(e % to);
-        const size_t ch = row % c;
-        const T* xr = x + row * t;
+    NN_GRID_STRIDE(e, (size_t)b * to * c) {
+        const size_t ch = e % c;
+        const size_t row = e / c;  // bi*To + ot
+        const long long ot = (long long)(row % to);
+        const T* xb = x + (row / to) * (size_t)t * c + ch;
         const T* wr = w + ch * k;
         A s = has_bias ? Num<T>::to(bias[ch]) : A(0);
         for (uint32_t kk = 0; kk < k; ++kk) {
             const long long i = ot + kk - (long long)pad;
-            if (i >= 0 && i < (long long)t) s += Num<T>::to(wr[kk]) * Num<T>::to(xr[i]);
+            if (i >= 0 && i < (long long)t) s += Num<T>::to(wr[kk]) * Num<T>::to(xb[(size_t)i * c]);
         }
         y[e] = Num<T>::from(s);
     }
 }
 
 template <typename T>
-__device__ void depthwise_conv1d_bwd_input(const T* __restrict__ w, const T* __restrict__ gy, T* __restrict__ gx, uint64_t rows,
+__device__ void conv1d_depthwise_bwd_input(const T* __restrict__ w, const T* __restrict__ gy, T* __restrict__ gx, uint32_t b,
                                            uint32_t c, uint32_t t, uint32_t k, uint32_t pad, uint32_t to) {
     typedef typename Num<T>::acc A;
-    NN_GRID_STRIDE(e, rows * t) {
-        const size_t row = e / t;
-        const long long i = (long long)(e % t);
-        const size_t ch = row % c;
-        const T* gr = gy + row * to;
+    NN_GRID_STRIDE(e, (size_t)b * t * c) {
+        const size_t ch = e % c;
+        const size_t row = e / c;  // bi*T + i
+        const long long i = (long long)(row % t);
+        const T* gb = gy + (row / t) * (size_t)to * c + ch;
         const T* wr = w + ch * k;
         A s = 0;
         for (uint32_t kk = 0; kk < k; ++kk) {
             const long long ot = i + (long long)pad - kk;
-            if (ot >= 0 && ot < (long long)to) s += Num<T>::to(wr[kk]) * Num<T>::to(gr[ot]);
+            if (ot >= 0 && ot < (long long)to) s += Num<T>::to(wr[kk]) * Num<T>::to(gb[(size_t)ot * c]);
         }
         gx[e] = Num<T>::from(s);
     }
 }
 
-// One block per (channel, tap): the B*To products of that tap, tree-summed.
+// Weight and bias gradients in one launch: a block per (tap kk, group of 32
+// channels) (kk = K: the bias), its NN_BLOCK threads as 32 channel lanes x
+// DW_ROWS row lanes. Row lane ly sums the (b, t) terms j = ly, ly + DW_ROWS,
+// ... in order (each warp reads 32 consecutive channels of one frame), then
+// lane 0 adds the DW_ROWS partial sums in order: a fixed order, reproducible
+// bits, no atomics.
+#define DW_ROWS (NN_BLOCK / 32)
 template <typename T>
-__device__ void depthwise_conv1d_bwd_weight(const T* __restrict__ x, const T* __restrict__ gy, T* __restrict__ gw, uint64_t b,
-                                            uint32_t c, uint32_t t, uint32_t k, uint32_t pad, uint32_t to) {
+__device__ void conv1d_depthwise_bwd_weight(const T* __restrict__ x, const T* __restrict__ gy, T* __restrict__ gw,
+                                            T* __restrict__ gbias, uint32_t b, uint32_t c, uint32_t t, uint32_t k, uint32_t pad,
+                                            uint32_t to) {
     typedef typename Num<T>::acc A;
-    __shared__ A sh[NN_BLOCK];
-    const size_t cnt = b * to;
-    NN_BLOCK_ROWS(ck, (uint64_t)c * k) {
-        const size_t ch = ck / k;
-        const long long kk = (long long)(ck % k);
+    __shared__ A sh[DW_ROWS][32];
+    const uint32_t groups = (c + 31) / 32;
+    const uint32_t lx = threadIdx.x % 32, ly = threadIdx.x / 32;
+    NN_BLOCK_ROWS(blk, (size_t)(k + 1) * groups) {
+        const uint32_t kk = (uint32_t)(blk / groups);
+        const size_t ch = (blk % groups) * 32 + lx;
         A s = 0;
-        for (size_t j = threadIdx.x; j < cnt; j += blockDim.x) {
-            const size_t row = (j / to) * c + ch;
-            const long long ot = (long long)(j % to);
-            const long long i = ot + kk - (long long)pad;
-            if (i >= 0 && i < (long long)t) s += Num<T>::to(gy[row * to + ot]) * Num<T>::to(x[row * t + i]);
+        if (ch < c) {
+            if (kk == k) {
+                for (size_t r = ly; r < (size_t)b * to; r += DW_ROWS) s += Num<T>::to(gy[r * c + ch]);
+            } else {
+                // Output frames ot whose input frame ot + kk - pad is inside x.
+                const long long lo0 = (long long)pad - kk, hi0 = (long long)t + pad - kk;
+                const size_t lo = lo0 > 0 ? (size_t)lo0 : 0;
+                const size_t hi = hi0 < (long long)to ? (hi0 > 0 ? (size_t)hi0 : 0) : to;
+                const size_t span = hi > lo ? hi - lo : 0;
+                for (size_t j = ly; j < (size_t)b * span; j += DW_ROWS) {
+                    const size_t bi = j / span, ot = lo + j % span;
+                    s += Num<T>::to(gy[(bi * to + ot) * c + ch]) * Num<T>::to(x[(bi * t + ot + kk - pad) * c + ch]);
+                }
+            }
         }
-        s = block_reduce(s, sh, SumOp());
-        if (threadIdx.x == 0) gw[ck] = Num<T>::from(s);
-    }
-}
-
-template <typename T>
-__device__ void depthwise_conv1d_bwd_bias(const T* __restrict__ gy, T* __restrict__ gb, uint64_t b, uint32_t c, uint32_t to) {
-    typedef typename Num<T>::acc A;
-    __shared__ A sh[NN_BLOCK];
-    const size_t cnt = b * to;
-    NN_BLOCK_ROWS(ch, c) {
-        A s = 0;
-        for (size_t j = threadIdx.x; j < cnt; j += blockDim.x) s += Num<T>::to(gy[((j / to) * c + ch) * to + j % to]);
-        s = block_reduce(s, sh, SumOp());
-        if (threadIdx.x == 0) gb[ch] = Num<T>::from(s);
+        sh[ly][lx] = s;
+        __syncthreads();
+        if (ly == 0 && ch < c) {
+            A tot = 0;
+            for (uint32_t r = 0; r < DW_ROWS; ++r) tot += sh[r][lx];
+            if (kk == k)
+                gbias[ch] = Num<T>::from(tot);
+            else
+                gw[ch * k + kk] = Num<T>::from(tot);
+        }
+        __syncthreads();
     }
 }
 
@@ -148,21 +161,19 @@ __device__ void col2im(const T* __restrict__ cols, T* __restrict__ gx, Conv2dGeo
 }
 
 #define CONV_KERNELS(SUF, T)                                                                                                \
-    extern "C" __global__ void depthwise_conv1d_fwd_##SUF(const T* x, const T* w, const T* bias, T* y, uint64_t rows,       \
+    extern "C" __global__ void conv1d_depthwise_fwd_##SUF(const T* x, const T* w, const T* bias, T* y, uint32_t b,          \
                                                           uint32_t c, uint32_t t, uint32_t k, uint32_t pad, uint32_t to,    \
                                                           uint32_t has_bias) {                                              \
-        depthwise_conv1d_fwd<T>(x, w, bias, y, rows, c, t, k, pad, to, has_bias);                                           \
+        conv1d_depthwise_fwd<T>(x, w, bias, y, b, c, t, k, pad, to, has_bias);                                              \
     }                                                                                                                       \
-    extern "C" __global__ void depthwise_conv1d_bwd_input_##SUF(const T* w, const T* gy, T* gx, uint64_t rows, uint32_t c,  \
+    extern "C" __global__ void conv1d_depthwise_bwd_input_##SUF(const T* w, const T* gy, T* gx, uint32_t b, uint32_t c,     \
                                                                 uint32_t t, uint32_t k, uint32_t pad, uint32_t to) {        \
-        depthwise_conv1d_bwd_input<T>(w, gy, gx, rows, c, t, k, pad, to);                                                   \
+        conv1d_depthwise_bwd_input<T>(w, gy, gx, b, c, t, k, pad, to);                                                      \
     }                                                                                                                       \
-    extern "C" __global__ void depthwise_conv1d_bwd_weight_##SUF(const T* x, const T* gy, T* gw, uint64_t b, uint32_t c,    \
-                                                                 uint32_t t, uint32_t k, uint32_t pad, uint32_t to) {       \
-        depthwise_conv1d_bwd_weight<T>(x, gy, gw, b, c, t, k, pad, to);                                                     \
-    }                                                                                                                       \
-    extern "C" __global__ void depthwise_conv1d_bwd_bias_##SUF(const T* gy, T* gb, uint64_t b, uint32_t c, uint32_t to) {   \
-        depthwise_conv1d_bwd_bias<T>(gy, gb, b, c, to);                                                                     \
+    extern "C" __global__ void conv1d_depthwise_bwd_weight_##SUF(const T* x, const T* gy, T* gw, T* gbias, uint32_t b,      \
+                                                                 uint32_t c, uint32_t t, uint32_t k, uint32_t pad,          \
+                                                                 uint32_t to) {                                             \
+        conv1d_depthwise_bwd_weight<T>(x, gy, gw, gbias, b, c, t, k, pad, to);                                              \
     }                                                                                                                       \
     extern "C" __global__ void im2col_##SUF(const T* x, T* cols, uint32_t b, uint32_t ci, uint32_t h, uint32_t w,           \
                                             uint32_t kh, uint32_t kw, uint32_t stride, uint32_t pad, uint32_t ho,           \

@@ -118,50 +118,64 @@ __device__ __forceinline__ size_t bn_at(size_t i, size_t ch, uint32_t c, uint64_
     return ((i / t) * c + ch) * t + i % t;
 }
 
-template <typename T>
-__device__ void batch_norm_stats(const T* __restrict__ x, T* __restrict__ mean, T* __restrict__ var, uint64_t b, uint32_t c,
-                                 uint64_t t) {
+// Training: the batch's mean and rstd = 1/sqrt(biased var + eps), and the
+// running statistics moved toward the batch's in place (PyTorch's update,
+// the variance unbiased by N/(N-1)), all in one launch. Eval: the running
+// mean and 1/sqrt(running var + eps). x in T, everything else in W.
+template <typename T, typename W>
+__device__ void batch_norm_stats(const T* __restrict__ x, W* __restrict__ run_mean, W* __restrict__ run_var,
+                                 W* __restrict__ mean, W* __restrict__ rstd, uint64_t b, uint32_t c, uint64_t t, double eps,
+                                 double momentum, uint32_t train) {
     typedef typename Num<T>::acc A;
     __shared__ A sh[NN_BLOCK];
     const size_t cnt = b * t;
     NN_BLOCK_ROWS(ch, c) {
-        A s = 0;
-        for (size_t i = threadIdx.x; i < cnt; i += blockDim.x) s += Num<T>::to(x[bn_at(i, ch, c, t)]);
-        const A mu = block_reduce(s, sh, SumOp()) / A(cnt);
-        A q = 0;
-        for (size_t i = threadIdx.x; i < cnt; i += blockDim.x) {
-            const A d = Num<T>::to(x[bn_at(i, ch, c, t)]) - mu;
-            q += d * d;
-        }
-        const A v = block_reduce(q, sh, SumOp()) / A(cnt);
-        if (threadIdx.x == 0) {
-            mean[ch] = Num<T>::from(mu);
-            var[ch] = Num<T>::from(v);
+        if (train) {
+            A s = 0;
+            for (size_t i = threadIdx.x; i < cnt; i += blockDim.x) s += Num<T>::to(x[bn_at(i, ch, c, t)]);
+            const A mu = block_reduce(s, sh, SumOp()) / A(cnt);
+            A q = 0;
+            for (size_t i = threadIdx.x; i < cnt; i += blockDim.x) {
+                const A d = Num<T>::to(x[bn_at(i, ch, c, t)]) - mu;
+                q += d * d;
+            }
+            const A v = block_reduce(q, sh, SumOp()) / A(cnt);
+            if (threadIdx.x == 0) {
+                const A mom = A(momentum);
+                mean[ch] = Num<W>::from(mu);
+                rstd[ch] = Num<W>::from(A(1) / nn_sqrt(v + A(eps)));
+                run_mean[ch] = Num<W>::from(A(Num<W>::to(run_mean[ch])) * (A(1) - mom) + mu * mom);
+                run_var[ch] = Num<W>::from(A(Num<W>::to(run_var[ch])) * (A(1) - mom) + v * (A(cnt) / A(cnt - 1)) * mom);
+            }
+        } else if (threadIdx.x == 0) {
+            mean[ch] = run_mean[ch];
+            rstd[ch] = Num<W>::from(A(1) / nn_sqrt(A(Num<W>::to(run_var[ch])) + A(eps)));
         }
     }
 }
 
-template <typename T>
-__device__ void batch_norm_apply(const T* __restrict__ x, const T* __restrict__ mean, const T* __restrict__ rstd,
-                                 const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y, uint64_t total, uint32_t c,
+template <typename T, typename W>
+__device__ void batch_norm_apply(const T* __restrict__ x, const W* __restrict__ mean, const W* __restrict__ rstd,
+                                 const W* __restrict__ w, const W* __restrict__ bias, T* __restrict__ y, uint64_t total, uint32_t c,
                                  uint64_t t) {
     typedef typename Num<T>::acc A;
     NN_GRID_STRIDE(i, total) {
         const size_t ch = (i / t) % c;
-        const A v = (Num<T>::to(x[i]) - Num<T>::to(mean[ch])) * Num<T>::to(rstd[ch]) * Num<T>::to(w[ch]) + Num<T>::to(bias[ch]);
+        const A v = (Num<T>::to(x[i]) - A(Num<W>::to(mean[ch]))) * A(Num<W>::to(rstd[ch])) * A(Num<W>::to(w[ch])) +
+                    A(Num<W>::to(bias[ch]));
         y[i] = Num<T>::from(v);
     }
 }
 
-template <typename T>
-__device__ void batch_norm_bwd_sums(const T* __restrict__ x, const T* __restrict__ mean, const T* __restrict__ rstd,
-                                    const T* __restrict__ g, T* __restrict__ sg, T* __restrict__ sgx, uint64_t b, uint32_t c,
+template <typename T, typename W>
+__device__ void batch_norm_bwd_sums(const T* __restrict__ x, const W* __restrict__ mean, const W* __restrict__ rstd,
+                                    const T* __restrict__ g, W* __restrict__ sg, W* __restrict__ sgx, uint64_t b, uint32_t c,
                                     uint64_t t) {
     typedef typename Num<T>::acc A;
     __shared__ A sh[NN_BLOCK];
     const size_t cnt = b * t;
     NN_BLOCK_ROWS(ch, c) {
-        const A mu = Num<T>::to(mean[ch]), inv = Num<T>::to(rstd[ch]);
+        const A mu = Num<W>::to(mean[ch]), inv = Num<W>::to(rstd[ch]);
         A s1 = 0, s2 = 0;
         for (size_t i = threadIdx.x; i < cnt; i += blockDim.x) {
             const size_t k = bn_at(i, ch, c, t);
@@ -172,26 +186,26 @@ __device__ void batch_norm_bwd_sums(const T* __restrict__ x, const T* __restrict
         s1 = block_reduce(s1, sh, SumOp());
         s2 = block_reduce(s2, sh, SumOp());
         if (threadIdx.x == 0) {
-            sg[ch] = Num<T>::from(s1);
-            sgx[ch] = Num<T>::from(s2);
+            sg[ch] = Num<W>::from(s1);
+            sgx[ch] = Num<W>::from(s2);
         }
     }
 }
 
-template <typename T>
-__device__ void batch_norm_bwd_dx(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ mean,
-                                  const T* __restrict__ rstd, const T* __restrict__ g, const T* __restrict__ sg,
-                                  const T* __restrict__ sgx, T* __restrict__ gx, uint64_t total, uint32_t c, uint64_t t,
+template <typename T, typename W>
+__device__ void batch_norm_bwd_dx(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ mean,
+                                  const W* __restrict__ rstd, const T* __restrict__ g, const W* __restrict__ sg,
+                                  const W* __restrict__ sgx, T* __restrict__ gx, uint64_t total, uint32_t c, uint64_t t,
                                   uint32_t train) {
     typedef typename Num<T>::acc A;
     const A cnt = A(total / c);
     NN_GRID_STRIDE(i, total) {
         const size_t ch = (i / t) % c;
-        const A inv = Num<T>::to(rstd[ch]), wr = Num<T>::to(w[ch]) * inv, gv = Num<T>::to(g[i]);
+        const A inv = Num<W>::to(rstd[ch]), wr = A(Num<W>::to(w[ch])) * inv, gv = Num<T>::to(g[i]);
         A v;
         if (train) {
-            const A xh = (Num<T>::to(x[i]) - Num<T>::to(mean[ch])) * inv;
-            v = wr * (gv - Num<T>::to(sg[ch]) / cnt - xh * Num<T>::to(sgx[ch]) / cnt);
+            const A xh = (Num<T>::to(x[i]) - A(Num<W>::to(mean[ch]))) * inv;
+            v = wr * (gv - A(Num<W>::to(sg[ch])) / cnt - xh * A(Num<W>::to(sgx[ch])) / cnt);
         } else {
             v = wr * gv;
         }
@@ -227,21 +241,29 @@ LN_KERNELS(f64, double, double)
 LN_KERNELS(f16, __half, float)
 LN_KERNELS(bf16, __nv_bfloat16, float)
 
-#define BN_KERNELS(SUF, T)                                                                                               \
-    extern "C" __global__ void batch_norm_stats_##SUF(const T* x, T* mean, T* var, uint64_t b, uint32_t c, uint64_t t) {   \
-        batch_norm_stats<T>(x, mean, var, b, c, t);                                                                        \
+// Batch norm's kernels for input type T and parameter type W, as layer
+// norm's: half inputs keep the weight, bias, statistics and the weight and
+// bias gradients in f32.
+#define BN_KERNELS(SUF, T, W)                                                                                            \
+    extern "C" __global__ void batch_norm_stats_##SUF(const T* x, W* run_mean, W* run_var, W* mean, W* rstd, uint64_t b,   \
+                                                      uint32_t c, uint64_t t, double eps, double momentum,                 \
+                                                      uint32_t train) {                                                    \
+        batch_norm_stats<T, W>(x, run_mean, run_var, mean, rstd, b, c, t, eps, momentum, train);                           \
     }                                                                                                                      \
-    extern "C" __global__ void batch_norm_apply_##SUF(const T* x, const T* mean, const T* rstd, const T* w, const T* bias, \
+    extern "C" __global__ void batch_norm_apply_##SUF(const T* x, const W* mean, const W* rstd, const W* w, const W* bias, \
                                                       T* y, uint64_t total, uint32_t c, uint64_t t) {                      \
-        batch_norm_apply<T>(x, mean, rstd, w, bias, y, total, c, t);                                                       \
+        batch_norm_apply<T, W>(x, mean, rstd, w, bias, y, total, c, t);                                                    \
     }                                                                                                                      \
-    extern "C" __global__ void batch_norm_bwd_sums_##SUF(const T* x, const T* mean, const T* rstd, const T* g, T* sg,      \
-                                                         T* sgx, uint64_t b, uint32_t c, uint64_t t) {                     \
-        batch_norm_bwd_sums<T>(x, mean, rstd, g, sg, sgx, b, c, t);                                                        \
+    extern "C" __global__ void batch_norm_bwd_sums_##SUF(const T* x, const W* mean, const W* rstd, const T* g, W* sg,      \
+                                                         W* sgx, uint64_t b, uint32_t c, uint64_t t) {                     \
+        batch_norm_bwd_sums<T, W>(x, mean, rstd, g, sg, sgx, b, c, t);                                                     \
     }                                                                                                                      \
-    extern "C" __global__ void batch_norm_bwd_dx_##SUF(const T* x, const T* w, const T* mean, const T* rstd, const T* g,   \
-                                                       const T* sg, const T* sgx, T* gx, uint64_t total, uint32_t c,       \
+    extern "C" __global__ void batch_norm_bwd_dx_##SUF(const T* x, const W* w, const W* mean, const W* rstd, const T* g,   \
+                                                       const W* sg, const W* sgx, T* gx, uint64_t total, uint32_t c,       \
                                                        uint64_t t, uint32_t train) {                                       \
-        batch_norm_bwd_dx<T>(x, w, mean, rstd, g, sg, sgx, gx, total, c, t, train);                                        \
+        batch_norm_bwd_dx<T, W>(x, w, mean, rstd, g, sg, sgx, gx, total, c, t, train);                                     \
     }
-NN_F32_F64(BN_KERNELS)
+BN_KERNELS(f32, float, float)
+BN_KERNELS(f64, double, double)
+BN_KERNELS(f16, __half, float)
+BN_KERNELS(bf16, __nv_bfloat16, float)

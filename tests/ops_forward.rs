@@ -257,7 +257,10 @@ fn convolutions_against_direct_sums() {
     let w = t(&[1.0, 2.0, 3.0, 0.0, 1.0, 0.0], &[2, 1, 3]);
     let b = t(&[0.5, -0.5], &[2]);
     // y0[t] = 1·x[t-1] + 2·x[t] + 3·x[t+1] + 0.5
-    assert_vec("depthwise", &v(ops::conv1d_depthwise(&x, &w, Some(&b), 1)), &[8.5, 14.5, 20.5, 11.5, 0.5, 0.5, 0.5, 0.5], 1e-12);
+    // conv1d_depthwise is channels last: run it on x (1, 4, 2) and read the result back as (1, 2, 4).
+    let y = ops::conv1d_depthwise(&ops::transpose(&x, 1, 2).unwrap(), &w, Some(&b), 1).unwrap();
+    assert_eq!(y.dims(), &[1, 4, 2]);
+    assert_vec("depthwise", &v(ops::transpose(&y, 1, 2)), &[8.5, 14.5, 20.5, 11.5, 0.5, 0.5, 0.5, 0.5], 1e-12);
     // Conv2d stride 2, kernel 3 on a 5x5 ramp: out 2x2, each a 3x3 window sum times 1.
     let img = t(&(0..25).map(|z| z as f64).collect::<Vec<_>>(), &[1, 1, 5, 5]);
     let k = t(&[1.0; 9], &[1, 1, 3, 3]);

@@ -157,6 +157,10 @@ grad!(batch_norm_train_2d, [([6, 3], Normal, true), ([3], Normal, true), ([3], N
     let (rm, rv) = (like(&[0.0; 3], &x[0]), like(&[1.0; 3], &x[0]));
     ops::batch_norm(&x[0], &x[1], &x[2], &BatchNormState { running_mean: &rm, running_var: &rv, momentum: 0.1, eps: 1e-5, training: true })
 });
+grad!(batch_norm_eval_2d, [([7, 3], Normal, true), ([3], Normal, true), ([3], Normal, true)], |x| {
+    let (rm, rv) = (like(&[0.3, -0.2, 0.1], &x[0]), like(&[1.5, 0.7, 2.0], &x[0]));
+    ops::batch_norm(&x[0], &x[1], &x[2], &BatchNormState { running_mean: &rm, running_var: &rv, momentum: 0.1, eps: 1e-5, training: false })
+});
 grad!(batch_norm_eval, [([2, 3, 5], Normal, true), ([3], Normal, true), ([3], Normal, true)], |x| {
     let (rm, rv) = (like(&[0.3, -0.2, 0.1], &x[0]), like(&[1.5, 0.7, 2.0], &x[0]));
     ops::batch_norm(&x[0], &x[1], &x[2], &BatchNormState { running_mean: &rm, running_var: &rv, momentum: 0.1, eps: 1e-5, training: false })
@@ -166,8 +170,19 @@ grad!(dropout, [([4, 6], Normal, true)], |x| {
     ops::dropout(&x[0], 0.3, true)
 });
 // Convolutions.
-grad!(conv1d_depthwise, [([2, 3, 9], Normal, true), ([3, 1, 3], Normal, true), ([3], Normal, true)], |x| ops::conv1d_depthwise(&x[0], &x[1], Some(&x[2]), 1));
-grad!(conv1d_depthwise_k5_nobias, [([1, 4, 7], Normal, true), ([4, 1, 5], Normal, true)], |x| ops::conv1d_depthwise(&x[0], &x[1], None, 2));
+// conv1d_depthwise is channels last: x (B, T, C).
+grad!(conv1d_depthwise, [([2, 9, 3], Normal, true), ([3, 1, 3], Normal, true), ([3], Normal, true)], |x| ops::conv1d_depthwise(&x[0], &x[1], Some(&x[2]), 1));
+grad!(conv1d_depthwise_k5_nobias, [([1, 7, 4], Normal, true), ([4, 1, 5], Normal, true)], |x| ops::conv1d_depthwise(&x[0], &x[1], None, 2));
+// Kernel longer than the padded input's interior: taps that never see x.
+grad!(conv1d_depthwise_k7_p4, [([2, 3, 2], Normal, true), ([2, 1, 7], Normal, true), ([2], Normal, true)], |x| ops::conv1d_depthwise(
+    &x[0],
+    &x[1],
+    Some(&x[2]),
+    4
+));
+grad!(conv1d_pointwise_channels_last, [([2, 5, 3], Normal, true), ([4, 3, 1], Normal, true), ([4], Normal, true)], |x| {
+    ops::conv1d_pointwise_channels_last(&x[0], &x[1], Some(&x[2]))
+});
 grad!(conv2d_stride2, [([2, 1, 9, 8], Normal, true), ([3, 1, 3, 3], Normal, true), ([3], Normal, true)], |x| ops::conv2d(&x[0], &x[1], Some(&x[2]), 2, 0));
 grad!(conv2d_pad1, [([1, 2, 6, 5], Normal, true), ([3, 2, 3, 3], Normal, true)], |x| ops::conv2d(&x[0], &x[1], None, 1, 1));
 // Stride and padding together: the padded ends of the strided column walks.

@@ -1,4 +1,5 @@
-//! The conformer convolution module, over x (B, T, C) as (B, C, T):
+//! The conformer convolution module, over x (B, T, C), channels last
+//! throughout (no transposes; the parameters keep PyTorch's shapes):
 //! zero the padded frames → pointwise_conv1 (C → 2C) → GLU over channels →
 //! depthwise_conv (kernel k, padding (k−1)/2, or k−1 on the left when
 //! causal) → norm (batch or layer norm) → activation → pointwise_conv2 →
@@ -72,7 +73,7 @@ impl ConvolutionModule {
 
     /// x (B, T, C); `pad` u8 (B, 1, T) with 1 at padded frames.
     pub fn forward(&self, x: &Tensor, pad: Option<&Tensor>) -> Result<Tensor> {
-        self.forward_cached(x, pad, None).map(|(y, _)| y)
+        self.run(x, pad, None, false).map(|(y, _)| y)
     }
 
     /// As [`ConvolutionModule::forward`], continuing from `cache` (B, C, k−1),
@@ -80,50 +81,65 @@ impl ConvolutionModule {
     /// the stream, zero frames). Returns the output and the next cache
     /// (None for a non-causal module).
     pub fn forward_cached(&self, x: &Tensor, pad: Option<&Tensor>, cache: Option<&Tensor>) -> Result<(Tensor, Option<Tensor>)> {
-        let mut h = ops::transpose(x, 1, 2)?;
-        if let Some(m) = pad {
+        self.run(x, pad, cache, true)
+    }
+
+    /// The module channels last throughout: x stays (B, T, C); the pointwise
+    /// convs are `linear` on their (Co, Ci, 1) weights viewed as (Co, Ci),
+    /// GLU and the norms act on the last dim, the depthwise conv is the
+    /// channels-last kernel and the frame masks are (B, T, 1) views of
+    /// `pad`. Only a requested next cache is transposed to WeNet's (B, C, k−1).
+    fn run(&self, x: &Tensor, pad: Option<&Tensor>, cache: Option<&Tensor>, want_cache: bool) -> Result<(Tensor, Option<Tensor>)> {
+        if x.rank() != 3 {
+            return Err(crate::error::Error::ShapeMismatch { op: "ConvolutionModule", expected: "an input (B, T, C)".into(), got: format!("{}", x.shape()) });
+        }
+        let mask = pad.map(|m| self.frame_mask(m, 0)).transpose()?;
+        let mut h = x.clone();
+        if let Some(m) = &mask {
             h = ops::masked_fill(&h, m, 0.0)?;
         }
         if self.lorder > 0 {
             h = match cache {
-                Some(c) => ops::cat(&[c, &h], 2)?,
-                None => ops::pad(&h, 2, self.lorder, 0, 0.0)?,
+                Some(c) => ops::cat(&[&ops::transpose(c, 1, 2)?, &h], 1)?,
+                None => ops::pad(&h, 1, self.lorder, 0, 0.0)?,
             };
         } else if cache.is_some() {
             return Err(crate::error::Error::invalid("ConvolutionModule", "a cache was given to a non-causal convolution module"));
         }
-        let next = if self.lorder > 0 {
-            let t = h.dims()[2];
-            Some(ops::narrow(&h, 2, t - self.lorder, self.lorder)?)
+        let next = if self.lorder > 0 && want_cache {
+            let t = h.dims()[1];
+            Some(ops::transpose(&ops::narrow(&h, 1, t - self.lorder, self.lorder)?, 1, 2)?)
         } else {
             None
         };
-        let mut h = ops::glu(&self.pointwise_conv1.forward(&h)?, 1)?;
+        let mut h = ops::glu(&self.pointwise_conv1.forward_channels_last(&h)?, -1)?;
         if let (Some(m), false) = (pad, self.wenet_masking) {
-            h = ops::masked_fill(&h, &self.left_padded(m)?, 0.0)?;
+            h = ops::masked_fill(&h, &self.frame_mask(m, self.lorder)?, 0.0)?;
         }
-        let h = self.depthwise_conv.forward(&h)?;
+        let h = self.depthwise_conv.forward_channels_last(&h)?;
         let h = match &self.norm {
-            ConvModuleNorm::Batch(bn) => bn.forward(&h)?,
-            ConvModuleNorm::Layer(ln) => ops::transpose(&ln.forward(&ops::transpose(&h, 1, 2)?)?, 1, 2)?,
+            ConvModuleNorm::Batch(bn) => {
+                let (b, t, c) = (h.dims()[0], h.dims()[1], h.dims()[2]);
+                ops::reshape(&bn.forward(&ops::reshape(&h, [b * t, c])?)?, [b, t, c])?
+            }
+            ConvModuleNorm::Layer(ln) => ln.forward(&h)?,
         };
-        let mut h = self.pointwise_conv2.forward(&activate(self.act, &h)?)?;
-        if let Some(m) = pad {
+        let mut h = self.pointwise_conv2.forward_channels_last(&activate(self.act, &h)?)?;
+        if let Some(m) = &mask {
             h = ops::masked_fill(&h, m, 0.0)?;
         }
-        Ok((ops::transpose(&h, 1, 2)?, next))
+        Ok((h, next))
     }
 }
 
 impl ConvolutionModule {
-    /// The frame mask widened by the causal left context (zero padding or
-    /// the cache), which is not masked: zero padding becomes `glu(bias)`, as
-    /// in WeNet, whether the stream starts there or the utterance does.
-    fn left_padded(&self, m: &Tensor) -> Result<Tensor> {
-        if self.lorder == 0 {
-            return Ok(m.clone());
-        }
-        if m.rank() != 3 {
+    /// The frame mask (B, 1, T) as (B, left + T, 1) for channels-last
+    /// activations, widened by `left` unmasked frames: the causal left
+    /// context (zero padding or the cache), which is not masked, so zero
+    /// padding becomes `glu(bias)`, as in WeNet, whether the stream starts
+    /// there or the utterance does. With `left` 0 it is a view of `m`.
+    fn frame_mask(&self, m: &Tensor, left: usize) -> Result<Tensor> {
+        if m.rank() != 3 || m.dims()[1] != 1 {
             return Err(crate::error::Error::ShapeMismatch {
                 op: "ConvolutionModule",
                 expected: "a frame mask (B, 1, T)".into(),
@@ -131,13 +147,16 @@ impl ConvolutionModule {
             });
         }
         let (b, t) = (m.dims()[0], m.dims()[2]);
+        if left == 0 {
+            return ops::reshape(m, [b, t, 1]);
+        }
         let v = m.to_vec::<u8>()?;
-        let mut w = Vec::with_capacity(b * (t + self.lorder));
+        let mut w = Vec::with_capacity(b * (t + left));
         for row in v.chunks(t.max(1)) {
-            w.extend(std::iter::repeat_n(0u8, self.lorder));
+            w.extend(std::iter::repeat_n(0u8, left));
             w.extend_from_slice(row);
         }
-        Tensor::from_vec(w, [b, 1, t + self.lorder], &m.device())
+        Tensor::from_vec(w, [b, t + left, 1], &m.device())
     }
 }
 

@@ -84,7 +84,22 @@ impl PositionalEncoding {
         let pos = self.rows_at(offset, t, x)?;
         let scale = (self.d as f64).sqrt();
         let y = match self.kind {
-            PosEncType::Abs => ops::add(&ops::mul_scalar(x, scale)?, &pos)?,
+            PosEncType::Abs => {
+                let y = ops::add(&ops::mul_scalar(x, scale)?, &pos)?;
+                // Under autocast an f32 input (the decoder's token embedding)
+                // becomes the half type here, once, so the residual stream it
+                // starts is half like the encoder's (whose convolutions give
+                // half outputs). A deviation from PyTorch, where this sum stays
+                // f32 and every later residual add promotes to f32: here the
+                // stream is rounded to half once, and the layers' casts of
+                // their f32 input to half (~100 launches a step) disappear.
+                // On the CPU half activations are computed widened to f32
+                // (its elementwise ops have no half kernels): the stream stays f32.
+                match ops::autocast_dtype() {
+                    Some(h) if x.dtype() == DType::F32 && x.device() != Device::Cpu => ops::to_dtype(&y, h)?,
+                    _ => y,
+                }
+            }
             PosEncType::Rel => ops::mul_scalar(x, scale)?,
             PosEncType::None => x.clone(),
         };

@@ -54,10 +54,26 @@ impl Conv1d {
         Ok(Conv1d { weight, bias, kind: Conv1dKind::Depthwise { kernel, padding } })
     }
 
-    /// Applies the convolution to x (B, C, T).
+    /// Applies the convolution to x (B, C, T) (PyTorch's layout; the
+    /// depthwise kernels are channels last, so that case transposes around them).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self.kind {
             Conv1dKind::Pointwise => ops::conv1d_pointwise(x, &self.weight, self.bias.as_ref()),
+            Conv1dKind::Depthwise { padding, .. } => {
+                if x.rank() != 3 {
+                    return Err(Error::ShapeMismatch { op: "Conv1d", expected: "an input (B, C, T)".into(), got: format!("{}", x.shape()) });
+                }
+                let y = ops::conv1d_depthwise(&ops::transpose(x, 1, 2)?, &self.weight, self.bias.as_ref(), padding)?;
+                ops::transpose(&y, 1, 2)
+            }
+        }
+    }
+
+    /// Applies the convolution to channels-last x (B, T, C) → (B, T', C'),
+    /// without transposes (the Conformer convolution module).
+    pub fn forward_channels_last(&self, x: &Tensor) -> Result<Tensor> {
+        match self.kind {
+            Conv1dKind::Pointwise => ops::conv1d_pointwise_channels_last(x, &self.weight, self.bias.as_ref()),
             Conv1dKind::Depthwise { padding, .. } => ops::conv1d_depthwise(x, &self.weight, self.bias.as_ref(), padding),
         }
     }

@@ -79,11 +79,7 @@ impl BatchNorm1d {
     /// Normalises `x`; in training mode also moves the running statistics.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         // Half activations (autocast) are normalised in f32 against the f32
-        // statistics and come back in their half type.
-        if matches!(x.dtype(), DType::F16 | DType::BF16) && self.weight.dtype() == DType::F32 {
-            let y = self.forward(&ops::to_dtype(x, DType::F32)?)?;
-            return ops::to_dtype(&y, x.dtype());
-        }
+        // parameters and statistics by batch_norm itself (no casts).
         let st = BatchNormState {
             running_mean: &self.running_mean,
             running_var: &self.running_var,

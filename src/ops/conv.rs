@@ -1,4 +1,5 @@
-//! Depthwise conv1d, conv2d and pointwise conv1d (a product), with PyTorch's
+//! Depthwise conv1d (channels last), conv2d and pointwise conv1d (a
+//! product, channels first or last), with PyTorch's
 //! weight layouts: (C, 1, K) depthwise, (Co, Ci, kh, kw), (Co, Ci, 1).
 //! On the GPU, depthwise conv1d has its own kernels and conv2d is im2col (a
 //! recorded op whose backward is col2im) followed by a cuBLAS product, so
@@ -18,8 +19,8 @@ fn dw_forward(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, g: &Dw1d) -> Result
     let op = "conv1d_depthwise";
     let (xg, wg, bg) = (x.storage(), w.storage(), bias.map(|t| t.storage()));
     Ok(match &*xg {
-        Storage::Cpu(c) => Storage::Cpu(k::depthwise_conv1d(c, as_cpu(op, &wg)?, bg.as_deref().map(|s| as_cpu(op, s)).transpose()?, g)?),
-        Storage::Cuda(c) => Storage::Cuda(gpu::depthwise_conv1d(c, as_gpu(op, &wg, c)?, bg.as_deref().map(|s| as_gpu(op, s, c)).transpose()?, g)?),
+        Storage::Cpu(c) => Storage::Cpu(k::conv1d_depthwise(c, as_cpu(op, &wg)?, bg.as_deref().map(|s| as_cpu(op, s)).transpose()?, g)?),
+        Storage::Cuda(c) => Storage::Cuda(gpu::conv1d_depthwise(c, as_gpu(op, &wg, c)?, bg.as_deref().map(|s| as_gpu(op, s, c)).transpose()?, g)?),
     })
 }
 
@@ -28,11 +29,11 @@ fn dw_backward(x: &Tensor, w: &Tensor, gy: &Tensor, g: &Dw1d) -> Result<(Storage
     let (xg, wg, gg) = (x.storage(), w.storage(), gy.storage());
     Ok(match &*xg {
         Storage::Cpu(c) => {
-            let (gx, gw, gb) = k::depthwise_conv1d_backward(c, as_cpu(op, &wg)?, as_cpu(op, &gg)?, g)?;
+            let (gx, gw, gb) = k::conv1d_depthwise_backward(c, as_cpu(op, &wg)?, as_cpu(op, &gg)?, g)?;
             (Storage::Cpu(gx), Storage::Cpu(gw), Storage::Cpu(gb))
         }
         Storage::Cuda(c) => {
-            let (gx, gw, gb) = gpu::depthwise_conv1d_backward(c, as_gpu(op, &wg, c)?, as_gpu(op, &gg, c)?, g)?;
+            let (gx, gw, gb) = gpu::conv1d_depthwise_backward(c, as_gpu(op, &wg, c)?, as_gpu(op, &gg, c)?, g)?;
             (Storage::Cuda(gx), Storage::Cuda(gw), Storage::Cuda(gb))
         }
     })
@@ -44,14 +45,15 @@ fn inputs<'a>(x: &'a Tensor, w: &'a Tensor, b: Option<&'a Tensor>) -> Vec<&'a Te
     v
 }
 
-/// Depthwise conv1d: x (B, C, T), w (C, 1, K), bias (C), zero padding on both sides, stride 1.
+/// Depthwise conv1d, channels last: x (B, T, C), w (C, 1, K) (PyTorch's
+/// layout), bias (C), zero padding on both sides, stride 1 → (B, To, C).
 /// Under autocast it runs in the half type and gives a half result.
 pub fn conv1d_depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, padding: usize) -> Result<Tensor> {
     if let Some(y) = super::autocast::conv(x, w, bias, |x, w, b| conv1d_depthwise(x, w, b, padding))? {
         return Ok(y);
     }
-    expect_rank("conv1d_depthwise", "input (B, C, T)", x, &[3])?;
-    let (b, c, t) = (x.dims()[0], x.dims()[1], x.dims()[2]);
+    expect_rank("conv1d_depthwise", "input (B, T, C)", x, &[3])?;
+    let (b, t, c) = (x.dims()[0], x.dims()[1], x.dims()[2]);
     expect_rank("conv1d_depthwise", "weight (C, 1, K)", w, &[3])?;
     let kk = w.dims()[2];
     expect_shape("conv1d_depthwise", "weight", w, &[c, 1, kk])?;
@@ -66,7 +68,7 @@ pub fn conv1d_depthwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, padding: 
     if let Some(bb) = bias {
         same_kind("conv1d_depthwise", x, bb)?;
     }
-    let y = out_storage(dw_forward(x, w, bias, &g)?, [b, c, g.t_out()]);
+    let y = out_storage(dw_forward(x, w, bias, &g)?, [b, g.t_out(), c]);
     let (xs, ws) = (x.detach(), w.detach());
     let has_b = bias.is_some();
     Ok(record("conv1d_depthwise", &inputs(x, w, bias), y, vec![xs.clone(), ws.clone()], move |gy, _| {
@@ -187,4 +189,20 @@ pub fn conv1d_pointwise(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result
         }
         None => Ok(y),
     }
+}
+
+/// Pointwise conv1d on channels-last x (B, T, Ci) with PyTorch's weight
+/// (Co, Ci, 1) and bias (Co) → (B, T, Co): `linear` on the weight viewed as
+/// (Co, Ci), so on the GPU the bias is cuBLASLt's epilogue and its gradient
+/// the BGRADB epilogue (no broadcast add, no column sum).
+pub fn conv1d_pointwise_channels_last(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    // Under autocast: the half copies of the weight and bias (made once per
+    // step, before the reshape below would hide the parameter), a half result.
+    if let Some(y) = super::autocast::conv(x, w, bias, conv1d_pointwise_channels_last)? {
+        return Ok(y);
+    }
+    expect_rank("conv1d_pointwise", "weight (Co, Ci, 1)", w, &[3])?;
+    let (co, ci) = (w.dims()[0], w.dims()[1]);
+    expect_shape("conv1d_pointwise", "weight", w, &[co, ci, 1])?;
+    super::linear(x, &super::reshape(w, [co, ci])?, bias)
 }

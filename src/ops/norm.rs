@@ -2,9 +2,9 @@
 //! (B, C) or (B, C, T), with PyTorch's running-statistics semantics, on the
 //! CPU or the GPU (the input's storage decides; parameters must be with it).
 
+use super::expect_shape;
 use super::out_storage;
 use super::placement::{as_cpu, as_gpu};
-use super::{expect_shape, same_kind};
 use crate::autograd::{no_grad, record};
 use crate::backend::cpu::norm as cpu;
 use crate::backend::cuda::norm as gpu;
@@ -98,18 +98,26 @@ pub struct BatchNormState<'a> {
     pub training: bool,
 }
 
-fn bn_stats(x: &Tensor, bs: usize, c: usize, tt: usize) -> Result<(Tensor, Tensor)> {
-    let (m, v) = match &*x.storage() {
-        Storage::Cpu(s) => {
-            let (m, v) = cpu::batch_norm_stats(s, bs, c, tt)?;
-            (Storage::Cpu(m), Storage::Cpu(v))
-        }
-        Storage::Cuda(s) => {
-            let (m, v) = gpu::batch_norm_stats(s, bs, c, tt)?;
-            (Storage::Cuda(m), Storage::Cuda(v))
-        }
-    };
-    Ok((out_storage(m, [c]), out_storage(v, [c])))
+/// The statistics `(mean, rstd)` (C) of one launch, moving the running
+/// statistics in place while training (see the backend's `batch_norm_stats`).
+fn bn_stats(x: &Tensor, st: &BatchNormState, bs: usize, c: usize, tt: usize) -> Result<(Tensor, Tensor)> {
+    let op = "batch_norm";
+    let (m, r) = st.running_mean.with_storage_mut(|rm| {
+        st.running_var.with_storage_mut(|rv| -> Result<(Storage, Storage)> {
+            Ok(match (&*x.storage(), rm, rv) {
+                (Storage::Cpu(s), Storage::Cpu(rm), Storage::Cpu(rv)) => {
+                    let (m, r) = cpu::batch_norm_stats(s, rm, rv, bs, c, tt, st.eps, st.momentum, st.training)?;
+                    (Storage::Cpu(m), Storage::Cpu(r))
+                }
+                (Storage::Cuda(s), Storage::Cuda(rm), Storage::Cuda(rv)) => {
+                    let (m, r) = gpu::batch_norm_stats(s, rm, rv, bs, c, tt, st.eps, st.momentum, st.training)?;
+                    (Storage::Cuda(m), Storage::Cuda(r))
+                }
+                _ => return Err(Error::DeviceMismatch { op, lhs: x.device(), rhs: st.running_mean.device() }),
+            })
+        })
+    })?;
+    Ok((out_storage(m, [c]), out_storage(r, [c])))
 }
 
 fn bn_apply(x: &Tensor, mean: &Tensor, rstd: &Tensor, w: &Tensor, b: &Tensor, c: usize, tt: usize) -> Result<Tensor> {
@@ -141,37 +149,29 @@ fn bn_backward(x: &Tensor, w: &Tensor, mean: &Tensor, rstd: &Tensor, g: &Tensor,
 
 /// Batch norm of `x` (B, C) or (B, C, T) with affine weight and bias (C).
 /// Training normalises by the batch's biased variance and moves the running
-/// variance toward the unbiased one; eval uses the running statistics.
+/// variance toward the unbiased one; eval uses the running statistics. The
+/// statistics, the running update and rstd are one launch on the GPU. A
+/// half `x` (autocast) takes f32 weight, bias and running statistics, is
+/// normalised in f32 and gives a half result (no casts around it). The
+/// channels-last layout (B·T, C) is the rank-2 case.
 pub fn batch_norm(x: &Tensor, w: &Tensor, b: &Tensor, st: &BatchNormState) -> Result<Tensor> {
     super::expect_rank("batch_norm", "input", x, &[2, 3])?;
     let (bs, c) = (x.dims()[0], x.dims()[1]);
     let tt = if x.rank() == 3 { x.dims()[2] } else { 1 };
+    let want = crate::backend::cpu::norm::ln_param_dtype(x.dtype());
     for (p, what) in [(w, "weight"), (b, "bias"), (st.running_mean, "running_mean"), (st.running_var, "running_var")] {
         expect_shape("batch_norm", what, p, &[c])?;
-        same_kind("batch_norm", x, p)?;
-    }
-    let (mean, rstd) = if st.training {
-        let cnt = bs * tt;
-        if cnt < 2 {
-            return Err(Error::invalid("batch_norm", format!("expected more than 1 value per channel when training, got input of shape {}", x.shape())));
+        if p.device() != x.device() {
+            return Err(Error::DeviceMismatch { op: "batch_norm", lhs: x.device(), rhs: p.device() });
         }
-        let (mt, vt) = bn_stats(x, bs, c, tt)?;
-        no_grad(|| -> Result<()> {
-            let unbiased = super::mul_scalar(&vt, cnt as f64 / (cnt - 1) as f64)?;
-            let nm = super::add(&super::mul_scalar(st.running_mean, 1.0 - st.momentum)?, &super::mul_scalar(&mt, st.momentum)?)?;
-            let nv = super::add(&super::mul_scalar(st.running_var, 1.0 - st.momentum)?, &super::mul_scalar(&unbiased, st.momentum)?)?;
-            st.running_mean.assign(&nm)?;
-            st.running_var.assign(&nv)
-        })?;
-        let r = no_grad(|| super::rsqrt(&super::add_scalar(&vt, st.eps)?))?;
-        (mt, r)
-    } else {
-        // A copy (× 1 is exact): a later training step assigns new running
-        // statistics in place, and this backward must keep the ones it used.
-        let m = no_grad(|| super::mul_scalar(st.running_mean, 1.0))?;
-        let r = no_grad(|| super::rsqrt(&super::add_scalar(st.running_var, st.eps)?))?;
-        (m, r)
-    };
+        if p.dtype() != want {
+            return Err(Error::DTypeMismatch { op: "batch_norm", expected: want, got: p.dtype() });
+        }
+    }
+    if st.training && bs * tt < 2 {
+        return Err(Error::invalid("batch_norm", format!("expected more than 1 value per channel when training, got input of shape {}", x.shape())));
+    }
+    let (mean, rstd) = no_grad(|| bn_stats(x, st, bs, c, tt))?;
     let y = bn_apply(x, &mean, &rstd, w, b, c, tt)?;
     let (xs, ws) = (x.detach(), w.detach());
     let train = st.training;

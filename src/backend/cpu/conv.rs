@@ -1,8 +1,8 @@
 //! Convolutions in the two shapes the models need.
 //!
-//! Depthwise conv1d (the Conformer convolution module), x (B, C, T),
-//! w (C, 1, K), zero padding p on both sides, stride 1:
-//!   y[b,c,t] = bias[c] + Σ_k w[c,k]·x[b,c,t+k−p]
+//! Depthwise conv1d (the Conformer convolution module), channels last:
+//! x (B, T, C), w (C, 1, K), zero padding p on both sides, stride 1:
+//!   y[b,t,c] = bias[c] + Σ_k w[c,k]·x[b,t+k−p,c]
 //!
 //! Conv2d (the subsampling front end), x (B, Ci, H, W), w (Co, Ci, kh, kw),
 //! stride s, zero padding p: im2col to (Ci·kh·kw, Ho·Wo) per image, then
@@ -18,7 +18,7 @@ use crate::float_match;
 use rayon::prelude::*;
 use std::ops::Range;
 
-/// Geometry of a depthwise conv1d.
+/// Geometry of a depthwise conv1d over channels-last x (B, T, C).
 #[derive(Clone, Copy, Debug)]
 pub struct Dw1d {
     pub b: usize,
@@ -33,69 +33,91 @@ impl Dw1d {
     pub fn t_out(&self) -> usize {
         (self.t + 2 * self.pad + 1).saturating_sub(self.k)
     }
+    /// The input frame tap `k` of output frame `ot` reads, if inside x.
+    fn src(&self, ot: usize, k: usize) -> Option<usize> {
+        (ot + k).checked_sub(self.pad).filter(|&i| i < self.t)
+    }
 }
 
-/// Depthwise conv1d forward.
-pub fn depthwise_conv1d(x: &CpuStorage, w: &CpuStorage, bias: Option<&CpuStorage>, g: &Dw1d) -> Result<CpuStorage> {
+fn is_half(x: &CpuStorage) -> bool {
+    matches!(x.dtype(), crate::tensor::DType::F16 | crate::tensor::DType::BF16)
+}
+
+/// Depthwise conv1d forward, channels last: x (B, T, C), w (C, 1, K),
+/// bias (C) → y (B, To, C), `y[b,t,c] = bias[c] + Σ_k w[c,k]·x[b,t+k−p,c]`
+/// summed from the bias in ascending k. Half inputs are computed in f32 and
+/// rounded once (as the GPU's half kernels do).
+pub fn conv1d_depthwise(x: &CpuStorage, w: &CpuStorage, bias: Option<&CpuStorage>, g: &Dw1d) -> Result<CpuStorage> {
+    if is_half(x) {
+        let f = |s: &CpuStorage| s.to_dtype(crate::tensor::DType::F32);
+        let bf = bias.map(f);
+        return Ok(conv1d_depthwise(&f(x), &f(w), bf.as_ref(), g)?.to_dtype(x.dtype()));
+    }
     let bs = bias.unwrap_or(w);
-    Ok(float_match!("depthwise_conv1d", (x, w, bs), |x, w, bs| {
-        let to = g.t_out();
-        let mut y = super::zeros_as(x, g.b * g.c * to);
-        super::par_rows(&mut y, to.max(1), |row, yr| {
-            let ch = row % g.c;
-            let xr = &x[row * g.t..(row + 1) * g.t];
-            let wr = &w[ch * g.k..(ch + 1) * g.k];
-            let b0 = if bias.is_some() { bs[ch] } else { super::of_as(x, 0.0) };
-            for (t, y) in yr.iter_mut().enumerate() {
-                let mut s = b0;
+    Ok(float_match!("conv1d_depthwise", (x, w, bs), |x, w, bs| {
+        let (to, c) = (g.t_out(), g.c);
+        let mut y = super::zeros_as(x, g.b * to * c);
+        super::par_rows(&mut y, c.max(1), |row, yr| {
+            let (bi, ot) = (row / to.max(1), row % to.max(1));
+            for (ch, yv) in yr.iter_mut().enumerate() {
+                let mut s = if bias.is_some() { bs[ch] } else { super::of_as(x, 0.0) };
                 for k in 0..g.k {
-                    let i = t + k;
-                    if i >= g.pad && i - g.pad < g.t {
-                        s = s + wr[k] * xr[i - g.pad];
+                    if let Some(i) = g.src(ot, k) {
+                        s = s + w[ch * g.k + k] * x[(bi * g.t + i) * c + ch];
                     }
                 }
-                *y = s;
+                *yv = s;
             }
         });
         Float::store(y)
     }))
 }
 
-/// Depthwise conv1d backward: `(gx, gw, gbias)`.
-pub fn depthwise_conv1d_backward(x: &CpuStorage, w: &CpuStorage, gy: &CpuStorage, g: &Dw1d) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
-    Ok(float_match!("depthwise_conv1d_backward", (x, w, gy), |x, w, gy| {
-        let to = g.t_out();
+/// Depthwise conv1d backward, channels last: `(gx, gw, gbias)` with
+/// `gx[b,i,c] = Σ_k w[c,k]·gy[b,i+p−k,c]` (ascending k),
+/// `gw[c,k] = Σ_{b,t} gy[b,t,c]·x[b,t+k−p,c]` and `gbias[c] = Σ_{b,t} gy[b,t,c]`
+/// (b, then t ascending). Half inputs are computed in f32, rounded once.
+pub fn conv1d_depthwise_backward(x: &CpuStorage, w: &CpuStorage, gy: &CpuStorage, g: &Dw1d) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+    if is_half(x) {
+        let f = |s: &CpuStorage| s.to_dtype(crate::tensor::DType::F32);
+        let (gx, gw, gb) = conv1d_depthwise_backward(&f(x), &f(w), &f(gy), g)?;
+        let d = x.dtype();
+        return Ok((gx.to_dtype(d), gw.to_dtype(d), gb.to_dtype(d)));
+    }
+    Ok(float_match!("conv1d_depthwise_backward", (x, w, gy), |x, w, gy| {
+        let (to, c) = (g.t_out(), g.c);
         let mut gx = super::zeros_as(x, x.len());
-        super::par_rows(&mut gx, g.t.max(1), |row, gr| {
-            let ch = row % g.c;
-            let go = &gy[row * to..(row + 1) * to];
-            let wr = &w[ch * g.k..(ch + 1) * g.k];
-            for (t, gv) in go.iter().enumerate() {
+        super::par_rows(&mut gx, c.max(1), |row, gr| {
+            let (bi, i) = (row / g.t.max(1), row % g.t.max(1));
+            for (ch, gv) in gr.iter_mut().enumerate() {
+                let mut s = super::of_as(x, 0.0);
                 for k in 0..g.k {
-                    let i = t + k;
-                    if i >= g.pad && i - g.pad < g.t {
-                        gr[i - g.pad] = gr[i - g.pad] + wr[k] * *gv;
+                    let ot = (i + g.pad).checked_sub(k).filter(|&o| o < to);
+                    if let Some(ot) = ot {
+                        s = s + w[ch * g.k + k] * gy[(bi * to + ot) * c + ch];
                     }
                 }
+                *gv = s;
             }
         });
-        let per_ch: Vec<(Vec<_>, _)> = (0..g.c)
+        let per_ch: Vec<(Vec<_>, _)> = (0..c)
             .into_par_iter()
             .map(|ch| {
                 let mut gw = super::zeros_as(x, g.k);
-                let mut gb = super::of_as(x, 0.0);
-                for bi in 0..g.b {
-                    let row = bi * g.c + ch;
-                    let xr = &x[row * g.t..(row + 1) * g.t];
-                    for (t, &gv) in gy[row * to..(row + 1) * to].iter().enumerate() {
-                        gb = gb + gv;
-                        for k in 0..g.k {
-                            let i = t + k;
-                            if i >= g.pad && i - g.pad < g.t {
-                                gw[k] = gw[k] + gv * xr[i - g.pad];
+                for (k, gwk) in gw.iter_mut().enumerate() {
+                    let mut s = super::of_as(x, 0.0);
+                    for bi in 0..g.b {
+                        for ot in 0..to {
+                            if let Some(i) = g.src(ot, k) {
+                                s = s + gy[(bi * to + ot) * c + ch] * x[(bi * g.t + i) * c + ch];
                             }
                         }
                     }
+                    *gwk = s;
+                }
+                let mut gb = super::of_as(x, 0.0);
+                for r in 0..g.b * to {
+                    gb = gb + gy[r * c + ch];
                 }
                 (gw, gb)
             })

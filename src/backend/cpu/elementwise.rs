@@ -338,3 +338,47 @@ fn binary_k<T: Float>(a: &[T], b: &[T], bc: &Bcast, f: impl Fn(T, T) -> T + Sync
 pub(crate) fn binary(op: Binary, a: &CpuStorage, b: &CpuStorage, bc: &Bcast) -> Result<CpuStorage> {
     Ok(float_match!(op.name(), (a, b), |a, b| Float::store(binary_t(op, a, b, bc))))
 }
+
+fn glu_fwd<T: Float>(x: &[T], outer: usize, hi: usize) -> Vec<T> {
+    let mut y = super::zeros_as(x, outer * hi);
+    super::par_rows(&mut y, hi.max(1), |o, yr| {
+        let (a, b) = (&x[o * 2 * hi..o * 2 * hi + hi], &x[o * 2 * hi + hi..(o + 1) * 2 * hi]);
+        for ((yv, &av), &bv) in yr.iter_mut().zip(a).zip(b) {
+            *yv = av * sigmoid(bv);
+        }
+    });
+    y
+}
+
+fn glu_bwd<T: Float>(x: &[T], g: &[T], outer: usize, hi: usize) -> Vec<T> {
+    let mut gx = super::zeros_as(x, outer * 2 * hi);
+    super::par_rows(&mut gx, (2 * hi).max(1), |o, gr| {
+        let (ga, gb) = gr.split_at_mut(hi);
+        for j in 0..hi {
+            let (av, s, gv) = (x[o * 2 * hi + j], sigmoid(x[o * 2 * hi + hi + j]), g[o * hi + j]);
+            ga[j] = gv * s;
+            gb[j] = (gv * av) * (s * (T::one() - s));
+        }
+    });
+    gx
+}
+
+/// Gated linear unit over x viewed as (outer, 2, hi): `y (outer, hi) = a·σ(b)`
+/// for a = x[:, 0], b = x[:, 1]. Half inputs are computed in f32 and rounded
+/// once (as the GPU's half kernels do).
+pub fn glu(x: &CpuStorage, outer: usize, hi: usize) -> Result<CpuStorage> {
+    if matches!(x.dtype(), crate::tensor::DType::F16 | crate::tensor::DType::BF16) {
+        return Ok(glu(&x.to_dtype(crate::tensor::DType::F32), outer, hi)?.to_dtype(x.dtype()));
+    }
+    Ok(float_match!("glu", x, |x| Float::store(glu_fwd(x, outer, hi))))
+}
+
+/// The input gradient (outer, 2, hi) of [`glu`]: `g·σ(b)` for a and
+/// `(g·a)·(σ(b)·(1 − σ(b)))` for b.
+pub fn glu_backward(x: &CpuStorage, g: &CpuStorage, outer: usize, hi: usize) -> Result<CpuStorage> {
+    if matches!(x.dtype(), crate::tensor::DType::F16 | crate::tensor::DType::BF16) {
+        let f32s = |s: &CpuStorage| s.to_dtype(crate::tensor::DType::F32);
+        return Ok(glu_backward(&f32s(x), &f32s(g), outer, hi)?.to_dtype(x.dtype()));
+    }
+    Ok(float_match!("glu_backward", (x, g), |x, g| Float::store(glu_bwd(x, g, outer, hi))))
+}

@@ -148,12 +148,63 @@ fn bn_stats<T: Float>(x: &[T], b: usize, c: usize, t: usize) -> (Vec<T>, Vec<T>)
         .unzip()
 }
 
-/// Per-channel mean and biased variance of a (B, C, T) tensor.
-pub fn batch_norm_stats(x: &CpuStorage, b: usize, c: usize, t: usize) -> Result<(CpuStorage, CpuStorage)> {
-    Ok(float_match!("batch_norm", x, |x| {
-        let (m, v) = bn_stats(x, b, c, t);
-        (Float::store(m), Float::store(v))
-    }))
+#[allow(clippy::too_many_arguments)]
+fn bn_stats_update<T: Float>(x: &[T], rm: &mut [T], rv: &mut [T], b: usize, c: usize, t: usize, eps: f64, momentum: f64, train: bool) -> (Vec<T>, Vec<T>) {
+    let inv = |v: T| T::one() / (v + T::of(eps)).sqrt();
+    if !train {
+        return (rm.to_vec(), rv.iter().map(|&v| inv(v)).collect());
+    }
+    let (m, v) = bn_stats(x, b, c, t);
+    let cnt = (b * t) as f64;
+    let (mom, keep, unbias) = (T::of(momentum), T::one() - T::of(momentum), T::of(cnt) / T::of(cnt - 1.0));
+    for ch in 0..c {
+        rm[ch] = rm[ch] * keep + m[ch] * mom;
+        rv[ch] = rv[ch] * keep + v[ch] * unbias * mom;
+    }
+    let r = v.iter().map(|&v| inv(v)).collect();
+    (m, r)
+}
+
+/// Batch norm's statistics `(mean, rstd)` per channel of x (B, C, T), in
+/// x's parameter dtype ([`ln_param_dtype`]: f32 for half inputs). Training:
+/// the batch's mean and 1/√(biased var + eps), and the running statistics
+/// move toward the batch's in place (the variance unbiased by N/(N−1)) with
+/// weight `momentum`. Eval: the running mean and 1/√(running var + eps).
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_stats(
+    x: &CpuStorage,
+    run_mean: &mut CpuStorage,
+    run_var: &mut CpuStorage,
+    b: usize,
+    c: usize,
+    t: usize,
+    eps: f64,
+    momentum: f64,
+    train: bool,
+) -> Result<(CpuStorage, CpuStorage)> {
+    let op = "batch_norm";
+    if ln_param_dtype(x.dtype()) != x.dtype() {
+        return batch_norm_stats(&x.to_dtype(DType::F32), run_mean, run_var, b, c, t, eps, momentum, train);
+    }
+    for s in [&*run_mean, &*run_var] {
+        if s.dtype() != x.dtype() {
+            return Err(crate::error::Error::DTypeMismatch { op, expected: x.dtype(), got: s.dtype() });
+        }
+        if s.len() != c {
+            return Err(crate::error::Error::invalid(op, format!("expected running statistics of {c} channels, found {}", s.len())));
+        }
+    }
+    Ok(match (x, run_mean, run_var) {
+        (CpuStorage::F32(x), CpuStorage::F32(m), CpuStorage::F32(v)) => {
+            let (m, r) = bn_stats_update(x, m, v, b, c, t, eps, momentum, train);
+            (Float::store(m), Float::store(r))
+        }
+        (CpuStorage::F64(x), CpuStorage::F64(m), CpuStorage::F64(v)) => {
+            let (m, r) = bn_stats_update(x, m, v, b, c, t, eps, momentum, train);
+            (Float::store(m), Float::store(r))
+        }
+        (x, _, _) => return Err(super::unsupported(op, x.dtype())),
+    })
 }
 
 fn bn_apply<T: Float>(x: &[T], m: &[T], r: &[T], w: &[T], bias: &[T], c: usize, t: usize) -> Vec<T> {
@@ -168,7 +219,11 @@ fn bn_apply<T: Float>(x: &[T], m: &[T], r: &[T], w: &[T], bias: &[T], c: usize, 
 }
 
 /// `y = (x − mean[c])·rstd[c]·w[c] + b[c]` over (B, C, T).
+/// Half x takes f32 parameters: computed in f32, rounded once to x's type.
 pub fn batch_norm_apply(x: &CpuStorage, mean: &CpuStorage, rstd: &CpuStorage, w: &CpuStorage, bias: &CpuStorage, c: usize, t: usize) -> Result<CpuStorage> {
+    if ln_param_dtype(x.dtype()) != x.dtype() {
+        return Ok(batch_norm_apply(&x.to_dtype(DType::F32), mean, rstd, w, bias, c, t)?.to_dtype(x.dtype()));
+    }
     Ok(float_match!("batch_norm", (x, w, bias), |x, w, bias| {
         Float::store(bn_apply(x, super::slice_as(mean, x)?, super::slice_as(rstd, x)?, w, bias, c, t))
     }))
@@ -206,7 +261,8 @@ fn bn_bwd<T: Float>(x: &[T], w: &[T], m: &[T], r: &[T], g: &[T], b: usize, c: us
     (gx, gw, gb)
 }
 
-/// Batch norm backward over (B, C, T): `(gx, gw, gb)`. With `train` the
+/// Batch norm backward over (B, C, T): `(gx, gw, gb)`, gw and gb in the
+/// parameter dtype (half x: f32). With `train` the
 /// statistics were the batch's (their gradient flows); else they were constants.
 #[allow(clippy::too_many_arguments)]
 pub fn batch_norm_backward(
@@ -220,6 +276,10 @@ pub fn batch_norm_backward(
     t: usize,
     train: bool,
 ) -> Result<(CpuStorage, CpuStorage, CpuStorage)> {
+    if ln_param_dtype(x.dtype()) != x.dtype() {
+        let (gx, gw, gb) = batch_norm_backward(&x.to_dtype(DType::F32), w, mean, rstd, &g.to_dtype(DType::F32), b, c, t, train)?;
+        return Ok((gx.to_dtype(x.dtype()), gw, gb));
+    }
     Ok(float_match!("batch_norm_backward", (x, w, g), |x, w, g| {
         let (gx, gw, gb) = bn_bwd(x, w, super::slice_as(mean, x)?, super::slice_as(rstd, x)?, g, b, c, t, train);
         (Float::store(gx), Float::store(gw), Float::store(gb))

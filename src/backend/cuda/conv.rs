@@ -1,5 +1,5 @@
 //! Convolutions on the GPU (`cuda/conv.cu`); mirrors `backend::cpu::conv`.
-//! Depthwise conv1d runs in its own kernels; conv2d is im2col here plus a
+//! Depthwise conv1d (channels last) runs in its own kernels; conv2d is im2col here plus a
 //! cuBLAS product in the op layer, and col2im for the input gradient.
 
 use super::kernels::conv as kc;
@@ -8,8 +8,9 @@ use super::CudaStorage;
 use crate::backend::cpu::conv::{Conv2d, Dw1d};
 use crate::error::Result;
 
-fn dw_args(op: &'static str, g: &Dw1d) -> Result<[u32; 5]> {
+fn dw_args(op: &'static str, g: &Dw1d) -> Result<[u32; 6]> {
     Ok([
+        u32_arg(op, "batch", g.b)?,
         u32_arg(op, "channels", g.c)?,
         u32_arg(op, "frames", g.t)?,
         u32_arg(op, "kernel size", g.k)?,
@@ -18,49 +19,49 @@ fn dw_args(op: &'static str, g: &Dw1d) -> Result<[u32; 5]> {
     ])
 }
 
-/// Depthwise conv1d forward: x (B, C, T), w (C, 1, K), bias (C) → (B, C, To).
-pub fn depthwise_conv1d(x: &CudaStorage, w: &CudaStorage, bias: Option<&CudaStorage>, g: &Dw1d) -> Result<CudaStorage> {
-    let op = "depthwise_conv1d";
+/// Depthwise conv1d forward, channels last: x (B, T, C), w (C, 1, K), bias (C) → (B, To, C).
+pub fn conv1d_depthwise(x: &CudaStorage, w: &CudaStorage, bias: Option<&CudaStorage>, g: &Dw1d) -> Result<CudaStorage> {
+    let op = "conv1d_depthwise";
     expect_dtype(op, x, FLOATS)?;
     same(op, x, w)?;
-    expect_len(op, "the input (B, C, T)", x, g.b * g.c * g.t)?;
+    expect_len(op, "the input (B, T, C)", x, g.b * g.t * g.c)?;
     expect_len(op, "the weight (C, 1, K)", w, g.c * g.k)?;
     if let Some(b) = bias {
         same(op, x, b)?;
         expect_len(op, "the bias (C)", b, g.c)?;
     }
-    let [c, t, k, pad, to] = dw_args(op, g)?;
+    let [b, c, t, k, pad, to] = dw_args(op, g)?;
     let dev = x.device();
-    let n = g.b * g.c * g.t_out();
+    let n = g.b * g.t_out() * g.c;
     let y = dev.alloc(x.dtype(), n)?;
     if n > 0 {
-        kc::depthwise_conv1d_fwd(dev, x.dtype(), elems(n), x, w, bias.unwrap_or(w), &y, (g.b * g.c) as u64, c, t, k, pad, to, bias.is_some() as u32)?;
+        kc::conv1d_depthwise_fwd(dev, x.dtype(), elems(n), x, w, bias.unwrap_or(w), &y, b, c, t, k, pad, to, bias.is_some() as u32)?;
     }
     Ok(y)
 }
 
-/// Depthwise conv1d backward: `(gx, gw, gbias)`, the weight and bias sums deterministic.
-pub fn depthwise_conv1d_backward(x: &CudaStorage, w: &CudaStorage, gy: &CudaStorage, g: &Dw1d) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
-    let op = "depthwise_conv1d_backward";
+/// Depthwise conv1d backward, channels last: `(gx, gw, gbias)` in two
+/// launches (the input gradient; the weight and bias gradients, a block per
+/// tap and 32 channels summing in a fixed order: deterministic).
+pub fn conv1d_depthwise_backward(x: &CudaStorage, w: &CudaStorage, gy: &CudaStorage, g: &Dw1d) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+    let op = "conv1d_depthwise_backward";
     expect_dtype(op, x, FLOATS)?;
     same(op, x, w)?;
     same(op, x, gy)?;
-    expect_len(op, "the input (B, C, T)", x, g.b * g.c * g.t)?;
+    expect_len(op, "the input (B, T, C)", x, g.b * g.t * g.c)?;
     expect_len(op, "the weight (C, 1, K)", w, g.c * g.k)?;
-    expect_len(op, "the output gradient (B, C, To)", gy, g.b * g.c * g.t_out())?;
-    let [c, t, k, pad, to] = dw_args(op, g)?;
+    expect_len(op, "the output gradient (B, To, C)", gy, g.b * g.t_out() * g.c)?;
+    let [b, c, t, k, pad, to] = dw_args(op, g)?;
     let (dt, dev) = (x.dtype(), x.device());
     let gx = dev.alloc(dt, x.len())?;
     if !x.is_empty() {
-        kc::depthwise_conv1d_bwd_input(dev, dt, elems(x.len()), w, gy, &gx, (g.b * g.c) as u64, c, t, k, pad, to)?;
+        kc::conv1d_depthwise_bwd_input(dev, dt, elems(x.len()), w, gy, &gx, b, c, t, k, pad, to)?;
     }
-    let gw = dev.alloc(dt, g.c * g.k)?;
-    if g.c * g.k > 0 {
-        kc::depthwise_conv1d_bwd_weight(dev, dt, rows(g.c * g.k), x, gy, &gw, g.b as u64, c, t, k, pad, to)?;
-    }
-    let gb = dev.alloc(dt, g.c)?;
-    if g.c > 0 {
-        kc::depthwise_conv1d_bwd_bias(dev, dt, rows(g.c), gy, &gb, g.b as u64, c, to)?;
+    let (gw, gb) = (dev.alloc(dt, g.c * g.k)?, dev.alloc(dt, g.c)?);
+    // A block per (tap or bias, group of 32 channels).
+    let blocks = (g.k + 1) * g.c.div_ceil(32);
+    if blocks > 0 {
+        kc::conv1d_depthwise_bwd_weight(dev, dt, rows(blocks), x, gy, &gw, &gb, b, c, t, k, pad, to)?;
     }
     Ok((gx, gw, gb))
 }

@@ -66,6 +66,7 @@ pub use launch::{dtype_suffix, LaunchConfig};
 pub mod attention;
 pub mod conv;
 pub mod dropout;
+pub mod glu;
 pub mod index;
 pub mod layout;
 mod nn_common;

@@ -17,7 +17,6 @@ fn max_blocks() -> usize {
 }
 
 /// The float dtypes of the f32/f64 kernels, for error messages.
-pub(crate) const F32_F64: (&[DType], &str) = (&[DType::F32, DType::F64], "f32, f64 on the GPU");
 /// The float dtypes of the kernels mixed precision also needs.
 pub(crate) const FLOATS: (&[DType], &str) = (&[DType::F32, DType::F64, DType::F16, DType::BF16], "f32, f64, f16, bf16 on the GPU");
 

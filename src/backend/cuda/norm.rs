@@ -5,7 +5,7 @@
 //! their final sum): deterministic column sums, no atomics.
 
 use super::kernels::norm as k;
-use super::nn_common::{elems, expect_dtype, expect_len, rows, same, u32_arg, F32_F64, FLOATS};
+use super::nn_common::{elems, expect_dtype, expect_len, rows, same, u32_arg, FLOATS};
 use super::softmax::row_launch;
 use super::CudaStorage;
 use crate::backend::cpu::norm::ln_param_dtype;
@@ -93,23 +93,42 @@ pub fn layer_norm_backward(
 }
 
 fn bn_dims(op: &'static str, x: &CudaStorage, b: usize, c: usize, t: usize) -> Result<u32> {
-    expect_dtype(op, x, F32_F64)?;
+    expect_dtype(op, x, FLOATS)?;
     expect_len(op, "the input (B, C, T)", x, b * c * t)?;
     u32_arg(op, "channel count", c)
 }
 
-/// Per-channel mean and biased variance of a (B, C, T) tensor.
-pub fn batch_norm_stats(x: &CudaStorage, b: usize, c: usize, t: usize) -> Result<(CudaStorage, CudaStorage)> {
-    let cc = bn_dims("batch_norm", x, b, c, t)?;
+/// Batch norm's statistics `(mean, rstd)` per channel of x (B, C, T), in
+/// x's parameter dtype (f32 for half inputs), in one launch. Training: the
+/// batch's mean and 1/√(biased var + eps), and `run_mean`/`run_var` move
+/// toward the batch's statistics in place (the variance unbiased), with
+/// weight `momentum`. Eval: the running mean and 1/√(running var + eps).
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_stats(
+    x: &CudaStorage,
+    run_mean: &mut CudaStorage,
+    run_var: &mut CudaStorage,
+    b: usize,
+    c: usize,
+    t: usize,
+    eps: f64,
+    momentum: f64,
+    train: bool,
+) -> Result<(CudaStorage, CudaStorage)> {
+    let op = "batch_norm";
+    let cc = bn_dims(op, x, b, c, t)?;
+    ln_param(op, "running_mean", x, run_mean, c)?;
+    ln_param(op, "running_var", x, run_var, c)?;
     let dev = x.device();
-    let (mean, var) = (dev.alloc(x.dtype(), c)?, dev.alloc(x.dtype(), c)?);
+    let pd = ln_param_dtype(x.dtype());
+    let (mean, rstd) = (dev.alloc(pd, c)?, dev.alloc(pd, c)?);
     if c > 0 {
-        k::batch_norm_stats(dev, x.dtype(), rows(c), x, &mean, &var, b as u64, cc, t as u64)?;
+        k::batch_norm_stats(dev, x.dtype(), rows(c), x, run_mean, run_var, &mean, &rstd, b as u64, cc, t as u64, eps, momentum, train as u32)?;
     }
-    Ok((mean, var))
+    Ok((mean, rstd))
 }
 
-/// `y = (x − mean[c])·rstd[c]·w[c] + b[c]` over (B, C, T).
+/// `y = (x − mean[c])·rstd[c]·w[c] + b[c]` over (B, C, T); half x with f32 parameters.
 pub fn batch_norm_apply(
     x: &CudaStorage,
     mean: &CudaStorage,
@@ -120,11 +139,10 @@ pub fn batch_norm_apply(
     t: usize,
 ) -> Result<CudaStorage> {
     let op = "batch_norm";
-    expect_dtype(op, x, F32_F64)?;
+    expect_dtype(op, x, FLOATS)?;
     let cc = u32_arg(op, "channel count", c)?;
     for (s, what) in [(mean, "mean"), (rstd, "rstd"), (w, "weight"), (bias, "bias")] {
-        same(op, x, s)?;
-        expect_len(op, what, s, c)?;
+        ln_param(op, what, x, s, c)?;
     }
     let dev = x.device();
     let y = dev.alloc(x.dtype(), x.len())?;
@@ -134,8 +152,9 @@ pub fn batch_norm_apply(
     Ok(y)
 }
 
-/// Batch norm backward over (B, C, T): `(gx, gw, gb)`. With `train` the
-/// statistics were the batch's (their gradient flows); else they were constants.
+/// Batch norm backward over (B, C, T): `(gx, gw, gb)`, gw and gb in the
+/// parameter dtype. With `train` the statistics were the batch's (their
+/// gradient flows); else they were constants.
 #[allow(clippy::too_many_arguments)]
 pub fn batch_norm_backward(
     x: &CudaStorage,
@@ -150,12 +169,14 @@ pub fn batch_norm_backward(
 ) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
     let op = "batch_norm_backward";
     let cc = bn_dims(op, x, b, c, t)?;
-    for (s, what, len) in [(w, "weight", c), (mean, "mean", c), (rstd, "rstd", c), (g, "the output gradient", x.len())] {
-        same(op, x, s)?;
-        expect_len(op, what, s, len)?;
+    for (s, what) in [(w, "weight"), (mean, "mean"), (rstd, "rstd")] {
+        ln_param(op, what, x, s, c)?;
     }
+    same(op, x, g)?;
+    expect_len(op, "the output gradient", g, x.len())?;
     let (dt, dev) = (x.dtype(), x.device());
-    let (gb, gw) = (dev.alloc(dt, c)?, dev.alloc(dt, c)?);
+    let pd = ln_param_dtype(dt);
+    let (gb, gw) = (dev.alloc(pd, c)?, dev.alloc(pd, c)?);
     if c > 0 {
         k::batch_norm_bwd_sums(dev, dt, rows(c), x, mean, rstd, g, &gb, &gw, b as u64, cc, t as u64)?;
     }

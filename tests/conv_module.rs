@@ -1,0 +1,151 @@
+//! The channels-last Conformer convolution module against the composition
+//! it replaced, rebuilt here from generic ops in PyTorch's (B, C, T) layout:
+//! transpose, mask, pointwise conv1d as a product plus broadcast bias, GLU
+//! over channels from slices and a sigmoid, the depthwise conv as a sum over taps of shifted slices
+//! times the tap's weights (no conv kernel at all), batch norm over (B, C, T)
+//! or layer norm between transposes, the activation, pointwise conv2, mask,
+//! transpose back. Outputs, every parameter and input gradient and the
+//! batch norm's running statistics must agree: in f64 on the CPU to 1e-12,
+//! and in f32 on the (emulated) GPU to the harness's f32 tolerance.
+
+mod common;
+
+use asrforge::autograd;
+use asrforge::models::config::{Activation, ConvNorm};
+use asrforge::models::convolution::{ConvModuleNorm, ConvolutionModule};
+use asrforge::models::encoder::frame_pad_mask;
+use asrforge::models::ffn::activate;
+use asrforge::nn::Module;
+use asrforge::ops::{self, BatchNormState};
+use asrforge::tensor::{DType, Device, Rng, Tensor};
+use asrforge::Result;
+use common::gpu;
+
+/// A copy of `t` (same values, device and dtype; no shared storage).
+fn copy(t: &Tensor) -> Tensor {
+    ops::mul_scalar(t, 1.0).unwrap().detach()
+}
+
+/// The depthwise conv of h (B, C, T), w (C, 1, K), zero padding p, from slices.
+fn depthwise_reference(h: &Tensor, w: &Tensor, bias: &Tensor, p: usize) -> Result<Tensor> {
+    let (c, k) = (w.dims()[0], w.dims()[2]);
+    let hp = ops::pad(h, 2, p, p, 0.0)?;
+    let to = hp.dims()[2] + 1 - k;
+    let mut acc = ops::reshape(bias, [c, 1])?;
+    for kk in 0..k {
+        let tap = ops::reshape(&ops::narrow(w, 2, kk, 1)?, [c, 1])?;
+        acc = ops::add(&acc, &ops::mul(&ops::narrow(&hp, 2, kk, to)?, &tap)?)?;
+    }
+    Ok(acc)
+}
+
+/// The module's old (B, C, T) composition; `stats` are the running
+/// statistics to use and move (copies of the module's).
+fn reference(m: &ConvolutionModule, x: &Tensor, pad: Option<&Tensor>, stats: Option<(&Tensor, &Tensor)>) -> Result<Tensor> {
+    let mut h = ops::transpose(x, 1, 2)?;
+    if let Some(p) = pad {
+        h = ops::masked_fill(&h, p, 0.0)?;
+    }
+    if m.lorder > 0 {
+        h = ops::pad(&h, 2, m.lorder, 0, 0.0)?;
+    }
+    // GLU over channels from slices: a·σ(b).
+    let h2 = ops::conv1d_pointwise(&h, &m.pointwise_conv1.weight, m.pointwise_conv1.bias.as_ref())?;
+    let c = h2.dims()[1] / 2;
+    let mut h = ops::mul(&ops::narrow(&h2, 1, 0, c)?, &ops::sigmoid(&ops::narrow(&h2, 1, c, c)?)?)?;
+    if let (Some(p), false) = (pad, m.wenet_masking) {
+        // The mask widened by the unmasked causal left padding.
+        let left = Tensor::zeros([p.dims()[0], 1, m.lorder], DType::U8, &p.device())?;
+        h = ops::masked_fill(&h, &ops::cat(&[&left, p], 2)?, 0.0)?;
+    }
+    let k = m.depthwise_conv.weight.dims()[2];
+    let padding = if m.lorder > 0 { 0 } else { (k - 1) / 2 };
+    let h = depthwise_reference(&h, &m.depthwise_conv.weight, m.depthwise_conv.bias.as_ref().unwrap(), padding)?;
+    let h = match &m.norm {
+        ConvModuleNorm::Batch(bn) => {
+            let (rm, rv) = stats.unwrap();
+            let st = BatchNormState { running_mean: rm, running_var: rv, momentum: bn.momentum, eps: bn.eps, training: bn.training };
+            ops::batch_norm(&h, &bn.weight, &bn.bias, &st)?
+        }
+        ConvModuleNorm::Layer(ln) => ops::transpose(&ops::layer_norm(&ops::transpose(&h, 1, 2)?, Some(&ln.weight), Some(&ln.bias), ln.eps)?, 1, 2)?,
+    };
+    let mut h = ops::conv1d_pointwise(&activate(m.act, &h)?, &m.pointwise_conv2.weight, m.pointwise_conv2.bias.as_ref())?;
+    if let Some(p) = pad {
+        h = ops::masked_fill(&h, p, 0.0)?;
+    }
+    ops::transpose(&h, 1, 2)
+}
+
+/// Output, gradients (of every parameter and the input) of `f` under a fixed weighting.
+fn run(m: &ConvolutionModule, x: &Tensor, wt: &Tensor, f: &dyn Fn() -> Result<Tensor>) -> (Vec<f64>, Vec<Vec<f64>>) {
+    let mut leaves: Vec<Tensor> = m.named_parameters().into_iter().map(|(_, t)| t).collect();
+    leaves.push(x.clone());
+    for l in &leaves {
+        l.zero_grad();
+    }
+    let y = f().unwrap();
+    autograd::backward(&ops::sum_all(&ops::mul(&y, wt).unwrap()).unwrap()).unwrap();
+    let grads = leaves.iter().map(|l| l.grad().expect("every leaf gets a gradient").to_f64_vec().unwrap()).collect();
+    (y.to_f64_vec().unwrap(), grads)
+}
+
+/// Module vs reference for each norm, causal or not, WeNet masking or not, on `dev` in `dt`.
+fn check(dev: &Device, dt: DType, tol: f64) {
+    let seed = common::fresh_seed();
+    let mut rng = Rng::new(seed);
+    let (b, t, c) = (3, 11, 6);
+    let cases = [
+        (ConvNorm::BatchNorm, false, false),
+        (ConvNorm::BatchNorm, true, false),
+        (ConvNorm::LayerNorm, false, false),
+        (ConvNorm::LayerNorm, true, false),
+        (ConvNorm::LayerNorm, true, true),
+        (ConvNorm::BatchNorm, false, true),
+    ];
+    for (norm, causal, wenet) in cases {
+        let mut m = ConvolutionModule::new(c, 5, Activation::Swish, norm, causal, 1e-5, dt, &mut rng).unwrap();
+        m.wenet_masking = wenet;
+        for t in m.state_dict() {
+            if t.tensor.dtype() == dt {
+                t.tensor.move_to_device(dev).unwrap();
+            }
+        }
+        let x = Tensor::from_vec(rng.normal(b * t * c), [b, t, c], &Device::Cpu).unwrap();
+        let x = ops::to_dtype(&x, dt).unwrap().to_device(dev).unwrap().requires_grad_();
+        let wt = ops::to_dtype(&Tensor::from_vec(rng.normal(b * t * c), [b, t, c], &Device::Cpu).unwrap(), dt).unwrap().to_device(dev).unwrap();
+        let pad = frame_pad_mask(&[11, 7, 4], t).unwrap();
+        let stats = match &m.norm {
+            ConvModuleNorm::Batch(bn) => Some((copy(&bn.running_mean), copy(&bn.running_var))),
+            ConvModuleNorm::Layer(_) => None,
+        };
+        let what = format!("{norm:?} causal={causal} wenet_masking={wenet} on {dev:?} {dt:?}");
+        let (yr, gr) = run(&m, &x, &wt, &|| reference(&m, &x, Some(&pad), stats.as_ref().map(|(a, b)| (a, b))));
+        let (ym, gm) = run(&m, &x, &wt, &|| m.forward(&x, Some(&pad)));
+        gpu::assert_close(&format!("{what}: output"), &ym, &yr, tol, seed);
+        let names: Vec<String> = m.named_parameters().into_iter().map(|(n, _)| n).chain(["input".to_string()]).collect();
+        for ((g, r), n) in gm.iter().zip(&gr).zip(&names) {
+            // Training batch norm removes any per-channel constant, so the
+            // depthwise bias's gradient is zero up to rounding on both
+            // sides: compared against a floor of 1 (the other gradients'
+            // scale) instead of its own rounding noise.
+            let floor = if n == "depthwise_conv.bias" && matches!(m.norm, ConvModuleNorm::Batch(_)) { 1.0 } else { 0.0 };
+            gpu::assert_close_floor(&format!("{what}: gradient of {n}"), g, r, tol, floor, seed);
+        }
+        if let (ConvModuleNorm::Batch(bn), Some((rm, rv))) = (&m.norm, &stats) {
+            // One training forward each: the module moved its statistics, the reference its copies.
+            gpu::assert_close(&format!("{what}: running_mean"), &bn.running_mean.to_f64_vec().unwrap(), &rm.to_f64_vec().unwrap(), tol, seed);
+            gpu::assert_close(&format!("{what}: running_var"), &bn.running_var.to_f64_vec().unwrap(), &rv.to_f64_vec().unwrap(), tol, seed);
+        }
+    }
+}
+
+#[test]
+fn channels_last_module_equals_the_old_composition_on_the_cpu() {
+    check(&Device::Cpu, DType::F64, 1e-12);
+}
+
+#[test]
+fn channels_last_module_equals_the_old_composition_on_the_gpu() {
+    let Some(dev) = gpu::gpu("channels_last_module_equals_the_old_composition_on_the_gpu") else { return };
+    check(&dev, DType::F32, gpu::F32);
+}
