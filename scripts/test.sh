@@ -35,6 +35,10 @@ for sched in asc random; do
     echo "GPU suites on the emulated device ($sched): $(( $(date +%s) - start )) s" >&2
 done
 
+# The build without the `cuda` feature (the stub backend): every target must
+# still type-check, so the stub keeps the CUDA backend's API.
+cargo check --release --no-default-features --all-targets
+
 # The GPU benches once on the emulated device, in criterion's test mode: it
 # proves they run (their timings mean something only on a GPU).
 ASRFORGE_CUDA_EMU=1 cargo bench --bench gpu_kernels --bench optim -- --test
