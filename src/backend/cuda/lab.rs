@@ -24,12 +24,10 @@ pub fn label_smoothing_fused_fwd(variant: &str, x: &CudaStorage, target: &[i64],
     if x.dtype() != DType::F32 {
         return Err(Error::DTypeMismatch { op, expected: DType::F32, got: x.dtype() });
     }
+    crate::backend::cpu::loss::check_targets(target, v, ignore)?;
     let rows = target.len();
-    if v < 2 || x.len() != rows * v {
-        return Err(Error::invalid(op, format!("expected {rows} rows of at least 2 logits ({} values), got {} values", rows * v.max(2), x.len())));
-    }
-    if let Some(&bad) = target.iter().find(|&&t| t != ignore && (t < 0 || t as usize >= v)) {
-        return Err(Error::IndexOutOfRange { op, index: bad, size: v });
+    if x.len() != rows * v {
+        return Err(Error::invalid(op, format!("expected {rows} rows of {v} logits ({} values), got {} values", rows * v, x.len())));
     }
     let dev = x.device();
     let kl = dev.alloc(DType::F64, rows)?;
