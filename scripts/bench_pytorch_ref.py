@@ -189,9 +189,20 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--params", type=int, default=0, help="asrforge's parameter count, asserted")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "tf32", "fp16", "bf16"],
+                    help="fp16/bf16: torch.autocast (fp16 with a GradScaler); tf32: f32 with TF32 matmuls and convs")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(777)
+    if a.device == "cuda":
+        # Every factory call in the model (masks, positions, lengths) then lands on the GPU.
+        torch.set_default_device("cuda")
+    tf32 = a.dtype == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    half = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(a.dtype)
+    scaler = torch.amp.GradScaler("cuda") if a.dtype == "fp16" and a.device == "cuda" else None
     cfg = yaml.safe_load(open(a.config))
     for o in a.override:
         key, val = o.split(None, 1)
@@ -223,16 +234,27 @@ def main():
     for step in range(a.steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(feats, lens, ys_in, ys_out, tlens)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.get("grad_clip", 5.0))
-        opt.step()
-        loss.item()
+        with torch.autocast(a.device, dtype=half, enabled=half is not None):
+            loss = model(feats, lens, ys_in, ys_out, tlens)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.get("grad_clip", 5.0))
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.get("grad_clip", 5.0))
+            opt.step()
+        last = loss.item()  # waits for the step, on the GPU too
         if step >= a.warmup:
             times.append((time.perf_counter() - t0) * 1e3)
+    med = statistics.median(times)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if a.device == "cuda" else float("nan")
     print(
-        f"pytorch params={n} step_ms_median={statistics.median(times):.1f} step_ms_min={min(times):.1f} "
-        f"step_ms_max={max(times):.1f} timed_steps={len(times)} torch={torch.__version__} threads={torch.get_num_threads()}"
+        f"pytorch device={a.device} dtype={a.dtype} params={n} last_loss={last:.6f} frames_per_s={sum(lens) / (med / 1e3):.1f} "
+        f"step_ms_median={med:.1f} step_ms_min={min(times):.1f} "
+        f"step_ms_max={max(times):.1f} timed_steps={len(times)} peak_mib={peak:.1f} torch={torch.__version__} threads={torch.get_num_threads()}"
     )
 
 

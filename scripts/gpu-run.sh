@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the staged GPU check on a GPU host with no Rust and no network (see
-# GPU.md), from the repository root, after scripts/gpu-check.sh staged
-# .device/ on a build machine:
+# GPU.md), from the repository root, after scripts/gpu-check.sh packed
+# .device/payload.tar.xz on a build machine (unpacked here into /tmp):
 #   1. puts the CUDA libraries of the host's Python packages on LD_LIBRARY_PATH
 #      (with a libnccl.so symlink: pip ships only libnccl.so.2);
 #   2. runs every staged GPU test binary with outputs poisoned
@@ -21,20 +21,48 @@
 #      values, destroy), DDP and ZeRO-2 over NCCL at world size 1 equal to one
 #      process after 20 steps, and DDP/ZeRO-1/2 on the GPU at 2 processes over
 #      gloo; one GPU exercises world size 1 of NCCL only (no link is measured);
-#   6. prints the tables last. Full logs go to $OUT when it is set.
-# Each piece has its own timeout so the whole stays under 8 minutes.
+#   6. prints the tables last.
+# Full logs are written to /tmp/asrforge-gpu-run and, when $OUT is set,
+# packed into $OUT/logs.tgz with $OUT/summary.txt (the device tool returns
+# at most 8 files). BUDGET (seconds, default 420) bounds the whole: each
+# section checks what is left and says NOT RUN for what did not fit.
+# SECTIONS (default "ceil tests train pytorch profile fusion nccl") picks
+# sections; TESTS (default all staged) names test binaries to run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -d .device ] || cd ..   # also runs as .device/gpu-run.sh
 DEV=$PWD/.device
-LOG=${OUT:-/tmp/asrforge-gpu-run}
+if [ -f "$DEV/payload.tar.xz" ]; then
+    # scripts/gpu-check.sh packs the staged binaries; unpack them outside the tree.
+    rm -rf /tmp/asrforge-device && mkdir -p /tmp/asrforge-device
+    tar xJf "$DEV/payload.tar.xz" -C /tmp/asrforge-device || { echo "gpu-run: cannot unpack $DEV/payload.tar.xz"; exit 1; }
+    DEV=/tmp/asrforge-device
+fi
+LOG=/tmp/asrforge-gpu-run
+rm -rf "$LOG"
 mkdir -p "$LOG"
 START=$(date +%s)
+BUDGET=${BUDGET:-420}
+SECTIONS=${SECTIONS:-ceil tests train pytorch profile fusion nccl}
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+want() { [[ " $SECTIONS " == *" $1 "* ]]; }
+pack() {
+    if [ -n "${OUT:-}" ]; then
+        tar czf "$OUT/logs.tgz" -C /tmp asrforge-gpu-run 2>/dev/null
+        [ -f "$LOG/summary.txt" ] && cp "$LOG/summary.txt" "$OUT/summary.txt"
+    fi
+}
+trap pack EXIT
 BIN=$DEV/bin/asrforge
 STEPS=${STEPS:-50}
 BATCH=${BATCH:-16}
 FRAMES=${FRAMES:-512}
-CONFIG=${CONFIG:-$DEV/conf/train_conformer.yaml}
+# The AISHELL conformer without its CMVN block: synthetic features need no
+# statistics file (bench-train draws them; the model is otherwise the same).
+if [ -z "${CONFIG:-}" ]; then
+    CONFIG=/tmp/asrforge-train_conformer.yaml
+    sed '/^cmvn:/,/^  is_json_cmvn:/d' "$DEV/conf/train_conformer.yaml" > "$CONFIG"
+fi
 # 50 steps of WarmupLR(25000) barely move the weights; a short warm-up shows learning.
 OVERRIDES=(--override_config "scheduler_conf.warmup_steps 10")
 
@@ -62,33 +90,62 @@ for l in libcublas.so.13 libcublasLt.so.13 libnvrtc.so.13 libcurand.so.10 libncc
     fi
 done
 export LD_LIBRARY_PATH=$LIBDIR:${LD_LIBRARY_PATH:-}
-export ASRFORGE_CUDA_POISON=1
 nvidia-smi > "$LOG/nvidia-smi.txt" 2>&1 || true
 "$BIN" info > "$LOG/info.txt" 2>&1 || echo "asrforge info failed: $(tail -1 "$LOG/info.txt")"
 cat "$LOG/info.txt"
 
+# --- 0. ceilings ------------------------------------------------------------
+# The host's own ceilings through PyTorch (GPU.md): a large device copy
+# (bytes read + written over time) and a large bf16 product on random data.
+CEIL="not run"
+if want ceil; then
+    CEIL=$(timeout 60 python3 - <<'PY' 2> "$LOG/ceil.log"
+import torch
+def t(f, n=20):
+    for _ in range(3):
+        f()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ms = []
+    for _ in range(n):
+        s.record(); f(); e.record(); torch.cuda.synchronize(); ms.append(s.elapsed_time(e))
+    return sorted(ms)[len(ms) // 2]
+x = torch.randn(1 << 28, device="cuda"); y = torch.empty_like(x)
+bw = 2 * x.numel() * 4 / (t(lambda: y.copy_(x)) / 1e3) / 1e12
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
+tf = 2 * 8192**3 / (t(lambda: a @ b) / 1e3) / 1e12
+print(f"copy {bw:.2f} TB/s, bf16 matmul 8192^3 {tf:.0f} TFLOP/s (torch {torch.__version__})")
+PY
+)
+    echo "ceilings: ${CEIL:-failed (see ceil.log)}"
+fi
+
 # --- 2. GPU tests -----------------------------------------------------------
+# Four binaries at a time (one GPU, 16 cores: the CPU references dominate),
+# each with poisoned fresh allocations and its own time limit.
 declare -a TROWS
-for t in "$DEV"/tests/*; do
-    name=$(basename "$t")
-    if [ $(( $(date +%s) - START )) -gt 240 ]; then
-        TROWS+=("$(printf '%-22s %s' "$name" 'NOT RUN (the tests used their 4 minutes)')")
-        continue
-    fi
-    timeout 150 "$t" --test-threads=1 > "$LOG/test-$name.log" 2>&1
-    rc=$?
-    res=$(grep -E '^test result:' "$LOG/test-$name.log" | tail -1 | sed 's/^test result: //')
-    skipped=$(grep -ci 'skipped' "$LOG/test-$name.log")
-    [ $rc -eq 0 ] && st=ok || st="FAILED (rc $rc)"
-    TROWS+=("$(printf '%-22s %-14s %s; %s lines say skipped' "$name" "$st" "${res:-no result line}" "$skipped")")
-    echo "test $name: $st"
-    [ $rc -ne 0 ] && grep -E 'panicked|FAILED|assert' "$LOG/test-$name.log" | head -5
-done
+if want tests; then
+    TLIST=${TESTS:-$(ls "$DEV/tests")}
+    TLIM=$(( $(left) / 2 )); [ "$TLIM" -gt 150 ] && TLIM=150
+    printf '%s\n' $TLIST | xargs -P 4 -I{} sh -c \
+        "ASRFORGE_CUDA_POISON=1 timeout $TLIM '$DEV/tests/{}' --test-threads=2 > '$LOG/test-{}.log' 2>&1; echo \$? > '$LOG/test-{}.rc'"
+    for name in $TLIST; do
+        rc=$(cat "$LOG/test-$name.rc" 2>/dev/null || echo none)
+        res=$(grep -E '^test result:' "$LOG/test-$name.log" | tail -1 | sed 's/^test result: //')
+        skipped=$(grep -ci 'skipped' "$LOG/test-$name.log")
+        [ "$rc" = 0 ] && st=ok || st="FAILED (rc $rc)"
+        TROWS+=("$(printf '%-22s %-14s %s; %s lines say skipped' "$name" "$st" "${res:-no result line}" "$skipped")")
+        if [ "$rc" != 0 ]; then
+            while IFS= read -r l; do TROWS+=("    $l"); done < <(grep -E '^test .* FAILED|panicked' "$LOG/test-$name.log" | cut -c1-220 | head -8)
+        fi
+    done
+fi
 
 # --- 3. training ------------------------------------------------------------
 field() { grep -o "$1=[^ ]*" <<<"$2" | head -1 | cut -d= -f2; }
-declare -a RROWS TPROWS
+declare -a RROWS TPROWS PTROWS
 for dt in fp32 tf32 fp16 bf16; do
+    want train || break
+    if [ "$(left)" -lt 60 ]; then RROWS+=("$dt NOT RUN (out of time)"); continue; fi
     # tf32: f32 training with TF32 tensor cores allowed for the products.
     if [ "$dt" = tf32 ]; then DTARGS=(--dtype fp32 --tf32); else DTARGS=(--dtype "$dt"); fi
     gpu=$(timeout 120 "$BIN" bench-train --config "$CONFIG" "${OVERRIDES[@]}" --steps "$STEPS" --device cuda "${DTARGS[@]}" \
@@ -99,6 +156,31 @@ for dt in fp32 tf32 fp16 bf16; do
     echo "cpu  $dt: ${cpu:-failed (see $LOG/train-cpu-$dt.log)}"
     echo "$gpu" >> "$LOG/bench-train.txt"
     echo "$cpu" >> "$LOG/bench-train.txt"
+    # PyTorch on the same GPU, the same model (parameter count asserted) and
+    # batch shapes, the same dtype handling (autocast; GradScaler for fp16).
+    if want pytorch && [ -f "$DEV/bench_pytorch_ref.py" ]; then
+        params=$(field params "$gpu")
+        pt=$(timeout 90 python3 "$DEV/bench_pytorch_ref.py" --config "$CONFIG" --override "scheduler_conf.warmup_steps 10" \
+            --device cuda --dtype "$dt" --batch_size "$BATCH" --frames "$FRAMES" --steps 23 --warmup 3 --threads 8 \
+            ${params:+--params "$params"} 2> "$LOG/pytorch-$dt.log" | grep '^pytorch' | tail -1)
+        echo "torch $dt: ${pt:-failed (see pytorch-$dt.log: $(tail -1 "$LOG/pytorch-$dt.log"))}"
+        echo "$pt" >> "$LOG/bench-train.txt"
+        PTROWS+=("$(python3 - "$dt" "$gpu" "$pt" <<'PY'
+import sys
+dt, gpu, pt = sys.argv[1:4]
+def f(line):
+    return dict(w.split("=", 1) for w in line.split()[1:] if "=" in w and "(" not in w)
+g, p = f(gpu.partition("per_step(")[0]), f(pt)
+def num(d, k):
+    try:
+        return float(d[k])
+    except (KeyError, ValueError):
+        return float("nan")
+ga, pa = num(g, "frames_per_s"), num(p, "frames_per_s")
+print(f"{dt:<5} {ga:>10.0f} {pa:>10.0f} {ga / pa if pa == pa and pa else float('nan'):>6.2f} {num(g,'peak_mib'):>9.1f} {num(p,'peak_mib'):>9.1f}")
+PY
+)")
+    fi
     RROWS+=("$(python3 - "$dt" "$gpu" "$cpu" <<'PY'
 import sys
 dt, gpu, cpu = sys.argv[1:4]
@@ -137,6 +219,8 @@ done
 # timed per launch with CUDA events beside the model.
 declare -a PROWS
 for dt in bf16 fp32; do
+    want profile || break
+    if [ "$(left)" -lt 45 ]; then PROWS+=("$dt NOT RUN (out of time)"); continue; fi
     timeout 90 "$BIN" bench-train --config "$CONFIG" "${OVERRIDES[@]}" --steps 3 --warmup 2 --device cuda --dtype "$dt" \
         --batch_size "$BATCH" --frames "$FRAMES" --profile > "$LOG/profile-$dt.txt" 2> "$LOG/profile-$dt.log"
     rc=$?
@@ -153,14 +237,16 @@ done
 # failure or the overlap of communication with backward.
 declare -a NROWS
 NCCL_BIN=$DEV/nccl/dist_gpu
-if [ ! -x "$NCCL_BIN" ]; then
+if ! want nccl; then
+    NROWS+=("not selected")
+elif [ ! -x "$NCCL_BIN" ]; then
     NROWS+=("not staged (.device/nccl/dist_gpu missing: rerun scripts/gpu-check.sh)")
 else
     "$BIN" info 2>&1 | grep -i '^NCCL' | sed 's/^/info: /' > "$LOG/nccl-info.txt"
     for t in nccl_world_1_collectives_on_f32_f16_bf16 \
              nccl_ddp_and_zero2_at_world_1_match_one_process_after_20_steps \
              gpu_ddp_and_zero_equal_one_process_at_2_ranks; do
-        if [ $(( $(date +%s) - START )) -gt 420 ]; then
+        if [ "$(left)" -lt 30 ]; then
             NROWS+=("$(printf '%-62s %s' "$t" 'NOT RUN (out of time)')")
             continue
         fi
@@ -182,6 +268,8 @@ fi
 declare -a FROWS
 for dt in fp16 bf16; do
     for f in none all; do
+        want fusion || break 2
+        if [ "$(left)" -lt 25 ]; then FROWS+=("$dt $f NOT RUN (out of time)"); continue; fi
         line=$(ASRFORGE_FUSION=$f timeout 90 "$BIN" bench-train --config "$CONFIG" "${OVERRIDES[@]}" --steps 10 --warmup 3 --device cuda \
             --dtype "$dt" --batch_size "$BATCH" --frames "$FRAMES" 2> "$LOG/fusion-$dt-$f.log" | grep '^bench-train' | tail -1)
         FROWS+=("$(python3 - "$dt" "$f" "$line" <<'PY'
@@ -196,6 +284,56 @@ PY
     done
 done
 
+# --- 7. fusion bisection -----------------------------------------------------
+# The tiny config in f32 with each fused family alone, and all twice (a
+# race moves the loss between two identical runs): which family moves the
+# loss from the composition's, and by how much.
+declare -a BROWS
+if want bisect; then
+    TINY=$DEV/conf/tiny.yaml
+    for f in none none attention loss all all; do
+        if [ "$(left)" -lt 20 ]; then BROWS+=("$f NOT RUN (out of time)"); continue; fi
+        line=$(ASRFORGE_FUSION=$f timeout 60 "$BIN" bench-train --config "$TINY" --steps 3 --warmup 1 --device cuda --dtype fp32 \
+            --batch_size 2 --frames 64 --seed 7 2> "$LOG/bisect-$f.log" | grep '^bench-train' | tail -1)
+        BROWS+=("$(printf '%-10s init %s first %s last %s' "$f" "$(field init_loss "$line")" "$(field first_loss "$line")" "$(field last_loss "$line")")")
+    done
+fi
+
+# --- 8. sanitizers -------------------------------------------------------------
+# compute-sanitizer on one tiny fused step: racecheck (shared-memory hazards)
+# and initcheck (reads of device memory nothing wrote) on the fused kernels,
+# memcheck on every kernel.
+declare -a SROWS
+if want sanitize; then
+    CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer /opt/nvidia/*/compute-sanitizer 2>/dev/null | head -1)
+    if [ -z "$CS" ]; then
+        SROWS+=("compute-sanitizer not found")
+    else
+        for spec in "racecheck attention" "racecheck ctc" "racecheck label_smoothing" "initcheck attention" "memcheck -"; do
+            set -- $spec
+            if [ "$(left)" -lt 40 ]; then SROWS+=("$spec NOT RUN (out of time)"); continue; fi
+            filt=(); [ "$2" != - ] && filt=(--kernel-name "kns=$2")
+            ASRFORGE_FUSION=all timeout 90 "$CS" --tool "$1" "${filt[@]}" --print-limit 20 "$BIN" bench-train --config "$DEV/conf/tiny.yaml" \
+                --steps 1 --warmup 0 --device cuda --dtype fp32 --batch_size 2 --frames 64 --seed 7 > "$LOG/sanitize-$1-$2.log" 2>&1
+            rc=$?
+            summ=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|hazard|Uninitialized|Invalid' "$LOG/sanitize-$1-$2.log" | sort | uniq -c | sort -rn | head -3 | tr -s ' ' | tr '\n' ';' | cut -c1-200)
+            SROWS+=("$(printf '%-10s %-18s rc %-4s %s' "$1" "$2" "$rc" "$summ")")
+        done
+    fi
+fi
+
+# --- 9. kernel benches ------------------------------------------------------------
+declare -a KROWS
+if want bench && [ -x "$DEV/benches/gpu_kernels" ]; then
+    BLIM=$(( $(left) - 20 )); [ "$BLIM" -gt 150 ] && BLIM=150
+    if [ "$BLIM" -gt 30 ]; then
+        (cd /tmp && timeout "$BLIM" "$DEV/benches/gpu_kernels" --bench --warm-up-time 0.2 --measurement-time 0.6 --noplot > "$LOG/bench-gpu_kernels.log" 2>&1)
+        while IFS= read -r l; do KROWS+=("$l"); done < <(grep -B1 -E '^ +time:' "$LOG/bench-gpu_kernels.log" | grep -vE '^--$' | paste -d' ' - - | sed -E 's/ +time: +/ /; s/ +/ /g' | cut -c1-150)
+    else
+        KROWS+=("NOT RUN (out of time)")
+    fi
+fi
+
 # --- 6. tables --------------------------------------------------------------
 {
     echo
@@ -205,6 +343,10 @@ done
     echo "bench-train: $(basename "$CONFIG"), $STEPS steps, batch $BATCH x $FRAMES frames, ${OVERRIDES[*]}"
     echo "  dtype  init(gpu)   init(cpu)   rel.diff  first_loss  last_loss skip   frames/s  peak_MiB  check"
     printf '  %s\n' "${RROWS[@]}"
+    echo "ceilings: $CEIL"
+    echo "asrforge vs PyTorch on this GPU (same model and batch shapes; frames/s = valid input frames per median step):"
+    echo "  dtype  asrforge    pytorch  ratio  peak(af)  peak(pt)"
+    printf '  %s\n' "${PTROWS[@]:-none}"
     echo "throughput (per steady-state step; tf32 = fp32 with --tf32):"
     echo "  dtype  frames/s   step_ms  peak_MiB  launches   gemms  lt_heu  syncs  d_alloc"
     printf '  %s\n' "${TPROWS[@]}"
@@ -216,5 +358,12 @@ done
     echo "NCCL (world size 1 on one GPU; $(cat "$LOG/nccl-info.txt" 2>/dev/null | tr '\n' ' ')):"
     printf '  %s\n' "${NROWS[@]:-none}"
     echo "  not exercised here: several GPUs, a peer's failure under NCCL, the overlap of bucket all-reduces with backward"
+    echo "fusion bisection (tiny config, f32, 2 x 64 frames, seed 7; each family alone, all twice):"
+    printf '  %s\n' "${BROWS[@]:-not run}"
+    echo "compute-sanitizer (one tiny fused f32 step):"
+    printf '  %s\n' "${SROWS[@]:-not run}"
+    echo "kernel benches (criterion gpu_kernels, short: warm-up 0.2 s, 0.6 s measured):"
+    printf '  %s\n' "${KROWS[@]:-not run}"
     echo "total $(( $(date +%s) - START )) s; logs in $LOG"
 } | tee "$LOG/summary.txt"
+pack

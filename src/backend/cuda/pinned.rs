@@ -176,7 +176,15 @@ pub fn upload_staged(dev: &Arc<CudaDevice>, c: &CpuStorage) -> Result<CudaStorag
             // The old slot's copy has run (its pinned buffer waits on drop)
             // and its device buffer returns to the pool in compute order,
             // after the compute stream's read of it.
-            *slot = Some(Slot { host: PinnedBuffer::new(dev, c.dtype(), cap)?, dev_buf: dev.alloc(c.dtype(), cap)?, consumed: None });
+            let dev_buf = dev.alloc(c.dtype(), cap)?;
+            // The pool hands out blocks in compute-stream order: the new
+            // block may still be read by compute work queued before it was
+            // freed, and the poison fill (ASRFORGE_CUDA_POISON) is queued on
+            // the compute stream. The copy stream writes it only after the
+            // compute stream has reached this point (found on an H200: the
+            // poison landed after the copy and a batch read back 0xFF).
+            let ready = dev.record_event(COMPUTE.0)?;
+            *slot = Some(Slot { host: PinnedBuffer::new(dev, c.dtype(), cap)?, dev_buf, consumed: Some(ready) });
         }
         let Some(slot) = slot.as_mut() else { return Err(Error::invalid("pinned buffer", "no staging slot")) };
         let src = c.as_bytes();
