@@ -5,6 +5,19 @@
 //! runs the whole grid before it returns. Streams and events exist and keep
 //! their order trivially (everything has run when a call returns).
 //!
+//! What a GPU would not keep is checked instead: the stream order. Every
+//! operation on a stream (launch, product, copy, fill) stamps the buffers it
+//! touches with its place in that stream; an operation on another stream
+//! that touches a stamped buffer must be ordered after the stamp, by an
+//! event it waited for or by the host having seen the stamp's work
+//! complete (a synchronize, an event synchronize or a query that said
+//! done). Otherwise it fails naming both streams and the buffer: on a GPU
+//! the two could run in either order. Blocks the caching allocator hands
+//! out again keep their stamps, so a block freed in one stream's order and
+//! reused on another without an event is caught too (an H200 showed this
+//! once: a staging copy overwritten by a fill queued earlier on the compute
+//! stream).
+//!
 //! Guards are checked after every launch (the buffers it was passed), when
 //! a storage is dropped, when a buffer is freed, and at every
 //! synchronisation (every buffer). A corruption found where no error can be
@@ -76,6 +89,48 @@ impl Buf {
     }
 }
 
+/// The stream-order check's state: vector clocks over the streams.
+#[derive(Default)]
+struct Order {
+    /// `known[s][t]`: work queued on stream `s` from now on runs after
+    /// operation `known[s][t]` of stream `t`; `known[s][s]` counts the
+    /// operations queued on `s`.
+    known: Vec<Vec<u64>>,
+    /// `done[t]`: the host has seen operation `done[t]` of stream `t` complete.
+    done: Vec<u64>,
+    /// Recorded events: their stream and the clock of that stream then.
+    events: HashMap<usize, (usize, Vec<u64>)>,
+    next_event: usize,
+    /// Per driver buffer: the last operation of each stream that touched it.
+    touched: HashMap<DevPtr, Vec<(usize, u64)>>,
+}
+
+impl Order {
+    fn at(v: &[u64], t: usize) -> u64 {
+        v.get(t).copied().unwrap_or(0)
+    }
+    fn row(&mut self, s: usize) -> &mut Vec<u64> {
+        if self.known.len() <= s {
+            self.known.resize(s + 1, Vec::new());
+        }
+        &mut self.known[s]
+    }
+    fn raise(v: &mut Vec<u64>, by: &[u64]) {
+        if v.len() < by.len() {
+            v.resize(by.len(), 0);
+        }
+        for (a, b) in v.iter_mut().zip(by) {
+            *a = (*a).max(*b);
+        }
+    }
+    /// Marks everything `clock` covers as complete (the host saw it).
+    fn complete(&mut self, clock: &[u64]) {
+        let mut done = std::mem::take(&mut self.done);
+        Order::raise(&mut done, clock);
+        self.done = done;
+    }
+}
+
 /// The C entry points of one emulated module.
 struct Module {
     _lib: libloading::Library,
@@ -96,6 +151,8 @@ pub(crate) struct EmuDriver {
     streams: Mutex<usize>,
     /// The cuBLASLt plans made, by handle (the key each was made for).
     lt_plans: Mutex<Vec<LtKey>>,
+    /// The stream-order check (module doc).
+    order: Mutex<Order>,
 }
 
 impl EmuDriver {
@@ -110,7 +167,55 @@ impl EmuDriver {
             pending: Mutex::new(None),
             streams: Mutex::new(1),
             lt_plans: Mutex::new(Vec::new()),
+            order: Mutex::new(Order::default()),
         }
+    }
+    /// Queues one operation (`what`) on stream `s` touching the buffers
+    /// holding `ptrs`: fails if another stream touched one of them last at
+    /// an operation `s` is not ordered after (module doc), else stamps them.
+    fn touch(&self, s: Stream, ptrs: &[DevPtr], what: &str) -> Result<()> {
+        let bufs = self.bufs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut o = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        let s = s.0;
+        let seq = {
+            let row = o.row(s);
+            if row.len() <= s {
+                row.resize(s + 1, 0);
+            }
+            row[s] += 1;
+            row[s]
+        };
+        for &p in ptrs {
+            let Some((&base, b)) = bufs.range(..=p).next_back() else { continue };
+            if p >= b.ptr() + b.bytes as u64 {
+                continue;
+            }
+            if let Some(stamps) = o.touched.get(&base) {
+                for &(t, q) in stamps {
+                    let ordered = Order::at(&o.known[s], t);
+                    if t != s && q > ordered && q > Order::at(&o.done, t) {
+                        return Err(Error::Cuda {
+                            kernel: what.into(),
+                            msg: format!(
+                                "stream-order race on cuda:{} (emulated): {what} on stream {s} touches the {}, which stream {t} touched at its operation {q}, \
+                                 but stream {s} is ordered only after operation {ordered} of stream {t} and the host has not seen it complete; on a GPU the \
+                                 two may run in either order: record an event on stream {t} after its use and make stream {s} wait for it. Last kernel \
+                                 launched: {}",
+                                self.ordinal,
+                                b.describe(),
+                                self.last_kernel()
+                            ),
+                        });
+                    }
+                }
+            }
+            let stamps = o.touched.entry(base).or_default();
+            match stamps.iter_mut().find(|(t, _)| *t == s) {
+                Some(e) => e.1 = seq,
+                None => stamps.push((s, seq)),
+            }
+        }
+        Ok(())
     }
     fn last_kernel(&self) -> String {
         self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -209,6 +314,7 @@ impl Driver for EmuDriver {
             kernel: "cuMemFree".into(),
             msg: format!("{p:#x} is not a live device buffer of cuda:{} (emulated)", self.ordinal),
         })?;
+        self.order.lock().unwrap_or_else(|e| e.into_inner()).touched.remove(&p);
         let bad = b.check().map(|w| self.fault(&b, w));
         // SAFETY: `base` was allocated with `layout` in `malloc` and is removed from the map.
         unsafe { std::alloc::dealloc(b.base, b.layout) };
@@ -252,27 +358,31 @@ impl Driver for EmuDriver {
         unsafe { std::alloc::dealloc(p, layout) };
         Ok(())
     }
-    unsafe fn memset_d8(&self, p: DevPtr, byte: u8, n: usize, _s: Stream) -> Result<()> {
+    unsafe fn memset_d8(&self, p: DevPtr, byte: u8, n: usize, s: Stream) -> Result<()> {
         self.check_range(p, n, "cuMemsetD8Async")?;
+        self.touch(s, &[p], "cuMemsetD8Async")?;
         // SAFETY: checked above: `n` bytes of a live buffer.
         unsafe { std::ptr::write_bytes(p as *mut u8, byte, n) };
         Ok(())
     }
-    unsafe fn htod(&self, dst: DevPtr, src: &[u8], _s: Stream) -> Result<()> {
+    unsafe fn htod(&self, dst: DevPtr, src: &[u8], s: Stream) -> Result<()> {
         self.check_range(dst, src.len(), "cuMemcpyHtoDAsync")?;
+        self.touch(s, &[dst], "cuMemcpyHtoDAsync")?;
         // SAFETY: checked above; host and device memory never overlap.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
         Ok(())
     }
-    unsafe fn dtoh(&self, dst: &mut [u8], src: DevPtr, _s: Stream) -> Result<()> {
+    unsafe fn dtoh(&self, dst: &mut [u8], src: DevPtr, s: Stream) -> Result<()> {
         self.check_range(src, dst.len(), "cuMemcpyDtoHAsync")?;
+        self.touch(s, &[src], "cuMemcpyDtoHAsync")?;
         // SAFETY: checked above; `dst` is a distinct host slice.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
-    unsafe fn dtod(&self, dst: DevPtr, src: DevPtr, n: usize, _s: Stream) -> Result<()> {
+    unsafe fn dtod(&self, dst: DevPtr, src: DevPtr, n: usize, s: Stream) -> Result<()> {
         self.check_range(dst, n, "cuMemcpyDtoDAsync")?;
         self.check_range(src, n, "cuMemcpyDtoDAsync")?;
+        self.touch(s, &[dst, src], "cuMemcpyDtoDAsync")?;
         // SAFETY: checked above; `copy` allows overlap as cuMemcpy does not promise.
         unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, n) };
         Ok(())
@@ -296,8 +406,9 @@ impl Driver for EmuDriver {
         })?;
         Ok(Func(mi << 32 | ki))
     }
-    unsafe fn launch(&self, f: Func, name: &str, cfg: LaunchConfig, params: &mut [*mut c_void], buffers: &[DevPtr], _s: Stream) -> Result<()> {
+    unsafe fn launch(&self, f: Func, name: &str, cfg: LaunchConfig, params: &mut [*mut c_void], buffers: &[DevPtr], s: Stream) -> Result<()> {
         self.take_pending()?;
+        self.touch(s, buffers, name)?;
         let (mi, ki) = (f.0 >> 32, f.0 & 0xFFFF_FFFF);
         let launch = {
             let mods = self.modules.lock().unwrap_or_else(|e| e.into_inner());
@@ -326,31 +437,60 @@ impl Driver for EmuDriver {
         }
         Ok(())
     }
-    fn synchronize(&self, _s: Stream) -> Result<()> {
+    fn synchronize(&self, s: Stream) -> Result<()> {
+        let mut o = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        let clock = o.row(s.0).clone();
+        o.complete(&clock);
+        drop(o);
         self.check_all()
     }
     fn record_event(&self, s: Stream) -> Result<Event> {
         if s.0 >= *self.streams.lock().unwrap_or_else(|e| e.into_inner()) {
             return Err(Error::Cuda { kernel: "cuEventRecord".into(), msg: format!("no stream {} on cuda:{} (emulated)", s.0, self.ordinal) });
         }
-        Ok(Event(0))
+        let mut o = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        let clock = o.row(s.0).clone();
+        let id = o.next_event;
+        o.next_event += 1;
+        o.events.insert(id, (s.0, clock));
+        Ok(Event(id))
     }
-    fn stream_wait_event(&self, _s: Stream, _e: &Event) -> Result<()> {
+    fn stream_wait_event(&self, s: Stream, e: &Event) -> Result<()> {
+        let mut o = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((_, clock)) = o.events.get(&e.0).cloned() else {
+            return Err(Error::Cuda {
+                kernel: "cuStreamWaitEvent".into(),
+                msg: format!("event {} is not a live event of cuda:{} (emulated)", e.0, self.ordinal),
+            });
+        };
+        Order::raise(o.row(s.0), &clock);
         Ok(())
     }
-    fn event_synchronize(&self, _e: &Event) -> Result<()> {
+    fn event_synchronize(&self, e: &Event) -> Result<()> {
+        let mut o = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, clock)) = o.events.get(&e.0).cloned() {
+            o.complete(&clock);
+        }
+        drop(o);
         self.check_all()
     }
-    fn event_query(&self, _e: &Event) -> Result<bool> {
+    fn event_query(&self, e: &Event) -> Result<bool> {
         // Work runs when it is queued here, so every recorded event is
         // complete; a fault found since is reported as the GPU would at
         // its next query.
         self.take_pending()?;
+        let mut o = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, clock)) = o.events.get(&e.0).cloned() {
+            o.complete(&clock);
+        }
         Ok(true)
     }
-    fn destroy_event(&self, _e: Event) {}
-    unsafe fn gemm(&self, g: &Gemm, _s: Stream) -> Result<()> {
+    fn destroy_event(&self, e: Event) {
+        self.order.lock().unwrap_or_else(|e| e.into_inner()).events.remove(&e.0);
+    }
+    unsafe fn gemm(&self, g: &Gemm, s: Stream) -> Result<()> {
         self.take_pending()?;
+        self.touch(s, &[g.a, g.b, g.c], "cublas/gemm")?;
         // SAFETY: forwarded from the caller; the ranges are checked inside.
         unsafe { emu_blas::gemm(self, g) }
     }
@@ -360,8 +500,11 @@ impl Driver for EmuDriver {
         plans.push(*key);
         Ok(LtPlan(plans.len() - 1))
     }
-    unsafe fn lt_matmul(&self, plan: LtPlan, g: &LtMatmul, _s: Stream) -> Result<()> {
+    unsafe fn lt_matmul(&self, plan: LtPlan, g: &LtMatmul, s: Stream) -> Result<()> {
         self.take_pending()?;
+        let mut ptrs = vec![g.a, g.b, g.d, g.workspace];
+        ptrs.extend(g.bias);
+        self.touch(s, &ptrs, "cublasLt/matmul")?;
         let made_for = self.lt_plans.lock().unwrap_or_else(|e| e.into_inner()).get(plan.0).copied();
         if made_for != Some(g.key) {
             return Err(Error::Cuda {
@@ -419,5 +562,73 @@ fn load_module(dir: &str, stem: &str) -> Result<Module> {
             names.push(CStr::from_ptr(p).to_string_lossy().into_owned());
         }
         Ok(Module { _lib: lib, launch, names })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{EmuDriver, Stream};
+    use crate::backend::cuda::driver::Driver;
+
+    fn two_streams() -> (EmuDriver, Stream, Stream, u64) {
+        let d = EmuDriver::new(0, String::new());
+        let copy = d.new_stream().unwrap();
+        let p = d.malloc(1024).unwrap().unwrap();
+        (d, Stream(0), copy, p)
+    }
+
+    /// A buffer the compute stream filled, written by the copy stream with
+    /// nothing ordering the two, is the race an H200 showed (the fill landed
+    /// after the copy): refused, naming both streams.
+    #[test]
+    fn a_write_on_another_stream_without_an_event_is_a_race() {
+        let (d, compute, copy, p) = two_streams();
+        // SAFETY: `p` holds 1024 bytes.
+        unsafe { d.memset_d8(p, 0xFF, 1024, compute) }.unwrap();
+        // SAFETY: as above.
+        let e = unsafe { d.htod(p, &[1u8; 64], copy) }.unwrap_err().to_string();
+        assert!(e.contains("stream-order race") && e.contains("on stream 1") && e.contains("stream 0 touched"), "{e}");
+    }
+
+    /// An event recorded after the use and waited for orders the two; so
+    /// does the host having seen the work complete. Each direction counts.
+    #[test]
+    fn an_event_or_a_host_synchronisation_orders_the_streams() {
+        let (d, compute, copy, p) = two_streams();
+        // SAFETY: `p` holds 1024 bytes in every call below.
+        unsafe { d.memset_d8(p, 0, 1024, compute) }.unwrap();
+        let ev = d.record_event(compute).unwrap();
+        d.stream_wait_event(copy, &ev).unwrap();
+        unsafe { d.htod(p, &[1u8; 64], copy) }.unwrap();
+        // The compute stream reading the copy's result before waiting for it: a race.
+        let e = unsafe { d.dtod(p + 512, p, 64, compute) }.unwrap_err().to_string();
+        assert!(e.contains("stream-order race") && e.contains("on stream 0"), "{e}");
+        let copied = d.record_event(copy).unwrap();
+        d.stream_wait_event(compute, &copied).unwrap();
+        unsafe { d.dtod(p + 512, p, 64, compute) }.unwrap();
+        // The host saw the compute stream finish: the copy stream may write.
+        d.synchronize(compute).unwrap();
+        unsafe { d.htod(p, &[2u8; 64], copy) }.unwrap();
+        // A completed query counts as well; an event recorded before the
+        // last use does not.
+        let early = d.record_event(copy).unwrap();
+        unsafe { d.htod(p, &[3u8; 64], copy) }.unwrap();
+        d.stream_wait_event(compute, &early).unwrap();
+        assert!(unsafe { d.memset_d8(p, 0, 8, compute) }.is_err(), "an event recorded before the copy does not order it");
+        let late = d.record_event(copy).unwrap();
+        assert!(d.event_query(&late).unwrap());
+        unsafe { d.memset_d8(p, 0, 8, compute) }.unwrap();
+    }
+
+    /// Work on one stream needs no event, and other buffers are not affected.
+    #[test]
+    fn one_stream_is_ordered_by_itself() {
+        let (d, compute, copy, p) = two_streams();
+        let q = d.malloc(256).unwrap().unwrap();
+        for _ in 0..3 {
+            // SAFETY: `p` holds 1024 bytes, `q` 256.
+            unsafe { d.memset_d8(p, 1, 1024, compute) }.unwrap();
+            unsafe { d.htod(q, &[1u8; 256], copy) }.unwrap();
+        }
     }
 }
