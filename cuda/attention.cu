@@ -41,8 +41,10 @@
 // tensor-core (wmma) variant is future work. Shared memory: at most 42 KiB
 // static per block (dq, f32), no register spills (ptxas, sm_90).
 //
-// Status: checked on the emulator only (tests/cuda_attention.rs); it has
-// not run on a real GPU, so the attention fusion stays off by default.
+// Status: passed tests/cuda_attention.rs on an H200 (2026-12-04), and
+// racecheck found no hazard; there it is 2.2x slower than the composition
+// (scalar tiles against cuBLAS), so the attention fusion stays off by
+// default until the tensor-core variant beats it (cuda/README.md).
 #include "nn_common.cuh"
 
 #include "philox.cuh"

@@ -7,8 +7,9 @@
 //! chosen by `ASRFORGE_FUSION=all|none|attention,convmodule,norm,loss` or
 //! the config key `fusion:` (the same words; the environment wins, as for
 //! every `ASRFORGE_*` switch). The default is `none`: a fused kernel becomes
-//! the default only once it has passed on a real GPU (cuda/README.md lists
-//! which have).
+//! the default only once it has passed on a real GPU and is faster there
+//! than its composition (cuda/README.md lists which have passed and what
+//! they measured).
 
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU32, Ordering};
