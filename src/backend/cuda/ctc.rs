@@ -53,7 +53,14 @@ fn ctc_loss_any(
         return Err(Error::invalid("ctc_loss", format!("expected {n} log-probs and {} targets for {d:?}, got {} and {}", d.b * d.s, lp.len(), targets.len())));
     }
     let dev = lp.device();
-    let grad = if want_grad { Some(dev.alloc(dt, n)?) } else { None };
+    // The unfused kernel writes only the occupied (t, k): the rest of the
+    // gradient is a memset, not B blocks writing B·T·V zeros (cuda/ctc.cu);
+    // the fused path's ctc_lse_rows writes every element.
+    let grad = match (want_grad, fused) {
+        (false, _) => None,
+        (true, false) => Some(dev.zeros(dt, n)?),
+        (true, true) => Some(dev.alloc(dt, n)?),
+    };
     if d.b == 0 {
         return Ok((dev.alloc(DType::F64, 0)?, grad));
     }
@@ -80,7 +87,7 @@ fn ctc_loss_any(
         let rows = d.b * d.t;
         let lse = dev.alloc(DType::F64, rows.max(1))?;
         if rows > 0 && d.v > 0 {
-            kernels::ctc::ctc_lse_rows(dev, dt, LaunchConfig::rows(rows, THREADS), lp, &lse, rows as i64, v)?;
+            kernels::ctc::ctc_lse_rows(dev, dt, LaunchConfig::rows(rows, THREADS), lp, &lse, g, &ils, t, rows as i64, v, want)?;
         }
         kernels::ctc::ctc_loss_fused(dev, dt, cfg, lp, &lse, &tg, &ils, &tls, &alpha, &beta, &nll, g, nb, t, v, sm, blank, want)?;
     } else {
