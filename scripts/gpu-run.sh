@@ -26,8 +26,10 @@
 # packed into $OUT/logs.tgz with $OUT/summary.txt (the device tool returns
 # at most 8 files). BUDGET (seconds, default 420) bounds the whole: each
 # section checks what is left and says NOT RUN for what did not fit.
-# SECTIONS (default "ceil tests train pytorch profile fusion nccl") picks
-# sections; TESTS (default all staged) names test binaries to run.
+# SECTIONS (default "ceil tests train pytorch profile fusion nccl bisect
+# sanitize bench") picks sections; TESTS (default all staged) names test
+# binaries to run; DTYPES, FUSION_DTYPES, BENCH_FILTER (a criterion filter),
+# SANITIZE_SPECS ("tool kernel-substring;..."), SANITIZE_FUSION narrow them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -d .device ] || cd ..   # also runs as .device/gpu-run.sh
@@ -43,7 +45,7 @@ rm -rf "$LOG"
 mkdir -p "$LOG"
 START=$(date +%s)
 BUDGET=${BUDGET:-420}
-SECTIONS=${SECTIONS:-ceil tests train pytorch profile fusion nccl}
+SECTIONS=${SECTIONS:-ceil tests train pytorch profile fusion nccl bisect sanitize bench}
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 pack() {
@@ -143,7 +145,7 @@ fi
 # --- 3. training ------------------------------------------------------------
 field() { grep -o "$1=[^ ]*" <<<"$2" | head -1 | cut -d= -f2; }
 declare -a RROWS TPROWS PTROWS
-for dt in fp32 tf32 fp16 bf16; do
+for dt in ${DTYPES:-fp32 tf32 fp16 bf16}; do
     want train || break
     if [ "$(left)" -lt 60 ]; then RROWS+=("$dt NOT RUN (out of time)"); continue; fi
     # tf32: f32 training with TF32 tensor cores allowed for the products.
@@ -209,7 +211,7 @@ g = dict(w.split("=", 1) for w in head.split()[1:] if "=" in w)
 s = dict(w.split("=", 1) for w in steady.split() if "=" in w)
 def get(d, k):
     return d.get(k, "-")
-print(f"{dt:<5} {get(g,'frames_per_s'):>10} {get(g,'step_ms_median'):>9} {get(g,'peak_mib'):>9} {get(s,'launches'):>9} {get(s,'gemms'):>7} {get(s,'lt_heuristics'):>6} {get(s,'host_syncs'):>6} {get(s,'driver_allocs'):>7}")
+print(f"{dt:<5} {get(g,'frames_per_s'):>10} {get(g,'step_ms_median'):>9} {get(g,'peak_mib'):>9} {get(s,'launches'):>9} {get(s,'gemms'):>7} {get(s,'lt_heuristics'):>6} {get(s,'host_syncs'):>6} {get(s,'host_wait_ms'):>9} {get(s,'driver_allocs'):>7}")
 PY
 )")
 done
@@ -266,7 +268,7 @@ fi
 # frames/s, peak memory, launches and the last loss (equal within the dtype's
 # tolerance is what tests/gpu_profile.rs asserts on the emulator).
 declare -a FROWS
-for dt in fp16 bf16; do
+for dt in ${FUSION_DTYPES:-fp16 bf16}; do
     for f in none all; do
         want fusion || break 2
         if [ "$(left)" -lt 25 ]; then FROWS+=("$dt $f NOT RUN (out of time)"); continue; fi
@@ -278,11 +280,26 @@ dt, f, line = sys.argv[1:4]
 head, _, steady = line.partition("per_step(")
 g = dict(w.split("=", 1) for w in head.split()[1:] if "=" in w)
 s = dict(w.split("=", 1) for w in steady.split() if "=" in w)
-print(f"{dt:<5} {f:<5} {g.get('frames_per_s', 'failed'):>10} {g.get('step_ms_median', '-'):>9} {g.get('peak_mib', '-'):>9} {s.get('launches', '-'):>9} {g.get('last_loss', '-'):>12}")
+print(f"{dt:<5} {f:<5} {g.get('frames_per_s', 'failed'):>10} {g.get('step_ms_median', '-'):>9} {g.get('peak_mib', '-'):>9} {s.get('launches', '-'):>9} {s.get('host_wait_ms', '-'):>8} {g.get('last_loss', '-'):>12}")
 PY
 )")
     done
 done
+
+# --- 4c. optimizer chunk sweep -------------------------------------------------
+# The fused AdamW step's chunk (elements per block, ASRFORGE_MT_CHUNK): the
+# profile's mt_norm and mt_adam times and the step time per size, bf16.
+declare -a MROWS
+if want mtchunk; then
+    for c in ${MT_CHUNKS:-65536 16384 4096}; do
+        if [ "$(left)" -lt 30 ]; then MROWS+=("$c NOT RUN (out of time)"); continue; fi
+        ASRFORGE_MT_CHUNK=$c timeout 60 "$BIN" bench-train --config "$CONFIG" "${OVERRIDES[@]}" --steps 4 --warmup 2 --device cuda --dtype bf16 \
+            --batch_size "$BATCH" --frames "$FRAMES" --profile > "$LOG/mtchunk-$c.txt" 2> "$LOG/mtchunk-$c.log"
+        line=$(grep '^bench-train' "$LOG/mtchunk-$c.txt" | tail -1)
+        fam=$(grep -E '^(optim/mt_|total )' "$LOG/mtchunk-$c.txt" | awk '{printf "%s %s launches %s ms; ", $1, $2, $NF}')
+        MROWS+=("$(printf '%-6s step_ms %s; %s' "$c" "$(field step_ms_median "$line")" "$fam")")
+    done
+fi
 
 # --- 7. fusion bisection -----------------------------------------------------
 # The tiny config in f32 with each fused family alone, and all twice (a
@@ -309,11 +326,12 @@ if want sanitize; then
     if [ -z "$CS" ]; then
         SROWS+=("compute-sanitizer not found")
     else
-        for spec in "racecheck attention" "racecheck ctc" "racecheck label_smoothing" "initcheck attention" "memcheck -"; do
+        IFS=';' read -ra SPECS <<< "${SANITIZE_SPECS:-racecheck attention;racecheck ctc;racecheck label_smoothing;initcheck attention;memcheck -}"
+        for spec in "${SPECS[@]}"; do
             set -- $spec
             if [ "$(left)" -lt 40 ]; then SROWS+=("$spec NOT RUN (out of time)"); continue; fi
             filt=(); [ "$2" != - ] && filt=(--kernel-name "kns=$2")
-            ASRFORGE_FUSION=all timeout 90 "$CS" --tool "$1" "${filt[@]}" --print-limit 20 "$BIN" bench-train --config "$DEV/conf/tiny.yaml" \
+            ASRFORGE_FUSION=${SANITIZE_FUSION:-all} timeout 90 "$CS" --tool "$1" "${filt[@]}" --print-limit 20 "$BIN" bench-train --config "$DEV/conf/tiny.yaml" \
                 --steps 1 --warmup 0 --device cuda --dtype fp32 --batch_size 2 --frames 64 --seed 7 > "$LOG/sanitize-$1-$2.log" 2>&1
             rc=$?
             summ=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|hazard|Uninitialized|Invalid' "$LOG/sanitize-$1-$2.log" | sort | uniq -c | sort -rn | head -3 | tr -s ' ' | tr '\n' ';' | cut -c1-200)
@@ -327,7 +345,7 @@ declare -a KROWS
 if want bench && [ -x "$DEV/benches/gpu_kernels" ]; then
     BLIM=$(( $(left) - 20 )); [ "$BLIM" -gt 150 ] && BLIM=150
     if [ "$BLIM" -gt 30 ]; then
-        (cd /tmp && timeout "$BLIM" "$DEV/benches/gpu_kernels" --bench --warm-up-time 0.2 --measurement-time 0.6 --noplot > "$LOG/bench-gpu_kernels.log" 2>&1)
+        (cd /tmp && timeout "$BLIM" "$DEV/benches/gpu_kernels" --bench --warm-up-time 0.2 --measurement-time 0.6 --noplot ${BENCH_FILTER:-} > "$LOG/bench-gpu_kernels.log" 2>&1)
         while IFS= read -r l; do KROWS+=("$l"); done < <(grep -B1 -E '^ +time:' "$LOG/bench-gpu_kernels.log" | grep -vE '^--$' | paste -d' ' - - | sed -E 's/ +time: +/ /; s/ +/ /g' | cut -c1-150)
     else
         KROWS+=("NOT RUN (out of time)")
@@ -348,16 +366,18 @@ fi
     echo "  dtype  asrforge    pytorch  ratio  peak(af)  peak(pt)"
     printf '  %s\n' "${PTROWS[@]:-none}"
     echo "throughput (per steady-state step; tf32 = fp32 with --tf32):"
-    echo "  dtype  frames/s   step_ms  peak_MiB  launches   gemms  lt_heu  syncs  d_alloc"
+    echo "  dtype  frames/s   step_ms  peak_MiB  launches   gemms  lt_heu  syncs  wait_ms  d_alloc   (wait_ms: host time in those syncs per step; near 0 = the host's enqueueing is the bottleneck)"
     printf '  %s\n' "${TPROWS[@]}"
     echo "step profile (bench-train --profile, batch $BATCH x $FRAMES; model_ms is a MODEL, measured_ms from CUDA events):"
     printf '  %s\n' "${PROWS[@]:-none}"
     echo "fusion (ASRFORGE_FUSION=all vs none, 10 steps after 3 warm-up, batch $BATCH x $FRAMES):"
-    echo "  dtype fusion  frames/s   step_ms  peak_MiB  launches    last_loss"
+    echo "  dtype fusion  frames/s   step_ms  peak_MiB  launches  wait_ms    last_loss"
     printf '  %s\n' "${FROWS[@]:-none}"
     echo "NCCL (world size 1 on one GPU; $(cat "$LOG/nccl-info.txt" 2>/dev/null | tr '\n' ' ')):"
     printf '  %s\n' "${NROWS[@]:-none}"
     echo "  not exercised here: several GPUs, a peer's failure under NCCL, the overlap of bucket all-reduces with backward"
+    echo "fused AdamW chunk sweep (bf16, batch $BATCH x $FRAMES; family launches, measured ms):"
+    printf '  %s\n' "${MROWS[@]:-not run}"
     echo "fusion bisection (tiny config, f32, 2 x 64 frames, seed 7; each family alone, all twice):"
     printf '  %s\n' "${BROWS[@]:-not run}"
     echo "compute-sanitizer (one tiny fused f32 step):"

@@ -16,6 +16,10 @@ pub struct Counters {
     /// Calls that made the host wait for the device: explicit synchronisations
     /// and those inside copies to the host and synchronous uploads.
     pub host_syncs: u64,
+    /// Nanoseconds the host spent in those waits: near 0 per step means the
+    /// device had finished before the host asked (the host's enqueueing is
+    /// the bottleneck); close to the step time means the device is.
+    pub host_wait_ns: u64,
     /// Host→device copies and their bytes.
     pub htod_copies: u64,
     /// Bytes copied host→device.
@@ -47,6 +51,7 @@ impl Counters {
             gemms: self.gemms - earlier.gemms,
             lt_heuristics: self.lt_heuristics - earlier.lt_heuristics,
             host_syncs: self.host_syncs - earlier.host_syncs,
+            host_wait_ns: self.host_wait_ns - earlier.host_wait_ns,
             htod_copies: self.htod_copies - earlier.htod_copies,
             htod_bytes: self.htod_bytes - earlier.htod_bytes,
             dtoh_copies: self.dtoh_copies - earlier.dtoh_copies,
@@ -64,11 +69,12 @@ impl Counters {
         let n = n.max(1) as f64;
         let f = |v: u64| v as f64 / n;
         format!(
-            "launches={:.1} gemms={:.1} lt_heuristics={:.1} host_syncs={:.1} htod_copies={:.1} htod_bytes={:.0} dtoh_copies={:.1} dtoh_bytes={:.0} dtod_bytes={:.0} driver_allocs={:.1} pool_reuses={:.1} peak_mib={:.1}",
+            "launches={:.1} gemms={:.1} lt_heuristics={:.1} host_syncs={:.1} host_wait_ms={:.3} htod_copies={:.1} htod_bytes={:.0} dtoh_copies={:.1} dtoh_bytes={:.0} dtod_bytes={:.0} driver_allocs={:.1} pool_reuses={:.1} peak_mib={:.1}",
             f(self.launches),
             f(self.gemms),
             f(self.lt_heuristics),
             f(self.host_syncs),
+            self.host_wait_ns as f64 / 1e6 / n,
             f(self.htod_copies),
             f(self.htod_bytes),
             f(self.dtoh_copies),
@@ -89,6 +95,7 @@ pub(crate) struct CounterCells {
     pub gemms: AtomicU64,
     pub lt_heuristics: AtomicU64,
     pub host_syncs: AtomicU64,
+    pub host_wait_ns: AtomicU64,
     pub htod_copies: AtomicU64,
     pub htod_bytes: AtomicU64,
     pub dtoh_copies: AtomicU64,
@@ -113,6 +120,7 @@ impl CounterCells {
             gemms: g(&self.gemms),
             lt_heuristics: g(&self.lt_heuristics),
             host_syncs: g(&self.host_syncs),
+            host_wait_ns: g(&self.host_wait_ns),
             htod_copies: g(&self.htod_copies),
             htod_bytes: g(&self.htod_bytes),
             dtoh_copies: g(&self.dtoh_copies),

@@ -132,6 +132,15 @@ const MT_WORDS: usize = 3 + 5 * MT_TENSORS + MT_CHUNKS;
 /// Elements per chunk of the fused step by default (one block each).
 pub const FUSED_CHUNK: usize = 1 << 16;
 
+/// The fused step's chunk: `ASRFORGE_MT_CHUNK` (elements, a positive
+/// number; read once) when set, for measuring other sizes on a GPU
+/// (scripts/gpu-run.sh), else [`FUSED_CHUNK`]. Results do not depend on it
+/// except the global norm's summation order.
+pub fn fused_chunk() -> usize {
+    static CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CHUNK.get_or_init(|| std::env::var("ASRFORGE_MT_CHUNK").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&c| c > 0).unwrap_or(FUSED_CHUNK))
+}
+
 /// One parameter of the fused step: the parameter, its gradient and its
 /// two moments, all of one float dtype and length, on one GPU.
 pub struct FusedSlot<'a> {
@@ -148,13 +157,13 @@ pub struct FusedOptions {
     pub inv_scale: Option<f64>,
     /// Clip the global gradient norm to this (`grad_clip`).
     pub max_norm: Option<f64>,
-    /// Elements per chunk (one block each); [`FUSED_CHUNK`] unless testing.
+    /// Elements per chunk (one block each); [`fused_chunk`] unless testing.
     pub chunk: usize,
 }
 
 impl Default for FusedOptions {
     fn default() -> Self {
-        FusedOptions { inv_scale: None, max_norm: None, chunk: FUSED_CHUNK }
+        FusedOptions { inv_scale: None, max_norm: None, chunk: fused_chunk() }
     }
 }
 

@@ -502,12 +502,18 @@ impl Seam {
     /// Counted host synchronisation with a stream.
     pub(crate) fn synchronize(&self, s: Stream) -> Result<()> {
         self.counts.add(&self.counts.host_syncs, 1);
-        self.drv.synchronize(s)
+        let t = std::time::Instant::now();
+        let r = self.drv.synchronize(s);
+        self.counts.add(&self.counts.host_wait_ns, t.elapsed().as_nanos() as u64);
+        r
     }
     /// Counted host wait for an event.
     pub(crate) fn event_synchronize(&self, e: &Event) -> Result<()> {
         self.counts.add(&self.counts.host_syncs, 1);
-        self.drv.event_synchronize(e)
+        let t = std::time::Instant::now();
+        let r = self.drv.event_synchronize(e);
+        self.counts.add(&self.counts.host_wait_ns, t.elapsed().as_nanos() as u64);
+        r
     }
     /// Waits on the host for an event only if its work has not finished:
     /// an event already complete costs no wait and is not counted.
