@@ -554,6 +554,81 @@ fn host_divisors_divide_exactly() {
     assert!(FastDiv::new("test", 0).is_err() && FastDiv::new("test", (1 << 31) + 1).is_err());
 }
 
+/// conv2d's image copies by both index widths (`_u32` kernels, 64-bit)
+/// against their definitions, written out here: im2col gathers
+/// cols[b, (c, i, j), (oy, ox)] = x[b, c, oy·s + i − pad, ox·s + j − pad]
+/// (0 outside the image) and col2im, its adjoint, sums every column entry
+/// back into the pixel it came from. Several strides, pads and kernel
+/// sizes (taps that skip pixels, windows that overhang), four dtypes,
+/// grids that wrap the capped grid; the two widths agree bit for bit.
+#[test]
+fn im2col_and_col2im_by_both_index_widths_match_their_definitions() {
+    use asrforge::backend::cpu::conv::Conv2d;
+    use asrforge::backend::cuda::{conv, fastdiv::IndexWidth};
+    use asrforge::backend::Storage;
+    let Some(dev) = gpu("im2col_and_col2im_by_both_index_widths_match_their_definitions") else { return };
+    let seed = fresh_seed();
+    let mut rng = Rng::new(seed);
+    for (b, ci, h, w, k, stride, pad) in [(2, 3, 37, 23, 3, 2, 0), (1, 2, 19, 31, 5, 3, 1), (3, 1, 11, 9, 3, 1, 2), (2, 4, 40, 17, 2, 2, 1)] {
+        let g = Conv2d { b, ci, h, w, co: 1, kh: k, kw: k, stride, pad };
+        let (ho, wo) = g.out_hw();
+        let x = rng.normal(b * ci * h * w);
+        let c = rng.normal(b * ci * k * k * ho * wo);
+        // The definition: (column entry, pixel) for every tap inside the image.
+        let mut taps = Vec::new();
+        for bi in 0..b {
+            for ch in 0..ci {
+                for i in 0..k {
+                    for j in 0..k {
+                        for oy in 0..ho {
+                            for ox in 0..wo {
+                                let (y, xx) = ((oy * stride + i) as i64 - pad as i64, (ox * stride + j) as i64 - pad as i64);
+                                if y >= 0 && xx >= 0 && (y as usize) < h && (xx as usize) < w {
+                                    let e = ((bi * ci + ch) * k * k + i * k + j) * ho * wo + oy * wo + ox;
+                                    taps.push((e, ((bi * ci + ch) * h + y as usize) * w + xx as usize));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(pad == 0 || taps.len() < c.len(), "{g:?}: with padding some windows overhang the image");
+        for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+            let xg = common::tensor(&x, &[x.len()], dt, &Device::Cpu).to_device(&dev).unwrap();
+            let cg = common::tensor(&c, &[c.len()], dt, &Device::Cpu).to_device(&dev).unwrap();
+            let (sx, sc) = (xg.storage(), cg.storage());
+            let (Storage::Cuda(cx), Storage::Cuda(cc)) = (&*sx, &*sc) else { panic!("device tensors") };
+            // The inputs as the device holds them (rounded to dt).
+            let (xr, cr) = (cx.to_cpu().unwrap().to_f64_vec(), cc.to_cpu().unwrap().to_f64_vec());
+            let mut want_cols = vec![0.0; c.len()];
+            let mut want_gx = vec![0.0; x.len()];
+            for &(e, at) in &taps {
+                want_cols[e] = xr[at];
+                want_gx[at] += cr[e];
+            }
+            // col2im sums at most k·k rounded entries in the accumulation type, rounded once.
+            let tol = match dt {
+                DType::F64 => 1e-12,
+                DType::F32 => 1e-6,
+                DType::BF16 => 8e-3,
+                _ => 1e-3,
+            };
+            let mut outs = Vec::new();
+            for width in [IndexWidth::Auto, IndexWidth::Wide] {
+                let cols = conv::im2col_with(cx, &g, width).unwrap().to_cpu().unwrap().to_f64_vec();
+                let gx = conv::col2im_with(cc, &g, width).unwrap().to_cpu().unwrap().to_f64_vec();
+                assert!(cols == want_cols, "im2col {dt:?} {width:?} of {g:?}: not the input's copy (seed {seed})");
+                for (e, (&got, &want)) in gx.iter().zip(&want_gx).enumerate() {
+                    assert!((got - want).abs() <= tol * (1.0 + want.abs()), "col2im {dt:?} {width:?} pixel {e} of {g:?}: {got} vs {want} (seed {seed})");
+                }
+                outs.push((cols, gx));
+            }
+            assert!(outs[0] == outs[1], "{dt:?} {g:?}: the u32 and 64-bit kernels differ (seed {seed})");
+        }
+    }
+}
+
 /// The copy kernels by both index widths (u32 with host divisors, 64-bit)
 /// equal the CPU's copies bit for bit, on shapes whose launches wrap the
 /// capped grid, with size-1 dims (merged away on the u32 path).

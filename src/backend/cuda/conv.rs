@@ -2,6 +2,7 @@
 //! Depthwise conv1d (channels last) runs in its own kernels; conv2d is im2col here plus a
 //! cuBLAS product in the op layer, and col2im for the input gradient.
 
+use super::fastdiv::IndexWidth;
 use super::kernels::conv as kc;
 use super::nn_common::{elems, expect_dtype, expect_len, rows, same, u32_arg, FLOATS};
 use super::CudaStorage;
@@ -89,6 +90,12 @@ fn geom_args(op: &'static str, g: &Conv2d) -> Result<[u32; 10]> {
 
 /// The columns of a conv2d: (B, Ci·kh·kw, Ho·Wo), zero where the window leaves the image.
 pub fn im2col(x: &CudaStorage, g: &Conv2d) -> Result<CudaStorage> {
+    im2col_with(x, g, IndexWidth::Auto)
+}
+
+/// [`im2col`] with the index width chosen by the caller (`_u32` kernels
+/// when every index fits below 2^31 under `Auto`; tests compare the two).
+pub fn im2col_with(x: &CudaStorage, g: &Conv2d, width: IndexWidth) -> Result<CudaStorage> {
     let op = "im2col";
     expect_dtype(op, x, FLOATS)?;
     expect_len(op, "the input (B, Ci, H, W)", x, g.b * g.ci * g.h * g.w)?;
@@ -98,7 +105,8 @@ pub fn im2col(x: &CudaStorage, g: &Conv2d) -> Result<CudaStorage> {
     let cols = dev.alloc(x.dtype(), n)?;
     let [b, ci, h, w, kh, kw, stride, pad, ho, wo] = geom_args(op, g)?;
     if n > 0 {
-        kc::im2col(dev, x.dtype(), elems(n), x, &cols, b, ci, h, w, kh, kw, stride, pad, ho, wo)?;
+        let f = if width.use_u32(&[x.len(), n]) { kc::im2col_u32 } else { kc::im2col };
+        f(dev, x.dtype(), elems(n), x, &cols, b, ci, h, w, kh, kw, stride, pad, ho, wo)?;
     }
     Ok(cols)
 }
@@ -106,6 +114,11 @@ pub fn im2col(x: &CudaStorage, g: &Conv2d) -> Result<CudaStorage> {
 /// The adjoint of [`im2col`]: column gradients (B, Ci·kh·kw, Ho·Wo) summed
 /// back into the input image (B, Ci, H, W).
 pub fn col2im(cols: &CudaStorage, g: &Conv2d) -> Result<CudaStorage> {
+    col2im_with(cols, g, IndexWidth::Auto)
+}
+
+/// [`col2im`] with the index width chosen by the caller.
+pub fn col2im_with(cols: &CudaStorage, g: &Conv2d, width: IndexWidth) -> Result<CudaStorage> {
     let op = "col2im";
     expect_dtype(op, cols, FLOATS)?;
     let (ho, wo) = g.out_hw();
@@ -115,7 +128,8 @@ pub fn col2im(cols: &CudaStorage, g: &Conv2d) -> Result<CudaStorage> {
     let gx = dev.alloc(cols.dtype(), n)?;
     let [b, ci, h, w, kh, kw, stride, pad, ho, wo] = geom_args(op, g)?;
     if n > 0 {
-        kc::col2im(dev, cols.dtype(), elems(n), cols, &gx, b, ci, h, w, kh, kw, stride, pad, ho, wo)?;
+        let f = if width.use_u32(&[cols.len(), n]) { kc::col2im_u32 } else { kc::col2im };
+        f(dev, cols.dtype(), elems(n), cols, &gx, b, ci, h, w, kh, kw, stride, pad, ho, wo)?;
     }
     Ok(gx)
 }
