@@ -62,10 +62,10 @@ __device__ void conv1d_depthwise_bwd_input(const T* __restrict__ w, const T* __r
 
 // Weight and bias gradients in one launch: a block per (tap kk, group of 32
 // channels) (kk = K: the bias), its NN_BLOCK threads as 32 channel lanes x
-// DW_ROWS row lanes. Row lane ly sums the (b, t) terms j = ly, ly + DW_ROWS,
-// ... in order (each warp reads 32 consecutive channels of one frame), then
-// lane 0 adds the DW_ROWS partial sums in order: a fixed order, reproducible
-// bits, no atomics.
+// DW_ROWS row lanes. Row lane ly sums, sequence after sequence, the frames
+// ly, ly + DW_ROWS, ... of the tap's valid range in order (each warp reads 32
+// consecutive channels of one frame), then lane 0 adds the DW_ROWS partial
+// sums in order: a fixed order, reproducible bits, no atomics.
 #define DW_ROWS (NN_BLOCK / 32)
 template <typename T>
 __device__ void conv1d_depthwise_bwd_weight(const T* __restrict__ x, const T* __restrict__ gy, T* __restrict__ gw,
@@ -88,9 +88,17 @@ __device__ void conv1d_depthwise_bwd_weight(const T* __restrict__ x, const T* __
                 const size_t lo = lo0 > 0 ? (size_t)lo0 : 0;
                 const size_t hi = hi0 < (long long)to ? (hi0 > 0 ? (size_t)hi0 : 0) : to;
                 const size_t span = hi > lo ? hi - lo : 0;
-                for (size_t j = ly; j < (size_t)b * span; j += DW_ROWS) {
-                    const size_t bi = j / span, ot = lo + j % span;
-                    s += Num<T>::to(gy[(bi * to + ot) * c + ch]) * Num<T>::to(x[(bi * t + ot + kk - pad) * c + ch]);
+                // Row lane ly takes frames lo + ly, lo + ly + DW_ROWS, ... of
+                // each sequence in turn: no division per term (the 64-bit
+                // j / span, j % span of a flat index made this kernel 1.4 ms
+                // of a 33 ms bf16 step on an H200 for 24 MB read).
+                if (span > 0) {
+                    for (uint32_t bi = 0; bi < b; ++bi) {
+                        const T* gb = gy + (size_t)bi * to * c + ch;
+                        const T* xb = x + (size_t)bi * t * c + ch;
+                        for (size_t ot = lo + ly; ot < hi; ot += DW_ROWS)
+                            s += Num<T>::to(gb[ot * c]) * Num<T>::to(xb[(ot + kk - pad) * c]);
+                    }
                 }
             }
         }
