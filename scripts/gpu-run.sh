@@ -26,9 +26,9 @@
 # packed into $OUT/logs.tgz with $OUT/summary.txt (the device tool returns
 # at most 8 files). BUDGET (seconds, default 420) bounds the whole: each
 # section checks what is left and says NOT RUN for what did not fit.
-# SECTIONS (default "ceil tests train pytorch profile fusion nccl bisect
-# sanitize bench") picks sections; TESTS (default all staged) names test
-# binaries to run; DTYPES, FUSION_DTYPES, BENCH_FILTER (a criterion filter),
+# SECTIONS (default "ceil tests train pytorch profile fusion sweep nccl
+# bisect sanitize bench") picks sections; TESTS (default all staged) names test
+# binaries to run; DTYPES, FUSION_DTYPES, SWEEPS ("VAR=value ..."), BENCH_FILTER (a criterion filter),
 # SANITIZE_SPECS ("tool kernel-substring;..."), SANITIZE_FUSION narrow them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +45,7 @@ rm -rf "$LOG"
 mkdir -p "$LOG"
 START=$(date +%s)
 BUDGET=${BUDGET:-420}
-SECTIONS=${SECTIONS:-ceil tests train pytorch profile fusion nccl bisect sanitize bench}
+SECTIONS=${SECTIONS:-ceil tests train pytorch profile fusion sweep nccl bisect sanitize bench}
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 pack() {
@@ -286,18 +286,21 @@ PY
     done
 done
 
-# --- 4c. optimizer chunk sweep -------------------------------------------------
-# The fused AdamW step's chunk (elements per block, ASRFORGE_MT_CHUNK): the
-# profile's mt_norm and mt_adam times and the step time per size, bf16.
+# --- 4c. launch-shape sweeps -----------------------------------------------------
+# Knobs that set how many blocks a kernel family runs, read once per
+# process: the fused AdamW chunk (ASRFORGE_MT_CHUNK, elements per block) and
+# layer norm's backward rows per block (ASRFORGE_LN_CHUNK). Per value: the
+# bf16 step time and the profile's measured ms of the families it moves.
 declare -a MROWS
-if want mtchunk; then
-    for c in ${MT_CHUNKS:-65536 16384 4096}; do
-        if [ "$(left)" -lt 30 ]; then MROWS+=("$c NOT RUN (out of time)"); continue; fi
-        ASRFORGE_MT_CHUNK=$c timeout 60 "$BIN" bench-train --config "$CONFIG" "${OVERRIDES[@]}" --steps 4 --warmup 2 --device cuda --dtype bf16 \
-            --batch_size "$BATCH" --frames "$FRAMES" --profile > "$LOG/mtchunk-$c.txt" 2> "$LOG/mtchunk-$c.log"
-        line=$(grep '^bench-train' "$LOG/mtchunk-$c.txt" | tail -1)
-        fam=$(grep -E '^(optim/mt_|total )' "$LOG/mtchunk-$c.txt" | awk '{printf "%s %s launches %s ms; ", $1, $2, $NF}')
-        MROWS+=("$(printf '%-6s step_ms %s; %s' "$c" "$(field step_ms_median "$line")" "$fam")")
+if want sweep; then
+    for spec in ${SWEEPS:-ASRFORGE_MT_CHUNK=65536 ASRFORGE_MT_CHUNK=16384 ASRFORGE_MT_CHUNK=4096 ASRFORGE_LN_CHUNK=64 ASRFORGE_LN_CHUNK=16 ASRFORGE_LN_CHUNK=8}; do
+        if [ "$(left)" -lt 30 ]; then MROWS+=("$spec NOT RUN (out of time)"); continue; fi
+        env "$spec" timeout 60 "$BIN" bench-train --config "$CONFIG" "${OVERRIDES[@]}" --steps 4 --warmup 2 --device cuda --dtype bf16 \
+            --batch_size "$BATCH" --frames "$FRAMES" --profile > "$LOG/sweep-$spec.txt" 2> "$LOG/sweep-$spec.log"
+        line=$(grep '^bench-train' "$LOG/sweep-$spec.txt" | tail -1)
+        # The GPU table's rows and its total (7 columns; the op table has its own total line).
+        fam=$(awk '(/^(optim\/mt_|norm\/layer_norm_bwd)/ || /^total /) && NF == 7 {printf "%s %s launches %s ms; ", $1, $2, $NF}' "$LOG/sweep-$spec.txt")
+        MROWS+=("$(printf '%-24s step_ms %s; %s' "$spec" "$(field step_ms_median "$line")" "$fam")")
     done
 fi
 
@@ -376,7 +379,7 @@ fi
     echo "NCCL (world size 1 on one GPU; $(cat "$LOG/nccl-info.txt" 2>/dev/null | tr '\n' ' ')):"
     printf '  %s\n' "${NROWS[@]:-none}"
     echo "  not exercised here: several GPUs, a peer's failure under NCCL, the overlap of bucket all-reduces with backward"
-    echo "fused AdamW chunk sweep (bf16, batch $BATCH x $FRAMES; family launches, measured ms):"
+    echo "launch-shape sweeps (bf16, batch $BATCH x $FRAMES; family, launches, measured ms):"
     printf '  %s\n' "${MROWS[@]:-not run}"
     echo "fusion bisection (tiny config, f32, 2 x 64 frames, seed 7; each family alone, all twice):"
     printf '  %s\n' "${BROWS[@]:-not run}"

@@ -15,6 +15,17 @@ use crate::error::{Error, Result};
 /// chunk's rows and the chunk's partial row of the weight and bias sums.
 const LN_CHUNK: usize = 64;
 
+/// Rows per block of layer norm's backward pass 1: `ASRFORGE_LN_CHUNK`
+/// (read once; for measuring other sizes on a GPU, scripts/gpu-run.sh)
+/// or [`LN_CHUNK`]. Fewer rows per block run more blocks (at 2048 rows
+/// the default fills 32 of an H200's 132 SMs) but give pass 2 more partial
+/// rows to add; results depend on it only through gw's and gb's summation
+/// order.
+fn ln_chunk() -> usize {
+    static CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CHUNK.get_or_init(|| std::env::var("ASRFORGE_LN_CHUNK").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&c| c > 0).unwrap_or(LN_CHUNK))
+}
+
 /// A layer-norm parameter or statistic: on x's GPU, of x's parameter dtype, `len` long.
 fn ln_param(op: &'static str, what: &str, x: &CudaStorage, p: &CudaStorage, len: usize) -> Result<()> {
     if p.ordinal() != x.ordinal() {
@@ -76,13 +87,14 @@ pub fn layer_norm_backward(
     let pd = ln_param_dtype(dt);
     let gx = dev.alloc(dt, x.len())?;
     // A chunk of rows per block, one partial row of the sums per chunk.
-    let chunks = r.div_ceil(LN_CHUNK);
+    let chunk = ln_chunk();
+    let chunks = r.div_ceil(chunk);
     let (pw, pb) = (dev.alloc(pd, (chunks * n).max(1))?, dev.alloc(pd, (chunks * n).max(1))?);
     // An absent weight is never read; `mean` stands in for its pointer.
     let (warp, _) = row_launch(n, r);
     let f = if warp { k::layer_norm_bwd_warp } else { k::layer_norm_bwd };
     if !x.is_empty() {
-        f(dev, dt, rows(chunks), x, w.unwrap_or(mean), mean, rstd, g, &gx, &pw, &pb, r as u64, nn, w.is_some() as u32, LN_CHUNK as u32)?;
+        f(dev, dt, rows(chunks), x, w.unwrap_or(mean), mean, rstd, g, &gx, &pw, &pb, r as u64, nn, w.is_some() as u32, chunk as u32)?;
     }
     let (gw, gb) = (dev.alloc(pd, n)?, dev.alloc(pd, n)?);
     // With no rows the final pass writes zeros (an empty sum).
