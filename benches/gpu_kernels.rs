@@ -244,6 +244,19 @@ fn reduce_and_index(c: &mut Criterion) {
             });
         }
     }
+    // The subsampling's second conv2d (3×3, stride 2) at 16 × 512 frames of
+    // 80 mels: x (16, 256, 255, 39), columns (16, 2304, 127·19), f32; the
+    // image copies by both index widths.
+    let g = asrforge::backend::cpu::conv::Conv2d { b: 16, ci: 256, h: 255, w: 39, co: 256, kh: 3, kw: 3, stride: 2, pad: 0 };
+    let (ho, wo) = g.out_hw();
+    let x = Tensor::randn([g.b * g.ci * g.h * g.w], 0.0, 1.0, DType::F32, &mut rng, &gpu).unwrap();
+    let cols = Tensor::randn([g.b * g.ci * 9 * ho * wo], 0.0, 1.0, DType::F32, &mut rng, &gpu).unwrap();
+    let (sx, sc) = (x.storage(), cols.storage());
+    let (Storage::Cuda(cx), Storage::Cuda(cc)) = (&*sx, &*sc) else { return };
+    for (name, w) in [("u32", IndexWidth::Auto), ("i64", IndexWidth::Wide)] {
+        group.bench_function(format!("im2col_16x256x255x39_k3s2_{name}_f32"), |bn| bn.iter(|| sync(cuda::conv::im2col_with(cx, &g, w).unwrap())));
+        group.bench_function(format!("col2im_16x256x255x39_k3s2_{name}_f32"), |bn| bn.iter(|| sync(cuda::conv::col2im_with(cc, &g, w).unwrap())));
+    }
     group.finish();
 }
 
