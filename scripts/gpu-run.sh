@@ -349,7 +349,29 @@ if want bench && [ -x "$DEV/benches/gpu_kernels" ]; then
     BLIM=$(( $(left) - 20 )); [ "$BLIM" -gt 150 ] && BLIM=150
     if [ "$BLIM" -gt 30 ]; then
         (cd /tmp && timeout "$BLIM" "$DEV/benches/gpu_kernels" --bench --warm-up-time 0.2 --measurement-time 0.6 --noplot ${BENCH_FILTER:-} > "$LOG/bench-gpu_kernels.log" 2>&1)
-        while IFS= read -r l; do KROWS+=("$l"); done < <(grep -B1 -E '^ +time:' "$LOG/bench-gpu_kernels.log" | grep -vE '^--$' | paste -d' ' - - | sed -E 's/ +time: +/ /; s/ +/ /g' | cut -c1-150)
+        # Criterion prints a bench's name, then (on that line or the next) its
+        # time, then with a throughput its thrpt line: one row per bench.
+        while IFS= read -r l; do KROWS+=("$l"); done < <(python3 - "$LOG/bench-gpu_kernels.log" <<'PY'
+import re, sys
+name, rows = None, []
+for line in open(sys.argv[1], errors="replace"):
+    line = line.rstrip("\n")
+    m = re.match(r"^(\S+)\s*(time:\s*(\[.*\]))?", line)
+    if m and not line.startswith(("Benchmarking", "Found", "Warning", "WARNING", "Gnuplot", "Testing", "Success")) and "/" in m.group(1):
+        name = m.group(1)
+        if m.group(3):
+            rows.append([name, m.group(3), ""])
+        continue
+    t = re.match(r"^\s+time:\s*(\[.*\])", line)
+    if t and name:
+        rows.append([name, t.group(1), ""])
+    th = re.match(r"^\s+thrpt:\s*(\[.*\])", line)
+    if th and rows:
+        rows[-1][2] = "thrpt " + th.group(1)
+for r in rows:
+    print(" ".join(x for x in r if x)[:170])
+PY
+)
     else
         KROWS+=("NOT RUN (out of time)")
     fi
