@@ -1,7 +1,8 @@
 //! DDP's gradient buckets: parameters grouped, in reverse parameter order
 //! (gradients become ready roughly in reverse, as PyTorch assumes), into
 //! buckets of at most `cap` bytes (a larger parameter gets a bucket of its
-//! own). A bucket travels as one flat buffer of the parameters' dtype: every parameter's gradient
+//! own). A bucket travels as one flat buffer of the parameters' dtype (or
+//! of f16/bf16 with `--fp16_grad_sync`, see [`compress`]): every parameter's gradient
 //! (zeros where it has none) followed by one "used" flag per parameter, so
 //! after the average a parameter no rank computed a gradient for keeps no
 //! gradient, and one some ranks did gets the average over all ranks (the
@@ -250,4 +251,38 @@ pub fn unflatten_on_device(bucket: &Bucket, params: &[(String, Tensor)], flat: &
         }
         Ok(())
     })
+}
+
+/// A reduced-precision copy of a packed bucket for the all-reduce of
+/// `--fp16_grad_sync` (PyTorch's `fp16_compress_hook`, or
+/// `bf16_compress_hook` for `half` = bf16): the gradients divided by
+/// `world` in the bucket's dtype and then rounded once to `half` (dividing
+/// first keeps the sum of the ranks' shares as large as one rank's
+/// gradient, so the sum overflows f16 no sooner than a gradient does; the
+/// average comes out of a plain sum), and the used flags cast unchanged
+/// (0 and 1 are exact in both). Reduce it with `ReduceOp::Sum`: each flag
+/// then counts the ranks that used the parameter, an integer that f16
+/// holds exactly up to 2048 ranks and bf16 up to 256 (a positive sum stays
+/// positive beyond that), and only `> 0` is read. On the bucket's device:
+/// host for a host bucket, the GPU's kernels for a device one.
+pub fn compress(bucket: &Bucket, flat: &Tensor, world: usize, half: DType) -> Result<Tensor> {
+    if !matches!(half, DType::F16 | DType::BF16) {
+        return Err(Error::Msg(format!("ddp: gradient buckets can travel in f16 or bf16, not {half:?}")));
+    }
+    if flat.elem_count() != bucket.numel + bucket.params.len() {
+        return Err(Error::Msg(format!("ddp: a packed bucket has {} elements, expected {}", flat.elem_count(), bucket.numel + bucket.params.len())));
+    }
+    crate::autograd::no_grad(|| {
+        let grads = crate::ops::narrow(flat, 0, 0, bucket.numel)?;
+        let grads = crate::ops::to_dtype(&crate::ops::mul_scalar(&grads, 1.0 / world.max(1) as f64)?, half)?;
+        let used = crate::ops::to_dtype(&crate::ops::narrow(flat, 0, bucket.numel, bucket.params.len())?, half)?;
+        crate::ops::cat(&[&grads, &used], 0)
+    })
+}
+
+/// A bucket reduced in half precision, back in its parameters' dtype
+/// (exact: every f16 and bf16 value is an f32 value).
+pub fn decompress(bucket: &Bucket, params: &[(String, Tensor)], flat: &Tensor) -> Result<Tensor> {
+    let dtype = bucket_dtype(bucket, params)?;
+    crate::autograd::no_grad(|| crate::ops::to_dtype(flat, dtype))
 }
