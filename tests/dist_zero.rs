@@ -14,7 +14,7 @@ use asrforge::dist::{Store, StoreServer, TcpCommunicator};
 use asrforge::engine::deepspeed::parse_deepspeed_config;
 use asrforge::engine::{Ddp, Engine, OptimizerState, SingleProcess, ZeroEngine, ZeroOptions};
 use asrforge::optim::{AdamConfig, GradScaler};
-use asrforge::tensor::Rng;
+use asrforge::tensor::{DType, Rng};
 use asrforge::train::checkpoint::{load_state, save_optimizer_shard, save_state, state_path, TrainState};
 use asrforge::train::Position;
 use asrforge::{Device, Tensor};
@@ -121,6 +121,64 @@ fn zero_1_and_2_equal_ddp_and_one_process_at_3_ranks() {
     let rs = run_ok("zero_1_and_2_equal_ddp_and_one_process_at_3_ranks", 3, &[]);
     check_identical(&rs, 4);
     eprintln!("{}", rs[0].lines_with("REL ").join("\n"));
+}
+
+/// DDP with the bucket all-reduce in f16 and in bf16 (`--fp16_grad_sync`)
+/// against one process with the whole batch and against DDP in f32.
+fn half_sync_worker(w: &Worker, accum: usize) {
+    let (_server, s) = store(w);
+    let run = Run { first_step: 0, steps: 10, accum, clip: CLIP, lr: 0.01 };
+    let mut single = SingleProcess::new(make_params(7), ADAM).expect("single");
+    let single_out = train(&mut single, run, None, &|_, _| {}).expect("single-process run");
+    let want = flat_values(single.parameters());
+    let mut full = Ddp::new(make_params(7), &[], ADAM, comm(&s, w, "f32"), 64).expect("ddp");
+    train(&mut full, run, None, &|_, _| {}).expect("ddp run, f32 all-reduce");
+    let full = flat_values(full.parameters());
+    for half in [DType::F16, DType::BF16] {
+        let ddp = Ddp::new(make_params(7), &[], ADAM, comm(&s, w, half.as_str()), 64).expect("ddp").with_half_grad_sync(Some(half)).expect("half sync");
+        assert_eq!(ddp.grad_sync_dtype(), Some(half));
+        assert!(ddp.stats().lock().unwrap().bucket_numels.len() > 1, "several buckets");
+        let mut ddp = ddp;
+        let outs = train(&mut ddp, run, None, &|_, _| {}).expect("ddp run, half all-reduce");
+        assert!(outs.iter().all(|o| o.grad_norm > CLIP && !o.skipped), "the clip acts and no step is skipped: {outs:?}");
+        // Adam and the clip hide a wrong scale from the parameters; the norm
+        // shows it (a sum instead of an average is off by w − 1 relative).
+        check_half_norms("ddp", half, w.world_size, &outs, &single_out);
+        let got = flat_values(ddp.parameters());
+        check_half_sync("ddp", half, w.world_size, run, ADAM.betas, &got, &want, &full);
+        println!("PARAMS{} {}", half.as_str(), bits(&got));
+    }
+    let bad = Ddp::new(make_params(7), &[], ADAM, comm(&s, w, "f64"), 64).expect("ddp").with_half_grad_sync(Some(DType::F64));
+    let err = bad.err().expect("f64 is not a half type").to_string();
+    assert!(err.contains("expected f16 or bf16") && err.contains("f64"), "{err}");
+}
+
+fn check_half_identical(rs: &[WorkerResult]) {
+    for half in ["f16", "bf16"] {
+        let first = line(&rs[0], &format!("PARAMS{half}"));
+        for r in rs {
+            assert_eq!(line(r, &format!("PARAMS{half}")), first, "{half}: rank {} ends with other parameters than rank 0", r.rank);
+        }
+    }
+    eprintln!("{}", rs[0].lines_with("HALF ").join("\n"));
+}
+
+#[test]
+fn ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks() {
+    if let Some(w) = worker() {
+        half_sync_worker(&w, 2);
+        return;
+    }
+    check_half_identical(&run_ok("ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks", 2, &[]));
+}
+
+#[test]
+fn ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks() {
+    if let Some(w) = worker() {
+        half_sync_worker(&w, 1);
+        return;
+    }
+    check_half_identical(&run_ok("ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks", 3, &[]));
 }
 
 #[test]
