@@ -21,7 +21,7 @@ mod zero_common;
 use asrforge::dist::{Communicator, ReduceOp, Store, StoreServer, TcpCommunicator};
 use asrforge::engine::{Ddp, Engine, SingleProcess, ZeroEngine, ZeroOptions};
 use asrforge::optim::AdamConfig;
-use asrforge::tensor::Device;
+use asrforge::tensor::{DType, Device};
 use dist_common::{run_ok, worker, Worker, WorkerResult};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -216,6 +216,86 @@ fn gpu_ddp_and_zero_equal_one_process_at_3_ranks() {
     }
     let rs = run_ok("gpu_ddp_and_zero_equal_one_process_at_3_ranks", 3, &[]);
     check_engines(&rs, 1);
+}
+
+/// DDP on the device with the bucket all-reduce in f16 and in bf16
+/// (`--fp16_grad_sync`), with host buckets (the TCP communicator's path)
+/// and device buckets (NCCL's path, the cast on the GPU): within the bound
+/// derived from the half type's rounding of one CPU process with the whole
+/// batch, off DDP with the f32 all-reduce by more than f32 rounding, and
+/// with exactly as many host synchronisations as the f32 all-reduce.
+fn half_sync_worker(w: &Worker, accum: usize) {
+    let dev = common::gpu::gpu("half_sync_worker").expect("the parent checked for a GPU");
+    let (_server, s) = store(w);
+    let run = Run { first_step: 0, steps: STEPS, accum, clip: CLIP, lr: 0.01 };
+    let mut single = SingleProcess::new(make_params(7), ADAM).expect("single");
+    let single_out = train(&mut single, run, None, &|_, _| {}).expect("single-process run");
+    let want = flat_values(single.parameters());
+    let seed = 7 + w.rank as u64;
+    for device_buckets in [false, true] {
+        let c = |prefix: &str| -> Box<dyn Communicator> {
+            let prefix = format!("{prefix}-{device_buckets}");
+            if device_buckets {
+                Box::new(DeviceSide(comm(&s, w, &prefix)))
+            } else {
+                comm(&s, w, &prefix)
+            }
+        };
+        let mut full = Ddp::new(device_params(seed, &dev), &[], ADAM, c("f32"), 64).expect("ddp, f32 all-reduce");
+        let before = host_syncs();
+        train(&mut full, run, None, &|_, _| {}).expect("device run, f32 all-reduce");
+        let full_syncs = host_syncs() - before;
+        let full = flat_values(full.parameters());
+        for half in [DType::F16, DType::BF16] {
+            let label = if device_buckets { "ddp-dev" } else { "ddp" };
+            let mut e = Ddp::new(device_params(seed, &dev), &[], ADAM, c(half.as_str()), 64).expect("ddp").with_half_grad_sync(Some(half)).expect("half sync");
+            let before = host_syncs();
+            let outs = train(&mut e, run, None, &|_, _| {}).expect("device run, half all-reduce");
+            let syncs = host_syncs() - before;
+            for (_, p) in e.parameters() {
+                assert_eq!(p.device(), dev, "{label}: parameters stay on the device");
+            }
+            let got = flat_values(e.parameters());
+            check_half_norms(label, half, w.world_size, &outs, &single_out);
+            check_half_sync(label, half, w.world_size, run, ADAM.betas, &got, &want, &full);
+            assert_eq!(syncs, full_syncs, "{label} in {}: host synchronisations in {STEPS} steps vs the f32 all-reduce", half.as_str());
+            println!("PARAMS{label}{} {}", half.as_str(), bits(&got));
+        }
+    }
+}
+
+fn check_half_identical(rs: &[WorkerResult]) {
+    for name in ["ddpf16", "ddpbf16", "ddp-devf16", "ddp-devbf16"] {
+        let first = line(&rs[0], &format!("PARAMS{name}"));
+        for r in rs {
+            assert_eq!(line(r, &format!("PARAMS{name}")), first, "{name}: rank {} ends with other parameters than rank 0", r.rank);
+        }
+    }
+    eprintln!("{}", rs[0].lines_with("HALF ").join("\n"));
+}
+
+#[test]
+fn gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks() {
+    if let Some(w) = worker() {
+        half_sync_worker(&w, 2);
+        return;
+    }
+    if common::gpu::gpu("gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks").is_none() {
+        return;
+    }
+    check_half_identical(&run_ok("gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks", 2, &[]));
+}
+
+#[test]
+fn gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks() {
+    if let Some(w) = worker() {
+        half_sync_worker(&w, 1);
+        return;
+    }
+    if common::gpu::gpu("gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks").is_none() {
+        return;
+    }
+    check_half_identical(&run_ok("gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks", 3, &[]));
 }
 
 /// Lines of the corpus with a one-token transcript (every one fits CTC).
