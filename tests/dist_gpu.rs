@@ -719,3 +719,33 @@ fn nccl_ddp_and_zero2_at_world_1_match_one_process_after_20_steps() {
         assert!(rel < 1e-5, "{name} over NCCL: {rel:e}");
     }
 }
+
+/// `--fp16_grad_sync` over a world-size-1 NCCL communicator on a GPU: the
+/// buckets are cast to f16 / bf16 on the device, all-reduced by NCCL in
+/// that type and cast back, for 20 steps; the parameters stay within the
+/// bound derived from the half type's rounding (`half_sync_bound` at one
+/// rank) of one process on the same GPU, and differ from DDP with the f32
+/// all-reduce (the cast happened). One GPU cannot exercise the sum across
+/// ranks; the emulated tests above do, over TCP.
+#[cfg(feature = "cuda")]
+#[test]
+fn nccl_ddp_half_grad_sync_at_world_1_within_half_rounding_of_one_process() {
+    let Some(dev) = nccl_gpu("nccl_ddp_half_grad_sync_at_world_1_within_half_rounding_of_one_process") else { return };
+    let run = Run { first_step: 0, steps: 20, accum: 2, clip: CLIP, lr: 0.01 };
+    let mut single = SingleProcess::new(device_params(7, &dev), ADAM).unwrap();
+    let single_out = train(&mut single, run, None, &|_, _| {}).unwrap();
+    let want = flat_values(single.parameters());
+    let (_s0, c0) = nccl_world_1(&dev, "f32");
+    let mut full = Ddp::new(device_params(7, &dev), &[], ADAM, Box::new(c0), 64).unwrap();
+    train(&mut full, run, None, &|_, _| {}).unwrap();
+    let full = flat_values(full.parameters());
+    for half in [DType::F16, DType::BF16] {
+        let (_s, c) = nccl_world_1(&dev, half.as_str());
+        let mut ddp = Ddp::new(device_params(7, &dev), &[], ADAM, Box::new(c), 64).unwrap().with_half_grad_sync(Some(half)).unwrap();
+        let outs = train(&mut ddp, run, None, &|_, _| {}).unwrap();
+        let got = flat_values(ddp.parameters());
+        println!("NCCL ddp {} at world size 1, 20 steps: max |Δθ| {:e} from one process on the same GPU", half.as_str(), max_abs(&got, &want));
+        check_half_norms("nccl ddp", half, 1, &outs, &single_out);
+        check_half_sync("nccl ddp", half, 1, run, ADAM.betas, &got, &want, &full);
+    }
+}
