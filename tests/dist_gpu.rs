@@ -94,6 +94,10 @@ fn bits(v: &[f32]) -> String {
     v.iter().map(|x| format!("{:08x}", x.to_bits())).collect::<Vec<_>>().join(",")
 }
 
+fn counters() -> asrforge::backend::cuda::Counters {
+    asrforge::backend::cuda::device(0).expect("cuda:0").counters()
+}
+
 fn host_syncs() -> u64 {
     asrforge::backend::cuda::device(0).expect("cuda:0").counters().host_syncs
 }
@@ -242,23 +246,49 @@ fn half_sync_worker(w: &Worker, accum: usize) {
             }
         };
         let mut full = Ddp::new(device_params(seed, &dev), &[], ADAM, c("f32"), 64).expect("ddp, f32 all-reduce");
-        let before = host_syncs();
+        let before = counters();
         train(&mut full, run, None, &|_, _| {}).expect("device run, f32 all-reduce");
-        let full_syncs = host_syncs() - before;
+        let full_c = counters().since(&before);
         let full = flat_values(full.parameters());
         for half in [DType::F16, DType::BF16] {
             let label = if device_buckets { "ddp-dev" } else { "ddp" };
             let mut e = Ddp::new(device_params(seed, &dev), &[], ADAM, c(half.as_str()), 64).expect("ddp").with_half_grad_sync(Some(half)).expect("half sync");
-            let before = host_syncs();
+            let buckets = e.stats().lock().unwrap().bucket_numels.len() as u64;
+            let before = counters();
             let outs = train(&mut e, run, None, &|_, _| {}).expect("device run, half all-reduce");
-            let syncs = host_syncs() - before;
+            let c = counters().since(&before);
+            println!(
+                "COUNT {label} {} world {}: {buckets} buckets, {STEPS} steps: launches {} (f32 all-reduce {}), device-to-host bytes {} ({}), host syncs {} ({})",
+                half.as_str(),
+                w.world_size,
+                c.launches,
+                full_c.launches,
+                c.dtoh_bytes,
+                full_c.dtoh_bytes,
+                c.host_syncs,
+                full_c.host_syncs
+            );
             for (_, p) in e.parameters() {
                 assert_eq!(p.device(), dev, "{label}: parameters stay on the device");
             }
             let got = flat_values(e.parameters());
             check_half_norms(label, half, w.world_size, &outs, &single_out);
             check_half_sync(label, half, w.world_size, run, ADAM.betas, &got, &want, &full);
-            assert_eq!(syncs, full_syncs, "{label} in {}: host synchronisations in {STEPS} steps vs the f32 all-reduce", half.as_str());
+            assert_eq!(c.host_syncs, full_c.host_syncs, "{label} in {}: host synchronisations in {STEPS} steps vs the f32 all-reduce", half.as_str());
+            // Host buckets come to the host in f32 and are cast there; device
+            // buckets are cast on the device, so the communicator stages 2
+            // bytes instead of 4 per gradient element and used flag.
+            let packed: u64 = e.stats().lock().unwrap().bucket_numels.iter().sum::<usize>() as u64 + e.parameters().len() as u64;
+            let saved = if device_buckets { (STEPS * 2 * packed) as i64 } else { 0 };
+            assert_eq!(
+                full_c.dtoh_bytes as i64 - c.dtoh_bytes as i64,
+                saved,
+                "{label} in {}: device-to-host bytes in {STEPS} steps vs the f32 all-reduce",
+                half.as_str()
+            );
+            if !device_buckets {
+                assert_eq!(c.launches, full_c.launches, "{label} in {}: host buckets are cast on the host", half.as_str());
+            }
             println!("PARAMS{label}{} {}", half.as_str(), bits(&got));
         }
     }
@@ -272,6 +302,7 @@ fn check_half_identical(rs: &[WorkerResult]) {
         }
     }
     eprintln!("{}", rs[0].lines_with("HALF ").join("\n"));
+    eprintln!("{}", rs[0].lines_with("COUNT ").join("\n"));
 }
 
 #[test]
