@@ -162,7 +162,9 @@ impl Ddp {
     }
 
     fn launch(&mut self, b: usize) -> Result<()> {
-        let flat = if self.device_buckets { flatten_on_device(&self.buckets[b], &self.params)? } else { flatten(&self.buckets[b], &self.params)? };
+        // A half-precision bucket carries the world size as its used flag, so that it is exactly 1 after compress's division.
+        let flag = if self.grad_sync.is_some() { self.world as f64 } else { 1.0 };
+        let flat = if self.device_buckets { flatten_on_device(&self.buckets[b], &self.params, flag)? } else { flatten(&self.buckets[b], &self.params, flag)? };
         // In half precision the bucket is pre-divided and summed; else averaged.
         let (flat, op) = match self.grad_sync {
             Some(half) => (compress(&self.buckets[b], &flat, self.world, half)?, ReduceOp::Sum),
