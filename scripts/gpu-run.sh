@@ -247,6 +247,7 @@ else
     "$BIN" info 2>&1 | grep -i '^NCCL' | sed 's/^/info: /' > "$LOG/nccl-info.txt"
     for t in nccl_world_1_collectives_on_f32_f16_bf16 \
              nccl_ddp_and_zero2_at_world_1_match_one_process_after_20_steps \
+             nccl_ddp_half_grad_sync_at_world_1_within_half_rounding_of_one_process \
              gpu_ddp_and_zero_equal_one_process_at_2_ranks; do
         if [ "$(left)" -lt 30 ]; then
             NROWS+=("$(printf '%-62s %s' "$t" 'NOT RUN (out of time)')")

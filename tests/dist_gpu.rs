@@ -21,7 +21,7 @@ mod zero_common;
 use asrforge::dist::{Communicator, ReduceOp, Store, StoreServer, TcpCommunicator};
 use asrforge::engine::{Ddp, Engine, SingleProcess, ZeroEngine, ZeroOptions};
 use asrforge::optim::AdamConfig;
-use asrforge::tensor::Device;
+use asrforge::tensor::{DType, Device};
 use dist_common::{run_ok, worker, Worker, WorkerResult};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -92,6 +92,10 @@ impl Communicator for DeviceSide {
 
 fn bits(v: &[f32]) -> String {
     v.iter().map(|x| format!("{:08x}", x.to_bits())).collect::<Vec<_>>().join(",")
+}
+
+fn counters() -> asrforge::backend::cuda::Counters {
+    asrforge::backend::cuda::device(0).expect("cuda:0").counters()
 }
 
 fn host_syncs() -> u64 {
@@ -216,6 +220,114 @@ fn gpu_ddp_and_zero_equal_one_process_at_3_ranks() {
     }
     let rs = run_ok("gpu_ddp_and_zero_equal_one_process_at_3_ranks", 3, &[]);
     check_engines(&rs, 1);
+}
+
+/// DDP on the device with the bucket all-reduce in f16 and in bf16
+/// (`--fp16_grad_sync`), with host buckets (the TCP communicator's path)
+/// and device buckets (NCCL's path, the cast on the GPU): within the bound
+/// derived from the half type's rounding of one CPU process with the whole
+/// batch, off DDP with the f32 all-reduce by more than f32 rounding, and
+/// with exactly as many host synchronisations as the f32 all-reduce.
+fn half_sync_worker(w: &Worker, accum: usize) {
+    let dev = common::gpu::gpu("half_sync_worker").expect("the parent checked for a GPU");
+    let (_server, s) = store(w);
+    let run = Run { first_step: 0, steps: STEPS, accum, clip: CLIP, lr: 0.01 };
+    let mut single = SingleProcess::new(make_params(7), ADAM).expect("single");
+    let single_out = train(&mut single, run, None, &|_, _| {}).expect("single-process run");
+    let want = flat_values(single.parameters());
+    let seed = 7 + w.rank as u64;
+    for device_buckets in [false, true] {
+        let c = |prefix: &str| -> Box<dyn Communicator> {
+            let prefix = format!("{prefix}-{device_buckets}");
+            if device_buckets {
+                Box::new(DeviceSide(comm(&s, w, &prefix)))
+            } else {
+                comm(&s, w, &prefix)
+            }
+        };
+        let mut full = Ddp::new(device_params(seed, &dev), &[], ADAM, c("f32"), 64).expect("ddp, f32 all-reduce");
+        let before = counters();
+        train(&mut full, run, None, &|_, _| {}).expect("device run, f32 all-reduce");
+        let full_c = counters().since(&before);
+        let full = flat_values(full.parameters());
+        for half in [DType::F16, DType::BF16] {
+            let label = if device_buckets { "ddp-dev" } else { "ddp" };
+            let mut e = Ddp::new(device_params(seed, &dev), &[], ADAM, c(half.as_str()), 64).expect("ddp").with_half_grad_sync(Some(half)).expect("half sync");
+            let buckets = e.stats().lock().unwrap().bucket_numels.len() as u64;
+            let before = counters();
+            let outs = train(&mut e, run, None, &|_, _| {}).expect("device run, half all-reduce");
+            let c = counters().since(&before);
+            println!(
+                "COUNT {label} {} world {}: {buckets} buckets, {STEPS} steps: launches {} (f32 all-reduce {}), device-to-host bytes {} ({}), host syncs {} ({})",
+                half.as_str(),
+                w.world_size,
+                c.launches,
+                full_c.launches,
+                c.dtoh_bytes,
+                full_c.dtoh_bytes,
+                c.host_syncs,
+                full_c.host_syncs
+            );
+            for (_, p) in e.parameters() {
+                assert_eq!(p.device(), dev, "{label}: parameters stay on the device");
+            }
+            let got = flat_values(e.parameters());
+            check_half_norms(label, half, w.world_size, &outs, &single_out);
+            check_half_sync(label, half, w.world_size, run, ADAM.betas, &got, &want, &full);
+            assert_eq!(c.host_syncs, full_c.host_syncs, "{label} in {}: host synchronisations in {STEPS} steps vs the f32 all-reduce", half.as_str());
+            // Host buckets come to the host in f32 and are cast there (no
+            // launch); device
+            // buckets are cast on the device, so the communicator stages 2
+            // bytes instead of 4 per gradient element and used flag.
+            let packed: u64 = e.stats().lock().unwrap().bucket_numels.iter().sum::<usize>() as u64 + e.parameters().len() as u64;
+            let saved = if device_buckets { (STEPS * 2 * packed) as i64 } else { 0 };
+            assert_eq!(
+                full_c.dtoh_bytes as i64 - c.dtoh_bytes as i64,
+                saved,
+                "{label} in {}: device-to-host bytes in {STEPS} steps vs the f32 all-reduce",
+                half.as_str()
+            );
+            // Device buckets: a division and a cast to pack each bucket, a cast to unpack it.
+            let extra = if device_buckets { STEPS * buckets * 3 } else { 0 };
+            assert_eq!(c.launches, full_c.launches + extra, "{label} in {}: kernel launches in {STEPS} steps vs the f32 all-reduce", half.as_str());
+            println!("PARAMS{label}{} {}", half.as_str(), bits(&got));
+        }
+    }
+}
+
+fn check_half_identical(rs: &[WorkerResult]) {
+    for name in ["ddpf16", "ddpbf16", "ddp-devf16", "ddp-devbf16"] {
+        let first = line(&rs[0], &format!("PARAMS{name}"));
+        for r in rs {
+            assert_eq!(line(r, &format!("PARAMS{name}")), first, "{name}: rank {} ends with other parameters than rank 0", r.rank);
+        }
+    }
+    eprintln!("{}", rs[0].lines_with("HALF ").join("\n"));
+    eprintln!("{}", rs[0].lines_with("COUNT ").join("\n"));
+}
+
+#[test]
+fn gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks() {
+    if let Some(w) = worker() {
+        half_sync_worker(&w, 2);
+        return;
+    }
+    if common::gpu::gpu("gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks").is_none() {
+        return;
+    }
+    check_half_identical(&run_ok("gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks", 2, &[]));
+}
+
+#[test]
+fn gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks() {
+    if let Some(w) = worker() {
+        half_sync_worker(&w, 1);
+        return;
+    }
+    if common::gpu::gpu("gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks").is_none() {
+        return;
+    }
+    check_half_identical(&run_ok("gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks", 3, &[]));
 }
 
 /// Lines of the corpus with a one-token transcript (every one fits CTC).
@@ -637,5 +749,35 @@ fn nccl_ddp_and_zero2_at_world_1_match_one_process_after_20_steps() {
         let rel = max_rel(&flat_values(e.parameters()), &want);
         println!("NCCL {name} at world size 1, 20 steps: {rel:e} from one process on the same GPU");
         assert!(rel < 1e-5, "{name} over NCCL: {rel:e}");
+    }
+}
+
+/// `--fp16_grad_sync` over a world-size-1 NCCL communicator on a GPU: the
+/// buckets are cast to f16 / bf16 on the device, all-reduced by NCCL in
+/// that type and cast back, for 20 steps; the parameters stay within the
+/// bound derived from the half type's rounding (`half_sync_bound` at one
+/// rank) of one process on the same GPU, and differ from DDP with the f32
+/// all-reduce (the cast happened). One GPU cannot exercise the sum across
+/// ranks; the emulated tests above do, over TCP.
+#[cfg(feature = "cuda")]
+#[test]
+fn nccl_ddp_half_grad_sync_at_world_1_within_half_rounding_of_one_process() {
+    let Some(dev) = nccl_gpu("nccl_ddp_half_grad_sync_at_world_1_within_half_rounding_of_one_process") else { return };
+    let run = Run { first_step: 0, steps: 20, accum: 2, clip: CLIP, lr: 0.01 };
+    let mut single = SingleProcess::new(device_params(7, &dev), ADAM).unwrap();
+    let single_out = train(&mut single, run, None, &|_, _| {}).unwrap();
+    let want = flat_values(single.parameters());
+    let (_s0, c0) = nccl_world_1(&dev, "f32");
+    let mut full = Ddp::new(device_params(7, &dev), &[], ADAM, Box::new(c0), 64).unwrap();
+    train(&mut full, run, None, &|_, _| {}).unwrap();
+    let full = flat_values(full.parameters());
+    for half in [DType::F16, DType::BF16] {
+        let (_s, c) = nccl_world_1(&dev, half.as_str());
+        let mut ddp = Ddp::new(device_params(7, &dev), &[], ADAM, Box::new(c), 64).unwrap().with_half_grad_sync(Some(half)).unwrap();
+        let outs = train(&mut ddp, run, None, &|_, _| {}).unwrap();
+        let got = flat_values(ddp.parameters());
+        println!("NCCL ddp {} at world size 1, 20 steps: max |Δθ| {:e} from one process on the same GPU", half.as_str(), max_abs(&got, &want));
+        check_half_norms("nccl ddp", half, 1, &outs, &single_out);
+        check_half_sync("nccl ddp", half, 1, run, ADAM.betas, &got, &want, &full);
     }
 }

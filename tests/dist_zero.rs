@@ -14,7 +14,7 @@ use asrforge::dist::{Store, StoreServer, TcpCommunicator};
 use asrforge::engine::deepspeed::parse_deepspeed_config;
 use asrforge::engine::{Ddp, Engine, OptimizerState, SingleProcess, ZeroEngine, ZeroOptions};
 use asrforge::optim::{AdamConfig, GradScaler};
-use asrforge::tensor::Rng;
+use asrforge::tensor::{DType, Rng};
 use asrforge::train::checkpoint::{load_state, save_optimizer_shard, save_state, state_path, TrainState};
 use asrforge::train::Position;
 use asrforge::{Device, Tensor};
@@ -121,6 +121,133 @@ fn zero_1_and_2_equal_ddp_and_one_process_at_3_ranks() {
     let rs = run_ok("zero_1_and_2_equal_ddp_and_one_process_at_3_ranks", 3, &[]);
     check_identical(&rs, 4);
     eprintln!("{}", rs[0].lines_with("REL ").join("\n"));
+}
+
+/// DDP with the bucket all-reduce in f16 and in bf16 (`--fp16_grad_sync`)
+/// against one process with the whole batch and against DDP in f32.
+fn half_sync_worker(w: &Worker, accum: usize) {
+    let (_server, s) = store(w);
+    let run = Run { first_step: 0, steps: 10, accum, clip: CLIP, lr: 0.01 };
+    let mut single = SingleProcess::new(make_params(7), ADAM).expect("single");
+    let single_out = train(&mut single, run, None, &|_, _| {}).expect("single-process run");
+    let want = flat_values(single.parameters());
+    let mut full = Ddp::new(make_params(7), &[], ADAM, comm(&s, w, "f32"), 64).expect("ddp");
+    train(&mut full, run, None, &|_, _| {}).expect("ddp run, f32 all-reduce");
+    let full = flat_values(full.parameters());
+    for half in [DType::F16, DType::BF16] {
+        let ddp = Ddp::new(make_params(7), &[], ADAM, comm(&s, w, half.as_str()), 64).expect("ddp").with_half_grad_sync(Some(half)).expect("half sync");
+        assert_eq!(ddp.grad_sync_dtype(), Some(half));
+        assert!(ddp.stats().lock().unwrap().bucket_numels.len() > 1, "several buckets");
+        let mut ddp = ddp;
+        let outs = train(&mut ddp, run, None, &|_, _| {}).expect("ddp run, half all-reduce");
+        assert!(outs.iter().all(|o| o.grad_norm > CLIP && !o.skipped), "the clip acts and no step is skipped: {outs:?}");
+        // Adam and the clip hide a wrong scale from the parameters; the norm
+        // shows it (a sum instead of an average is off by w − 1 relative).
+        check_half_norms("ddp", half, w.world_size, &outs, &single_out);
+        let got = flat_values(ddp.parameters());
+        check_half_sync("ddp", half, w.world_size, run, ADAM.betas, &got, &want, &full);
+        println!("PARAMS{} {}", half.as_str(), bits(&got));
+    }
+    let bad = Ddp::new(make_params(7), &[], ADAM, comm(&s, w, "f64"), 64).expect("ddp").with_half_grad_sync(Some(DType::F64));
+    let err = bad.err().expect("f64 is not a half type").to_string();
+    assert!(err.contains("expected f16 or bf16") && err.contains("f64"), "{err}");
+}
+
+/// The used flags stay exact when the buckets travel in half precision:
+/// `one` is used by rank 0 only and gets its gradient averaged with the
+/// other ranks' zeros, `none` is used by no rank and gets no gradient at
+/// all (decoupled weight decay, which applies to every parameter with a
+/// gradient, leaves it untouched), `all` is used everywhere. Each in its
+/// own bucket and together in one.
+fn half_sync_flags_worker(w: &Worker) {
+    let (_server, s) = store(w);
+    let adam = AdamConfig { weight_decay: 0.5, decoupled: true, ..ADAM };
+    let world = w.world_size as f64;
+    // Rank 0's gradient of `one` (exact in every dtype); `all`'s gradient on rank r is x·(r + 1).
+    let c = [0.5f32, -1.0, 2.0, 0.375];
+    let x = [0.25f32, -0.5, 1.5];
+    for half in [DType::F16, DType::BF16] {
+        for bucket in [4usize, 1 << 20] {
+            let params = vec![
+                ("all".to_string(), Tensor::from_vec(vec![0.1f32, 0.2, -0.3], vec![3], &Device::Cpu).unwrap().requires_grad_()),
+                ("one".to_string(), Tensor::from_vec(vec![1.0f32, -2.0, 3.0, 0.5], vec![4], &Device::Cpu).unwrap().requires_grad_()),
+                ("none".to_string(), Tensor::from_vec(vec![0.7f32, -0.9], vec![2], &Device::Cpu).unwrap().requires_grad_()),
+            ];
+            let before: Vec<Vec<f32>> = params.iter().map(|(_, p)| p.to_vec::<f32>().unwrap()).collect();
+            let prefix = format!("flags-{}-{bucket}", half.as_str());
+            let mut ddp = Ddp::new(params.clone(), &[], adam, comm(&s, w, &prefix), bucket).expect("ddp").with_half_grad_sync(Some(half)).expect("half sync");
+            let k = |v: &[f32]| Tensor::from_vec(v.to_vec(), vec![v.len()], &Device::Cpu).unwrap();
+            let xr: Vec<f32> = x.iter().map(|v| v * (w.rank + 1) as f32).collect();
+            let mut loss = asrforge::ops::sum_all(&asrforge::ops::mul(&params[0].1, &k(&xr)).unwrap()).unwrap();
+            if w.rank == 0 {
+                loss = asrforge::ops::add(&loss, &asrforge::ops::sum_all(&asrforge::ops::mul(&params[1].1, &k(&c)).unwrap()).unwrap()).unwrap();
+            }
+            ddp.backward(&loss, true).expect("backward");
+            ddp.step(0.01, 0.0, None).expect("step");
+            let st = ddp.optimizer_state().unwrap();
+            let m = |name: &str| st.tensors.iter().find(|(n, _)| *n == format!("{name}.exp_avg")).unwrap().1.to_f64_vec().unwrap();
+            let label = format!("{} bucket {bucket}", half.as_str());
+            // After one step from zero m = (1 − β1)·g, rounded in f32.
+            let grad = |name: &str| m(name).iter().map(|v| v / (1.0 - ADAM.betas.0)).collect::<Vec<f64>>();
+            // The average: rank 0's share c/w rounded once to the half type, plus exact zeros.
+            let u = unit_roundoff(half);
+            for (g, ci) in grad("one").iter().zip(c) {
+                let want = ci as f64 / world;
+                assert!(
+                    (g - want).abs() <= (u + 1e-6) * want.abs(),
+                    "{label}: `one` got {g}, expected {want} = rank 0's gradient / {world} within the half type's rounding"
+                );
+            }
+            // `all`: Σ_r x·(r+1)/w = x·(w+1)/2, within w roundings.
+            for (g, xi) in grad("all").iter().zip(x) {
+                let want = xi as f64 * (world + 1.0) / 2.0;
+                assert!((g - want).abs() <= (world * u + 1e-6) * want.abs(), "{label}: `all` got {g}, expected {want}");
+            }
+            assert_eq!(m("none"), vec![0.0, 0.0], "{label}: `none` has no first moment");
+            let after: Vec<Vec<f32>> = ddp.parameters().iter().map(|(_, p)| p.to_vec::<f32>().unwrap()).collect();
+            assert_eq!(after[2], before[2], "{label}: `none` got no gradient (a zero one would have let weight decay shrink it)");
+            assert!(after[1] != before[1] && after[0] != before[0], "{label}: `one` and `all` were updated");
+            println!("FLAGS {label}: ok");
+        }
+    }
+}
+
+#[test]
+fn ddp_half_grad_sync_keeps_the_used_flags_exact_at_3_ranks() {
+    if let Some(w) = worker() {
+        half_sync_flags_worker(&w);
+        return;
+    }
+    let rs = run_ok("ddp_half_grad_sync_keeps_the_used_flags_exact_at_3_ranks", 3, &[]);
+    assert_eq!(rs[0].lines_with("FLAGS ").len(), 4);
+}
+
+fn check_half_identical(rs: &[WorkerResult]) {
+    for half in ["f16", "bf16"] {
+        let first = line(&rs[0], &format!("PARAMS{half}"));
+        for r in rs {
+            assert_eq!(line(r, &format!("PARAMS{half}")), first, "{half}: rank {} ends with other parameters than rank 0", r.rank);
+        }
+    }
+    eprintln!("{}", rs[0].lines_with("HALF ").join("\n"));
+}
+
+#[test]
+fn ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks() {
+    if let Some(w) = worker() {
+        half_sync_worker(&w, 2);
+        return;
+    }
+    check_half_identical(&run_ok("ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks", 2, &[]));
+}
+
+#[test]
+fn ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks() {
+    if let Some(w) = worker() {
+        half_sync_worker(&w, 1);
+        return;
+    }
+    check_half_identical(&run_ok("ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks", 3, &[]));
 }
 
 #[test]

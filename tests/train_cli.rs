@@ -51,6 +51,28 @@ fn hyphenated_and_repeated_arguments() {
     assert!(Cli::try_parse_from(["train", "--config", "c", "--model_dir", "m", "--train_data", "t", "--cv_data", "v", "--data_type", "tar"]).is_err());
 }
 
+#[test]
+fn fp16_grad_sync_chooses_the_half_type_of_the_ddp_all_reduce() {
+    use asrforge::tensor::DType;
+    use asrforge::train::grad_sync_dtype;
+    let req = "--config c --model_dir m --train_data t --cv_data v";
+    let a = parse(req);
+    assert!(!a.fp16_grad_sync);
+    assert_eq!(grad_sync_dtype(&a).unwrap(), None, "off by default");
+    for (extra, want) in [
+        ("--fp16_grad_sync", DType::F16),
+        ("--fp16-grad-sync --use_amp", DType::F16),
+        ("--fp16_grad_sync --dtype fp16", DType::F16),
+        ("--fp16_grad_sync --dtype bf16", DType::BF16),
+    ] {
+        let a = parse(&format!("{req} {extra}"));
+        assert!(a.fp16_grad_sync, "{extra}");
+        assert_eq!(grad_sync_dtype(&a).unwrap(), Some(want), "{extra}");
+    }
+    let err = grad_sync_dtype(&parse(&format!("{req} --fp16_grad_sync --train_engine deepspeed"))).unwrap_err().to_string();
+    assert!(err.contains("--fp16_grad_sync") && err.contains("torch_ddp") && !err.contains('\n'), "{err}");
+}
+
 fn base(dir: &Path) -> Vec<String> {
     let p = |f: &str| dir.join(f).display().to_string();
     [

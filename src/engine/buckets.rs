@@ -1,7 +1,8 @@
 //! DDP's gradient buckets: parameters grouped, in reverse parameter order
 //! (gradients become ready roughly in reverse, as PyTorch assumes), into
 //! buckets of at most `cap` bytes (a larger parameter gets a bucket of its
-//! own). A bucket travels as one flat buffer of the parameters' dtype: every parameter's gradient
+//! own). A bucket travels as one flat buffer of the parameters' dtype (or
+//! of f16/bf16 with `--fp16_grad_sync`, see [`compress`]): every parameter's gradient
 //! (zeros where it has none) followed by one "used" flag per parameter, so
 //! after the average a parameter no rank computed a gradient for keeps no
 //! gradient, and one some ranks did gets the average over all ranks (the
@@ -43,13 +44,14 @@ pub fn assign_buckets(sizes: &[usize], elem_bytes: usize, cap_bytes: usize) -> V
 /// the gradients are concatenated there (one kernel) and the bucket comes
 /// to the host in one copy: one host synchronisation per bucket, on the
 /// calling thread, once backward has produced every gradient in it.
-pub fn flatten(bucket: &Bucket, params: &[(String, Tensor)]) -> Result<Tensor> {
+/// A used parameter's flag is `flag` (1, or the world size for [`compress`]).
+pub fn flatten(bucket: &Bucket, params: &[(String, Tensor)], flag: f64) -> Result<Tensor> {
     let dev = params[bucket.params[0]].1.device();
     match (bucket_dtype(bucket, params)?, dev) {
-        (DType::F64, Device::Cpu) => flatten_as::<f64>(bucket, params, 1.0),
-        (_, Device::Cpu) => flatten_as::<f32>(bucket, params, 1.0),
-        (DType::F64, dev) => flatten_device::<f64>(bucket, params, &dev, 1.0),
-        (_, dev) => flatten_device::<f32>(bucket, params, &dev, 1.0),
+        (DType::F64, Device::Cpu) => flatten_as::<f64>(bucket, params, flag),
+        (_, Device::Cpu) => flatten_as::<f32>(bucket, params, flag as f32),
+        (DType::F64, dev) => flatten_device::<f64>(bucket, params, &dev, flag),
+        (_, dev) => flatten_device::<f32>(bucket, params, &dev, flag as f32),
     }
 }
 
@@ -174,8 +176,8 @@ fn unflatten_device<T: WithDType + Default + PartialOrd>(bucket: &Bucket, params
 /// A bucket packed on its parameters' GPU (gradients, zeros where none,
 /// then the used flags, uploaded without a host wait), for a communicator
 /// that reduces device buffers where they are (NCCL): nothing crosses to
-/// the host.
-pub fn flatten_on_device(bucket: &Bucket, params: &[(String, Tensor)]) -> Result<Tensor> {
+/// the host. A used parameter's flag is `flag`, as in [`flatten`].
+pub fn flatten_on_device(bucket: &Bucket, params: &[(String, Tensor)], flag: f64) -> Result<Tensor> {
     let dev = params[bucket.params[0]].1.device();
     let dtype = bucket_dtype(bucket, params)?;
     crate::autograd::no_grad(|| {
@@ -189,7 +191,7 @@ pub fn flatten_on_device(bucket: &Bucket, params: &[(String, Tensor)]) -> Result
                 }
                 Some(g) => {
                     parts.push(crate::ops::reshape(&g, [g.elem_count()])?);
-                    used.push(1.0f64);
+                    used.push(flag);
                 }
                 None => {
                     parts.push(Tensor::zeros([p.elem_count()], dtype, &dev)?);
@@ -250,4 +252,34 @@ pub fn unflatten_on_device(bucket: &Bucket, params: &[(String, Tensor)], flat: &
         }
         Ok(())
     })
+}
+
+/// A reduced-precision copy of a packed bucket for the all-reduce of
+/// `--fp16_grad_sync` (PyTorch's `fp16_compress_hook`, or
+/// `bf16_compress_hook` for `half` = bf16), packed with the world size as
+/// its used flags (`flatten(.., world)`): the whole buffer divided by
+/// `world` in the bucket's dtype, then rounded once to `half` (two
+/// launches on a GPU). The gradients become their shares of the average
+/// (dividing before the cast keeps the sum of the shares as large as one
+/// rank's gradient, so it overflows f16 no sooner than a gradient does, and
+/// the average comes out of a plain sum); a flag becomes w·fl(1/w), within
+/// an ulp of 1, which rounds to exactly 1 in either half type. Reduce it
+/// with `ReduceOp::Sum`: each flag then counts the ranks that used the
+/// parameter, an integer f16 holds exactly up to 2048 ranks and bf16 up to
+/// 256 (a positive sum stays positive beyond), and only `> 0` is read.
+pub fn compress(bucket: &Bucket, flat: &Tensor, world: usize, half: DType) -> Result<Tensor> {
+    if !matches!(half, DType::F16 | DType::BF16) {
+        return Err(Error::Msg(format!("ddp: gradient buckets can travel in f16 or bf16, not {half:?}")));
+    }
+    if flat.elem_count() != bucket.numel + bucket.params.len() {
+        return Err(Error::Msg(format!("ddp: a packed bucket has {} elements, expected {}", flat.elem_count(), bucket.numel + bucket.params.len())));
+    }
+    crate::autograd::no_grad(|| crate::ops::to_dtype(&crate::ops::mul_scalar(flat, 1.0 / world.max(1) as f64)?, half))
+}
+
+/// A bucket reduced in half precision, back in its parameters' dtype
+/// (exact: every f16 and bf16 value is an f32 value).
+pub fn decompress(bucket: &Bucket, params: &[(String, Tensor)], flat: &Tensor) -> Result<Tensor> {
+    let dtype = bucket_dtype(bucket, params)?;
+    crate::autograd::no_grad(|| crate::ops::to_dtype(flat, dtype))
 }

@@ -23,16 +23,23 @@
 //!   communication is needed for them;
 //! - buffers (BatchNorm running statistics) are never communicated after
 //!   construction: each rank keeps its own, as PyTorch DDP with
-//!   `broadcast_buffers=False`.
+//!   `broadcast_buffers=False`;
+//! - optionally ([`Ddp::with_half_grad_sync`], WeNet's `--fp16_grad_sync`)
+//!   the buckets travel in f16 or bf16, as PyTorch's `fp16_compress_hook`
+//!   and `bf16_compress_hook`: each bucket's gradients are divided by the
+//!   world size and rounded to the half type, summed, and converted back;
+//!   the used flags stay exact (`buckets::compress`). Half the bytes on the
+//!   wire, at the price of the half type's rounding in the averaged
+//!   gradients (still bitwise equal on every rank).
 
-use super::buckets::{assign_buckets, flatten, flatten_on_device, unflatten, unflatten_on_device, used_flags_on_device, Bucket};
+use super::buckets::{assign_buckets, compress, decompress, flatten, flatten_on_device, unflatten, unflatten_on_device, used_flags_on_device, Bucket};
 use super::comm_thread::{CommThread, Pending};
 use super::update::{adam_state, load_adam_state, replicated_step};
 use super::{Engine, OptimizerState, StepOutcome};
 use crate::dist::{Communicator, ReduceOp};
 use crate::error::{Error, Result};
 use crate::optim::{Adam, AdamConfig, GradScaler};
-use crate::tensor::{Device, Tensor, TensorId};
+use crate::tensor::{DType, Device, Tensor, TensorId};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -81,6 +88,8 @@ pub struct Ddp {
     /// communicator reduces device buffers, NCCL); else each bucket comes
     /// to the host once on the training thread.
     device_buckets: bool,
+    /// The half type the buckets travel in (`--fp16_grad_sync`), or none: the parameters' dtype.
+    grad_sync: Option<DType>,
 }
 
 impl Ddp {
@@ -118,7 +127,29 @@ impl Ddp {
             backward_end: None,
             stats: Arc::new(Mutex::new(stats)),
             device_buckets,
+            grad_sync: None,
         })
+    }
+
+    /// Makes every bucket all-reduce travel in `half` (f16 or bf16; `None`
+    /// keeps the parameters' dtype): WeNet's `--fp16_grad_sync`, PyTorch's
+    /// `fp16_compress_hook` / `bf16_compress_hook`. Each bucket's gradients
+    /// are divided by the world size before they are rounded to `half`
+    /// (so the sum cannot overflow where a gradient does not), summed over
+    /// the ranks and converted back; the used flags stay exact.
+    pub fn with_half_grad_sync(mut self, half: Option<DType>) -> Result<Ddp> {
+        if let Some(d) = half {
+            if !matches!(d, DType::F16 | DType::BF16) {
+                return Err(Error::invalid("Ddp::with_half_grad_sync", format!("expected f16 or bf16 for the gradient all-reduce, found {}", d.as_str())));
+            }
+        }
+        self.grad_sync = half;
+        Ok(self)
+    }
+
+    /// The half type the gradient buckets travel in (`None`: the parameters' dtype).
+    pub fn grad_sync_dtype(&self) -> Option<DType> {
+        self.grad_sync
     }
 
     /// A handle on the engine's counters (stays valid after the engine is boxed).
@@ -131,10 +162,17 @@ impl Ddp {
     }
 
     fn launch(&mut self, b: usize) -> Result<()> {
-        let flat = if self.device_buckets { flatten_on_device(&self.buckets[b], &self.params)? } else { flatten(&self.buckets[b], &self.params)? };
+        // A half-precision bucket carries the world size as its used flag, so that it is exactly 1 after compress's division.
+        let flag = if self.grad_sync.is_some() { self.world as f64 } else { 1.0 };
+        let flat = if self.device_buckets { flatten_on_device(&self.buckets[b], &self.params, flag)? } else { flatten(&self.buckets[b], &self.params, flag)? };
+        // In half precision the bucket is pre-divided and summed; else averaged.
+        let (flat, op) = match self.grad_sync {
+            Some(half) => (compress(&self.buckets[b], &flat, self.world, half)?, ReduceOp::Sum),
+            None => (flat, ReduceOp::Avg),
+        };
         let p = self.comm.submit("all_reduce", move |c| {
             let t0 = Instant::now();
-            c.all_reduce(&flat, ReduceOp::Avg)?;
+            c.all_reduce(&flat, op)?;
             Ok((flat, t0))
         })?;
         self.pending.push((b, p));
@@ -186,7 +224,13 @@ impl Ddp {
             match p.wait() {
                 Ok((flat, t0)) => {
                     started_early |= self.backward_end.is_some_and(|end| t0 < end);
-                    done.push((b, flat));
+                    // A half-precision bucket comes back to the parameters' dtype (on its device).
+                    match self.grad_sync.map(|_| decompress(&self.buckets[b], &self.params, &flat)).transpose() {
+                        Ok(back) => done.push((b, back.unwrap_or(flat))),
+                        Err(e) => {
+                            first_err.get_or_insert(e);
+                        }
+                    }
                 }
                 Err(e) => {
                     first_err.get_or_insert(e);

@@ -59,6 +59,15 @@ pub struct TrainArgs {
     /// Mixed precision with a dynamic loss scaler.
     #[arg(long = "use_amp", alias = "use-amp", help_heading = "DDP")]
     pub use_amp: bool,
+    /// All-reduces DDP's gradient buckets in half precision, as WeNet's flag
+    /// (PyTorch's fp16_compress_hook): each bucket is divided by the world
+    /// size, rounded to f16 (to bf16 when training with --dtype bf16),
+    /// summed over the ranks and converted back. Half the bytes on the wire,
+    /// at the price of half-precision rounding in the averaged gradients.
+    /// For torch_ddp over several processes (nothing is communicated on one);
+    /// --train_engine deepspeed refuses it.
+    #[arg(long = "fp16_grad_sync", alias = "fp16-grad-sync", help_heading = "DDP")]
+    pub fp16_grad_sync: bool,
     /// torch_ddp or deepspeed.
     #[arg(long = "train_engine", alias = "train-engine", default_value = "torch_ddp", value_parser = ["torch_ddp", "deepspeed"], help_heading = "DDP")]
     pub train_engine: String,

@@ -20,6 +20,24 @@ pub fn amp_dtype(args: &TrainArgs) -> Result<Option<DType>> {
     }
 }
 
+/// The half type DDP's gradient buckets travel in with `--fp16_grad_sync`:
+/// bf16 when the run trains in bf16 (`--dtype bf16`, PyTorch's
+/// bf16_compress_hook), f16 otherwise (fp16_compress_hook, WeNet's choice);
+/// none without the flag. `--train_engine deepspeed` refuses the flag: its
+/// ZeRO engine reduce-scatters in the training dtype.
+pub fn grad_sync_dtype(args: &TrainArgs) -> Result<Option<DType>> {
+    if !args.fp16_grad_sync {
+        return Ok(None);
+    }
+    if args.train_engine == "deepspeed" {
+        return Err(Error::config(
+            "--fp16_grad_sync",
+            "half-precision gradient all-reduce is for --train_engine torch_ddp; deepspeed's ZeRO reduce-scatters gradients in the training dtype (drop the flag)",
+        ));
+    }
+    Ok(Some(if amp_dtype(args)? == Some(DType::BF16) { DType::BF16 } else { DType::F16 }))
+}
+
 /// Sets how the GPU's matrix products run: TF32 for f32 products when
 /// `--tf32` or the config's `tf32: true` asks (off otherwise, as in
 /// PyTorch), and cuBLASLt's workspace from `cublaslt_workspace_mib`.

@@ -19,7 +19,7 @@ pub use crate::engine::{Engine, SingleProcess};
 pub use args::TrainArgs;
 pub use checkpoint::{save_model, Position, TrainState};
 pub use config::{check_modify_and_save_config, parse_train_config, read_config, TrainConfig};
-pub use device::{amp_dtype, init_device};
+pub use device::{amp_dtype, grad_sync_dtype, init_device};
 pub use dist::{init_distributed, DistInfo, Distributed};
 pub use executor::{BatchLoss, CvResult, Executor, ExecutorParts, StepReport};
 pub use run::run_train;

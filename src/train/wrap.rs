@@ -13,6 +13,7 @@ use crate::optim::AdamConfig;
 /// DDP over several. Restores the resume state's optimizer state.
 pub fn wrap_model(model: &AsrModel, args: &TrainArgs, dist: &mut Distributed, adam: AdamConfig, resume: &Resume) -> Result<Box<dyn Engine>> {
     let world = dist.info.world_size;
+    let grad_sync = super::device::grad_sync_dtype(args)?;
     let mut engine: Box<dyn Engine> = match args.train_engine.as_str() {
         "torch_ddp" if world == 1 => Box::new(SingleProcess::new(model.named_parameters(), adam)?),
         "torch_ddp" => {
@@ -23,7 +24,11 @@ pub fn wrap_model(model: &AsrModel, args: &TrainArgs, dist: &mut Distributed, ad
                     format!("torch_ddp over {world} processes needs the communicator init_distributed opens (was it taken already?)"),
                 )
             })?;
-            Box::new(Ddp::new(model.named_parameters(), &model.named_buffers(), adam, comm, DEFAULT_BUCKET_BYTES)?)
+            let ddp = Ddp::new(model.named_parameters(), &model.named_buffers(), adam, comm, DEFAULT_BUCKET_BYTES)?.with_half_grad_sync(grad_sync)?;
+            if let (Some(d), 0) = (ddp.grad_sync_dtype(), dist.info.rank) {
+                eprintln!("torch_ddp: gradient buckets are all-reduced in {} (--fp16_grad_sync)", d.as_str());
+            }
+            Box::new(ddp)
         }
         "deepspeed" => super::deepspeed::deepspeed_engine(model, args, dist, adam)?,
         other => return Err(Error::config("--train_engine", format!("expected torch_ddp or deepspeed, found {other:?}"))),

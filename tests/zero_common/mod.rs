@@ -194,3 +194,94 @@ impl Communicator for LocalComm {
         Ok(())
     }
 }
+
+/// The unit roundoff of a half type: half the distance from 1 to the next
+/// value (f16 has 11 significant bits, bf16 8).
+pub fn unit_roundoff(half: DType) -> f64 {
+    match half {
+        DType::BF16 => 2f64.powi(-8),
+        _ => 2f64.powi(-11),
+    }
+}
+
+/// How much Adam can amplify a relative error of its gradients into its
+/// update, over the first `steps` steps: with bias-corrected moments
+/// m̂ = Σ a_k g_k and v̂ = Σ b_k g_k² (a_k, b_k ≥ 0 each summing to 1),
+/// Cauchy–Schwarz gives Σ a_k |g_k| / √v̂ ≤ √(Σ a_k² / b_k); the largest
+/// value of that over t ≤ `steps`.
+pub fn adam_gain(betas: (f64, f64), steps: u64) -> f64 {
+    let (b1, b2) = betas;
+    (1..=steps as i32)
+        .map(|t| {
+            (1..=t)
+                .map(|k| {
+                    let a = (1.0 - b1) * b1.powi(t - k) / (1.0 - b1.powi(t));
+                    let b = (1.0 - b2) * b2.powi(t - k) / (1.0 - b2.powi(t));
+                    a * a / b
+                })
+                .sum::<f64>()
+                .sqrt()
+        })
+        .fold(0.0, f64::max)
+}
+
+/// The largest change of any parameter that DDP's half-precision gradient
+/// all-reduce (`--fp16_grad_sync`) may cause after `run` at `world` ranks,
+/// derived from the half type's rounding, first order:
+///
+/// - the reduced gradient: each rank's share g_r/w is rounded once to the
+///   half type and the w shares are summed with w − 1 roundings, each
+///   within u of a partial sum no larger than Σ|g_r|/w, so the average is
+///   off by at most w·u·mean|g_r| (≈ w·u·|ḡ| where the ranks' gradients do
+///   not cancel; their rows come from one distribution);
+/// - the clip: the global norm, and so the clip coefficient, moves by the
+///   same relative amount, which doubles the relative error ε = 2·w·u;
+/// - Adam: relative errors ε in every gradient move m̂ by at most
+///   ε·Σ a_k|g_k| and v̂ by at most 2ε·v̂, so the update lr·m̂/√v̂ moves by at
+///   most 2·lr·ε·[`adam_gain`] per step, accumulated over the steps.
+///
+/// A factor 2 covers what first order leaves out (the trajectories part, so
+/// later gradients are taken at slightly different parameters).
+pub fn half_sync_bound(half: DType, world: usize, run: Run, betas: (f64, f64)) -> f64 {
+    let eps = 2.0 * world as f64 * unit_roundoff(half);
+    2.0 * 2.0 * run.lr * eps * adam_gain(betas, run.steps) * run.steps as f64
+}
+
+/// The largest |a − b| over two equally long vectors.
+pub fn max_abs(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(&x, &y)| (x as f64 - y as f64).abs()).fold(0.0, f64::max)
+}
+
+/// Checks a DDP run with `--fp16_grad_sync` in `half` (`got`) against one
+/// process on the whole batch (`want`) and against the same DDP with the
+/// all-reduce in f32 (`full`): within [`half_sync_bound`] of the first, and
+/// off the second by clearly more than f32 rounding (the cast happened).
+#[allow(clippy::too_many_arguments)]
+pub fn check_half_sync(label: &str, half: DType, world: usize, run: Run, betas: (f64, f64), got: &[f32], want: &[f32], full: &[f32]) {
+    let bound = half_sync_bound(half, world, run, betas);
+    let (vs_single, vs_full, full_vs_single) = (max_abs(got, want), max_abs(got, full), max_abs(full, want));
+    println!(
+        "HALF {label} {} world {world}: max |Δθ| vs one process {vs_single:.3e} (bound {bound:.3e}), vs the f32 all-reduce {vs_full:.3e}; f32 all-reduce vs one process {full_vs_single:.3e}",
+        half.as_str()
+    );
+    assert!(vs_single <= bound, "{label} in {}: max |Δθ| {vs_single:e} vs one process exceeds the bound {bound:e} derived from its rounding", half.as_str());
+    assert!(got != full, "{label} in {}: bitwise equal to the f32 all-reduce: the buckets were not rounded", half.as_str());
+    assert!(
+        vs_full > 10.0 * full_vs_single,
+        "{label} in {}: off the f32 all-reduce by {vs_full:e}, not clearly more than f32 rounding ({full_vs_single:e})",
+        half.as_str()
+    );
+}
+
+/// Checks a half-precision DDP run's gradient norms (before clipping)
+/// against one process's: the averaged gradient is off by at most w·u
+/// relative ([`half_sync_bound`]), and so is its norm; twice that leaves
+/// room for the parameters having drifted apart by then.
+pub fn check_half_norms(label: &str, half: DType, world: usize, got: &[StepOutcome], want: &[StepOutcome]) {
+    let bound = 2.0 * world as f64 * unit_roundoff(half);
+    let worst = got.iter().zip(want).map(|(g, w)| (g.grad_norm - w.grad_norm).abs() / w.grad_norm).fold(0.0, f64::max);
+    println!("HALF {label} {} world {world}: gradient norms vs one process, max relative difference {worst:.3e} (bound {bound:.3e})", half.as_str());
+    assert_eq!(got.len(), want.len());
+    assert!(worst <= bound, "{label} in {}: gradient norm off one process's by {worst:e} relative, more than {bound:e}", half.as_str());
+}
