@@ -516,7 +516,9 @@ fn ctc_loss_matches_brute_force_alignment_sum() {
         let mut alpha = vec![f64::NAN; nb as usize * t_max as usize * states];
         let mut beta = alpha.clone();
         let mut nll = vec![f64::NAN; nb as usize];
-        let mut grad = vec![f64::NAN; lp.len()];
+        // The kernel writes only the occupied (t, k): the caller zeroes the
+        // gradient first (a memset in src/backend/cuda/ctc.rs).
+        let mut grad = vec![0.0f64; lp.len()];
         let (lpp, tp, ip, tlp) = (lp.as_ptr(), targets.as_ptr(), in_len.as_ptr(), tgt_len.as_ptr());
         let (ap, bp, np, gp) = (alpha.as_mut_ptr(), beta.as_mut_ptr(), nll.as_mut_ptr(), grad.as_mut_ptr());
         let want_grad = 1i32;
