@@ -213,6 +213,50 @@ __device__ void batch_norm_bwd_dx(const T* __restrict__ x, const W* __restrict__
     }
 }
 
+// apply and gx in u32 index math (the host's choice when x has fewer than
+// 2^31 elements): the channel of element i is (i / t) % c by two
+// host-computed divisors (common.cuh FastDiv: a multiply-high, an add and
+// a shift each) instead of two 64-bit divisions; t = 1 (channels last)
+// divides by 1 exactly.
+__device__ __forceinline__ uint32_t bn_channel(uint32_t i, const FastDiv& ft, const FastDiv& fc) {
+    const uint32_t q = fast_div(ft, i);
+    return q - fast_div(fc, q) * fc.d;
+}
+
+template <typename T, typename W>
+__device__ void batch_norm_apply_u32(const T* __restrict__ x, const W* __restrict__ mean, const W* __restrict__ rstd,
+                                     const W* __restrict__ w, const W* __restrict__ bias, T* __restrict__ y, uint32_t total,
+                                     FastDiv ft, FastDiv fc) {
+    typedef typename Num<T>::acc A;
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+        const uint32_t ch = bn_channel(i, ft, fc);
+        const A v = (Num<T>::to(x[i]) - A(Num<W>::to(mean[ch]))) * A(Num<W>::to(rstd[ch])) * A(Num<W>::to(w[ch])) +
+                    A(Num<W>::to(bias[ch]));
+        y[i] = Num<T>::from(v);
+    }
+}
+
+template <typename T, typename W>
+__device__ void batch_norm_bwd_dx_u32(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ mean,
+                                      const W* __restrict__ rstd, const T* __restrict__ g, const W* __restrict__ sg,
+                                      const W* __restrict__ sgx, T* __restrict__ gx, uint32_t total, FastDiv ft, FastDiv fc,
+                                      uint32_t train) {
+    typedef typename Num<T>::acc A;
+    const A cnt = A(total / fc.d);
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+        const uint32_t ch = bn_channel(i, ft, fc);
+        const A inv = Num<W>::to(rstd[ch]), wr = A(Num<W>::to(w[ch])) * inv, gv = Num<T>::to(g[i]);
+        A v;
+        if (train) {
+            const A xh = (Num<T>::to(x[i]) - A(Num<W>::to(mean[ch]))) * inv;
+            v = wr * (gv - A(Num<W>::to(sg[ch])) / cnt - xh * A(Num<W>::to(sgx[ch])) / cnt);
+        } else {
+            v = wr * gv;
+        }
+        gx[i] = Num<T>::from(v);
+    }
+}
+
 // Channels-last batch norm (x (N, C), the Conformer convolution module's
 // layout): the training statistics and the backward sums as tiled column
 // reductions (the shape of reduce.cu's sum_cols_tiled). Channels are cut
@@ -431,6 +475,15 @@ LN_KERNELS(bf16, __nv_bfloat16, float)
                                                             W* sgx, W* part, unsigned long long* counters, uint32_t n,     \
                                                             uint32_t c, uint32_t tile_rows) {                              \
         batch_norm_bwd_sums_cl<T, W>(x, mean, rstd, g, sg, sgx, part, counters, n, c, tile_rows);                          \
+    }                                                                                                                    \
+    extern "C" __global__ void batch_norm_apply_u32_##SUF(const T* x, const W* mean, const W* rstd, const W* w,            \
+                                                          const W* bias, T* y, uint32_t total, FastDiv ft, FastDiv fc) {   \
+        batch_norm_apply_u32<T, W>(x, mean, rstd, w, bias, y, total, ft, fc);                                              \
+    }                                                                                                                    \
+    extern "C" __global__ void batch_norm_bwd_dx_u32_##SUF(const T* x, const W* w, const W* mean, const W* rstd,           \
+                                                           const T* g, const W* sg, const W* sgx, T* gx, uint32_t total,   \
+                                                           FastDiv ft, FastDiv fc, uint32_t train) {                       \
+        batch_norm_bwd_dx_u32<T, W>(x, w, mean, rstd, g, sg, sgx, gx, total, ft, fc, train);                               \
     }
 BN_KERNELS(f32, float, float)
 BN_KERNELS(f64, double, double)

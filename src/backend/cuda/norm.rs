@@ -4,6 +4,7 @@
 //! its backward is two launches (gx with partial weight and bias sums, then
 //! their final sum): deterministic column sums, no atomics.
 
+use super::fastdiv::fast_div_words;
 use super::kernels::norm as k;
 use super::nn_common::{elems, expect_dtype, expect_len, rows, same, u32_arg, FLOATS};
 use super::softmax::row_launch;
@@ -206,7 +207,10 @@ pub fn batch_norm_apply(
     }
     let dev = x.device();
     let y = dev.alloc(x.dtype(), x.len())?;
-    if !x.is_empty() {
+    if super::fastdiv::fits_u32(&[x.len()]) && !x.is_empty() {
+        let (ft, fc) = (fast_div_words(op, t)?, fast_div_words(op, c)?);
+        k::batch_norm_apply_u32(dev, x.dtype(), elems(x.len()), x, mean, rstd, w, bias, &y, x.len() as u32, &ft, &fc)?;
+    } else if !x.is_empty() {
         k::batch_norm_apply(dev, x.dtype(), elems(x.len()), x, mean, rstd, w, bias, &y, x.len() as u64, cc, t as u64)?;
     }
     Ok(y)
@@ -244,7 +248,10 @@ pub fn batch_norm_backward(
         k::batch_norm_bwd_sums(dev, dt, rows(c), x, mean, rstd, g, &gb, &gw, b as u64, cc, t as u64)?;
     }
     let gx = dev.alloc(dt, x.len())?;
-    if !x.is_empty() {
+    if super::fastdiv::fits_u32(&[x.len()]) && !x.is_empty() {
+        let (ft, fc) = (fast_div_words(op, t)?, fast_div_words(op, c)?);
+        k::batch_norm_bwd_dx_u32(dev, dt, elems(x.len()), x, w, mean, rstd, g, &gb, &gw, &gx, x.len() as u32, &ft, &fc, train as u32)?;
+    } else if !x.is_empty() {
         k::batch_norm_bwd_dx(dev, dt, elems(x.len()), x, w, mean, rstd, g, &gb, &gw, &gx, x.len() as u64, cc, t as u64, train as u32)?;
     }
     Ok((gx, gw, gb))
