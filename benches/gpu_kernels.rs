@@ -171,6 +171,31 @@ fn gpu_kernels(c: &mut Criterion) {
 }
 
 /// Waits for the queued work (a one-element read), so a sample times the kernels.
+/// The kernel lab (cuda/lab_loss.cu): every variant of the fused
+/// label-smoothing forward against the production kernel, on the decoder's
+/// logits (512 rows of 4233); tests/kernel_lab.rs checks them first.
+fn kernel_lab(c: &mut Criterion) {
+    use asrforge::backend::cpu::CpuStorage;
+    use asrforge::backend::cuda::{self, lab, loss, CudaStorage};
+    let Ok(Device::Cuda(ordinal)) = Device::cuda(0) else {
+        println!("kernel_lab benches: skipped, no usable GPU");
+        return;
+    };
+    let dev = cuda::device(ordinal).unwrap();
+    let mut rng = Rng::new(13);
+    let (rows, v) = (512, 4233);
+    let x: Vec<f32> = rng.normal(rows * v).into_iter().map(|z| (2.0 * z) as f32).collect();
+    let tg: Vec<i64> = (0..rows).map(|i| if i % 7 == 6 { -1 } else { (i * 131 % v) as i64 }).collect();
+    let xg = CudaStorage::from_cpu(&dev, &CpuStorage::F32(x)).unwrap();
+    let mut group = c.benchmark_group("kernel_lab/label_smoothing_fused_fwd_512x4233");
+    group.sample_size(10);
+    group.bench_function("production", |bn| bn.iter(|| loss::label_smoothing_fused_fwd(&xg, &tg, v, 0.1, -1).unwrap().0.to_cpu().unwrap()));
+    for variant in lab::LABEL_SMOOTHING_FUSED_FWD {
+        group.bench_function(*variant, |bn| bn.iter(|| lab::label_smoothing_fused_fwd(variant, &xg, &tg, v, 0.1, -1).unwrap().0.to_cpu().unwrap()));
+    }
+    group.finish();
+}
+
 fn gpu_sync(t: &Tensor) -> f64 {
     ops::sum_all(&ops::to_dtype(t, DType::F32).unwrap()).unwrap().to_scalar().unwrap()
 }
@@ -319,5 +344,5 @@ fn launch_overhead(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, gpu_kernels, reduce_and_index, flash_attention_vs_composition, launch_overhead);
+criterion_group!(benches, gpu_kernels, reduce_and_index, flash_attention_vs_composition, launch_overhead, kernel_lab);
 criterion_main!(benches);

@@ -25,26 +25,60 @@
 // for apply and gx. f32 accumulates in f32, f64 in f64.
 #include "nn_common.cuh"
 
+// Rows of x, y, g and gx, and the weight and bias, are read and written by
+// chunks of N = 16 / sizeof(T) elements (nn_common.cuh's RowVec): a bf16 row
+// chunk of 8 pairs with two 16-byte loads of the f32 weight.
 template <typename T, typename W, typename G>
 __device__ void layer_norm_fwd(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ b, T* __restrict__ y,
                                W* __restrict__ mean, W* __restrict__ rstd, uint64_t rows, uint32_t n, double eps, uint32_t has_w,
                                uint32_t has_b) {
     typedef typename Num<T>::acc A;
+    constexpr int N = RowN<T>::N;
+    const RowVec<const W, N> wv(w, n), bv(b, n);
     NN_GROUP_ROWS(G, r, rows) {
-        const T* xr = x + r * n;
-        T* yr = y + r * n;
-        const A mu = G::row_reduce(n, A(0), SumOp(), [&](uint32_t i) { return Num<T>::to(xr[i]); }) / A(n);
-        const A var = G::row_reduce(n, A(0), SumOp(), [&](uint32_t i) {
-                          const A d = Num<T>::to(xr[i]) - mu;
-                          return d * d;
-                      }) /
+        const RowVec<const T, N> xr(x + r * n, n);
+        const RowVec<T, N> yr(y + r * n, n);
+        const A mu = G::template row_reduce<N>(n, A(0), SumOp(),
+                                               [&](uint32_t c) {
+                                                   const Vals<T, N> xv = xr.load(c);
+                                                   Vals<A, N> o;
+#pragma unroll
+                                                   for (int j = 0; j < N; ++j) o.v[j] = Num<T>::to(xv.v[j]);
+                                                   return o;
+                                               }) /
+                     A(n);
+        const A var = G::template row_reduce<N>(n, A(0), SumOp(),
+                                                [&](uint32_t c) {
+                                                    const Vals<T, N> xv = xr.load(c);
+                                                    Vals<A, N> o;
+#pragma unroll
+                                                    for (int j = 0; j < N; ++j) {
+                                                        const A d = Num<T>::to(xv.v[j]) - mu;
+                                                        o.v[j] = d * d;
+                                                    }
+                                                    return o;
+                                                }) /
                       A(n);
         const A inv = A(1) / nn_sqrt(var + A(eps));
-        for (uint32_t i = G::t(); i < n; i += G::size()) {
-            A v = (Num<T>::to(xr[i]) - mu) * inv;
-            if (has_w) v = v * Num<W>::to(w[i]);
-            if (has_b) v = v + Num<W>::to(b[i]);
-            yr[i] = Num<T>::from(v);
+        NN_GROUP_CHUNKS(G, N, c, n) {
+            const Vals<T, N> xv = xr.load(c);
+            Vals<A, N> v;
+#pragma unroll
+            for (int j = 0; j < N; ++j) v.v[j] = (Num<T>::to(xv.v[j]) - mu) * inv;
+            if (has_w) {
+                const Vals<W, N> ww = wv.load(c);
+#pragma unroll
+                for (int j = 0; j < N; ++j) v.v[j] = v.v[j] * Num<W>::to(ww.v[j]);
+            }
+            if (has_b) {
+                const Vals<W, N> bb = bv.load(c);
+#pragma unroll
+                for (int j = 0; j < N; ++j) v.v[j] = v.v[j] + Num<W>::to(bb.v[j]);
+            }
+            Vals<T, N> o;
+#pragma unroll
+            for (int j = 0; j < N; ++j) o.v[j] = Num<T>::from(v.v[j]);
+            yr.store(c, o);
         }
         if (G::t() == 0) {
             mean[r] = Num<W>::from(mu);
@@ -65,21 +99,49 @@ __device__ void layer_norm_bwd(const T* __restrict__ x, const W* __restrict__ w,
                                const T* __restrict__ g, T* __restrict__ gx, W* __restrict__ pw, W* __restrict__ pb, uint64_t rows,
                                uint32_t n, uint32_t has_w, uint32_t chunk) {
     typedef typename Num<T>::acc A;
+    constexpr int N = RowN<T>::N;
+    const RowVec<const W, N> wv(w, n);
     const uint64_t chunks = (rows + chunk - 1) / chunk;
     for (uint64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
         const size_t r0 = c * chunk;
         const size_t r1 = r0 + chunk < rows ? r0 + chunk : rows;
         for (size_t r = r0 + G::group(); r < r1; r += G::per_block()) {
-            const T* xr = x + r * n;
-            const T* gr = g + r * n;
-            T* o = gx + r * n;
+            const RowVec<const T, N> xr(x + r * n, n), gr(g + r * n, n);
+            const RowVec<T, N> o(gx + r * n, n);
             const A mu = Num<W>::to(mean[r]), inv = Num<W>::to(rstd[r]);
-            auto gh = [&](uint32_t i) { return Num<T>::to(gr[i]) * (has_w ? Num<W>::to(w[i]) : A(1)); };
-            const A m1 = G::row_reduce(n, A(0), SumOp(), gh) / A(n);
-            const A m2 = G::row_reduce(n, A(0), SumOp(), [&](uint32_t i) { return gh(i) * (Num<T>::to(xr[i]) - mu) * inv; }) / A(n);
-            for (uint32_t i = G::t(); i < n; i += G::size()) {
-                const A xh = (Num<T>::to(xr[i]) - mu) * inv;
-                o[i] = Num<T>::from(inv * (gh(i) - m1 - xh * m2));
+            // g * w of chunk k.
+            auto gh = [&](uint32_t k) {
+                const Vals<T, N> gv = gr.load(k);
+                Vals<A, N> out;
+#pragma unroll
+                for (int j = 0; j < N; ++j) out.v[j] = Num<T>::to(gv.v[j]);
+                if (has_w) {
+                    const Vals<W, N> ww = wv.load(k);
+#pragma unroll
+                    for (int j = 0; j < N; ++j) out.v[j] = out.v[j] * Num<W>::to(ww.v[j]);
+                }
+                return out;
+            };
+            const A m1 = G::template row_reduce<N>(n, A(0), SumOp(), gh) / A(n);
+            const A m2 = G::template row_reduce<N>(n, A(0), SumOp(),
+                                                   [&](uint32_t k) {
+                                                       Vals<A, N> out = gh(k);
+                                                       const Vals<T, N> xv = xr.load(k);
+#pragma unroll
+                                                       for (int j = 0; j < N; ++j) out.v[j] = out.v[j] * (Num<T>::to(xv.v[j]) - mu) * inv;
+                                                       return out;
+                                                   }) /
+                         A(n);
+            NN_GROUP_CHUNKS(G, N, k, n) {
+                const Vals<A, N> h = gh(k);
+                const Vals<T, N> xv = xr.load(k);
+                Vals<T, N> out;
+#pragma unroll
+                for (int j = 0; j < N; ++j) {
+                    const A xh = (Num<T>::to(xv.v[j]) - mu) * inv;
+                    out.v[j] = Num<T>::from(inv * (h.v[j] - m1 - xh * m2));
+                }
+                o.store(k, out);
             }
         }
         for (uint32_t col = threadIdx.x; col < n; col += blockDim.x) {

@@ -27,20 +27,38 @@
 // is all -inf gives NaN, as on the CPU.
 #include "nn_common.cuh"
 
+// Rows are read and written by chunks of N = 16 / sizeof(T) elements
+// (nn_common.cuh's RowVec: 16-byte loads and stores where the row allows).
 template <typename T, bool LOG, typename G>
 __device__ void softmax_fwd(const T* __restrict__ x, T* __restrict__ y, uint64_t rows, uint32_t n) {
     typedef typename Num<T>::acc A;
+    constexpr int N = RowN<T>::N;
     NN_GROUP_ROWS(G, r, rows) {
-        const T* xr = x + r * n;
-        T* yr = y + r * n;
-        const A m = G::row_reduce(n, A(-INFINITY), NnMax(), [&](uint32_t i) { return Num<T>::to(xr[i]); });
-        const A s = G::row_reduce(n, A(0), SumOp(), [&](uint32_t i) { return nn_exp(Num<T>::to(xr[i]) - m); });
-        if (LOG) {
-            const A ls = nn_log(s);
-            for (uint32_t i = G::t(); i < n; i += G::size()) yr[i] = Num<T>::from(Num<T>::to(xr[i]) - m - ls);
-        } else {
-            const A inv = A(1) / s;
-            for (uint32_t i = G::t(); i < n; i += G::size()) yr[i] = Num<T>::from(nn_exp(Num<T>::to(xr[i]) - m) * inv);
+        const RowVec<const T, N> xr(x + r * n, n);
+        const RowVec<T, N> yr(y + r * n, n);
+        const A m = G::template row_reduce<N>(n, A(-INFINITY), NnMax(), [&](uint32_t c) {
+            const Vals<T, N> xv = xr.load(c);
+            Vals<A, N> o;
+#pragma unroll
+            for (int j = 0; j < N; ++j) o.v[j] = Num<T>::to(xv.v[j]);
+            return o;
+        });
+        const A s = G::template row_reduce<N>(n, A(0), SumOp(), [&](uint32_t c) {
+            const Vals<T, N> xv = xr.load(c);
+            Vals<A, N> o;
+#pragma unroll
+            for (int j = 0; j < N; ++j) o.v[j] = nn_exp(Num<T>::to(xv.v[j]) - m);
+            return o;
+        });
+        const A ls = LOG ? nn_log(s) : A(0);
+        const A inv = A(1) / s;
+        NN_GROUP_CHUNKS(G, N, c, n) {
+            const Vals<T, N> xv = xr.load(c);
+            Vals<T, N> o;
+#pragma unroll
+            for (int j = 0; j < N; ++j)
+                o.v[j] = LOG ? Num<T>::from(Num<T>::to(xv.v[j]) - m - ls) : Num<T>::from(nn_exp(Num<T>::to(xv.v[j]) - m) * inv);
+            yr.store(c, o);
         }
     }
 }
@@ -49,33 +67,74 @@ template <typename T, typename G>
 __device__ void masked_softmax_fwd(const T* __restrict__ x, const uint8_t* __restrict__ mask, const Strided& mrow, uint64_t mstep,
                                    T* __restrict__ y, uint64_t rows, uint32_t n) {
     typedef typename Num<T>::acc A;
+    constexpr int N = RowN<T>::N;
     NN_GROUP_ROWS(G, r, rows) {
-        const T* xr = x + r * n;
-        T* yr = y + r * n;
+        const RowVec<const T, N> xr(x + r * n, n);
+        const RowVec<T, N> yr(y + r * n, n);
         const uint8_t* mr = mask + strided_offset(mrow, r);
+        // Mask byte of element c*N + j (clamped to the row like RowVec's loads).
+        auto masked = [&](uint32_t c, int j) {
+            const uint32_t i = c * N + j;
+            return mr[(size_t)(i < n ? i : n - 1) * mstep] != 0;
+        };
         // Masked elements count as -inf in the max and 0 in the sum.
-        const A m = G::row_reduce(n, A(-INFINITY), NnMax(), [&](uint32_t i) { return mr[i * mstep] ? A(-INFINITY) : Num<T>::to(xr[i]); });
+        const A m = G::template row_reduce<N>(n, A(-INFINITY), NnMax(), [&](uint32_t c) {
+            const Vals<T, N> xv = xr.load(c);
+            Vals<A, N> o;
+#pragma unroll
+            for (int j = 0; j < N; ++j) o.v[j] = masked(c, j) ? A(-INFINITY) : Num<T>::to(xv.v[j]);
+            return o;
+        });
         // m = -inf: every element is masked (a NaN input makes m NaN, and
         // the row NaN, as on the CPU).
         const bool none = m == A(-INFINITY);
-        const A s = G::row_reduce(n, A(0), SumOp(), [&](uint32_t i) { return mr[i * mstep] ? A(0) : nn_exp(Num<T>::to(xr[i]) - m); });
+        const A s = G::template row_reduce<N>(n, A(0), SumOp(), [&](uint32_t c) {
+            const Vals<T, N> xv = xr.load(c);
+            Vals<A, N> o;
+#pragma unroll
+            for (int j = 0; j < N; ++j) o.v[j] = masked(c, j) ? A(0) : nn_exp(Num<T>::to(xv.v[j]) - m);
+            return o;
+        });
         const A inv = A(1) / s;
-        for (uint32_t i = G::t(); i < n; i += G::size())
-            yr[i] = Num<T>::from(none || mr[i * mstep] ? A(0) : nn_exp(Num<T>::to(xr[i]) - m) * inv);
+        NN_GROUP_CHUNKS(G, N, c, n) {
+            const Vals<T, N> xv = xr.load(c);
+            Vals<T, N> o;
+#pragma unroll
+            for (int j = 0; j < N; ++j) o.v[j] = Num<T>::from(none || masked(c, j) ? A(0) : nn_exp(Num<T>::to(xv.v[j]) - m) * inv);
+            yr.store(c, o);
+        }
     }
 }
 
 template <typename T, bool LOG, typename G>
 __device__ void softmax_bwd(const T* __restrict__ y, const T* __restrict__ g, T* __restrict__ gx, uint64_t rows, uint32_t n) {
     typedef typename Num<T>::acc A;
+    constexpr int N = RowN<T>::N;
     NN_GROUP_ROWS(G, r, rows) {
-        const T* yr = y + r * n;
-        const T* gr = g + r * n;
-        T* o = gx + r * n;
-        const A s = G::row_reduce(n, A(0), SumOp(), [&](uint32_t i) { return LOG ? Num<T>::to(gr[i]) : Num<T>::to(gr[i]) * Num<T>::to(yr[i]); });
-        for (uint32_t i = G::t(); i < n; i += G::size()) {
-            const A yv = Num<T>::to(yr[i]), gv = Num<T>::to(gr[i]);
-            o[i] = Num<T>::from(LOG ? gv - nn_exp(yv) * s : yv * (gv - s));
+        const RowVec<const T, N> yr(y + r * n, n), gr(g + r * n, n);
+        const RowVec<T, N> o(gx + r * n, n);
+        const A s = G::template row_reduce<N>(n, A(0), SumOp(), [&](uint32_t c) {
+            const Vals<T, N> gv = gr.load(c);
+            Vals<A, N> out;
+            if (LOG) {
+#pragma unroll
+                for (int j = 0; j < N; ++j) out.v[j] = Num<T>::to(gv.v[j]);
+            } else {
+                const Vals<T, N> yv = yr.load(c);
+#pragma unroll
+                for (int j = 0; j < N; ++j) out.v[j] = Num<T>::to(gv.v[j]) * Num<T>::to(yv.v[j]);
+            }
+            return out;
+        });
+        NN_GROUP_CHUNKS(G, N, c, n) {
+            const Vals<T, N> yv = yr.load(c), gv = gr.load(c);
+            Vals<T, N> out;
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                const A a = Num<T>::to(yv.v[j]), b = Num<T>::to(gv.v[j]);
+                out.v[j] = Num<T>::from(LOG ? b - nn_exp(a) * s : a * (b - s));
+            }
+            o.store(c, out);
         }
     }
 }

@@ -14,6 +14,8 @@
 #   4. the step profile (bench-train --profile) in bf16 and fp32: per kernel
 #      family launches, bytes, GEMM FLOPs, the modelled H200 time and the time
 #      CUDA events measured;
+#   4b. the whole step with the fused kernels against the compositions
+#      (ASRFORGE_FUSION=all vs none) in fp16 and bf16: frames/s, peak, launches;
 #   5. NCCL (tests/dist_gpu.rs, staged in .device/nccl/): a world-size-1 NCCL
 #      communicator (init, every collective on f32/f16/bf16 against expected
 #      values, destroy), DDP and ZeRO-2 over NCCL at world size 1 equal to one
@@ -172,6 +174,28 @@ else
     done
 fi
 
+# --- 4b. fusion ---------------------------------------------------------------
+# The whole step with the fused kernels (ASRFORGE_FUSION=all: flash attention,
+# the fused losses) against the compositions (none), in fp16 and bf16:
+# frames/s, peak memory, launches and the last loss (equal within the dtype's
+# tolerance is what tests/gpu_profile.rs asserts on the emulator).
+declare -a FROWS
+for dt in fp16 bf16; do
+    for f in none all; do
+        line=$(ASRFORGE_FUSION=$f timeout 90 "$BIN" bench-train --config "$CONFIG" "${OVERRIDES[@]}" --steps 10 --warmup 3 --device cuda \
+            --dtype "$dt" --batch_size "$BATCH" --frames "$FRAMES" 2> "$LOG/fusion-$dt-$f.log" | grep '^bench-train' | tail -1)
+        FROWS+=("$(python3 - "$dt" "$f" "$line" <<'PY'
+import sys
+dt, f, line = sys.argv[1:4]
+head, _, steady = line.partition("per_step(")
+g = dict(w.split("=", 1) for w in head.split()[1:] if "=" in w)
+s = dict(w.split("=", 1) for w in steady.split() if "=" in w)
+print(f"{dt:<5} {f:<5} {g.get('frames_per_s', 'failed'):>10} {g.get('step_ms_median', '-'):>9} {g.get('peak_mib', '-'):>9} {s.get('launches', '-'):>9} {g.get('last_loss', '-'):>12}")
+PY
+)")
+    done
+done
+
 # --- 6. tables --------------------------------------------------------------
 {
     echo
@@ -186,6 +210,9 @@ fi
     printf '  %s\n' "${TPROWS[@]}"
     echo "step profile (bench-train --profile, batch $BATCH x $FRAMES; model_ms is a MODEL, measured_ms from CUDA events):"
     printf '  %s\n' "${PROWS[@]:-none}"
+    echo "fusion (ASRFORGE_FUSION=all vs none, 10 steps after 3 warm-up, batch $BATCH x $FRAMES):"
+    echo "  dtype fusion  frames/s   step_ms  peak_MiB  launches    last_loss"
+    printf '  %s\n' "${FROWS[@]:-none}"
     echo "NCCL (world size 1 on one GPU; $(cat "$LOG/nccl-info.txt" 2>/dev/null | tr '\n' ' ')):"
     printf '  %s\n' "${NROWS[@]:-none}"
     echo "  not exercised here: several GPUs, a peer's failure under NCCL, the overlap of bucket all-reduces with backward"

@@ -25,8 +25,9 @@ cargo test --release "$@"
 # multi-tensor AdamW, bit-for-bit the per-tensor step (tests/cuda_optim.rs);
 # flash attention against its composition and the CPU (tests/cuda_attention.rs);
 # the GPU engines (DDP, ZeRO-1/2) over 2 and 3 emulated devices, their
-# timeouts and uneven data (tests/dist_gpu.rs).
-GPU_SUITES=(--test cuda_ops --test cuda_ops_nn --test cuda_ops_loss --test cuda_attention --test cuda_optim --test ops_grad --test train_gpu --test gpu_cli --test gpu_profile --test cuda_blaslt --test dist_gpu)
+# timeouts and uneven data (tests/dist_gpu.rs); every kernel-lab variant
+# against the CPU and production (tests/kernel_lab.rs).
+GPU_SUITES=(--test cuda_ops --test cuda_ops_nn --test cuda_ops_loss --test cuda_attention --test cuda_optim --test ops_grad --test train_gpu --test gpu_cli --test gpu_profile --test cuda_blaslt --test dist_gpu --test kernel_lab)
 SEED=${ASRFORGE_EMU_SEED:-$(( $(date +%s) % 1000000 ))}
 for sched in asc random; do
     echo "GPU suites on the emulated device, thread order $sched (ASRFORGE_EMU_SEED=$SEED)" >&2
@@ -34,6 +35,10 @@ for sched in asc random; do
     ASRFORGE_CUDA_EMU=1 ASRFORGE_EMU_SCHEDULE=$sched ASRFORGE_EMU_SEED=$SEED cargo test --release "${GPU_SUITES[@]}"
     echo "GPU suites on the emulated device ($sched): $(( $(date +%s) - start )) s" >&2
 done
+
+# The build without the `cuda` feature (the stub backend): every target must
+# still type-check, so the stub keeps the CUDA backend's API.
+cargo check --release --no-default-features --all-targets
 
 # The GPU benches once on the emulated device, in criterion's test mode: it
 # proves they run (their timings mean something only on a GPU).

@@ -208,6 +208,218 @@ fn warp_and_block_row_kernels_give_the_same_bits() {
     }
 }
 
+/// A byte buffer whose start is 16-byte aligned, filled with 0xFF (NaN in every float dtype).
+struct Buf(Vec<u128>);
+impl Buf {
+    fn new(bytes: usize) -> Buf {
+        Buf(vec![u128::MAX; bytes / 16 + 2])
+    }
+    fn bytes(&self) -> Vec<u8> {
+        self.0.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+    fn from_bytes(b: &[u8]) -> Buf {
+        Buf(b
+            .chunks(16)
+            .map(|c| {
+                let mut a = [0xFFu8; 16];
+                a[..c.len()].copy_from_slice(c);
+                u128::from_le_bytes(a)
+            })
+            .collect())
+    }
+    fn at(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr() as *mut u8
+    }
+}
+
+/// `vals` in dtype `dt`, little-endian, from byte `off` of a new Buf (0xFF before and after).
+fn encode(vals: &[f64], dt: &str, off: usize) -> Buf {
+    let mut bytes = vec![0xFFu8; off];
+    for &v in vals {
+        match dt {
+            "f32" => bytes.extend((v as f32).to_le_bytes()),
+            "f64" => bytes.extend(v.to_le_bytes()),
+            "f16" => bytes.extend(half::f16::from_f64(v).to_le_bytes()),
+            _ => bytes.extend(half::bf16::from_f64(v).to_le_bytes()),
+        }
+    }
+    bytes.extend([0xFFu8; 16]);
+    Buf::from_bytes(&bytes)
+}
+
+fn dt_size(dt: &str) -> usize {
+    match dt {
+        "f32" => 4,
+        "f64" => 8,
+        _ => 2,
+    }
+}
+
+/// Element i of dtype `dt` bytes, as f64.
+fn decode(b: &[u8], dt: &str, i: usize) -> f64 {
+    let s = dt_size(dt);
+    let x = &b[i * s..(i + 1) * s];
+    match dt {
+        "f32" => f32::from_le_bytes(x.try_into().unwrap()) as f64,
+        "f64" => f64::from_le_bytes(x.try_into().unwrap()),
+        "f16" => half::f16::from_le_bytes(x.try_into().unwrap()).to_f64(),
+        _ => half::bf16::from_le_bytes(x.try_into().unwrap()).to_f64(),
+    }
+}
+
+/// common.cuh's Strided (MAX_DIMS = 8).
+#[repr(C)]
+struct Strided {
+    rank: i64,
+    dims: [i64; 8],
+    strides: [i64; 8],
+}
+
+/// The row kernels (softmax, log-softmax, their backward, masked softmax, layer norm forward and
+/// backward) read and write rows by chunks of 16 / sizeof(T) elements, with 16-byte loads only
+/// where the row start is 16-byte aligned and the chunk size divides n. Each kernel runs in four
+/// ways: warp and block shapes, on buffers that start 16-byte aligned and on buffers one element
+/// past that (every row misaligned: scalar loads); all four must give the same bits, in f32,
+/// f64, f16 and bf16, for n a multiple of the chunk and not, rows shorter and longer than a block
+/// of chunks, under every thread order. Nothing outside [start, start + len) may be written.
+#[test]
+fn row_kernels_give_the_same_bits_in_both_shapes_aligned_or_not() {
+    let _g = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let (sm, ln) = (Module::open("libsoftmax.so"), Module::open("libnorm.so"));
+    let mut rng = Rng(seed());
+    for dt in ["f32", "f64", "f16", "bf16"] {
+        let es = dt_size(dt);
+        // The weight, bias, statistics and their gradients: f32 for the half dtypes.
+        let (wdt, ws) = if dt == "f64" { ("f64", 8) } else { ("f32", 4) };
+        for &(rows, n) in &[(9u64, 1u32), (9, 31), (9, 77), (5, 256), (4, 296), (5, 300), (3, 1000), (3, 1024), (2, 2100)] {
+            let len = (rows * n as u64) as usize;
+            let xv: Vec<f64> = (0..len).map(|_| rng.uniform(-6.0, 6.0)).collect();
+            let gv: Vec<f64> = (0..len).map(|_| rng.uniform(-1.0, 1.0)).collect();
+            let wv: Vec<f64> = (0..n).map(|_| rng.uniform(0.5, 1.5)).collect();
+            let bv: Vec<f64> = (0..n).map(|_| rng.uniform(-0.5, 0.5)).collect();
+            // Row 1 fully masked; the others about a third.
+            let mask: Vec<u8> = (0..len).map(|i| (i / n as usize == 1 || rng.uniform(0.0, 1.0) < 0.3) as u8).collect();
+            let mrow = Strided { rank: 1, dims: [rows as i64, 0, 0, 0, 0, 0, 0, 0], strides: [n as i64, 0, 0, 0, 0, 0, 0, 0] };
+            let mstep = 1u64;
+            let chunk = 2u32;
+            let parts = rows.div_ceil(chunk as u64) as usize;
+            let (eps, one) = (1e-5f64, 1u32);
+            for (s, sd) in [SCHEDULES[0], SCHEDULES[2], SCHEDULES[4]] {
+                set_schedule(s, sd);
+                // Outputs of each (shape, offset) run: one Buf per output, with its offset and element size.
+                let run_all = |what: &str, body: &dyn Fn(bool, usize) -> Vec<(Buf, usize, usize, usize)>| {
+                    let mut first: Option<Vec<Vec<u8>>> = None;
+                    for warp in [false, true] {
+                        for k in [0usize, 1] {
+                            let outs = body(warp, k);
+                            let got: Vec<Vec<u8>> = outs
+                                .iter()
+                                .map(|(b, off, size, count)| {
+                                    let all = b.bytes();
+                                    assert!(all[..*off].iter().all(|&x| x == 0xFF), "{what} {dt} rows={rows} n={n}: wrote before the start");
+                                    let end = off + size * count;
+                                    assert!(all[end..].iter().all(|&x| x == 0xFF), "{what} {dt} rows={rows} n={n}: wrote past the end");
+                                    all[*off..end].to_vec()
+                                })
+                                .collect();
+                            match &first {
+                                None => first = Some(got),
+                                Some(f) => assert!(
+                                    *f == got,
+                                    "{what} {dt} rows={rows} n={n} {s}/{sd}: warp={warp} offset={k} element(s) differs from the block shape, aligned"
+                                ),
+                            }
+                        }
+                    }
+                    first.unwrap()
+                };
+                let name = |base: &str, warp: bool| format!("{base}{}{dt}", if warp { "_warp_" } else { "_" });
+                let launch = |m: &Module, kernel: &str, warp: bool, args: &[*mut c_void]| {
+                    m.launch(kernel, (if warp { 1 } else { 2 }, 1, 1), (256, 1, 1), 0, args).unwrap_or_else(|e| panic!("{kernel}: {e}"));
+                };
+                for base in ["softmax_fwd", "log_softmax_fwd", "masked_softmax_fwd"] {
+                    let y = run_all(base, &|warp, k| {
+                        let off = k * es;
+                        let mut x = encode(&xv, dt, off);
+                        let mut y = Buf::new(off + len * es + 16);
+                        let (xp, yp) = (x.at().wrapping_add(off), y.at().wrapping_add(off));
+                        let mp = mask.as_ptr();
+                        if base == "masked_softmax_fwd" {
+                            launch(&sm, &name(base, warp), warp, &[p(&xp), p(&mp), p(&mrow), p(&mstep), p(&yp), p(&rows), p(&n)]);
+                        } else {
+                            launch(&sm, &name(base, warp), warp, &[p(&xp), p(&yp), p(&rows), p(&n)]);
+                        }
+                        vec![(y, off, es, len)]
+                    });
+                    let yb = &y[0];
+                    assert!((0..len).all(|i| decode(yb, dt, i).is_finite()), "{base} {dt} rows={rows} n={n}: every element written, finite");
+                    if base == "masked_softmax_fwd" {
+                        continue;
+                    }
+                    let bwd = base.replacen("fwd", "bwd", 1);
+                    run_all(&bwd, &|warp, k| {
+                        let off = k * es;
+                        let yv: Vec<f64> = (0..len).map(|i| decode(yb, dt, i)).collect();
+                        let (mut yy, mut g) = (encode(&yv, dt, off), encode(&gv, dt, off));
+                        let mut o = Buf::new(off + len * es + 16);
+                        let (yp, gp, op) = (yy.at().wrapping_add(off), g.at().wrapping_add(off), o.at().wrapping_add(off));
+                        launch(&sm, &name(&bwd, warp), warp, &[p(&yp), p(&gp), p(&op), p(&rows), p(&n)]);
+                        vec![(o, off, es, len)]
+                    });
+                }
+                let stats = run_all("layer_norm_fwd", &|warp, k| {
+                    let (off, woff) = (k * es, k * ws);
+                    let mut x = encode(&xv, dt, off);
+                    let (mut w, mut b) = (encode(&wv, wdt, woff), encode(&bv, wdt, woff));
+                    let mut y = Buf::new(off + len * es + 16);
+                    let (mut mean, mut rstd) = (Buf::new(rows as usize * ws + 16), Buf::new(rows as usize * ws + 16));
+                    let (xp, wp, bp, yp) = (x.at().wrapping_add(off), w.at().wrapping_add(woff), b.at().wrapping_add(woff), y.at().wrapping_add(off));
+                    let (mp, rp) = (mean.at(), rstd.at());
+                    launch(
+                        &ln,
+                        &name("layer_norm_fwd", warp),
+                        warp,
+                        &[p(&xp), p(&wp), p(&bp), p(&yp), p(&mp), p(&rp), p(&rows), p(&n), p(&eps), p(&one), p(&one)],
+                    );
+                    vec![(y, off, es, len), (mean, 0, ws, rows as usize), (rstd, 0, ws, rows as usize)]
+                });
+                let stat = |i: usize| {
+                    let v = &stats[i];
+                    (0..rows as usize)
+                        .map(|r| {
+                            if ws == 8 {
+                                f64::from_le_bytes(v[r * 8..r * 8 + 8].try_into().unwrap())
+                            } else {
+                                f32::from_le_bytes(v[r * 4..r * 4 + 4].try_into().unwrap()) as f64
+                            }
+                        })
+                        .collect::<Vec<f64>>()
+                };
+                let (mean_v, rstd_v) = (stat(1), stat(2));
+                assert!(rstd_v.iter().all(|v| v.is_finite() && *v > 0.0), "layer_norm_fwd {dt} rows={rows} n={n}: rstd {rstd_v:?}");
+                run_all("layer_norm_bwd", &|warp, k| {
+                    let (off, woff) = (k * es, k * ws);
+                    let (mut x, mut g) = (encode(&xv, dt, off), encode(&gv, dt, off));
+                    let mut w = encode(&wv, wdt, woff);
+                    let (mut mean, mut rstd) = (encode(&mean_v, wdt, 0), encode(&rstd_v, wdt, 0));
+                    let mut gx = Buf::new(off + len * es + 16);
+                    let (mut pw, mut pb) = (Buf::new(parts * n as usize * ws + 16), Buf::new(parts * n as usize * ws + 16));
+                    let (xp, wp, mp, rp, gp, op) =
+                        (x.at().wrapping_add(off), w.at().wrapping_add(woff), mean.at(), rstd.at(), g.at().wrapping_add(off), gx.at().wrapping_add(off));
+                    let (pwp, pbp) = (pw.at(), pb.at());
+                    launch(
+                        &ln,
+                        &name("layer_norm_bwd", warp),
+                        warp,
+                        &[p(&xp), p(&wp), p(&mp), p(&rp), p(&gp), p(&op), p(&pwp), p(&pbp), p(&rows), p(&n), p(&one), p(&chunk)],
+                    );
+                    vec![(gx, off, es, len), (pw, 0, ws, parts * n as usize), (pb, 0, ws, parts * n as usize)]
+                });
+            }
+        }
+    }
+}
+
 /// The 16-bit encoding nearest to x (ties to the even encoding), by search over all finite
 /// encodings; `decode` maps bits to f64 exactly. NaN -> 0x7FFF; beyond the rounding range -> inf.
 fn nearest16(x: f64, decode: &dyn Fn(u16) -> f64, inf: u16) -> u16 {

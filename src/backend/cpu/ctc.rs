@@ -147,13 +147,15 @@ fn one<T: Float>(lp: &[T], lse: Option<&[f64]>, v: usize, tlen: usize, lab: &[i6
             acc[k] = log_add(acc[k], alpha[t * sl + s] + beta[t * sl + s]);
         }
         for k in 0..v {
+            let occupied = acc[k] != ninf;
+            // The reference's unoccupied symbols keep their zero; only the
+            // fused gradient (p − occupancy) is written at every symbol.
+            if !occupied && lse.is_none() {
+                continue;
+            }
             let y = at(t, k);
             let p = if lse.is_some() { y.exp() } else { 0.0 };
-            if acc[k] != ninf {
-                g[t * v + k] = T::of(p - (acc[k] - y + nll).exp());
-            } else if lse.is_some() {
-                g[t * v + k] = T::of(p);
-            }
+            g[t * v + k] = T::of(if occupied { p - (acc[k] - y + nll).exp() } else { p });
         }
     }
     nll

@@ -71,7 +71,9 @@ fn fused_bwd_rows<T: Float>(x: &[T], target: &[i64], lse: &[f64], v: usize, smoo
     dx
 }
 
-fn check_targets(target: &[i64], v: usize, ignore: i64) -> Result<()> {
+/// The label-smoothing checks every backend shares: a vocabulary of at
+/// least 2 and every non-ignored target inside it.
+pub fn check_targets(target: &[i64], v: usize, ignore: i64) -> Result<()> {
     if v < 2 {
         return Err(Error::invalid("label_smoothing_loss", format!("expected a vocabulary of at least 2, got {v}")));
     }

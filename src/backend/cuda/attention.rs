@@ -177,6 +177,20 @@ fn common<'a>(
     })
 }
 
+/// Launches `kernels::attention::$kernel` with the resolved leading
+/// parameters of [`Common`] (ATT_PARAMS) followed by the kernel's own.
+macro_rules! launch_att {
+    ($kernel:ident, $dev:expr, $dt:expr, $cfg:expr, $c:expr, $($rest:expr),+ $(,)?) => {{
+        let c = &$c;
+        let [b, t1, t2, h, d] = c.dims;
+        let [mb, mi, mj] = c.strides;
+        kernels::attention::$kernel(
+            $dev, $dt, $cfg, c.q, c.k, c.v, c.p, c.flags, c.u, c.vb, b, t1, t2, h, d, c.scale, c.lens, c.chunk, c.left, c.causal, c.mask, mb, mi, mj,
+            c.seed, c.offset, c.keep, c.dscale, $($rest),+
+        )
+    }};
+}
+
 /// The output (batch, t1, heads, d_k) in q's dtype and the log-sum-exp
 /// (batch, heads, t1) in the compute type (+inf for a fully masked row).
 #[allow(clippy::too_many_arguments)]
@@ -201,40 +215,7 @@ pub fn flash_attention(
         if n.t2 == 0 {
             return Err(Error::invalid(op, "expected at least one key, found none"));
         }
-        let [b, t1, t2, h, d] = c.dims;
-        let [mb, mi, mj] = c.strides;
-        kernels::attention::attention_fwd(
-            dev,
-            dt,
-            cfg(units(n, n.t1, dt)),
-            c.q,
-            c.k,
-            c.v,
-            c.p,
-            c.flags,
-            c.u,
-            c.vb,
-            b,
-            t1,
-            t2,
-            h,
-            d,
-            c.scale,
-            c.lens,
-            c.chunk,
-            c.left,
-            c.causal,
-            c.mask,
-            mb,
-            mi,
-            mj,
-            c.seed,
-            c.offset,
-            c.keep,
-            c.dscale,
-            &o,
-            &lse,
-        )?;
+        launch_att!(attention_fwd, dev, dt, cfg(units(n, n.t1, dt)), c, &o, &lse)?;
     }
     Ok((o, lse))
 }
@@ -286,85 +267,13 @@ pub fn flash_attention_backward(
     let dv = dev.alloc(dt, n.k_len())?;
     let extra = if pos.is_some() { Some((dev.alloc(acc, n.k_len())?, dev.alloc(acc, n.batch * n.t2 * n.heads)?)) } else { None };
     if n.q_len() > 0 && n.t2 > 0 {
-        let [b, t1, t2, h, d] = c.dims;
-        let [mb, mi, mj] = c.strides;
-        kernels::attention::attention_bwd_dq(
-            dev,
-            dt,
-            cfg(units(n, n.t1, dt)),
-            c.q,
-            c.k,
-            c.v,
-            c.p,
-            c.flags,
-            c.u,
-            c.vb,
-            b,
-            t1,
-            t2,
-            h,
-            d,
-            c.scale,
-            c.lens,
-            c.chunk,
-            c.left,
-            c.causal,
-            c.mask,
-            mb,
-            mi,
-            mj,
-            c.seed,
-            c.offset,
-            c.keep,
-            c.dscale,
-            o,
-            dout,
-            lse,
-            &dsum,
-            &dq,
-        )?;
+        launch_att!(attention_bwd_dq, dev, dt, cfg(units(n, n.t1, dt)), c, o, dout, lse, &dsum, &dq)?;
         // Never written without positions: any buffer of the compute type.
         let (dp, sk) = match &extra {
             Some((dp, sk)) => (dp, sk),
             None => (&dsum, &dsum),
         };
-        kernels::attention::attention_bwd_dkv(
-            dev,
-            dt,
-            cfg(units(n, n.t2, dt)),
-            c.q,
-            c.k,
-            c.v,
-            c.p,
-            c.flags,
-            c.u,
-            c.vb,
-            b,
-            t1,
-            t2,
-            h,
-            d,
-            c.scale,
-            c.lens,
-            c.chunk,
-            c.left,
-            c.causal,
-            c.mask,
-            mb,
-            mi,
-            mj,
-            c.seed,
-            c.offset,
-            c.keep,
-            c.dscale,
-            dout,
-            lse,
-            &dsum,
-            &dk,
-            &dv,
-            dp,
-            sk,
-        )?;
+        launch_att!(attention_bwd_dkv, dev, dt, cfg(units(n, n.t2, dt)), c, dout, lse, &dsum, &dk, &dv, dp, sk)?;
     }
     Ok(AttentionGradsGpu { dq, dk, dv, pos: extra })
 }

@@ -50,12 +50,7 @@ pub fn label_smoothing(
 /// The checks both label-smoothing forwards share: the vocabulary, the
 /// targets' range, the dtype and the logits' size.
 fn check_label_smoothing(x: &CudaStorage, target: &[i64], v: usize, ignore: i64) -> Result<DType> {
-    if v < 2 {
-        return Err(Error::invalid("label_smoothing_loss", format!("expected a vocabulary of at least 2, got {v}")));
-    }
-    if let Some(&bad) = target.iter().find(|&&t| t != ignore && (t < 0 || t as usize >= v)) {
-        return Err(Error::IndexOutOfRange { op: "label_smoothing_loss (target)", index: bad, size: v });
-    }
+    crate::backend::cpu::loss::check_targets(target, v, ignore)?;
     let dt = x.dtype();
     if dt != DType::F32 && dt != DType::F64 {
         return Err(crate::backend::cpu::unsupported("label_smoothing_loss", dt));

@@ -20,6 +20,7 @@ pub mod elementwise;
 pub mod fastdiv;
 pub mod info;
 pub mod kernels;
+pub mod lab;
 pub mod launch;
 pub mod loss;
 pub mod optim;

@@ -72,6 +72,18 @@ impl CudaDevice {
     pub fn pool_stats(&self) -> PoolStats {
         match *self {}
     }
+    /// Starts the pool's peak over from the bytes in use now.
+    pub fn reset_peak(&self) {
+        match *self {}
+    }
+    /// The most bytes in use at once since the device opened (or the last reset).
+    pub fn peak_bytes(&self) -> usize {
+        match *self {}
+    }
+    /// The bytes in use now.
+    pub fn current_bytes(&self) -> usize {
+        match *self {}
+    }
     /// Returns cached blocks to the driver.
     pub fn empty_cache(&self) -> Result<()> {
         match *self {}

@@ -1,0 +1,47 @@
+//! The kernel lab (`cuda/lab_<family>.cu`, see cuda/README.md): numbered
+//! variants of a fused kernel kept beside the production one, each with the
+//! production kernel's contract, so tests/kernel_lab.rs can check every
+//! variant against the CPU reference and benches/kernel_lab.rs can time
+//! them against production on the same inputs.
+
+use super::kernels::lab_loss as k;
+use super::{CudaStorage, LaunchConfig};
+use crate::backend::cpu::CpuStorage;
+use crate::error::{Error, Result};
+use crate::tensor::DType;
+
+/// Threads per row block (`LAB_THREADS`).
+const THREADS: u32 = 256;
+
+/// The variants of `label_smoothing_fused_fwd` in cuda/lab_loss.cu, by name.
+pub const LABEL_SMOOTHING_FUSED_FWD: &[&str] = &["v1_two_pass", "v2_online_16byte_loads"];
+
+/// Runs variant `variant` (a name of [`LABEL_SMOOTHING_FUSED_FWD`]) of the
+/// fused label-smoothing forward on f32 logits (rows, v): each row's KL and
+/// log-sum-exp (f64 on the device), as `loss::label_smoothing_fused_fwd`.
+pub fn label_smoothing_fused_fwd(variant: &str, x: &CudaStorage, target: &[i64], v: usize, smoothing: f64, ignore: i64) -> Result<(CudaStorage, CudaStorage)> {
+    let op = "lab label_smoothing_fused_fwd";
+    if x.dtype() != DType::F32 {
+        return Err(Error::DTypeMismatch { op, expected: DType::F32, got: x.dtype() });
+    }
+    crate::backend::cpu::loss::check_targets(target, v, ignore)?;
+    let rows = target.len();
+    if x.len() != rows * v {
+        return Err(Error::invalid(op, format!("expected {rows} rows of {v} logits ({} values), got {} values", rows * v, x.len())));
+    }
+    let dev = x.device();
+    let kl = dev.alloc(DType::F64, rows)?;
+    let lse = dev.alloc(DType::F64, rows)?;
+    if rows == 0 {
+        return Ok((kl, lse));
+    }
+    let tg = CudaStorage::from_cpu(dev, &CpuStorage::I64(target.to_vec()))?;
+    let cfg = LaunchConfig::rows(rows, THREADS);
+    let (r, n) = (rows as i64, v as i64);
+    match variant {
+        "v1_two_pass" => k::lab_label_smoothing_fused_fwd_v1(dev, DType::F32, cfg, x, &tg, &kl, &lse, r, n, smoothing, ignore)?,
+        "v2_online_16byte_loads" => k::lab_label_smoothing_fused_fwd_v2(dev, DType::F32, cfg, x, &tg, &kl, &lse, r, n, smoothing, ignore)?,
+        other => return Err(Error::invalid(op, format!("expected one of {LABEL_SMOOTHING_FUSED_FWD:?}, found {other:?}"))),
+    }
+    Ok((kl, lse))
+}
