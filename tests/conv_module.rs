@@ -5,8 +5,13 @@
 //! times the tap's weights (no conv kernel at all), batch norm over (B, C, T)
 //! or layer norm between transposes, the activation, pointwise conv2, mask,
 //! transpose back. Outputs, every parameter and input gradient and the
-//! batch norm's running statistics must agree: in f64 on the CPU to 1e-12,
-//! and in f32 on the (emulated) GPU to the harness's f32 tolerance. The one
+//! batch norm's running statistics must agree with the old composition
+//! evaluated in f64 on the CPU (the module's parameters, input and output
+//! weighting upcast): the f64 CPU module to 1e-12, the f32 (emulated) GPU
+//! module to the harness's f32 tolerance. The f64 reference is the truth:
+//! against an f32 reference, ill-conditioned gradients (pointwise_conv1's
+//! bias, whose terms mostly cancel under batch norm) compared two roundings
+//! that only agreed while both sides summed in the same order. The one
 //! exception is the depthwise bias's gradient under training batch norm,
 //! analytically zero: each side must be zero up to that sum's rounding.
 
@@ -164,27 +169,44 @@ fn check(dev: &Device, dt: DType, tol: f64) {
     for (norm, causal, wenet) in cases {
         let mut m = ConvolutionModule::new(c, 5, Activation::Swish, norm, causal, 1e-5, dt, &mut rng).unwrap();
         m.wenet_masking = wenet;
-        for t in m.state_dict() {
+        // The reference's module: f64 on the CPU, every tensor an exact
+        // upcast of `m`'s (its own initial values, drawn from a separate
+        // generator, are all overwritten).
+        let mut m64 = ConvolutionModule::new(c, 5, Activation::Swish, norm, causal, 1e-5, DType::F64, &mut Rng::new(seed ^ 1)).unwrap();
+        m64.wenet_masking = wenet;
+        let (sd, sd64) = (m.state_dict(), m64.state_dict());
+        assert_eq!(sd.len(), sd64.len(), "{norm:?}: the f64 module has another state dict");
+        for (t, t64) in sd.iter().zip(&sd64) {
+            assert_eq!(t.name, t64.name, "{norm:?}: the f64 module's state dict is in another order");
+            t64.tensor.assign(&ops::to_dtype(&t.tensor, t64.tensor.dtype()).unwrap()).unwrap();
+        }
+        for t in &sd {
             if t.tensor.dtype() == dt {
                 t.tensor.move_to_device(dev).unwrap();
             }
         }
         let x = Tensor::from_vec(rng.normal(b * t * c), [b, t, c], &Device::Cpu).unwrap();
-        let x = ops::to_dtype(&x, dt).unwrap().to_device(dev).unwrap().requires_grad_();
-        let wt = ops::to_dtype(&Tensor::from_vec(rng.normal(b * t * c), [b, t, c], &Device::Cpu).unwrap(), dt).unwrap().to_device(dev).unwrap();
+        let x = ops::to_dtype(&x, dt).unwrap();
+        let x64 = ops::to_dtype(&x, DType::F64).unwrap().requires_grad_();
+        let x = x.to_device(dev).unwrap().requires_grad_();
+        let wt = ops::to_dtype(&Tensor::from_vec(rng.normal(b * t * c), [b, t, c], &Device::Cpu).unwrap(), dt).unwrap();
+        let wt64 = ops::to_dtype(&wt, DType::F64).unwrap();
+        let wt = wt.to_device(dev).unwrap();
         let pad = frame_pad_mask(&[11, 7, 4], t).unwrap();
-        let stats = match &m.norm {
+        let stats = match &m64.norm {
             ConvModuleNorm::Batch(bn) => Some((copy(&bn.running_mean), copy(&bn.running_var))),
             ConvModuleNorm::Layer(_) => None,
         };
-        let what = format!("{norm:?} causal={causal} wenet_masking={wenet} on {dev:?} {dt:?}");
-        let bias_scale = matches!(m.norm, ConvModuleNorm::Batch(_)).then(|| depthwise_bias_rounding_scale(&m, &x, &pad, &wt));
-        let (yr, gr) = run(&m, &x, &wt, &|| reference(&m, &x, Some(&pad), stats.as_ref().map(|(a, b)| (a, b))));
+        let what = format!("{norm:?} causal={causal} wenet_masking={wenet} on {dev:?} {dt:?} against the f64 CPU reference");
+        // Each side's rounding scale, on its own device in its own dtype.
+        let bias_scales = matches!(m.norm, ConvModuleNorm::Batch(_))
+            .then(|| (depthwise_bias_rounding_scale(&m, &x, &pad, &wt), depthwise_bias_rounding_scale(&m64, &x64, &pad, &wt64)));
+        let (yr, gr) = run(&m64, &x64, &wt64, &|| reference(&m64, &x64, Some(&pad), stats.as_ref().map(|(a, b)| (a, b))));
         let (ym, gm) = run(&m, &x, &wt, &|| m.forward(&x, Some(&pad)));
         gpu::assert_close(&format!("{what}: output"), &ym, &yr, tol, seed);
         let names: Vec<String> = m.named_parameters().into_iter().map(|(n, _)| n).chain(["input".to_string()]).collect();
         for ((g, r), n) in gm.iter().zip(&gr).zip(&names) {
-            match (&bias_scale, n.as_str()) {
+            match (&bias_scales, n.as_str()) {
                 // Training batch norm removes any per-channel constant, so
                 // the depthwise bias's gradient Σ_i dx_i is analytically
                 // zero: both sides compute only rounding, and comparing them
@@ -204,10 +226,9 @@ fn check(dev: &Device, dt: DType, tol: f64) {
                 // A gradient that is not ~0, say dx keeping a fraction ε of
                 // ḡ, is ε·|w|·r·|Σ_i g_i| ~ ε·|w|·r·‖g‖, over the bound once
                 // ε exceeds about K·u·√N·(2 to 8): 1e-5 to 5e-5 in f32 here.
-                (Some(scale), "depthwise_conv.bias") => {
+                (Some((scale, scale64)), "depthwise_conv.bias") => {
                     const K: f64 = 8.0;
-                    let u = unit_roundoff(dt);
-                    for (side, grad) in [("module", g), ("reference", r)] {
+                    for (side, grad, scale, u) in [("module", g, scale, unit_roundoff(dt)), ("reference", r, scale64, unit_roundoff(DType::F64))] {
                         for (ch, (&gc, &sc)) in grad.iter().zip(scale).enumerate() {
                             let bound = K * u * sc;
                             assert!(
@@ -221,7 +242,7 @@ fn check(dev: &Device, dt: DType, tol: f64) {
             }
         }
         if let (ConvModuleNorm::Batch(bn), Some((rm, rv))) = (&m.norm, &stats) {
-            // One training forward each: the module moved its statistics, the reference its copies.
+            // One training forward each: the module moved its statistics, the reference copies of the f64 module's.
             gpu::assert_close(&format!("{what}: running_mean"), &bn.running_mean.to_f64_vec().unwrap(), &rm.to_f64_vec().unwrap(), tol, seed);
             gpu::assert_close(&format!("{what}: running_var"), &bn.running_var.to_f64_vec().unwrap(), &rv.to_f64_vec().unwrap(), tol, seed);
         }
