@@ -275,6 +275,209 @@ __device__ void batch_norm_bwd_dx(const T* __restrict__ x, const W* __restrict__
     }
 }
 
+// apply and gx in u32 index math (the host's choice when x has fewer than
+// 2^31 elements): the channel of element i is (i / t) % c by two
+// host-computed divisors (common.cuh FastDiv: a multiply-high, an add and
+// a shift each) instead of two 64-bit divisions; t = 1 (channels last)
+// divides by 1 exactly.
+__device__ __forceinline__ uint32_t bn_channel(uint32_t i, const FastDiv& ft, const FastDiv& fc) {
+    const uint32_t q = fast_div(ft, i);
+    return q - fast_div(fc, q) * fc.d;
+}
+
+template <typename T, typename W>
+__device__ void batch_norm_apply_u32(const T* __restrict__ x, const W* __restrict__ mean, const W* __restrict__ rstd,
+                                     const W* __restrict__ w, const W* __restrict__ bias, T* __restrict__ y, uint32_t total,
+                                     FastDiv ft, FastDiv fc) {
+    typedef typename Num<T>::acc A;
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+        const uint32_t ch = bn_channel(i, ft, fc);
+        const A v = (Num<T>::to(x[i]) - A(Num<W>::to(mean[ch]))) * A(Num<W>::to(rstd[ch])) * A(Num<W>::to(w[ch])) +
+                    A(Num<W>::to(bias[ch]));
+        y[i] = Num<T>::from(v);
+    }
+}
+
+template <typename T, typename W>
+__device__ void batch_norm_bwd_dx_u32(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ mean,
+                                      const W* __restrict__ rstd, const T* __restrict__ g, const W* __restrict__ sg,
+                                      const W* __restrict__ sgx, T* __restrict__ gx, uint32_t total, FastDiv ft, FastDiv fc,
+                                      uint32_t train) {
+    typedef typename Num<T>::acc A;
+    const A cnt = A(total / fc.d);
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x) {
+        const uint32_t ch = bn_channel(i, ft, fc);
+        const A inv = Num<W>::to(rstd[ch]), wr = A(Num<W>::to(w[ch])) * inv, gv = Num<T>::to(g[i]);
+        A v;
+        if (train) {
+            const A xh = (Num<T>::to(x[i]) - A(Num<W>::to(mean[ch]))) * inv;
+            v = wr * (gv - A(Num<W>::to(sg[ch])) / cnt - xh * A(Num<W>::to(sgx[ch])) / cnt);
+        } else {
+            v = wr * gv;
+        }
+        gx[i] = Num<T>::from(v);
+    }
+}
+
+// Channels-last batch norm (x (N, C), the Conformer convolution module's
+// layout): the training statistics and the backward sums as tiled column
+// reductions (the shape of reduce.cu's sum_cols_tiled). Channels are cut
+// into strips of BN_STRIP = 32, rows into `tiles` tiles of `tile_rows`;
+// work item (strip, tile) goes to a block of BN_STRIP x BN_LANES = 256
+// threads, grid-stride over the strips * tiles items (a 1-D grid, so a
+// capped grid wraps). Thread (lane, rl), rl = the warp: channel strip*32 +
+// lane, rows r0 + rl, r0 + rl + BN_LANES, ... of the tile, so a warp reads
+// 32 adjacent channels of a row (one 128-byte line in f32: coalesced). The
+// BN_LANES partials of a channel are added in lane order, the tile's
+// result goes to `part` (strips * tiles * 2 * 32 values of W), and the last
+// block of a strip to arrive (an arrival counter per strip, zeroed by the
+// host) folds the strip's tile results in tile order: the same bits for
+// the same shape whatever the grid or the schedule (the atomic only elects
+// the folding block, it feeds no result). One launch each.
+// Host tiling (src/backend/cuda/norm.rs `bn_tiling`): about 512 items, at
+// least 32 rows a tile: at N = 16*128 = 2048, C = 256 that is 8 strips x
+// 64 tiles of 32 rows = 512 blocks of 256 threads, about 3.9 blocks (31
+// warps) per SM of a 132-SM GPU.
+#define BN_STRIP 32
+#define BN_LANES 8
+
+// The strip's items share this fold of sh's BN_LANES rows into row 0's
+// lanes; returns the fold to the rl == 0 threads (others get 0).
+template <typename A>
+__device__ __forceinline__ A bn_fold_lanes(A v, A (*sh)[BN_STRIP + 1], uint32_t lane, uint32_t rl) {
+    sh[rl][lane] = v;
+    __syncthreads();
+    A t = A(0);
+    if (rl == 0) {
+        t = sh[0][lane];
+#pragma unroll
+        for (int q = 1; q < BN_LANES; ++q) t += sh[q][lane];
+    }
+    __syncthreads();
+    return t;
+}
+
+// Training statistics of x (n, c): each tile's mean and sum of squared
+// deviations from it (two passes over the tile, the second from cache),
+// merged by the folding block in tile order with Chan, Golub and LeVeque's
+// pairwise update (mean_ab = mean_a + d nb/n, M2_ab = M2_a + M2_b +
+// d^2 na nb / n, d = mean_b - mean_a); then mean, rstd and the running
+// statistics as batch_norm_stats. Needs n >= 1 (training: n >= 2).
+template <typename T, typename W>
+__device__ void batch_norm_stats_cl(const T* __restrict__ x, W* __restrict__ run_mean, W* __restrict__ run_var,
+                                    W* __restrict__ mean, W* __restrict__ rstd, W* part, unsigned long long* counters, uint32_t n,
+                                    uint32_t c, uint32_t tile_rows, double eps, double momentum) {
+    typedef typename Num<T>::acc A;
+    __shared__ A sh[BN_LANES][BN_STRIP + 1];
+    __shared__ A smu[BN_STRIP];
+    __shared__ int is_last;
+    const uint32_t strips = (c + BN_STRIP - 1) / BN_STRIP, tiles = (n + tile_rows - 1) / tile_rows;
+    const uint32_t lane = threadIdx.x % BN_STRIP, rl = threadIdx.x / BN_STRIP;
+    for (uint32_t item = blockIdx.x; item < strips * tiles; item += gridDim.x) {
+        const uint32_t s = item / tiles, tile = item - s * tiles;
+        const uint32_t ch = s * BN_STRIP + lane;
+        const uint32_t r0 = tile * tile_rows, r1 = r0 + tile_rows < n ? r0 + tile_rows : n;
+        A acc = A(0);
+        if (ch < c)
+            for (uint32_t r = r0 + rl; r < r1; r += BN_LANES) acc += Num<T>::to(x[(size_t)r * c + ch]);
+        A t = bn_fold_lanes(acc, sh, lane, rl);
+        if (rl == 0) smu[lane] = t / A(r1 - r0);
+        __syncthreads();
+        const A mu = smu[lane];
+        acc = A(0);
+        if (ch < c)
+            for (uint32_t r = r0 + rl; r < r1; r += BN_LANES) {
+                const A d = Num<T>::to(x[(size_t)r * c + ch]) - mu;
+                acc += d * d;
+            }
+        t = bn_fold_lanes(acc, sh, lane, rl);
+        W* p = part + ((size_t)s * tiles + tile) * 2 * BN_STRIP;
+        if (rl == 0) {
+            p[lane] = Num<W>::from(mu);
+            p[BN_STRIP + lane] = Num<W>::from(t);
+            // The tile's results are visible to every block before the
+            // counter says this tile is done.
+            __threadfence();
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) is_last = atomicAdd(&counters[s], 1ull) == (unsigned long long)(tiles - 1);
+        __syncthreads();
+        if (is_last && rl == 0 && ch < c) {
+            __threadfence();
+            const volatile W* q = part + (size_t)s * tiles * 2 * BN_STRIP + lane;
+            A na = A(tile_rows < n ? tile_rows : n), ma = A(q[0]), m2 = A(q[BN_STRIP]);
+            for (uint32_t k = 1; k < tiles; ++k) {
+                const uint32_t k0 = k * tile_rows;
+                const A nb = A((k0 + tile_rows < n ? k0 + tile_rows : n) - k0);
+                const A mb = A(q[(size_t)k * 2 * BN_STRIP]), m2b = A(q[(size_t)k * 2 * BN_STRIP + BN_STRIP]);
+                const A nab = na + nb, d = mb - ma;
+                ma = ma + d * (nb / nab);
+                m2 = m2 + m2b + d * d * (na * nb / nab);
+                na = nab;
+            }
+            const A v = m2 / A(n), mom = A(momentum);
+            mean[ch] = Num<W>::from(ma);
+            rstd[ch] = Num<W>::from(A(1) / nn_sqrt(v + A(eps)));
+            run_mean[ch] = Num<W>::from(A(Num<W>::to(run_mean[ch])) * (A(1) - mom) + ma * mom);
+            run_var[ch] = Num<W>::from(A(Num<W>::to(run_var[ch])) * (A(1) - mom) + v * (A(n) / A(n - 1)) * mom);
+        }
+        // `sh`, `smu` and `is_last` are rewritten by the next item.
+        __syncthreads();
+    }
+}
+
+// Backward sums of x, g (n, c): sg = sum g, sgx = sum g * xh per channel,
+// tiled as batch_norm_stats_cl, the folding block adding the tile sums in
+// tile order.
+template <typename T, typename W>
+__device__ void batch_norm_bwd_sums_cl(const T* __restrict__ x, const W* __restrict__ mean, const W* __restrict__ rstd,
+                                       const T* __restrict__ g, W* __restrict__ sg, W* __restrict__ sgx, W* part,
+                                       unsigned long long* counters, uint32_t n, uint32_t c, uint32_t tile_rows) {
+    typedef typename Num<T>::acc A;
+    __shared__ A sh[BN_LANES][BN_STRIP + 1];
+    __shared__ int is_last;
+    const uint32_t strips = (c + BN_STRIP - 1) / BN_STRIP, tiles = (n + tile_rows - 1) / tile_rows;
+    const uint32_t lane = threadIdx.x % BN_STRIP, rl = threadIdx.x / BN_STRIP;
+    for (uint32_t item = blockIdx.x; item < strips * tiles; item += gridDim.x) {
+        const uint32_t s = item / tiles, tile = item - s * tiles;
+        const uint32_t ch = s * BN_STRIP + lane;
+        const uint32_t r0 = tile * tile_rows, r1 = r0 + tile_rows < n ? r0 + tile_rows : n;
+        A s1 = A(0), s2 = A(0);
+        if (ch < c) {
+            const A mu = Num<W>::to(mean[ch]), inv = Num<W>::to(rstd[ch]);
+            for (uint32_t r = r0 + rl; r < r1; r += BN_LANES) {
+                const size_t k = (size_t)r * c + ch;
+                const A gv = Num<T>::to(g[k]);
+                s1 += gv;
+                s2 += gv * (Num<T>::to(x[k]) - mu) * inv;
+            }
+        }
+        s1 = bn_fold_lanes(s1, sh, lane, rl);
+        s2 = bn_fold_lanes(s2, sh, lane, rl);
+        W* p = part + ((size_t)s * tiles + tile) * 2 * BN_STRIP;
+        if (rl == 0) {
+            p[lane] = Num<W>::from(s1);
+            p[BN_STRIP + lane] = Num<W>::from(s2);
+            __threadfence();
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) is_last = atomicAdd(&counters[s], 1ull) == (unsigned long long)(tiles - 1);
+        __syncthreads();
+        if (is_last && rl == 0 && ch < c) {
+            __threadfence();
+            const volatile W* q = part + (size_t)s * tiles * 2 * BN_STRIP + lane;
+            A t1 = A(0), t2 = A(0);
+            for (uint32_t k = 0; k < tiles; ++k) {
+                t1 += A(q[(size_t)k * 2 * BN_STRIP]);
+                t2 += A(q[(size_t)k * 2 * BN_STRIP + BN_STRIP]);
+            }
+            sg[ch] = Num<W>::from(t1);
+            sgx[ch] = Num<W>::from(t2);
+        }
+        __syncthreads();
+    }
+}
+
 // Layer norm's kernels for input type T and parameter type W: the half
 // types read and write x, y, g and gx in half and keep the weight, bias,
 // their gradients and the per-row mean and rstd in f32 (W = float),
@@ -324,6 +527,25 @@ LN_KERNELS(bf16, __nv_bfloat16, float)
                                                        const W* sg, const W* sgx, T* gx, uint64_t total, uint32_t c,       \
                                                        uint64_t t, uint32_t train) {                                       \
         batch_norm_bwd_dx<T, W>(x, w, mean, rstd, g, sg, sgx, gx, total, c, t, train);                                     \
+    }                                                                                                                    \
+    extern "C" __global__ void batch_norm_stats_cl_##SUF(const T* x, W* run_mean, W* run_var, W* mean, W* rstd, W* part,   \
+                                                         unsigned long long* counters, uint32_t n, uint32_t c,             \
+                                                         uint32_t tile_rows, double eps, double momentum) {                \
+        batch_norm_stats_cl<T, W>(x, run_mean, run_var, mean, rstd, part, counters, n, c, tile_rows, eps, momentum);       \
+    }                                                                                                                    \
+    extern "C" __global__ void batch_norm_bwd_sums_cl_##SUF(const T* x, const W* mean, const W* rstd, const T* g, W* sg,   \
+                                                            W* sgx, W* part, unsigned long long* counters, uint32_t n,     \
+                                                            uint32_t c, uint32_t tile_rows) {                              \
+        batch_norm_bwd_sums_cl<T, W>(x, mean, rstd, g, sg, sgx, part, counters, n, c, tile_rows);                          \
+    }                                                                                                                    \
+    extern "C" __global__ void batch_norm_apply_u32_##SUF(const T* x, const W* mean, const W* rstd, const W* w,            \
+                                                          const W* bias, T* y, uint32_t total, FastDiv ft, FastDiv fc) {   \
+        batch_norm_apply_u32<T, W>(x, mean, rstd, w, bias, y, total, ft, fc);                                              \
+    }                                                                                                                    \
+    extern "C" __global__ void batch_norm_bwd_dx_u32_##SUF(const T* x, const W* w, const W* mean, const W* rstd,           \
+                                                           const T* g, const W* sg, const W* sgx, T* gx, uint32_t total,   \
+                                                           FastDiv ft, FastDiv fc, uint32_t train) {                       \
+        batch_norm_bwd_dx_u32<T, W>(x, w, mean, rstd, g, sg, sgx, gx, total, ft, fc, train);                               \
     }
 BN_KERNELS(f32, float, float)
 BN_KERNELS(f64, double, double)

@@ -336,6 +336,63 @@ fn batch_norm_running_statistics_match_the_cpu() {
     close("running_var", &out[1].1, &out[0].1, 1e-12, seed);
 }
 
+/// Training batch norm of channels-last x (N, C) on `dev` in `dt` with
+/// weight w, f32-or-f64 parameters: y, the gradients of x, w and b for the
+/// loss sum(y * r), and the running statistics after the update (the tiled
+/// `batch_norm_stats_cl` and `batch_norm_bwd_sums_cl` kernels on the GPU).
+fn bn_channels_last_run(dev: &Device, dt: DType, xv: &[f64], wv: &[f64], rv: &[f64], n: usize, c: usize) -> Vec<Vec<f64>> {
+    let pd = if dt == DType::F64 { DType::F64 } else { DType::F32 };
+    let x = common::tensor(xv, &[n, c], dt, dev).requires_grad_();
+    let w = common::tensor(wv, &[c], pd, dev).requires_grad_();
+    let b = common::tensor(&vec![0.1; c], &[c], pd, dev).requires_grad_();
+    let (rm, rvar) = (Tensor::full([c], 0.25, pd, dev).unwrap(), Tensor::full([c], 1.5, pd, dev).unwrap());
+    let st = BatchNormState { running_mean: &rm, running_var: &rvar, momentum: 0.1, eps: 1e-5, training: true };
+    let y = ops::batch_norm(&x, &w, &b, &st).unwrap();
+    // The weighting in the parameter dtype (the CPU computes no half ops).
+    let r = common::tensor(rv, &[n, c], pd, dev);
+    let loss = ops::sum_all(&ops::mul(&ops::to_dtype(&y, pd).unwrap(), &r).unwrap()).unwrap();
+    asrforge::autograd::backward(&loss).unwrap();
+    let g = |t: &Tensor| t.grad().expect("a gradient reached the input").to_f64_vec().unwrap();
+    vec![y.to_f64_vec().unwrap(), g(&x), g(&w), g(&b), rm.to_f64_vec().unwrap(), rvar.to_f64_vec().unwrap()]
+}
+
+#[test]
+fn batch_norm_channels_last_tiled_matches_the_cpu_and_is_reproducible() {
+    let Some(dev) = gpu("batch_norm_channels_last_tiled_matches_the_cpu_and_is_reproducible") else { return };
+    // Rows not a multiple of the tile or of the 8 row lanes, channels not a
+    // multiple of the 32-channel strip (7: one ragged strip; 300: ten, the
+    // last of 12), 1000 x 300 is 10 strips x 31 tiles = 310 items over the
+    // capped grid of 37 blocks (grid-stride wraps); 2051 x 40 has 2 strips
+    // x 64 tiles of 40 rows, the last tile 11 rows (the module's N = 2048
+    // tiling, ragged). x has a mean of 3 so the merge of tile variances
+    // matters.
+    let seed = fresh_seed();
+    let names = ["y", "gx", "gw", "gb", "running_mean", "running_var"];
+    for (n, c) in [(300usize, 7usize), (1000, 300), (2051, 40)] {
+        let mut rng = Rng::new(seed ^ (n * c) as u64);
+        let xv: Vec<f64> = rng.normal(n * c).into_iter().map(|v| 2.0 * v + 3.0).collect();
+        let wv = rng.normal(c);
+        let rv = rng.normal(n * c);
+        for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+            // Both devices see the same dtype-rounded numbers.
+            let round = |v: &[f64], d: DType| common::tensor(v, &[v.len()], d, &Device::Cpu).to_f64_vec().unwrap();
+            let pd = if dt == DType::F64 { DType::F64 } else { DType::F32 };
+            let (xv, rv, wv) = (round(&xv, dt), round(&rv, dt), round(&wv, pd));
+            let want = bn_channels_last_run(&Device::Cpu, dt, &xv, &wv, &rv, n, c);
+            let got = bn_channels_last_run(&dev, dt, &xv, &wv, &rv, n, c);
+            let again = bn_channels_last_run(&dev, dt, &xv, &wv, &rv, n, c);
+            for (k, name) in names.iter().enumerate() {
+                let what = format!("batch_norm channels-last ({n}, {c}) {dt:?} {name}");
+                // The running statistics are f32 sums of the same half values for half x.
+                let tol = if k >= 4 && matches!(dt, DType::F16 | DType::BF16) { gpu::F32 } else { gpu::tol(dt) };
+                close(&what, &got[k], &want[k], tol, seed);
+                let same_bits = got[k].iter().zip(&again[k]).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same_bits, "{what}: two GPU runs differ (seed {seed})");
+            }
+        }
+    }
+}
+
 #[test]
 fn layer_norm_weight_gradient_is_reproducible() {
     let Some(dev) = gpu("layer_norm_weight_gradient_is_reproducible") else { return };

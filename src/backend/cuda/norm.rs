@@ -4,12 +4,14 @@
 //! its backward is two launches (gx with partial weight and bias sums, then
 //! their final sum): deterministic column sums, no atomics.
 
+use super::fastdiv::fast_div_words;
 use super::kernels::norm as k;
 use super::nn_common::{elems, expect_dtype, expect_len, rows, same, u32_arg, FLOATS};
 use super::softmax::row_launch;
-use super::CudaStorage;
+use super::{CudaStorage, LaunchConfig};
 use crate::backend::cpu::norm::ln_param_dtype;
 use crate::error::{Error, Result};
+use crate::tensor::DType;
 
 /// Rows per chunk of the first backward pass: one block writes gx of the
 /// chunk's rows and the chunk's partial row of the weight and bias sums.
@@ -104,6 +106,46 @@ pub fn layer_norm_backward(
     Ok((gx, gw, gb))
 }
 
+/// Channels per strip and row lanes of the channels-last batch-norm
+/// reductions (`BN_STRIP` × `BN_LANES` threads a block, `cuda/norm.cu`).
+const BN_STRIP: usize = 32;
+const BN_LANES: usize = 8;
+/// The fewest rows a tile of the channels-last reductions sums (4 per
+/// thread), and the blocks they aim for: 512, at N = 2048, C = 256 eight
+/// strips × 64 tiles (see `cuda/norm.cu`).
+const BN_MIN_TILE_ROWS: usize = 32;
+const BN_TARGET_BLOCKS: usize = 512;
+
+/// `(tile_rows, tiles)` of the channels-last (t = 1, x (N, C)) statistics
+/// and backward sums, or None when they take the block-per-channel path:
+/// channels-first inputs (t > 1, `nn::BatchNorm1d` on (B, C, T)), an empty
+/// input, or one with 2^31 elements or more (the kernels index rows and
+/// tiles in u32).
+fn bn_tiling(n: usize, c: usize, t: usize) -> Option<(u32, usize)> {
+    if t != 1 || n == 0 || c == 0 || !super::fastdiv::fits_u32(&[n * c]) {
+        return None;
+    }
+    let strips = c.div_ceil(BN_STRIP);
+    let want_tiles = BN_TARGET_BLOCKS.div_ceil(strips).clamp(1, (n / BN_MIN_TILE_ROWS).max(1));
+    let tile_rows = n.div_ceil(want_tiles).next_multiple_of(BN_LANES);
+    Some((tile_rows as u32, n.div_ceil(tile_rows)))
+}
+
+/// The tile results (strips × tiles × 2 × 32, x's parameter dtype) and the
+/// per-strip arrival counters (zeroed: a memset, not a launch) of a
+/// channels-last reduction.
+fn bn_scratch(x: &CudaStorage, c: usize, tiles: usize) -> Result<(CudaStorage, CudaStorage)> {
+    let strips = c.div_ceil(BN_STRIP);
+    let dev = x.device();
+    Ok((dev.alloc(ln_param_dtype(x.dtype()), strips * tiles * 2 * BN_STRIP)?, dev.zeros(DType::I64, strips)?))
+}
+
+/// A 1-D grid over the strips × tiles items (grid-stride past the cap).
+fn bn_launch(c: usize, tiles: usize) -> LaunchConfig {
+    let items = c.div_ceil(BN_STRIP) * tiles;
+    LaunchConfig { grid: (items.clamp(1, super::launch::max_grid() as usize) as u32, 1, 1), block: ((BN_STRIP * BN_LANES) as u32, 1, 1), shared_bytes: 0 }
+}
+
 fn bn_dims(op: &'static str, x: &CudaStorage, b: usize, c: usize, t: usize) -> Result<u32> {
     expect_dtype(op, x, FLOATS)?;
     expect_len(op, "the input (B, C, T)", x, b * c * t)?;
@@ -134,7 +176,26 @@ pub fn batch_norm_stats(
     let dev = x.device();
     let pd = ln_param_dtype(x.dtype());
     let (mean, rstd) = (dev.alloc(pd, c)?, dev.alloc(pd, c)?);
-    if c > 0 {
+    if let (true, Some((tile_rows, tiles))) = (train, bn_tiling(b, c, t)) {
+        let (part, counters) = bn_scratch(x, c, tiles)?;
+        k::batch_norm_stats_cl(
+            dev,
+            x.dtype(),
+            bn_launch(c, tiles),
+            x,
+            run_mean,
+            run_var,
+            &mean,
+            &rstd,
+            &part,
+            &counters,
+            b as u32,
+            cc,
+            tile_rows,
+            eps,
+            momentum,
+        )?;
+    } else if c > 0 {
         k::batch_norm_stats(dev, x.dtype(), rows(c), x, run_mean, run_var, &mean, &rstd, b as u64, cc, t as u64, eps, momentum, train as u32)?;
     }
     Ok((mean, rstd))
@@ -158,7 +219,10 @@ pub fn batch_norm_apply(
     }
     let dev = x.device();
     let y = dev.alloc(x.dtype(), x.len())?;
-    if !x.is_empty() {
+    if super::fastdiv::fits_u32(&[x.len()]) && !x.is_empty() {
+        let (ft, fc) = (fast_div_words(op, t)?, fast_div_words(op, c)?);
+        k::batch_norm_apply_u32(dev, x.dtype(), elems(x.len()), x, mean, rstd, w, bias, &y, x.len() as u32, &ft, &fc)?;
+    } else if !x.is_empty() {
         k::batch_norm_apply(dev, x.dtype(), elems(x.len()), x, mean, rstd, w, bias, &y, x.len() as u64, cc, t as u64)?;
     }
     Ok(y)
@@ -189,11 +253,17 @@ pub fn batch_norm_backward(
     let (dt, dev) = (x.dtype(), x.device());
     let pd = ln_param_dtype(dt);
     let (gb, gw) = (dev.alloc(pd, c)?, dev.alloc(pd, c)?);
-    if c > 0 {
+    if let Some((tile_rows, tiles)) = bn_tiling(b, c, t) {
+        let (part, counters) = bn_scratch(x, c, tiles)?;
+        k::batch_norm_bwd_sums_cl(dev, dt, bn_launch(c, tiles), x, mean, rstd, g, &gb, &gw, &part, &counters, b as u32, cc, tile_rows)?;
+    } else if c > 0 {
         k::batch_norm_bwd_sums(dev, dt, rows(c), x, mean, rstd, g, &gb, &gw, b as u64, cc, t as u64)?;
     }
     let gx = dev.alloc(dt, x.len())?;
-    if !x.is_empty() {
+    if super::fastdiv::fits_u32(&[x.len()]) && !x.is_empty() {
+        let (ft, fc) = (fast_div_words(op, t)?, fast_div_words(op, c)?);
+        k::batch_norm_bwd_dx_u32(dev, dt, elems(x.len()), x, w, mean, rstd, g, &gb, &gw, &gx, x.len() as u32, &ft, &fc, train as u32)?;
+    } else if !x.is_empty() {
         k::batch_norm_bwd_dx(dev, dt, elems(x.len()), x, w, mean, rstd, g, &gb, &gw, &gx, x.len() as u64, cc, t as u64, train as u32)?;
     }
     Ok((gx, gw, gb))
