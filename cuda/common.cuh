@@ -177,6 +177,20 @@ __device__ __forceinline__ A warp_reduce_to_lane0(A v, Op op, unsigned count) {
     return v;
 }
 
+// The arrival step of a tiled reduction whose last block folds the tiles
+// (reduce.cu's sum_cols_tiled, norm.cu's channels-last batch norm): every
+// block calls it once its tile's partials are written and fenced
+// (__threadfence()); the counter of its strip counts arrivals, and the call
+// returns true in every thread of the block that arrived last (which then
+// fences and reads the other tiles' partials). `flag` is a __shared__ int of
+// the caller, rewritten by each call.
+__device__ __forceinline__ bool last_tile_arrived(unsigned long long* counter, unsigned long long tiles, int* flag) {
+    __syncthreads();
+    if (threadIdx.x == 0) *flag = atomicAdd(counter, 1ull) == tiles - 1;
+    __syncthreads();
+    return *flag != 0;
+}
+
 // Block-wide reduction of one value per thread with the binary functor
 // `op`, through `smem` (at least 32 slots of A; callers sized for
 // blockDim.x slots keep working). blockDim.x is at most 32 or a multiple

@@ -174,6 +174,20 @@ __device__ void col2im(const T* __restrict__ cols, T* __restrict__ gx, Conv2dGeo
     }
 }
 
+// conv2d's image copies in index type I; PRE is empty for the 64-bit
+// kernels (im2col_f32) and u32_ for the 32-bit ones (im2col_u32_f32).
+#define IMAGE_COPIES(PRE, SUF, T, I)                                                                                    \
+    extern "C" __global__ void im2col_##PRE##SUF(const T* x, T* cols, uint32_t b, uint32_t ci, uint32_t h, uint32_t w,  \
+                                                 uint32_t kh, uint32_t kw, uint32_t stride, uint32_t pad, uint32_t ho,  \
+                                                 uint32_t wo) {                                                         \
+        im2col<T, I>(x, cols, Conv2dGeom{b, ci, h, w, kh, kw, stride, pad, ho, wo});                                    \
+    }                                                                                                                   \
+    extern "C" __global__ void col2im_##PRE##SUF(const T* cols, T* gx, uint32_t b, uint32_t ci, uint32_t h, uint32_t w, \
+                                                 uint32_t kh, uint32_t kw, uint32_t stride, uint32_t pad, uint32_t ho,  \
+                                                 uint32_t wo) {                                                         \
+        col2im<T, I>(cols, gx, Conv2dGeom{b, ci, h, w, kh, kw, stride, pad, ho, wo});                                   \
+    }
+
 #define CONV_KERNELS(SUF, T)                                                                                                \
     extern "C" __global__ void conv1d_depthwise_fwd_##SUF(const T* x, const T* w, const T* bias, T* y, uint32_t b,          \
                                                           uint32_t c, uint32_t t, uint32_t k, uint32_t pad, uint32_t to,    \
@@ -189,25 +203,7 @@ __device__ void col2im(const T* __restrict__ cols, T* __restrict__ gx, Conv2dGeo
                                                                  uint32_t to) {                                             \
         conv1d_depthwise_bwd_weight<T>(x, gy, gw, gbias, b, c, t, k, pad, to);                                              \
     }                                                                                                                       \
-    extern "C" __global__ void im2col_##SUF(const T* x, T* cols, uint32_t b, uint32_t ci, uint32_t h, uint32_t w,       \
-                                            uint32_t kh, uint32_t kw, uint32_t stride, uint32_t pad, uint32_t ho,           \
-                                            uint32_t wo) {                                                                  \
-        im2col<T, uint64_t>(x, cols, Conv2dGeom{b, ci, h, w, kh, kw, stride, pad, ho, wo});                             \
-    }                                                                                                                       \
-    extern "C" __global__ void col2im_##SUF(const T* cols, T* gx, uint32_t b, uint32_t ci, uint32_t h, uint32_t w,      \
-                                            uint32_t kh, uint32_t kw, uint32_t stride, uint32_t pad, uint32_t ho,           \
-                                            uint32_t wo) {                                                                  \
-        col2im<T, uint64_t>(cols, gx, Conv2dGeom{b, ci, h, w, kh, kw, stride, pad, ho, wo});                            \
-    }                                                                                                                   \
-    extern "C" __global__ void im2col_u32_##SUF(const T* x, T* cols, uint32_t b, uint32_t ci, uint32_t h, uint32_t w,   \
-                                            uint32_t kh, uint32_t kw, uint32_t stride, uint32_t pad, uint32_t ho,           \
-                                            uint32_t wo) {                                                                  \
-        im2col<T, uint32_t>(x, cols, Conv2dGeom{b, ci, h, w, kh, kw, stride, pad, ho, wo});                             \
-    }                                                                                                                       \
-    extern "C" __global__ void col2im_u32_##SUF(const T* cols, T* gx, uint32_t b, uint32_t ci, uint32_t h, uint32_t w,  \
-                                            uint32_t kh, uint32_t kw, uint32_t stride, uint32_t pad, uint32_t ho,           \
-                                            uint32_t wo) {                                                                  \
-        col2im<T, uint32_t>(cols, gx, Conv2dGeom{b, ci, h, w, kh, kw, stride, pad, ho, wo});                            \
-    }
+    IMAGE_COPIES(, SUF, T, uint64_t)                                                                                  \
+    IMAGE_COPIES(u32_, SUF, T, uint32_t)
 // Convolutions run in half precision under mixed precision, so f16/bf16 too.
 NN_FLOAT_DTYPES(CONV_KERNELS)

@@ -399,10 +399,7 @@ __device__ void batch_norm_stats_cl(const T* __restrict__ x, W* __restrict__ run
             // counter says this tile is done.
             __threadfence();
         }
-        __syncthreads();
-        if (threadIdx.x == 0) is_last = atomicAdd(&counters[s], 1ull) == (unsigned long long)(tiles - 1);
-        __syncthreads();
-        if (is_last && rl == 0 && ch < c) {
+        if (last_tile_arrived(&counters[s], (unsigned long long)tiles, &is_last) && rl == 0 && ch < c) {
             __threadfence();
             const volatile W* q = part + (size_t)s * tiles * 2 * BN_STRIP + lane;
             A na = A(tile_rows < n ? tile_rows : n), ma = A(q[0]), m2 = A(q[BN_STRIP]);
@@ -460,10 +457,7 @@ __device__ void batch_norm_bwd_sums_cl(const T* __restrict__ x, const W* __restr
             p[BN_STRIP + lane] = Num<W>::from(s2);
             __threadfence();
         }
-        __syncthreads();
-        if (threadIdx.x == 0) is_last = atomicAdd(&counters[s], 1ull) == (unsigned long long)(tiles - 1);
-        __syncthreads();
-        if (is_last && rl == 0 && ch < c) {
+        if (last_tile_arrived(&counters[s], (unsigned long long)tiles, &is_last) && rl == 0 && ch < c) {
             __threadfence();
             const volatile W* q = part + (size_t)s * tiles * 2 * BN_STRIP + lane;
             A t1 = A(0), t2 = A(0);

@@ -131,10 +131,7 @@ __device__ void sum_cols_tiled(const T* x, O* y, acc_t<T>* partials, unsigned lo
             // says this tile is done.
             __threadfence();
         }
-        __syncthreads();
-        if (threadIdx.x == 0) is_last = atomicAdd(&counters[s], 1ull) == (unsigned long long)(tiles - 1);
-        __syncthreads();
-        if (is_last && r == 0 && j < inner) {
+        if (last_tile_arrived(&counters[s], (unsigned long long)tiles, &is_last) && r == 0 && j < inner) {
             __threadfence();
             const volatile A* strip = partials + s * tiles * COL_STRIP + c;
             A t = A(0);
