@@ -225,7 +225,7 @@ fn reduce_and_index(c: &mut Criterion) {
         let g = ops::to_dtype(&Tensor::randn([2048, 256], 0.0, 1.0, DType::F32, &mut rng, &gpu).unwrap(), dt).unwrap();
         let st = g.storage();
         let Storage::Cuda(cg) = &*st else { return };
-        for (name, path) in [("one_pass", reduce::ColSum::OnePass), ("tiled", reduce::ColSum::Tiled)] {
+        for (name, path) in [("one_pass", reduce::SumPath::OnePass), ("tiled", reduce::SumPath::Tiled)] {
             if dt == DType::F32 {
                 let before = cuda::counters(0).unwrap();
                 drop(reduce::sum_dim_acc_with(cg, 1, 2048, 256, path).unwrap());

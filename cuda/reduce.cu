@@ -7,6 +7,9 @@
 //       order, so the result is deterministic run to run).
 //   sum_rows_warp_{dt}(x, y, rows, n)     inner == 1, short rows: one warp
 //       per row, a warp-shuffle sum (the host's choice for n <= 256).
+//   sum_rows_tiled_{dt}(x, y, partials, counters, rows, n, tile)  inner == 1,
+//       few long rows (a full sum): row tiles in blockIdx.y, the tile sums
+//       added in tile order by the row's last block (one launch).
 //   sum_cols_{dt}(x, y, outer, n, inner)  inner > 1: one thread per output,
 //       summing its column in index order (deterministic, coalesced reads);
 //       the host's choice when there are many outputs or few rows.
@@ -14,7 +17,7 @@
 //       inner > 1, few outputs over many rows: a 2-D grid of (column strip,
 //       row tile) blocks and a fixed-order sum of the tile sums by the last
 //       block of each strip (see the kernel; one launch, deterministic).
-//   sum_rows[_warp]_{f16,bf16}_to_f32, sum_cols[_tiled]_{f16,bf16}_to_f32: the same sums
+//   sum_rows[_warp|_tiled]_{f16,bf16}_to_f32, sum_cols[_tiled]_{f16,bf16}_to_f32: the same sums
 //       of half inputs stored in f32, unrounded: a reduction over several
 //       dims keeps its partial sums in f32 and rounds to half once, at the
 //       end (4x300x129 halves summed dim by dim in f16 overflow to inf).
@@ -25,31 +28,72 @@
 //   expand_dim_{dt}(x, y, outer, n, inner): y[o,k,j] = x[o,j].
 #include "common.cuh"
 
+// One thread's share of the sum of p[0..n): the scalar head up to the
+// first 16-byte boundary (a row of a buffer whose row bytes are not a
+// multiple of 16 starts anywhere), then 16-byte vectors, then the scalar
+// tail, each thread adding its elements in index order: a fixed order for a
+// fixed shape.
+template <typename T>
+__device__ __forceinline__ acc_t<T> thread_range_sum(const T* p, i64 n) {
+    typedef acc_t<T> A;
+    const int W = 16 / sizeof(T);
+    const i64 head = elems_to_align16(p, n);
+    const i64 nv = (n - head) / W;
+    const Pack16<T>* vec = reinterpret_cast<const Pack16<T>*>(p + head);
+    A s = A(0);
+    for (i64 k = threadIdx.x; k < head; k += blockDim.x) s += to_acc(p[k]);
+    for (i64 k = threadIdx.x; k < nv; k += blockDim.x) {
+        const Pack16<T> v = vec[k];
+#pragma unroll
+        for (int j = 0; j < W; ++j) s += to_acc(v.v[j]);
+    }
+    for (i64 k = head + nv * W + threadIdx.x; k < n; k += blockDim.x) s += to_acc(p[k]);
+    return s;
+}
+
 template <typename T, typename O = T>
 __device__ void sum_rows(const T* x, O* y, i64 rows, i64 n) {
     typedef acc_t<T> A;
-    const int W = 16 / sizeof(T);
     extern __shared__ __align__(8) unsigned char smem_raw[];
     A* smem = reinterpret_cast<A*>(smem_raw);
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        const T* row = x + r * n;
-        // Scalar head up to the first 16-byte boundary (a row of a buffer
-        // whose row bytes are not a multiple of 16 starts anywhere), then
-        // 16-byte vectors, then the scalar tail. Each thread adds its
-        // elements in index order: a fixed order for a fixed shape.
-        const i64 head = elems_to_align16(row, n);
-        const i64 nv = (n - head) / W;
-        const Pack16<T>* vec = reinterpret_cast<const Pack16<T>*>(row + head);
-        A s = A(0);
-        for (i64 k = threadIdx.x; k < head; k += blockDim.x) s += to_acc(row[k]);
-        for (i64 k = threadIdx.x; k < nv; k += blockDim.x) {
-            const Pack16<T> p = vec[k];
-#pragma unroll
-            for (int j = 0; j < W; ++j) s += to_acc(p.v[j]);
-        }
-        for (i64 k = head + nv * W + threadIdx.x; k < n; k += blockDim.x) s += to_acc(row[k]);
-        s = block_sum<A>(s, smem);
+        const A s = block_sum<A>(thread_range_sum(x + r * n, n), smem);
         if (threadIdx.x == 0) y[r] = from_acc<O>(s);
+    }
+}
+
+// Few long rows (a full sum of a large tensor: one row, which one block per
+// row would leave to a single SM): blockIdx.y cuts each row into gridDim.y
+// tiles of `tile` elements; a block sums its tile as sum_rows does and
+// writes it to partials[row][tile]; the block that finishes a row last (a
+// counter per row, zeroed by the host; no value goes through the atomic)
+// adds the row's tile sums in tile order. A fixed order for a fixed shape,
+// under every schedule. Blocks grid-stride over rows (blockIdx.x).
+template <typename T, typename O = T>
+__device__ void sum_rows_tiled(const T* x, O* y, acc_t<T>* partials, unsigned long long* counters, i64 rows, i64 n, i64 tile) {
+    typedef acc_t<T> A;
+    extern __shared__ __align__(8) unsigned char smem_raw[];
+    A* smem = reinterpret_cast<A*>(smem_raw);
+    __shared__ int is_last;
+    const i64 tiles = gridDim.y, t = blockIdx.y;
+    const i64 lo = t * tile, hi = lo + tile < n ? lo + tile : n;
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const A s = block_sum<A>(thread_range_sum(x + r * n + lo, hi > lo ? hi - lo : 0), smem);
+        if (threadIdx.x == 0) {
+            partials[r * tiles + t] = s;
+            // The tile sum is visible to every block before the counter
+            // says this tile is done.
+            __threadfence();
+        }
+        if (last_tile_arrived(&counters[r], (unsigned long long)tiles, &is_last) && threadIdx.x == 0) {
+            __threadfence();
+            const volatile A* part = partials + r * tiles;
+            A sum = A(0);
+            for (i64 q = 0; q < tiles; ++q) sum += part[q];
+            y[r] = from_acc<O>(sum);
+        }
+        // `is_last` is rewritten for the next row.
+        __syncthreads();
     }
 }
 
@@ -184,6 +228,10 @@ __device__ void expand_dim(const T* x, T* y, i64 outer, i64 n, i64 inner) {
     extern "C" __global__ void sum_rows_warp_##dt(const T* x, T* y, i64 rows, i64 n) {                       \
         sum_rows_warp<T>(x, y, rows, n);                                                                        \
     }                                                                                                           \
+    extern "C" __global__ void sum_rows_tiled_##dt(const T* x, T* y, acc_t<T>* partials, unsigned long long* counters, \
+                                                   i64 rows, i64 n, i64 tile) {                                        \
+        sum_rows_tiled<T>(x, y, partials, counters, rows, n, tile);                                                 \
+    }                                                                                                           \
     extern "C" __global__ void sum_cols_##dt(const T* x, T* y, i64 outer, i64 n, i64 inner) {                 \
         sum_cols<T>(x, y, outer, n, inner);                                                                     \
     }                                                                                                           \
@@ -213,6 +261,11 @@ REDUCE(bf16, bf16)
     }                                                                                                          \
     extern "C" __global__ void sum_rows_warp_##dt##_to_f32(const T* x, float* y, i64 rows, i64 n) {          \
         sum_rows_warp<T, float>(x, y, rows, n);                                                                \
+    }                                                                                                          \
+    extern "C" __global__ void sum_rows_tiled_##dt##_to_f32(const T* x, float* y, float* partials,            \
+                                                            unsigned long long* counters, i64 rows, i64 n,    \
+                                                            i64 tile) {                                       \
+        sum_rows_tiled<T, float>(x, y, partials, counters, rows, n, tile);                                     \
     }                                                                                                          \
     extern "C" __global__ void sum_cols_##dt##_to_f32(const T* x, float* y, i64 outer, i64 n, i64 inner) {   \
         sum_cols<T, float>(x, y, outer, n, inner);                                                             \

@@ -238,14 +238,15 @@ fn reductions_over_dims() {
 
 /// `cuda::reduce::sum_dim_acc_with` on `x` (a device tensor) of layout
 /// `(outer, n, inner)`, as f64.
-fn device_sum(x: &Tensor, outer: usize, n: usize, inner: usize, path: cuda::reduce::ColSum) -> Vec<f64> {
+fn device_sum(x: &Tensor, outer: usize, n: usize, inner: usize, path: cuda::reduce::SumPath) -> Vec<f64> {
     let st = x.storage();
     let asrforge::backend::Storage::Cuda(c) = &*st else { panic!("a device tensor") };
     cuda::reduce::sum_dim_acc_with(c, outer, n, inner, path).unwrap().to_cpu().unwrap().to_f64_vec()
 }
 
 /// Row sums (a warp per short row; a block per long row with 16-byte loads
-/// after an unaligned head and the warp-shuffle block reduce) and column sums by both paths (one thread per output; row tiles
+/// after an unaligned head and the warp-shuffle block reduce; row tiles
+/// whose sums the row's last block adds in order) and column sums by both paths (one thread per output; row tiles
 /// × column strips with the tile sums added in a fixed order) against the
 /// CPU's f64 sum of the same inputs, in every float dtype (half inputs sum
 /// into f32), on ragged shapes: rows shorter and longer than a block, rows
@@ -253,7 +254,7 @@ fn device_sum(x: &Tensor, outer: usize, n: usize, inner: usize, path: cuda::redu
 /// strips than the capped grid. The tiled path gives the same bits twice.
 #[test]
 fn row_and_column_sums_by_every_path_match_the_cpu() {
-    use cuda::reduce::{col_sum_plan, col_sum_tiling, ColSum};
+    use cuda::reduce::{col_sum_plan, col_sum_tiling, row_sum_tiling, SumPath};
     let Some(dev) = gpu("row_and_column_sums_by_every_path_match_the_cpu") else { return };
     // The tiling covers every row once with tiles the grid can hold.
     for (o, n, i) in [(1, 2048, 256), (1, 128, 2), (3, 100_000, 7), (1, 129, 4096), (5, 64, 33), (1, 1, 2), (1, 70, 1)] {
@@ -262,13 +263,36 @@ fn row_and_column_sums_by_every_path_match_the_cpu() {
         assert!(tiles * rows >= n && (tiles - 1) * rows < n && tiles <= 65_535, "({o}, {n}, {i}): {tiles} tiles of {rows}");
     }
     // The bias gradient of a (2048, 256) activation: 8 strips × 32 tiles of 64 rows.
-    assert_eq!((col_sum_plan(1, 2048, 256), col_sum_tiling(1, 2048, 256)), (ColSum::Tiled, (64, 32)));
-    assert_eq!(col_sum_plan(1, 100, 256), ColSum::OnePass, "few rows: one pass");
-    assert_eq!(col_sum_plan(64, 2048, 512), ColSum::OnePass, "many outputs: one pass");
+    assert_eq!((col_sum_plan(1, 2048, 256), col_sum_tiling(1, 2048, 256)), (SumPath::Tiled, (64, 32)));
+    assert_eq!(col_sum_plan(1, 100, 256), SumPath::OnePass, "few rows: one pass");
+    assert_eq!(col_sum_plan(64, 2048, 512), SumPath::OnePass, "many outputs: one pass");
+    // Row tiles cover each row once; a full sum of 2^20 elements takes 64
+    // blocks of 16 Ki, not one; short rows and many rows are not tiled.
+    for (r, n) in [(1, 1 << 20), (3, 100_003), (1, 32_768), (63, 1 << 22), (2, 9_999_991)] {
+        let (tile, tiles) = row_sum_tiling(r, n);
+        assert!(tiles * tile >= n && (tiles - 1) * tile < n && (2..=512).contains(&tiles), "({r}, {n}): {tiles} tiles of {tile}");
+    }
+    assert_eq!(row_sum_tiling(1, 1 << 20), (16_384, 64));
+    assert_eq!(row_sum_tiling(1, 32_767), (32_767, 1), "short: one block");
+    assert_eq!(row_sum_tiling(64, 1 << 20), (1 << 20, 1), "64 rows fill 64 blocks already");
     // Rows: a warp each up to 256 (400 rows: more blocks of 8 rows than the
-    // capped grid), a block each past it (257, 4099).
-    let cases: [(usize, usize, usize); 10] =
-        [(400, 3, 1), (41, 100, 1), (37, 256, 1), (5, 257, 1), (3, 4099, 1), (1, 2048, 256), (3, 517, 45), (7, 200, 300), (2, 1000, 2), (1, 5, 3)];
+    // capped grid), a block each past it (257, 4099), or tiles of a row
+    // (every row shape by the forced path; 100 003 and 3 x 70 001 by the
+    // host's choice).
+    let cases: [(usize, usize, usize); 12] = [
+        (400, 3, 1),
+        (41, 100, 1),
+        (37, 256, 1),
+        (5, 257, 1),
+        (3, 4099, 1),
+        (1, 100_003, 1),
+        (3, 70_001, 1),
+        (1, 2048, 256),
+        (3, 517, 45),
+        (7, 200, 300),
+        (2, 1000, 2),
+        (1, 5, 3),
+    ];
     for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
         for (outer, n, inner) in cases {
             let seed = fresh_seed();
@@ -279,12 +303,12 @@ fn row_and_column_sums_by_every_path_match_the_cpu() {
             let want: Vec<f64> = (0..outer * inner).map(|e| (0..n).map(|k| xv[(e / inner * n + k) * inner + e % inner]).sum()).collect();
             let xg = x.to_device(&dev).unwrap();
             let tol = if dt == DType::F64 { gpu::F64 } else { gpu::F32 };
-            let paths: &[ColSum] = if inner == 1 { &[ColSum::Auto] } else { &[ColSum::OnePass, ColSum::Tiled] };
+            let paths: &[SumPath] = if inner == 1 { &[SumPath::Auto, SumPath::OnePass, SumPath::Tiled] } else { &[SumPath::OnePass, SumPath::Tiled] };
             for &path in paths {
                 let got = device_sum(&xg, outer, n, inner, path);
                 let what = format!("sum over n of ({outer}, {n}, {inner}) {dt:?} {path:?}");
                 gpu::assert_close_floor(&what, &got, &want, tol, (n as f64).sqrt(), seed);
-                if path == ColSum::Tiled {
+                if path == SumPath::Tiled {
                     let again = device_sum(&xg, outer, n, inner, path);
                     let same = got.iter().zip(&again).all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "{what}: a second run gave other bits (seed {seed})");

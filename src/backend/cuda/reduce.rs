@@ -51,14 +51,18 @@ pub const SHORT_ROW: usize = 256;
 /// partial per warp, 8 bytes each (f64), for up to 32 warps.
 const ROW_SHARED_BYTES: u32 = 32 * 8;
 
-/// How a column sum (`inner > 1`) runs.
+/// How a sum runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ColSum {
-    /// The host's choice by shape ([`col_sum_plan`]).
+pub enum SumPath {
+    /// The host's choice by shape ([`col_sum_plan`], [`row_sum_tiling`]).
     Auto,
-    /// One thread per output walks all `n` rows (`sum_cols_*`).
+    /// Column sums (`inner > 1`): one thread per output walks all `n` rows
+    /// (`sum_cols_*`). Row sums (`inner == 1`): a warp per short row, a
+    /// block per long row (`sum_rows_warp_*`, `sum_rows_*`).
     OnePass,
-    /// Row tiles × column strips, tile sums added in a fixed order (`sum_cols_tiled_*`).
+    /// Column sums: row tiles × column strips (`sum_cols_tiled_*`). Row
+    /// sums: each row cut into tiles, a block each (`sum_rows_tiled_*`).
+    /// Tile sums are added in a fixed order either way.
     Tiled,
 }
 
@@ -74,12 +78,12 @@ const TARGET_BLOCKS: usize = 512;
 /// The path the host takes for a column sum of `(outer, n, inner)`: tiled
 /// when the one-pass kernel would run fewer than 64 blocks and each output
 /// sums at least two tiles of rows, one-pass otherwise.
-pub fn col_sum_plan(outer: usize, n: usize, inner: usize) -> ColSum {
+pub fn col_sum_plan(outer: usize, n: usize, inner: usize) -> SumPath {
     let one_pass_blocks = (outer * inner).div_ceil(THREADS as usize);
     if one_pass_blocks < 64 && n >= 2 * MIN_TILE_ROWS {
-        ColSum::Tiled
+        SumPath::Tiled
     } else {
-        ColSum::OnePass
+        SumPath::OnePass
     }
 }
 
@@ -93,9 +97,26 @@ pub fn col_sum_tiling(outer: usize, n: usize, inner: usize) -> (usize, usize) {
     (tile_rows, n.div_ceil(tile_rows).max(1))
 }
 
+/// The fewest elements a row tile sums.
+const MIN_ROW_TILE: usize = 16 * 1024;
+
+/// Elements per tile and tiles per row of a row sum of `(rows, n)`: tiles
+/// of at least 16 Ki elements (64 per thread of a 256-thread block), about
+/// 512 blocks over all rows, a multiple of 8 elements; `(n, 1)` (a block per
+/// row, no tiling) when that gives one tile, or when there are already 64
+/// rows (blocks) or more.
+pub fn row_sum_tiling(rows: usize, n: usize) -> (usize, usize) {
+    if rows >= 64 || n < 2 * MIN_ROW_TILE {
+        return (n, 1);
+    }
+    let want = TARGET_BLOCKS.div_ceil(rows.max(1)).clamp(1, n / MIN_ROW_TILE);
+    let tile = n.div_ceil(want).next_multiple_of(8);
+    (tile, n.div_ceil(tile))
+}
+
 /// [`sum_dim_acc`] with the column-sum path chosen by the caller (tests and
-/// benches compare the paths; [`ColSum::Auto`] is what `sum_dim_acc` does).
-pub fn sum_dim_acc_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, path: ColSum) -> Result<CudaStorage> {
+/// benches compare the paths; [`SumPath::Auto`] is what `sum_dim_acc` does).
+pub fn sum_dim_acc_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, path: SumPath) -> Result<CudaStorage> {
     match x.dtype() {
         DType::F16 | DType::BF16 => sum_into_with(x, outer, n, inner, DType::F32, true, path),
         dt => sum_into_with(x, outer, n, inner, dt, false, path),
@@ -104,10 +125,10 @@ pub fn sum_dim_acc_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, p
 
 /// `to_f32`: the `*_to_f32` kernels (half in, f32 sums out).
 fn sum_into(x: &CudaStorage, outer: usize, n: usize, inner: usize, out: DType, to_f32: bool) -> Result<CudaStorage> {
-    sum_into_with(x, outer, n, inner, out, to_f32, ColSum::Auto)
+    sum_into_with(x, outer, n, inner, out, to_f32, SumPath::Auto)
 }
 
-fn sum_into_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, out: DType, to_f32: bool, path: ColSum) -> Result<CudaStorage> {
+fn sum_into_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, out: DType, to_f32: bool, path: SumPath) -> Result<CudaStorage> {
     float_only("sum", x)?;
     check_len("sum", x, outer * n * inner)?;
     let dev = x.device();
@@ -117,7 +138,28 @@ fn sum_into_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, out: DTy
     }
     let dt = x.dtype();
     if inner == 1 {
-        if n <= SHORT_ROW {
+        let (tile, tiles) = match path {
+            SumPath::OnePass => (n, 1),
+            SumPath::Auto => row_sum_tiling(outer, n),
+            // Forced (tests, benches): at least three tiles where n allows.
+            SumPath::Tiled => {
+                let tile = row_sum_tiling(1, n).0.min(n.div_ceil(3)).max(1);
+                (tile, n.div_ceil(tile))
+            }
+        };
+        if tiles > 1 {
+            let acc = if dt == DType::F64 { DType::F64 } else { DType::F32 };
+            let partials = dev.alloc(acc, outer * tiles)?;
+            // One arrival counter per row, zeroed (a memset, not a launch).
+            let counters = dev.zeros(DType::I64, outer)?;
+            let cfg = LaunchConfig {
+                grid: (outer.min(super::launch::max_grid() as usize) as u32, tiles as u32, 1),
+                block: (THREADS, 1, 1),
+                shared_bytes: ROW_SHARED_BYTES,
+            };
+            let f = if to_f32 { k::sum_rows_tiled_to_f32 } else { k::sum_rows_tiled };
+            f(dev, dt, cfg, x, &y, &partials, &counters, i(outer), i(n), i(tile))?;
+        } else if n <= SHORT_ROW {
             // A warp per row, THREADS / 32 rows a block.
             let blocks = outer.div_ceil(THREADS as usize / 32).clamp(1, super::launch::max_grid() as usize) as u32;
             let cfg = LaunchConfig { grid: (blocks, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 };
@@ -131,8 +173,8 @@ fn sum_into_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, out: DTy
         }
         return Ok(y);
     }
-    let path = if path == ColSum::Auto { col_sum_plan(outer, n, inner) } else { path };
-    if path == ColSum::Tiled && n > 0 {
+    let path = if path == SumPath::Auto { col_sum_plan(outer, n, inner) } else { path };
+    if path == SumPath::Tiled && n > 0 {
         let (tile_rows, tiles) = col_sum_tiling(outer, n, inner);
         let strips = outer * inner.div_ceil(COL_STRIP);
         let acc = if x.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
