@@ -237,6 +237,16 @@ fn reduce_and_index(c: &mut Criterion) {
             });
         }
         group.bench_function(format!("sum_rows_2048x256_{}", dt.as_str()), |bn| bn.iter(|| sync(reduce::sum_dim_acc(cg, 2048, 256, 1).unwrap())));
+        // A full sum of 2048 x 4233 logits (8.7 M elements): one block, or
+        // row tiles (the host's choice).
+        let big = ops::to_dtype(&Tensor::randn([2048 * 4233], 0.0, 1.0, DType::F32, &mut rng, &gpu).unwrap(), dt).unwrap();
+        let sbig = big.storage();
+        let Storage::Cuda(cbig) = &*sbig else { return };
+        for (name, path) in [("one_block", reduce::SumPath::OnePass), ("row_tiles", reduce::SumPath::Auto)] {
+            group.bench_function(format!("sum_all_8669184_{name}_{}", dt.as_str()), |bn| {
+                bn.iter(|| sync(reduce::sum_dim_acc_with(cbig, 1, 2048 * 4233, 1, path).unwrap()))
+            });
+        }
         // (16, 128, 256) + (256): the bias add of a linear's output; (16, 128, 4, 64) -> (16, 4, 128, 64): heads.
         let b = ops::to_dtype(&Tensor::randn([256], 0.0, 1.0, DType::F32, &mut rng, &gpu).unwrap(), dt).unwrap();
         let sb = b.storage();
