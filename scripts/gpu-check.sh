@@ -97,7 +97,7 @@ cp -r conf "$DEV/conf"
 # the embedded modules with them, as the build tree's path is not there.
 mkdir -p "$DEV/cuda"
 cp cuda/*.cu "$DEV/cuda/"
-cp scripts/gpu-run.sh scripts/bench_pytorch_ref.py "$DEV/"
+cp scripts/gpu-run.sh scripts/bench_pytorch_ref.py scripts/bench_sdpa_ref.py "$DEV/"
 
 # The kernels must be embedded, or the GPU host can only report that:
 # the staged build test compares the embedded modules with cuda/*.cu.

@@ -27,7 +27,9 @@
 # at most 8 files). BUDGET (seconds, default 420) bounds the whole: each
 # section checks what is left and says NOT RUN for what did not fit.
 # SECTIONS (default "ceil tests train pytorch profile fusion sweep nccl
-# bisect sanitize bench") picks sections; TESTS (default all staged) names test
+# bisect sanitize bench sdpa") picks sections (sdpa: PyTorch's
+# scaled_dot_product_attention on the flash_attention benches' shapes,
+# SDPA_DTYPES default bf16,fp16); TESTS (default all staged) names test
 # binaries to run; DTYPES, FUSION_DTYPES, SWEEPS ("VAR=value ..."), BENCH_FILTER (a criterion filter),
 # SANITIZE_SPECS ("tool kernel-substring;..."), SANITIZE_FUSION narrow them.
 set -uo pipefail
@@ -45,7 +47,7 @@ rm -rf "$LOG"
 mkdir -p "$LOG"
 START=$(date +%s)
 BUDGET=${BUDGET:-420}
-SECTIONS=${SECTIONS:-ceil tests train pytorch profile fusion sweep nccl bisect sanitize bench}
+SECTIONS=${SECTIONS:-ceil tests train pytorch profile fusion sweep nccl bisect sanitize bench sdpa}
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 want() { [[ " $SECTIONS " == *" $1 "* ]]; }
 pack() {
@@ -378,6 +380,22 @@ PY
     fi
 fi
 
+# --- 10. attention against PyTorch's SDPA ----------------------------------------
+# The flash_attention benches above (asrforge fused vs its composition) have
+# a PyTorch twin: the same shapes, lengths, dropout and FLOP count through
+# scaled_dot_product_attention with the positional term as an explicit bias
+# mask (scripts/bench_sdpa_ref.py, checked against the definition first).
+declare -a AROWS
+if want sdpa && [ -f "$DEV/bench_sdpa_ref.py" ]; then
+    if [ "$(left)" -gt 40 ]; then
+        SDPA_DTYPES=${SDPA_DTYPES:-bf16,fp16}
+        timeout $(( $(left) - 20 )) python3 "$DEV/bench_sdpa_ref.py" --device cuda --dtypes "$SDPA_DTYPES" --check > "$LOG/sdpa.log" 2>&1
+        while IFS= read -r l; do AROWS+=("$l"); done < <(grep -E '^(sdpa|check .*FAILED|#)' "$LOG/sdpa.log"; tail -1 "$LOG/sdpa.log" | grep -v '^sdpa')
+    else
+        AROWS+=("NOT RUN (out of time)")
+    fi
+fi
+
 # --- 6. tables --------------------------------------------------------------
 {
     echo
@@ -410,6 +428,9 @@ fi
     printf '  %s\n' "${SROWS[@]:-not run}"
     echo "kernel benches (criterion gpu_kernels, short: warm-up 0.2 s, 0.6 s measured):"
     printf '  %s\n' "${KROWS[@]:-not run}"
+    echo "attention fwd+bwd, 18*B*H*T^2*d FLOPs (asrforge: the flash_attention rows above, thrpt in Gelem/s = GFLOP/s;"
+    echo "  PyTorch: SDPA with the positional bias as a float mask, SDPA without it, eager; extra_peak_mib over the inputs):"
+    printf '  %s\n' "${AROWS[@]:-not run}"
     echo "total $(( $(date +%s) - START )) s; logs in $LOG"
 } | tee "$LOG/summary.txt"
 pack
