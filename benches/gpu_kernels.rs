@@ -308,11 +308,8 @@ fn flash_attention_vs_composition(c: &mut Criterion) {
             let vb = Tensor::randn([h, d], 0.0, 0.1, DType::F32, &mut rng, &gpu).unwrap().requires_grad_();
             let fm = ops::FlashMask { key_lengths: Some(lens.clone()), ..Default::default() };
             let shape = format!("{b}x{t}x{h}x{d}");
-            let sets: &[(&str, AttentionKernel)] = if dt == DType::F32 {
-                &[("", AttentionKernel::Scalar)]
-            } else {
-                &[("wmma_", AttentionKernel::Wmma), ("scalar_", AttentionKernel::Scalar)]
-            };
+            let sets: &[(&str, AttentionKernel)] =
+                if dt == DType::F32 { &[("", AttentionKernel::Scalar)] } else { &[("wmma_", AttentionKernel::Wmma), ("scalar_", AttentionKernel::Scalar)] };
             for &(set, kernel) in sets {
                 set_kernel_override(Some(kernel));
                 group.bench_function(format!("relpos_fwd_bwd_{shape}_fused_{set}{}", dt.as_str()), |bn| {
