@@ -421,13 +421,17 @@ fn results_with(k: AttentionKernel, c: &Case, vals: &Vals, weights: &[f64], dtyp
 /// the terms' root-sum-square, itself about rms(result) as the terms have
 /// random signs (dq's terms cancel: Σ_j dS_ij = 0 without dropout). The
 /// score's error (u·|q|·|k + p|·scale ≈ u for unit inputs, same walk) moves
-/// every P, dS of its row by as much again. Together σ ≈ 1.2-1.5u per
-/// element; the maximum over the up to 90k elements of a case is ~4.5σ
-/// (measured: at most 7.5u = 3.77 × gpu::tol, gradient of q in bf16, over
-/// 8 runs of the cases below, where the scalar kernels stay within 0.6 ×
-/// gpu::tol). 6σ + the final rounding u ≈ 10u = 5 × gpu::tol.
+/// every P, dS of its row by as much again. Together σ ≈ 1.5-2u per
+/// element, and the maximum over the up to 90k elements of a case lies
+/// further out than a Gaussian's 4.5σ (the cancelling dq and the dropout
+/// factors give heavier tails): measured over 18 runs of the cases below,
+/// at most 9.7u = 4.87 × gpu::tol (gradient of q, bf16, the 70-key case;
+/// typical run maxima 3-4 × gpu::tol), where the scalar kernels stay
+/// within 0.6 × gpu::tol. The tolerance is that measured maximum with a
+/// margin of 1.6: 16u = 8 × gpu::tol (an error of 1/8 of an f16 or bf16
+/// mantissa step sized to the result's rms would still fail it).
 fn wmma_tol(dt: DType) -> f64 {
-    5.0 * gpu::tol(dt)
+    8.0 * gpu::tol(dt)
 }
 
 /// Every mask kind and positions (PB 1 and B) or none, dropout on and
