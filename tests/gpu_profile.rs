@@ -210,9 +210,8 @@ fn attention_kernel_sets_launch_one_kernel_forward_and_two_backward() {
     let dev = cuda::device(ord).unwrap();
     let mut rng = Rng::new(seed());
     let n = AttentionDims { batch: 2, t1: 20, t2: 20, heads: 2, d_k: 64, pos_batch: 1 };
-    let bf = |len: usize, rng: &mut Rng| {
-        CudaStorage::from_cpu(&dev, &CpuStorage::BF16(rng.normal(len).into_iter().map(|v| half::bf16::from_f64(v)).collect())).unwrap()
-    };
+    let bf =
+        |len: usize, rng: &mut Rng| CudaStorage::from_cpu(&dev, &CpuStorage::BF16(rng.normal(len).into_iter().map(half::bf16::from_f64).collect())).unwrap();
     let (q, k, v, p, dout) = (bf(n.q_len(), &mut rng), bf(n.k_len(), &mut rng), bf(n.k_len(), &mut rng), bf(n.k_len() / 2, &mut rng), bf(n.q_len(), &mut rng));
     let f32s = |len: usize, rng: &mut Rng| CudaStorage::from_cpu(&dev, &CpuStorage::F32(rng.normal(len).into_iter().map(|v| v as f32).collect())).unwrap();
     let (u, vb) = (f32s(n.heads * n.d_k, &mut rng), f32s(n.heads * n.d_k, &mut rng));
