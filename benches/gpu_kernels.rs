@@ -286,8 +286,14 @@ fn reduce_and_index(c: &mut Criterion) {
 /// (so Gelem/s reads as GFLOP/s): 6·B·H·T²·d forward ((q+u)kᵀ, (q+v)pᵀ,
 /// P·V) and 12·B·H·T²·d backward (dV, dP, dq's two products, dk, dp), the
 /// same count for both; compare with the H200's 758 TFLOP/s bf16 (GPU.md).
-/// On the emulated device only the first shape runs (CI proves they run).
+/// In f16 and bf16 the fused op runs with each kernel set, forced through
+/// `set_kernel_override`: `fused_wmma_*` (tensor-core tiles, the default
+/// pick; its two-pass forward does 1.5x the forward's score products, not
+/// counted) and `fused_scalar_*`; f32 has only the scalar set (`fused_f32`).
+/// On the emulated device only the first shape and f32/bf16 run (CI proves
+/// they run).
 fn flash_attention_vs_composition(c: &mut Criterion) {
+    use asrforge::backend::cuda::attention::{set_kernel_override, AttentionKernel};
     let Ok(gpu) = Device::cuda(0) else {
         println!("flash attention benches: skipped, no usable GPU");
         return;
@@ -303,7 +309,8 @@ fn flash_attention_vs_composition(c: &mut Criterion) {
         let mask = Tensor::from_vec(m, [b, 1, 1, t], &Device::Cpu).unwrap().to_device(&gpu).unwrap();
         group.throughput(Throughput::Elements((18 * b * h * t * t * d) as u64));
         let scale = 1.0 / (d as f64).sqrt();
-        for dt in [DType::F32, DType::BF16] {
+        let dtypes: &[DType] = if emulated { &[DType::F32, DType::BF16] } else { &[DType::F32, DType::F16, DType::BF16] };
+        for &dt in dtypes {
             let mk =
                 |s: &[usize], rng: &mut Rng| ops::to_dtype(&Tensor::randn(s.to_vec(), 0.0, 1.0, DType::F32, rng, &gpu).unwrap(), dt).unwrap().requires_grad_();
             let (q, k, v, p) = (mk(&[b, t, h, d], &mut rng), mk(&[b, t, h, d], &mut rng), mk(&[b, t, h, d], &mut rng), mk(&[1, t, h, d], &mut rng));
@@ -311,13 +318,19 @@ fn flash_attention_vs_composition(c: &mut Criterion) {
             let vb = Tensor::randn([h, d], 0.0, 0.1, DType::F32, &mut rng, &gpu).unwrap().requires_grad_();
             let fm = ops::FlashMask { key_lengths: Some(lens.clone()), ..Default::default() };
             let shape = format!("{b}x{t}x{h}x{d}");
-            group.bench_function(format!("relpos_fwd_bwd_{shape}_fused_{}", dt.as_str()), |bn| {
-                bn.iter(|| {
-                    let o = ops::flash_attention(&q, &k, &v, Some(ops::RelPos { p: &p, u: &u, vb: &vb }), &fm, 0.1, true).unwrap();
-                    backward(&ops::sum_all(&ops::to_dtype(&o, DType::F32).unwrap()).unwrap()).unwrap();
-                    gpu_sync(&u)
-                })
-            });
+            let sets: &[(&str, AttentionKernel)] =
+                if dt == DType::F32 { &[("", AttentionKernel::Scalar)] } else { &[("wmma_", AttentionKernel::Wmma), ("scalar_", AttentionKernel::Scalar)] };
+            for &(set, kernel) in sets {
+                set_kernel_override(Some(kernel));
+                group.bench_function(format!("relpos_fwd_bwd_{shape}_fused_{set}{}", dt.as_str()), |bn| {
+                    bn.iter(|| {
+                        let o = ops::flash_attention(&q, &k, &v, Some(ops::RelPos { p: &p, u: &u, vb: &vb }), &fm, 0.1, true).unwrap();
+                        backward(&ops::sum_all(&ops::to_dtype(&o, DType::F32).unwrap()).unwrap()).unwrap();
+                        gpu_sync(&u)
+                    })
+                });
+                set_kernel_override(None);
+            }
             group.bench_function(format!("relpos_fwd_bwd_{shape}_composition_{}", dt.as_str()), |bn| {
                 bn.iter(|| {
                     let heads = |x: &Tensor| ops::permute(x, &[0, 2, 1, 3]).unwrap();

@@ -37,14 +37,30 @@
 // compute type (f32 for f32/f16/bf16). dk/dv: a key tile, the query tiles
 // in turn, its accumulators in registers. Two backward kernels instead of
 // atomics: dq's sums are in a fixed order, so results are reproducible.
-// Head dims up to ATT_DMAX (64 and 128 are the targets). Scalar tiles; the
-// tensor-core (wmma) variant is future work. Shared memory: at most 42 KiB
-// static per block (dq, f32), no register spills (ptxas, sm_90).
+// Head dims up to ATT_DMAX (64 and 128 are the targets). Scalar tiles
+// (every dtype). Shared memory: at most 42 KiB static per block (dq, f32),
+// no register spills (ptxas, sm_90).
 //
 // Status: passed tests/cuda_attention.rs on an H200 (2026-12-04), and
 // racecheck found no hazard; there it is 2.2x slower than the composition
 // (scalar tiles against cuBLAS), so the attention fusion stays off by
 // default until the tensor-core variant beats it (cuda/README.md).
+//
+// Tensor-core variants (attention_fwd_wmma, attention_bwd_dq_wmma,
+// attention_bwd_dkv_wmma; f16 and bf16, d % 16 == 0, d <= ATT_DMAX), at the
+// end of this file: the same parameters and outputs (dq's takes no o: D
+// always comes from the extra pass), the same masks and Philox element
+// indices, m16n16k16 fragments with f32 accumulators; a two-pass forward
+// (exact lse first, then O += P·V with P already normalised: no per-row
+// rescaling of an opaque accumulator), fragments accumulating the
+// backward's sums. The lse that the backward reads must come from the same
+// set's forward (its scores round k + p to the input type); the wrapper
+// picks one set per dtype and d. Blocks of 4 warps: 64 query rows (fwd,
+// dq) or 32 keys (dk/dv); static shared memory 29 KiB (fwd), 37 KiB (dq),
+// 45 KiB (dk/dv); ptxas sm_90: 168 / 216 (f16) or 255 (bf16, 16 bytes
+// spilled) / 126 registers. Launches per forward and backward as the
+// scalar set (1 + 2). Status: tested on the emulator only; it has NOT run
+// on a real GPU, and its speed there is unmeasured.
 #include "nn_common.cuh"
 
 #include "philox.cuh"
@@ -411,3 +427,517 @@ __device__ void attention_bwd_dkv(ATT_PARAMS(T, acc_t<T>), const T* __restrict__
         attention_bwd_dkv<T>(ATT_ARGS, dout, lse, dsum, dk, dv, dp, sk);                                                 \
     }
 NN_FLOAT_DTYPES(ATTENTION_KERNELS)
+
+// ---- Tensor-core variants (nvcuda::wmma), f16 and bf16 ----
+//
+// Same parameters and contract as the scalar kernels; the wrapper picks
+// them for f16/bf16 when d % 16 == 0 and d <= ATT_DMAX. Products run on
+// m16n16k16 fragments (half or bf16 inputs, f32 accumulators); scores,
+// masks, dropout and softmax are element-wise in f32 on a per-warp f32
+// scratch, with the element indices (and Philox words) of the scalar
+// kernels. A block of ATW_WARPS warps; each warp owns 16 query rows.
+//
+// The accumulator's element layout is opaque, so an output fragment cannot
+// be rescaled per row as online softmax needs. The forward is two-pass
+// instead: pass 1 runs S = Q·(K+P)^T over every key tile for each row's max
+// and sum (the exact lse); pass 2 recomputes S, forms P = exp(s - lse)·Z,
+// already normalised, rounds it to the input type and accumulates O += P·V
+// in fragments that never need rescaling. Cost: S is computed twice, 6
+// instead of 4 T1·T2·d multiply-adds per (b, h) (1.5x the tensor FLOPs).
+// Roundings beyond the scalar kernel's: k + p summed in f32 and rounded
+// once to the input type (the operand of the score products), P (forward),
+// dS and P·Z (backward) rounded to the input type as operands of the next
+// product.
+#include <mma.h>
+
+#define ATW_WARPS 4
+#define ATW_QT (16 * ATW_WARPS)
+#define ATW_KT 32
+#define ATW_NT (ATT_DMAX / 16)
+
+// bf16 fragments need sm_80, half ones sm_70: compiled for an older arch
+// the kernels trap instead (the default CUDA_ARCHS, 80,90, has none).
+template <typename T> struct AtwArch { static constexpr bool ok = true; };
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+template <> struct AtwArch<__nv_bfloat16> { static constexpr bool ok = false; };
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 700
+template <> struct AtwArch<__half> { static constexpr bool ok = false; };
+#endif
+
+// Row stride (elements) of a half tile in shared memory: d + 8 (16 bytes,
+// shifting each row's banks) while that fits ATT_DMAX, else d; a multiple
+// of 8 as wmma's ldm must be.
+__device__ __forceinline__ uint32_t atw_ld(uint32_t d) { return d + 8 <= ATT_DMAX ? d + 8 : d; }
+
+// Rows r0.. (n of them) of (b, h) of x (B, T, H, d) into xs (row stride
+// ld), copied in the input type; zeros past T.
+template <typename T>
+__device__ __forceinline__ void atw_load_rows(const T* x, uint32_t b, uint32_t h, uint32_t r0, uint32_t n, uint32_t Tn, uint32_t H,
+                                              uint32_t d, uint32_t ld, T* xs) {
+    for (uint32_t e = threadIdx.x; e < n * d; e += blockDim.x) {
+        const uint32_t r = e / d, c = e % d, i = r0 + r;
+        xs[r * ld + c] = i < Tn ? x[(((uint64_t)b * Tn + i) * H + h) * d + c] : Num<T>::from(0.0f);
+    }
+}
+
+// Key rows j0.. (ATW_KT) of (b, h): kps = k + p summed in f32 and rounded
+// once (k alone without positions), vs = v when given, cb = u·k + vb·p in
+// f32 (0 without positions); zeros past T2.
+template <typename T>
+__device__ __forceinline__ void atw_load_keys(const T* k, const T* v, const T* p, uint32_t p_per_seq, const float* u, const float* vb,
+                                              uint32_t b, uint32_t h, uint32_t j0, uint32_t T2, uint32_t H, uint32_t d, uint32_t ld,
+                                              T* kps, T* vs, float* cb) {
+    const uint32_t tid = threadIdx.x, nt = blockDim.x;
+    const uint32_t pbb = p_per_seq ? b : 0;
+    for (uint32_t e = tid; e < ATW_KT * d; e += nt) {
+        const uint32_t r = e / d, c = e % d, j = j0 + r;
+        float kv = 0;
+        T vv = Num<T>::from(0.0f);
+        if (j < T2) {
+            const uint64_t at = (((uint64_t)b * T2 + j) * H + h) * d + c;
+            kv = Num<T>::to(k[at]);
+            if (p) kv += Num<T>::to(p[(((uint64_t)pbb * T2 + j) * H + h) * d + c]);
+            vv = v[at];
+        }
+        kps[r * ld + c] = Num<T>::from(kv);
+        if (vs) vs[r * ld + c] = vv;
+    }
+    if (tid < ATW_KT) {
+        const uint32_t j = j0 + tid;
+        float s = 0;
+        if (p && j < T2) {
+            for (uint32_t c = 0; c < d; ++c)
+                s += u[h * d + c] * Num<T>::to(k[(((uint64_t)b * T2 + j) * H + h) * d + c]) +
+                     vb[h * d + c] * Num<T>::to(p[(((uint64_t)pbb * T2 + j) * H + h) * d + c]);
+        }
+        cb[tid] = s;
+    }
+}
+
+template <typename T> using AtwA = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T, nvcuda::wmma::row_major>;
+template <typename T> using AtwBr = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, T, nvcuda::wmma::row_major>;
+template <typename T> using AtwBc = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, T, nvcuda::wmma::col_major>;
+typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> AtwC;
+
+// S (16 x ATW_KT, f32, row-major) = the warp's 16 rows (xf: d/16 fragments)
+// times the key tile's rows (ks, row stride ld) transposed.
+template <typename T>
+__device__ __forceinline__ void atw_rows_by_keys(const AtwA<T>* xf, const T* ks, uint32_t ld, uint32_t dn, float* S) {
+    using namespace nvcuda;
+#pragma unroll
+    for (int n = 0; n < ATW_KT / 16; ++n) {
+        AtwC acc;
+        wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+        for (int c = 0; c < ATW_NT; ++c) {
+            if (c < (int)dn) {
+                AtwBc<T> kb;
+                wmma::load_matrix_sync(kb, ks + n * 16 * ld + c * 16, ld);
+                wmma::mma_sync(acc, xf[c], kb, acc);
+            }
+        }
+        wmma::store_matrix_sync(S + n * 16, acc, ATW_KT, wmma::mem_row_major);
+    }
+}
+
+// The scores of the warp's rows r0.. against keys j0.. in S, element-wise:
+// s = (S + cb)·scale, -inf where masked or past T1/T2.
+__device__ __forceinline__ void atw_scores(const AttMask& mk, uint32_t b, uint32_t r0, uint32_t j0, uint32_t T1, uint32_t T2, float scale,
+                                           const float* cb, float* S, uint32_t lane) {
+    for (uint32_t e = lane; e < 16 * ATW_KT; e += 32) {
+        const uint32_t r = e / ATW_KT, jj = e % ATW_KT, i = r0 + r, j = j0 + jj;
+        S[e] = (i >= T1 || j >= T2 || mk.masked(b, i, j)) ? -INFINITY : (S[e] + cb[jj]) * scale;
+    }
+}
+
+// Copies a 16 x 16 accumulator to rows r0.. (below T1) and columns c0.. of
+// (b, h) of y (B, T1, H, d), times `mul`, through the warp's scratch S.
+template <typename T>
+__device__ __forceinline__ void atw_store_rows(const AtwC& acc, float mul, T* y, uint32_t b, uint32_t h, uint32_t r0, uint32_t c0, uint32_t T1,
+                                               uint32_t H, uint32_t d, float* S, uint32_t lane) {
+    nvcuda::wmma::store_matrix_sync(S, acc, 16, nvcuda::wmma::mem_row_major);
+    __syncwarp();
+    for (uint32_t e = lane; e < 256; e += 32) {
+        const uint32_t r = e / 16, c = e % 16, i = r0 + r;
+        if (i < T1) y[(((uint64_t)b * T1 + i) * H + h) * d + c0 + c] = Num<T>::from(S[e] * mul);
+    }
+    __syncwarp();
+}
+
+template <typename T>
+__device__ void attention_fwd_wmma(ATT_PARAMS(T, float), T* __restrict__ o, float* __restrict__ lse) {
+    using namespace nvcuda;
+    typedef float A;
+    __shared__ __align__(32) T xs[ATW_QT * ATT_DMAX];
+    __shared__ __align__(32) float sw[ATW_WARPS][16 * ATW_KT];
+    __shared__ __align__(32) T pw[ATW_WARPS][16 * ATW_KT];
+    __shared__ float cb[ATW_KT], lrow[ATW_QT];
+    ATT_SETUP(A);
+    (void)nt;
+    const uint32_t warp = tid / 32, lane = tid % 32, ld = atw_ld(d), dn = d / 16;
+    T* kps = xs;
+    T* vs = xs + ATW_KT * ATT_DMAX;
+    float* S = sw[warp];
+    T* P = pw[warp];
+    const uint32_t tiles = (T1 + ATW_QT - 1) / ATW_QT;
+    const uint64_t units = (uint64_t)B * H * tiles;
+    for (uint64_t un = blockIdx.x; un < units; un += gridDim.x) {
+        const uint32_t i0 = (uint32_t)(un % tiles) * ATW_QT, h = (uint32_t)((un / tiles) % H), b = (uint32_t)(un / ((uint64_t)tiles * H));
+        const uint32_t r0 = i0 + warp * 16;
+        atw_load_rows<T>(q, b, h, i0, ATW_QT, T1, H, d, ld, xs);
+        __syncthreads();
+        AtwA<T> qf[ATW_NT];
+#pragma unroll
+        for (int c = 0; c < ATW_NT; ++c)
+            if (c < (int)dn) wmma::load_matrix_sync(qf[c], xs + warp * 16 * ld + c * 16, ld);
+        __syncthreads();
+        // Pass 1: each row's running max and sum (lane r < 16: row r0 + r).
+        A mx = -INFINITY, sum = 0;
+        for (uint32_t j0 = 0; j0 < T2; j0 += ATW_KT) {
+            atw_load_keys<T>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, ld, kps, (T*)nullptr, cb);
+            __syncthreads();
+            atw_rows_by_keys<T>(qf, kps, ld, dn, S);
+            __syncwarp();
+            atw_scores(mk, b, r0, j0, T1, T2, scale, cb, S, lane);
+            __syncwarp();
+            if (lane < 16) {
+                const float* s = S + lane * ATW_KT;
+                A m2 = mx;
+                for (int jj = 0; jj < ATW_KT; ++jj) m2 = s[jj] > m2 ? s[jj] : m2;
+                if (m2 != A(-INFINITY)) {
+                    A part = 0;
+                    for (int jj = 0; jj < ATW_KT; ++jj) part += s[jj] == A(-INFINITY) ? A(0) : nn_exp(s[jj] - m2);
+                    sum = sum * nn_exp(mx - m2) + part;
+                    mx = m2;
+                }
+            }
+            __syncthreads();
+        }
+        if (lane < 16) {
+            const A l = sum > 0 ? mx + nn_log(sum) : A(INFINITY);
+            lrow[warp * 16 + lane] = l;
+            if (r0 + lane < T1) lse[((uint64_t)b * H + h) * T1 + r0 + lane] = l;
+        }
+        __syncwarp();
+        // Pass 2: O += (exp(s - lse)·Z) V, P rounded to the input type.
+        AtwC of[ATW_NT];
+#pragma unroll
+        for (int c = 0; c < ATW_NT; ++c) wmma::fill_fragment(of[c], 0.0f);
+        for (uint32_t j0 = 0; j0 < T2; j0 += ATW_KT) {
+            atw_load_keys<T>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, ld, kps, vs, cb);
+            __syncthreads();
+            atw_rows_by_keys<T>(qf, kps, ld, dn, S);
+            __syncwarp();
+            atw_scores(mk, b, r0, j0, T1, T2, scale, cb, S, lane);
+            __syncwarp();
+            for (uint32_t e = lane; e < 16 * ATW_KT; e += 32) {
+                const uint32_t r = e / ATW_KT, jj = e % ATW_KT;
+                const A s = S[e];
+                A pz = 0;
+                if (s != A(-INFINITY)) {
+                    const A pe = nn_exp(s - lrow[warp * 16 + r]);
+                    if (pe != A(0)) pz = pe * dr.factor((((uint64_t)b * H + h) * T1 + r0 + r) * T2 + j0 + jj);
+                }
+                P[e] = Num<T>::from(pz);
+            }
+            __syncwarp();
+#pragma unroll
+            for (int kk = 0; kk < ATW_KT / 16; ++kk) {
+                AtwA<T> pa;
+                wmma::load_matrix_sync(pa, P + kk * 16, ATW_KT);
+#pragma unroll
+                for (int c = 0; c < ATW_NT; ++c) {
+                    if (c < (int)dn) {
+                        AtwBr<T> vf;
+                        wmma::load_matrix_sync(vf, vs + kk * 16 * ld + c * 16, ld);
+                        wmma::mma_sync(of[c], pa, vf, of[c]);
+                    }
+                }
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int c = 0; c < ATW_NT; ++c)
+            if (c < (int)dn) atw_store_rows<T>(of[c], 1.0f, o, b, h, r0, c * 16, T1, H, d, S, lane);
+        __syncthreads();
+    }
+}
+
+// The backward's dq: per warp 16 query rows; per key tile S = Q·(K+P)^T
+// and dPv = dO·V^T in fragments, then element-wise P = exp(s - lse) and
+// dS = P (Z dPv - D), rounded to the input type, and dQ += dS·(K+P) in
+// fragments. D by one more pass over the keys (D = sum_j P Z dPv), as the
+// scalar kernel's HALF branch. Q and dO are kept as fragments, staged
+// through the key tiles' shared memory.
+template <typename T>
+__device__ void attention_bwd_dq_wmma(ATT_PARAMS(T, float), const T* __restrict__ dout, const float* __restrict__ lse,
+                                      float* __restrict__ dsum, T* __restrict__ dq) {
+    using namespace nvcuda;
+    typedef float A;
+    __shared__ __align__(32) T xs[ATW_QT * ATT_DMAX];
+    __shared__ __align__(32) float sw[ATW_WARPS][16 * ATW_KT];
+    __shared__ __align__(32) float gw[ATW_WARPS][16 * ATW_KT];
+    __shared__ __align__(32) T pw[ATW_WARPS][16 * ATW_KT];
+    __shared__ float cb[ATW_KT], lr[ATW_QT], dd[ATW_QT];
+    ATT_SETUP(A);
+    (void)nt;
+    const uint32_t warp = tid / 32, lane = tid % 32, ld = atw_ld(d), dn = d / 16;
+    T* kps = xs;
+    T* vs = xs + ATW_KT * ATT_DMAX;
+    float* S = sw[warp];
+    float* G = gw[warp];
+    T* P = pw[warp];
+    const uint32_t tiles = (T1 + ATW_QT - 1) / ATW_QT;
+    const uint64_t units = (uint64_t)B * H * tiles;
+    for (uint64_t un = blockIdx.x; un < units; un += gridDim.x) {
+        const uint32_t i0 = (uint32_t)(un % tiles) * ATW_QT, h = (uint32_t)((un / tiles) % H), b = (uint32_t)(un / ((uint64_t)tiles * H));
+        const uint32_t r0 = i0 + warp * 16;
+        AtwA<T> qf[ATW_NT], df[ATW_NT];
+        atw_load_rows<T>(q, b, h, i0, ATW_QT, T1, H, d, ld, xs);
+        __syncthreads();
+#pragma unroll
+        for (int c = 0; c < ATW_NT; ++c)
+            if (c < (int)dn) wmma::load_matrix_sync(qf[c], xs + warp * 16 * ld + c * 16, ld);
+        __syncthreads();
+        atw_load_rows<T>(dout, b, h, i0, ATW_QT, T1, H, d, ld, xs);
+        if (tid < ATW_QT) {
+            const uint32_t i = i0 + tid;
+            lr[tid] = i < T1 ? lse[((uint64_t)b * H + h) * T1 + i] : A(INFINITY);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int c = 0; c < ATW_NT; ++c)
+            if (c < (int)dn) wmma::load_matrix_sync(df[c], xs + warp * 16 * ld + c * 16, ld);
+        __syncthreads();
+        AtwC gf[ATW_NT];
+#pragma unroll
+        for (int c = 0; c < ATW_NT; ++c) wmma::fill_fragment(gf[c], 0.0f);
+        // Pass 0 computes D (lane r < 16 sums row r), pass 1 dQ.
+        A dh = 0;
+        for (int pass = 0; pass < 2; ++pass) {
+            for (uint32_t j0 = 0; j0 < T2; j0 += ATW_KT) {
+                atw_load_keys<T>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, ld, kps, vs, cb);
+                __syncthreads();
+                atw_rows_by_keys<T>(qf, kps, ld, dn, S);
+                atw_rows_by_keys<T>(df, vs, ld, dn, G);
+                __syncwarp();
+                atw_scores(mk, b, r0, j0, T1, T2, scale, cb, S, lane);
+                __syncwarp();
+                for (uint32_t e = lane; e < 16 * ATW_KT; e += 32) {
+                    const uint32_t r = e / ATW_KT, jj = e % ATW_KT;
+                    const A s = S[e];
+                    A pzg = 0, dsv = 0;
+                    if (s != A(-INFINITY)) {
+                        const A pe = nn_exp(s - lr[warp * 16 + r]);
+                        if (pe != A(0)) {
+                            const A z = dr.factor((((uint64_t)b * H + h) * T1 + r0 + r) * T2 + j0 + jj);
+                            pzg = pe * z * G[e];
+                            if (pass) dsv = pe * (z * G[e] - dd[warp * 16 + r]);
+                        }
+                    }
+                    if (pass) P[e] = Num<T>::from(dsv);
+                    else G[e] = pzg;
+                }
+                __syncwarp();
+                if (pass) {
+#pragma unroll
+                    for (int kk = 0; kk < ATW_KT / 16; ++kk) {
+                        AtwA<T> da;
+                        wmma::load_matrix_sync(da, P + kk * 16, ATW_KT);
+#pragma unroll
+                        for (int c = 0; c < ATW_NT; ++c) {
+                            if (c < (int)dn) {
+                                AtwBr<T> kf;
+                                wmma::load_matrix_sync(kf, kps + kk * 16 * ld + c * 16, ld);
+                                wmma::mma_sync(gf[c], da, kf, gf[c]);
+                            }
+                        }
+                    }
+                } else if (lane < 16) {
+                    A acc = 0;
+                    for (int jj = 0; jj < ATW_KT; ++jj) acc += G[lane * ATW_KT + jj];
+                    dh += acc;
+                }
+                __syncthreads();
+            }
+            if (!pass && lane < 16) {
+                dd[warp * 16 + lane] = dh;
+                if (r0 + lane < T1) dsum[((uint64_t)b * H + h) * T1 + r0 + lane] = dh;
+            }
+            __syncwarp();
+        }
+#pragma unroll
+        for (int c = 0; c < ATW_NT; ++c)
+            if (c < (int)dn) atw_store_rows<T>(gf[c], scale, dq, b, h, r0, c * 16, T1, H, d, S, lane);
+        __syncthreads();
+    }
+}
+
+// The backward's dk, dv, dp, sk: a block per tile of ATW_KT keys, the query
+// tiles (ATW_KT rows) in turn. S^T = (K+P)·Q^T and dPv^T = V·dO^T, one
+// 16 x 16 tile per warp, into shared f32; element-wise dS^T and (P·Z)^T
+// (rounded to the input type) by the block; then warp w accumulates key
+// rows 16·(w % 2).. and the column tiles c with c % 2 == w / 2 of
+// dV += (P·Z)^T·dO and G += dS^T·Q in fragments.
+template <typename T>
+__device__ void attention_bwd_dkv_wmma(ATT_PARAMS(T, float), const T* __restrict__ dout, const float* __restrict__ lse,
+                                       const float* __restrict__ dsum, T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dp,
+                                       float* __restrict__ sk) {
+    using namespace nvcuda;
+    typedef float A;
+    constexpr int KT = ATW_KT, QT = ATW_KT;
+    __shared__ __align__(32) T kps[KT * ATT_DMAX], vs[KT * ATT_DMAX], qs[QT * ATT_DMAX], dos[QT * ATT_DMAX];
+    __shared__ __align__(32) float st[KT * QT], gt[KT * QT];
+    __shared__ __align__(32) T dst[KT * QT], pzt[KT * QT];
+    __shared__ float cb[KT], lr[QT], dd[QT], ssum[KT];
+    ATT_SETUP(A);
+    const uint32_t warp = tid / 32, lane = tid % 32, ld = atw_ld(d), dn = d / 16;
+    const uint32_t kt = warp % 2, ch = warp / 2;
+    const uint32_t tiles = (T2 + KT - 1) / KT;
+    const uint64_t units = (uint64_t)B * H * tiles;
+    for (uint64_t un = blockIdx.x; un < units; un += gridDim.x) {
+        const uint32_t j0 = (uint32_t)(un % tiles) * KT, h = (uint32_t)((un / tiles) % H), b = (uint32_t)(un / ((uint64_t)tiles * H));
+        atw_load_keys<T>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, ld, kps, vs, cb);
+        if (tid < KT) ssum[tid] = 0;
+        AtwC vf[ATW_NT / 2], gf[ATW_NT / 2];
+#pragma unroll
+        for (int c = 0; c < ATW_NT / 2; ++c) {
+            wmma::fill_fragment(vf[c], 0.0f);
+            wmma::fill_fragment(gf[c], 0.0f);
+        }
+        for (uint32_t i0 = 0; i0 < T1; i0 += QT) {
+            atw_load_rows<T>(q, b, h, i0, QT, T1, H, d, ld, qs);
+            atw_load_rows<T>(dout, b, h, i0, QT, T1, H, d, ld, dos);
+            if (tid < QT) {
+                const uint32_t i = i0 + tid;
+                lr[tid] = i < T1 ? lse[((uint64_t)b * H + h) * T1 + i] : A(INFINITY);
+                dd[tid] = i < T1 ? dsum[((uint64_t)b * H + h) * T1 + i] : A(0);
+            }
+            __syncthreads();
+            {
+                // Warp w: S^T and dPv^T of key rows 16·(w % 2).., query columns 16·(w / 2)..
+                AtwC sa, ga;
+                wmma::fill_fragment(sa, 0.0f);
+                wmma::fill_fragment(ga, 0.0f);
+#pragma unroll
+                for (int c = 0; c < ATW_NT; ++c) {
+                    if (c < (int)dn) {
+                        AtwA<T> ka, va;
+                        AtwBc<T> qb, db;
+                        wmma::load_matrix_sync(ka, kps + kt * 16 * ld + c * 16, ld);
+                        wmma::load_matrix_sync(qb, qs + ch * 16 * ld + c * 16, ld);
+                        wmma::mma_sync(sa, ka, qb, sa);
+                        wmma::load_matrix_sync(va, vs + kt * 16 * ld + c * 16, ld);
+                        wmma::load_matrix_sync(db, dos + ch * 16 * ld + c * 16, ld);
+                        wmma::mma_sync(ga, va, db, ga);
+                    }
+                }
+                wmma::store_matrix_sync(st + kt * 16 * QT + ch * 16, sa, QT, wmma::mem_row_major);
+                wmma::store_matrix_sync(gt + kt * 16 * QT + ch * 16, ga, QT, wmma::mem_row_major);
+            }
+            __syncthreads();
+            for (uint32_t e = tid; e < KT * QT; e += nt) {
+                const uint32_t jj = e / QT, r = e % QT, i = i0 + r, j = j0 + jj;
+                A dsv = 0, pzv = 0;
+                if (i < T1 && j < T2 && !mk.masked(b, i, j)) {
+                    const A pe = nn_exp((st[e] + cb[jj]) * scale - lr[r]);
+                    if (pe != A(0)) {
+                        const A z = dr.factor((((uint64_t)b * H + h) * T1 + i) * T2 + j);
+                        pzv = pe * z;
+                        dsv = pe * (z * gt[e] - dd[r]);
+                    }
+                }
+                st[e] = dsv;
+                dst[e] = Num<T>::from(dsv);
+                pzt[e] = Num<T>::from(pzv);
+            }
+            __syncthreads();
+            if (tid < KT) {
+                A s = ssum[tid];
+                for (int r = 0; r < QT; ++r) s += st[tid * QT + r];
+                ssum[tid] = s;
+            }
+#pragma unroll
+            for (int kk = 0; kk < QT / 16; ++kk) {
+                AtwA<T> pa, da;
+                wmma::load_matrix_sync(pa, pzt + kt * 16 * QT + kk * 16, QT);
+                wmma::load_matrix_sync(da, dst + kt * 16 * QT + kk * 16, QT);
+#pragma unroll
+                for (int c = 0; c < ATW_NT; ++c) {
+                    if (c < (int)dn && c % 2 == (int)ch) {
+                        AtwBr<T> ob, qb;
+                        wmma::load_matrix_sync(ob, dos + kk * 16 * ld + c * 16, ld);
+                        wmma::mma_sync(vf[c / 2], pa, ob, vf[c / 2]);
+                        wmma::load_matrix_sync(qb, qs + kk * 16 * ld + c * 16, ld);
+                        wmma::mma_sync(gf[c / 2], da, qb, gf[c / 2]);
+                    }
+                }
+            }
+            __syncthreads();
+        }
+        // Out: warp w's 16 x 16 tiles through its quarter of st.
+        float* W = st + warp * 256;
+#pragma unroll
+        for (int c = 0; c < ATW_NT; ++c) {
+            if (c < (int)dn && c % 2 == (int)ch) {
+                wmma::store_matrix_sync(W, gf[c / 2], 16, wmma::mem_row_major);
+                __syncwarp();
+                for (uint32_t e = lane; e < 256; e += 32) {
+                    const uint32_t jj = kt * 16 + e / 16, cc = c * 16 + e % 16, j = j0 + jj;
+                    if (j < T2) {
+                        const uint64_t at = (((uint64_t)b * T2 + j) * H + h) * d + cc;
+                        dk[at] = Num<T>::from((W[e] + (u ? u[h * d + cc] * ssum[jj] : A(0))) * scale);
+                        if (p) dp[at] = (W[e] + vb[h * d + cc] * ssum[jj]) * scale;
+                    }
+                }
+                __syncwarp();
+                wmma::store_matrix_sync(W, vf[c / 2], 16, wmma::mem_row_major);
+                __syncwarp();
+                for (uint32_t e = lane; e < 256; e += 32) {
+                    const uint32_t jj = kt * 16 + e / 16, cc = c * 16 + e % 16, j = j0 + jj;
+                    if (j < T2) dv[(((uint64_t)b * T2 + j) * H + h) * d + cc] = Num<T>::from(W[e]);
+                }
+                __syncwarp();
+            }
+        }
+        if (p && tid < KT && j0 + tid < T2) sk[((uint64_t)b * T2 + j0 + tid) * H + h] = ssum[tid] * scale;
+        __syncthreads();
+    }
+}
+
+// The kernels' bodies where the arch has the fragments, else a trap.
+template <typename T>
+__device__ void attention_fwd_wmma_arch(ATT_PARAMS(T, float), T* o, float* lse) {
+    if constexpr (AtwArch<T>::ok) attention_fwd_wmma<T>(ATT_ARGS, o, lse);
+    else __trap();
+}
+template <typename T>
+__device__ void attention_bwd_dq_wmma_arch(ATT_PARAMS(T, float), const T* dout, const float* lse, float* dsum, T* dq) {
+    if constexpr (AtwArch<T>::ok) attention_bwd_dq_wmma<T>(ATT_ARGS, dout, lse, dsum, dq);
+    else __trap();
+}
+template <typename T>
+__device__ void attention_bwd_dkv_wmma_arch(ATT_PARAMS(T, float), const T* dout, const float* lse, const float* dsum, T* dk, T* dv,
+                                            float* dp, float* sk) {
+    if constexpr (AtwArch<T>::ok) attention_bwd_dkv_wmma<T>(ATT_ARGS, dout, lse, dsum, dk, dv, dp, sk);
+    else __trap();
+}
+
+// dq's wmma kernel takes no o (D comes from the extra pass).
+#define ATTENTION_WMMA_KERNELS(SUF, T)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_fwd_wmma_##SUF(ATT_PARAMS(T, acc_t<T>), T* o,    \
+                                                                                       acc_t<T>* lse) {                  \
+        attention_fwd_wmma_arch<T>(ATT_ARGS, o, lse);                                                                    \
+    }                                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_bwd_dq_wmma_##SUF(                              \
+        ATT_PARAMS(T, acc_t<T>), const T* dout, const acc_t<T>* lse, acc_t<T>* dsum, T* dq) {                             \
+        attention_bwd_dq_wmma_arch<T>(ATT_ARGS, dout, lse, dsum, dq);                                                    \
+    }                                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_bwd_dkv_wmma_##SUF(                             \
+        ATT_PARAMS(T, acc_t<T>), const T* dout, const acc_t<T>* lse, const acc_t<T>* dsum, T* dk, T* dv, acc_t<T>* dp,    \
+        acc_t<T>* sk) {                                                                                                  \
+        attention_bwd_dkv_wmma_arch<T>(ATT_ARGS, dout, lse, dsum, dk, dv, dp, sk);                                       \
+    }
+ATTENTION_WMMA_KERNELS(f16, __half)
+ATTENTION_WMMA_KERNELS(bf16, __nv_bfloat16)

@@ -183,21 +183,22 @@ fn rel_err(x: &[f64], t: &[f64]) -> f64 {
 /// gradients to half between its kernels while the fused kernel keeps them
 /// in f32, so the two differ by more than one rounding. Both are measured
 /// against the truth (the CPU op in f64 on the same half inputs): the
-/// fused kernel's error must be within the dtype's tolerance or no larger
-/// than the composition's, for the output and every gradient.
-fn compare_accuracy(c: &Case, dev: &Device, dtype: DType, seed: u64) {
+/// fused kernel's error must be within `tol` (the dtype's for the scalar
+/// kernels, `wmma_tol` for the wmma ones) or no larger than the
+/// composition's, for the output and every gradient.
+fn compare_accuracy(c: &Case, dev: &Device, dtype: DType, tol: f64, seed: u64) {
     let (vals, weights) = inputs(c, dtype, seed);
     let fusedr = results(&*fused(c, seed), &vals, &weights, dtype, dev);
     let comp = results(&*composed(c, seed), &vals, &weights, dtype, dev);
     let truth = results(&*fused(c, seed), &vals, &weights, DType::F64, &Device::Cpu);
     for i in 0..truth.len() {
         let (ef, ec) = (rel_err(&fusedr[i], &truth[i]), rel_err(&comp[i], &truth[i]));
-        println!("{dtype:?} {}: fused error {ef:.3e}, composition error {ec:.3e}", label(i));
+        println!("{dtype:?} {:?} {}: fused error {ef:.3e}, composition error {ec:.3e}", kernel_for(dtype, c.d), label(i));
         assert!(
-            ef <= ec.max(gpu::tol(dtype)),
-            "{dtype:?} {c:?} {}: fused error {ef:e} above both the composition's {ec:e} and the tolerance {} (seed {seed})",
+            ef <= ec.max(tol),
+            "{dtype:?} {:?} {c:?} {}: fused error {ef:e} above both the composition's {ec:e} and the tolerance {tol} (seed {seed})",
+            kernel_for(dtype, c.d),
             label(i),
-            gpu::tol(dtype)
         );
     }
 }
@@ -270,6 +271,9 @@ fn kernel_tol(dt: DType) -> f64 {
 #[test]
 fn flash_attention_kernel_matches_the_cpu_op() {
     let Some(dev) = gpu("flash_attention_kernel_matches_the_cpu_op") else { return };
+    // The scalar kernels, at the tolerances derived for them (f16/bf16 would
+    // otherwise run the wmma set, tested at its own below).
+    set_kernel_override(Some(AttentionKernel::Scalar));
     let cpu = Device::Cpu;
     for c in cases(64) {
         let seed = fresh_seed();
@@ -289,6 +293,7 @@ fn flash_attention_kernel_matches_the_cpu_op() {
             compare("kernel vs cpu op", &c, &*fused(&c, seed), &dev, &*fused(&c, seed), &cpu, dt, kernel_tol(dt), seed);
         }
     }
+    set_kernel_override(None);
 }
 
 #[test]
@@ -298,7 +303,11 @@ fn flash_attention_kernel_matches_the_composition_on_the_gpu() {
         let seed = fresh_seed();
         compare("kernel vs composition", &c, &*fused(&c, seed), &dev, &*composed(&c, seed), &dev, DType::F32, kernel_tol(DType::F32), seed);
         for dt in [DType::F16, DType::BF16] {
-            compare_accuracy(&c, &dev, dt, seed);
+            for (k, tol) in [(AttentionKernel::Scalar, gpu::tol(dt)), (AttentionKernel::Wmma, wmma_tol(dt))] {
+                set_kernel_override(Some(k));
+                compare_accuracy(&c, &dev, dt, tol, seed);
+            }
+            set_kernel_override(None);
         }
     }
 }
@@ -385,5 +394,102 @@ fn attention_layers_match_with_the_fusion_on_and_off() {
         layer_compare(&name("rel-pos self-attention"), &rel, &[x.clone(), pos.clone()], seed, &|| rel.forward(&x, &x, &x, Some(&pad), &pos));
         layer_compare(&name("causal self-attention"), &plain, std::slice::from_ref(&x), seed, &|| plain.forward(&x, &x, &x, Some(&causal)));
         layer_compare(&name("cross attention"), &plain, &[x.clone(), mem.clone()], seed, &|| plain.forward(&x, &mem, &mem, Some(&src)));
+    }
+}
+
+// ---- the tensor-core (wmma) kernels: f16 and bf16, d_k a multiple of 16 ----
+
+use asrforge::backend::cuda::attention::{kernel_for, set_kernel_override, AttentionKernel};
+
+/// The output then every gradient of the fused op on `dev` with kernel set
+/// `k` forced on this thread.
+fn results_with(k: AttentionKernel, c: &Case, vals: &Vals, weights: &[f64], dtype: DType, dev: &Device, seed: u64) -> Vec<Vec<f64>> {
+    set_kernel_override(Some(k));
+    let r = results(&*fused(c, seed), vals, weights, dtype, dev);
+    set_kernel_override(None);
+    r
+}
+
+/// The wmma kernels' tolerance against the truth (the CPU op in f64 on the
+/// same half inputs), per element relative to |truth| + rms(truth) as
+/// everywhere here. u is the dtype's unit roundoff (2⁻¹¹ f16, 2⁻⁸ bf16;
+/// `gpu::tol` is 2u: the result's one rounding plus as much again). Beyond
+/// the scalar kernels' roundings, each product of the wmma kernels rounds
+/// one operand to the dtype: k + p (scores), P (output), dS and P·Z
+/// (gradients), independent relative errors of ≤ u (σ = u/√3) per term of
+/// a sum in f32, so each sum's error is a random walk of about σ·√2 times
+/// the terms' root-sum-square, itself about rms(result) as the terms have
+/// random signs (dq's terms cancel: Σ_j dS_ij = 0 without dropout). The
+/// score's error (u·|q|·|k + p|·scale ≈ u for unit inputs, same walk) moves
+/// every P, dS of its row by as much again. Together σ ≈ 1.5-2u per
+/// element, and the maximum over the up to 90k elements of a case lies
+/// further out than a Gaussian's 4.5σ (the cancelling dq and the dropout
+/// factors give heavier tails): measured over 18 runs of the cases below,
+/// at most 9.7u = 4.87 × gpu::tol (gradient of q, bf16, the 70-key case;
+/// typical run maxima 3-4 × gpu::tol), where the scalar kernels stay
+/// within 0.6 × gpu::tol. The tolerance is that measured maximum with a
+/// margin of 1.6: 16u = 8 × gpu::tol (an error of 1/8 of an f16 or bf16
+/// mantissa step sized to the result's rms would still fail it).
+fn wmma_tol(dt: DType) -> f64 {
+    8.0 * gpu::tol(dt)
+}
+
+/// Every mask kind and positions (PB 1 and B) or none, dropout on and
+/// off, d_k 64 and 128, T1/T2 not multiples of the tiles (64 query rows,
+/// 32 keys) and ragged, and 4·5·2 = 40 query units (4·5·3 = 60 key
+/// units), more than the capped grid of 37 blocks.
+fn wmma_cases() -> Vec<Case> {
+    let mut v = cases(64);
+    v.extend([
+        Case { pos: Some(2), lens: Some(vec![45, 30]), chunk: Some((8, -1)), dropout: 0.1, ..case(2, 45, 45, 2, 128) },
+        Case { tensor_mask: true, ..case(2, 33, 70, 2, 128) },
+        Case { lens: Some(vec![50, 3]), causal: true, ..case(2, 50, 50, 1, 128) },
+        Case { pos: Some(1), lens: Some(vec![70, 41, 9, 1]), chunk: Some((8, 2)), dropout: 0.1, ..case(4, 70, 70, 5, 64) },
+    ]);
+    v
+}
+
+#[test]
+fn attention_wmma_kernels_are_picked_for_half_and_multiples_of_16() {
+    set_kernel_override(None);
+    if std::env::var_os("ASRFORGE_ATTENTION_KERNEL").is_none() {
+        for dt in [DType::F16, DType::BF16] {
+            for d in [16, 64, 128] {
+                assert_eq!(kernel_for(dt, d), AttentionKernel::Wmma, "{dt:?} d_k {d}");
+            }
+        }
+    }
+    for (dt, d) in [(DType::F32, 64), (DType::F64, 64), (DType::F16, 24), (DType::BF16, 8), (DType::F16, 144)] {
+        assert_eq!(kernel_for(dt, d), AttentionKernel::Scalar, "{dt:?} d_k {d}");
+    }
+    set_kernel_override(Some(AttentionKernel::Scalar));
+    assert_eq!(kernel_for(DType::F16, 64), AttentionKernel::Scalar);
+    set_kernel_override(Some(AttentionKernel::Wmma));
+    assert_eq!(kernel_for(DType::BF16, 64), AttentionKernel::Wmma);
+    assert_eq!(kernel_for(DType::F32, 64), AttentionKernel::Scalar);
+    set_kernel_override(None);
+}
+
+/// The wmma kernels against the truth (the CPU op in f64 on the same half
+/// inputs) within `wmma_tol`, and against the scalar kernels on the device
+/// within the sum of both kernels' tolerances, output and every gradient.
+#[test]
+fn attention_wmma_kernels_match_the_cpu_op_and_the_scalar_kernels() {
+    let Some(dev) = gpu("attention_wmma_kernels_match_the_cpu_op_and_the_scalar_kernels") else { return };
+    let cpu = Device::Cpu;
+    for c in wmma_cases() {
+        let seed = fresh_seed();
+        for dt in [DType::F16, DType::BF16] {
+            let (vals, weights) = inputs(&c, dt, seed);
+            let truth = results(&*fused(&c, seed), &vals, &weights, DType::F64, &cpu);
+            let wmma = results_with(AttentionKernel::Wmma, &c, &vals, &weights, dt, &dev, seed);
+            let scalar = results_with(AttentionKernel::Scalar, &c, &vals, &weights, dt, &dev, seed);
+            for i in 0..truth.len() {
+                let (ew, es) = (rel_err(&wmma[i], &truth[i]), rel_err(&scalar[i], &truth[i]));
+                println!("{dt:?} d_k {} {}: wmma error {ew:.3e} ({:.2} tol), scalar error {es:.3e}", c.d, label(i), ew / gpu::tol(dt));
+                close(&format!("wmma vs f64 cpu op {dt:?} {c:?} {}", label(i)), &wmma[i], &truth[i], wmma_tol(dt), seed);
+                close(&format!("wmma vs scalar kernel {dt:?} {c:?} {}", label(i)), &wmma[i], &scalar[i], wmma_tol(dt) + kernel_tol(dt), seed);
+            }
+        }
     }
 }

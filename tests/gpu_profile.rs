@@ -197,3 +197,49 @@ fn fusion_all_runs_the_same_step_in_fewer_launches() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The attention's kernel sets launch alike: one kernel forward, two
+/// backward, no host synchronisation, for the scalar and the wmma set
+/// (bf16, rel-pos, key lengths), each named in the profile.
+#[test]
+fn attention_kernel_sets_launch_one_kernel_forward_and_two_backward() {
+    use asrforge::backend::cpu::attention::{AttentionDims, AttentionDropout, AttentionRule};
+    use asrforge::backend::cuda::attention::{flash_attention, flash_attention_backward, set_kernel_override, AttentionKernel, MaskGpu};
+    let Some(Device::Cuda(ord)) = common::gpu::gpu("attention_kernel_sets_launch_one_kernel_forward_and_two_backward") else { return };
+    let _s = serial();
+    let dev = cuda::device(ord).unwrap();
+    let mut rng = Rng::new(seed());
+    let n = AttentionDims { batch: 2, t1: 20, t2: 20, heads: 2, d_k: 64, pos_batch: 1 };
+    let bf =
+        |len: usize, rng: &mut Rng| CudaStorage::from_cpu(&dev, &CpuStorage::BF16(rng.normal(len).into_iter().map(half::bf16::from_f64).collect())).unwrap();
+    let (q, k, v, p, dout) = (bf(n.q_len(), &mut rng), bf(n.k_len(), &mut rng), bf(n.k_len(), &mut rng), bf(n.k_len() / 2, &mut rng), bf(n.q_len(), &mut rng));
+    let f32s = |len: usize, rng: &mut Rng| CudaStorage::from_cpu(&dev, &CpuStorage::F32(rng.normal(len).into_iter().map(|v| v as f32).collect())).unwrap();
+    let (u, vb) = (f32s(n.heads * n.d_k, &mut rng), f32s(n.heads * n.d_k, &mut rng));
+    let lens = CudaStorage::from_cpu(&dev, &CpuStorage::I64(vec![20, 13])).unwrap();
+    let rule = AttentionRule::default();
+    let m = MaskGpu { lens: Some(&lens), mask: None };
+    for (set, fwd, bwd) in [
+        (AttentionKernel::Scalar, "attention/attention_fwd", ["attention/attention_bwd_dq", "attention/attention_bwd_dkv"]),
+        (AttentionKernel::Wmma, "attention/attention_fwd_wmma", ["attention/attention_bwd_dq_wmma", "attention/attention_bwd_dkv_wmma"]),
+    ] {
+        set_kernel_override(Some(set));
+        let before = cuda::counters(ord).unwrap();
+        cuda::start_profile(ord).unwrap();
+        let (o, lse) = flash_attention(&q, &k, &v, Some((&p, &u, &vb)), &n, &rule, m, &AttentionDropout::NONE).unwrap();
+        let pf = cuda::stop_profile(ord).unwrap();
+        let cf = cuda::counters(ord).unwrap().since(&before);
+        let before = cuda::counters(ord).unwrap();
+        cuda::start_profile(ord).unwrap();
+        let g = flash_attention_backward(&q, &k, &v, Some((&p, &u, &vb)), &o, &lse, &dout, &n, &rule, m, &AttentionDropout::NONE).unwrap();
+        let pb = cuda::stop_profile(ord).unwrap();
+        let cb = cuda::counters(ord).unwrap().since(&before);
+        set_kernel_override(None);
+        assert_eq!((cf.launches, cf.host_syncs), (1, 0), "{set:?} forward\n{}", pf.table());
+        assert_eq!(pf.row(fwd).map(|r| r.launches), Some(1), "{set:?} forward runs {fwd}\n{}", pf.table());
+        assert_eq!((cb.launches, cb.host_syncs), (2, 0), "{set:?} backward\n{}", pb.table());
+        for b in bwd {
+            assert_eq!(pb.row(b).map(|r| r.launches), Some(1), "{set:?} backward runs {b}\n{}", pb.table());
+        }
+        assert!(g.pos.is_some());
+    }
+}

@@ -4,6 +4,12 @@
 //! mirrors `backend::cpu::attention`. f16 and bf16 are read and written in
 //! half and computed in f32. The kernels' blocks grid-stride over
 //! (sequence, head, tile), so any grid covers them.
+//!
+//! Two kernel sets: scalar tiles (every dtype, any head dim up to
+//! [`MAX_D_K`]) and tensor-core tiles (`*_wmma`, f16 and bf16, head dims a
+//! multiple of 16). [`kernel_for`] picks: the wmma set where it applies,
+//! unless `ASRFORGE_ATTENTION_KERNEL=scalar` (read once per process) or
+//! [`set_kernel_override`] on the calling thread says otherwise.
 
 use super::nn_common::{expect_dtype, expect_len, same, FLOATS};
 use super::{kernels, CudaStorage, LaunchConfig};
@@ -15,6 +21,59 @@ use crate::tensor::DType;
 const THREADS: u32 = 128;
 /// The largest head dim (`ATT_DMAX`).
 pub const MAX_D_K: usize = 128;
+
+/// Query rows per block of the wmma kernels (`ATW_QT`).
+const WMMA_QUERY_TILE: usize = 64;
+/// Key rows per block of the wmma backward's dk/dv kernel (`ATW_KT`).
+const WMMA_KEY_TILE: usize = 32;
+
+/// The two kernel sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// Scalar tiles (`attention_fwd`...): every dtype and head dim.
+    Scalar,
+    /// Tensor-core tiles (`attention_fwd_wmma`...): f16 and bf16 with a head
+    /// dim a multiple of 16 up to [`MAX_D_K`]; elsewhere the scalar set runs.
+    Wmma,
+}
+
+thread_local! {
+    static OVERRIDE: std::cell::Cell<Option<AttentionKernel>> = const { std::cell::Cell::new(None) };
+}
+
+/// Forces (`Some`) or stops forcing (`None`) a kernel set for the attention
+/// launches of the calling thread, over `ASRFORGE_ATTENTION_KERNEL` (tests
+/// and benches compare the two sets in one process this way).
+pub fn set_kernel_override(k: Option<AttentionKernel>) {
+    OVERRIDE.with(|o| o.set(k));
+}
+
+/// `ASRFORGE_ATTENTION_KERNEL`: `scalar`, `wmma` or `auto` (unset: auto).
+fn env_kernel() -> Option<AttentionKernel> {
+    static K: std::sync::OnceLock<Option<AttentionKernel>> = std::sync::OnceLock::new();
+    *K.get_or_init(|| match std::env::var("ASRFORGE_ATTENTION_KERNEL").as_deref().map(str::trim) {
+        Err(_) | Ok("auto") | Ok("") => None,
+        Ok("scalar") => Some(AttentionKernel::Scalar),
+        Ok("wmma") => Some(AttentionKernel::Wmma),
+        Ok(v) => {
+            eprintln!("warning: ASRFORGE_ATTENTION_KERNEL={v:?} is not scalar, wmma or auto; using auto");
+            None
+        }
+    })
+}
+
+/// The kernel set that runs for `dt` and head dim `d_k`: wmma for f16/bf16
+/// with `d_k % 16 == 0` unless the thread's override or the environment
+/// asks for the scalar set; scalar otherwise (also when wmma is forced).
+pub fn kernel_for(dt: DType, d_k: usize) -> AttentionKernel {
+    let fits = matches!(dt, DType::F16 | DType::BF16) && d_k % 16 == 0 && d_k > 0 && d_k <= MAX_D_K;
+    let want = OVERRIDE.with(|o| o.get()).or_else(env_kernel).unwrap_or(AttentionKernel::Wmma);
+    if fits && want == AttentionKernel::Wmma {
+        AttentionKernel::Wmma
+    } else {
+        AttentionKernel::Scalar
+    }
+}
 
 /// Rows per tile (`AttTile`): 8 in f64, else 16.
 fn tile(dt: DType) -> usize {
@@ -49,6 +108,10 @@ pub struct MaskGpu<'a> {
 
 fn units(n: &AttentionDims, rows: usize, dt: DType) -> usize {
     n.batch * n.heads * rows.div_ceil(tile(dt))
+}
+
+fn units_of(n: &AttentionDims, rows: usize, tile: usize) -> usize {
+    n.batch * n.heads * rows.div_ceil(tile)
 }
 
 fn cfg(units: usize) -> LaunchConfig {
@@ -215,7 +278,10 @@ pub fn flash_attention(
         if n.t2 == 0 {
             return Err(Error::invalid(op, "expected at least one key, found none"));
         }
-        launch_att!(attention_fwd, dev, dt, cfg(units(n, n.t1, dt)), c, &o, &lse)?;
+        match kernel_for(dt, n.d_k) {
+            AttentionKernel::Wmma => launch_att!(attention_fwd_wmma, dev, dt, cfg(units_of(n, n.t1, WMMA_QUERY_TILE)), c, &o, &lse)?,
+            AttentionKernel::Scalar => launch_att!(attention_fwd, dev, dt, cfg(units(n, n.t1, dt)), c, &o, &lse)?,
+        }
     }
     Ok((o, lse))
 }
@@ -267,13 +333,22 @@ pub fn flash_attention_backward(
     let dv = dev.alloc(dt, n.k_len())?;
     let extra = if pos.is_some() { Some((dev.alloc(acc, n.k_len())?, dev.alloc(acc, n.batch * n.t2 * n.heads)?)) } else { None };
     if n.q_len() > 0 && n.t2 > 0 {
-        launch_att!(attention_bwd_dq, dev, dt, cfg(units(n, n.t1, dt)), c, o, dout, lse, &dsum, &dq)?;
         // Never written without positions: any buffer of the compute type.
         let (dp, sk) = match &extra {
             Some((dp, sk)) => (dp, sk),
             None => (&dsum, &dsum),
         };
-        launch_att!(attention_bwd_dkv, dev, dt, cfg(units(n, n.t2, dt)), c, dout, lse, &dsum, &dk, &dv, dp, sk)?;
+        // The same set as the forward that gave `lse` (its scores' roundings).
+        match kernel_for(dt, n.d_k) {
+            AttentionKernel::Wmma => {
+                launch_att!(attention_bwd_dq_wmma, dev, dt, cfg(units_of(n, n.t1, WMMA_QUERY_TILE)), c, dout, lse, &dsum, &dq)?;
+                launch_att!(attention_bwd_dkv_wmma, dev, dt, cfg(units_of(n, n.t2, WMMA_KEY_TILE)), c, dout, lse, &dsum, &dk, &dv, dp, sk)?;
+            }
+            AttentionKernel::Scalar => {
+                launch_att!(attention_bwd_dq, dev, dt, cfg(units(n, n.t1, dt)), c, o, dout, lse, &dsum, &dq)?;
+                launch_att!(attention_bwd_dkv, dev, dt, cfg(units(n, n.t2, dt)), c, dout, lse, &dsum, &dk, &dv, dp, sk)?;
+            }
+        }
     }
     Ok(AttentionGradsGpu { dq, dk, dv, pos: extra })
 }
