@@ -233,3 +233,38 @@ fn errors_deep_in_a_section_name_the_whole_key_path() {
         ]
     );
 }
+
+/// `communication_data_type` as DeepSpeed reads it: "fp16", "bf16" or
+/// "fp32" in any case; without it the precision decides (fp16 → f16, bf16 →
+/// bf16, else f32, DeepSpeed's engine property); anything else is an error
+/// naming the key; it is read, so no longer warned about.
+#[test]
+fn communication_data_type_follows_deepspeed() {
+    use asrforge::tensor::DType;
+    for (text, want) in [
+        (r#"{}"#, None),
+        (r#"{"fp16": {"enabled": true}}"#, Some(DType::F16)),
+        (r#"{"bf16": {"enabled": true}}"#, Some(DType::BF16)),
+        (r#"{"bfloat16": {"enabled": true}}"#, Some(DType::BF16)),
+        (r#"{"communication_data_type": "fp16"}"#, Some(DType::F16)),
+        (r#"{"communication_data_type": "BF16"}"#, Some(DType::BF16)),
+        (r#"{"communication_data_type": "fp32", "fp16": {"enabled": true}}"#, None),
+        (r#"{"communication_data_type": "bf16", "fp16": {"enabled": true}}"#, Some(DType::BF16)),
+        (r#"{"communication_data_type": null, "bf16": {"enabled": true}}"#, Some(DType::BF16)),
+    ] {
+        let (c, w) = parse(text).expect(text);
+        assert!(w.is_empty(), "{text}: {w:?}");
+        assert_eq!(c.grad_comm_dtype().expect(text), want, "{text}");
+    }
+    let (c, _) = parse(r#"{"communication_data_type": "Fp32"}"#).expect("parse");
+    assert_eq!(c.communication_data_type, Some(DType::F32));
+    for (text, found) in [(r#"{"communication_data_type": "fp8"}"#, "\"fp8\""), (r#"{"communication_data_type": "bfp16"}"#, "\"bfp16\"")] {
+        let e = err(text);
+        assert!(e.contains("key communication_data_type") && e.contains("expected \"fp16\", \"bf16\" or \"fp32\"") && e.contains(found), "{e}");
+    }
+    let e = err(r#"{"communication_data_type": 16}"#);
+    assert!(e.contains("communication_data_type") && e.contains("expected a string, found number 16"), "{e}");
+    // Both precisions enabled stays the precision's error.
+    let (c, _) = parse(r#"{"fp16": {"enabled": true}, "bf16": {"enabled": true}}"#).expect("parse");
+    assert!(c.grad_comm_dtype().unwrap_err().to_string().contains("both true"));
+}

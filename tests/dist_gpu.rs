@@ -330,6 +330,87 @@ fn gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks() {
     check_half_identical(&run_ok("gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks", 3, &[]));
 }
 
+/// ZeRO stage 1 and 2 on the device with the gradient reduce-scatter in f16
+/// and in bf16 (`--fp16_grad_sync`): within the bound derived from the half
+/// type's rounding of one CPU process with the whole batch, off the f32
+/// reduce-scatter by more than f32 rounding, every rank bitwise equal, the
+/// reduce-scatter handed half the f32 run's bytes, and no more host
+/// synchronisations than the f32 run.
+fn zero_half_sync_worker(w: &Worker, accum: usize) {
+    let dev = common::gpu::gpu("zero_half_sync_worker").expect("the parent checked for a GPU");
+    let (_server, s) = store(w);
+    let run = Run { first_step: 0, steps: STEPS, accum, clip: CLIP, lr: 0.01 };
+    let mut single = SingleProcess::new(make_params(7), ADAM).expect("single");
+    let single_out = train(&mut single, run, None, &|_, _| {}).expect("single-process run");
+    let want = flat_values(single.parameters());
+    let seed = 7 + w.rank as u64;
+    for stage in [1u8, 2] {
+        let o = ZeroOptions { stage, reduce_bucket_size: 8, allgather_bucket_size: 11, overlap_comm: false };
+        let mut full = ZeroEngine::new(device_params(seed, &dev), comm(&s, w, &format!("zf32-{stage}")), o, ADAM).expect("zero on the device");
+        let before = host_syncs();
+        train(&mut full, run, None, &|_, _| {}).expect("device run, f32 reduce-scatter");
+        let full_syncs = host_syncs() - before;
+        let full_stats = full.stats().lock().unwrap().clone();
+        let full = flat_values(full.parameters());
+        for half in [DType::F16, DType::BF16] {
+            let label = format!("zero{stage}");
+            let mut e = ZeroEngine::new(device_params(seed, &dev), comm(&s, w, &format!("z{}-{stage}", half.as_str())), o, ADAM)
+                .expect("zero on the device")
+                .with_half_grad_sync(Some(half))
+                .expect("half sync");
+            assert!(e.on_device());
+            let before = host_syncs();
+            let outs = train(&mut e, run, None, &|_, _| {}).expect("device run, half reduce-scatter");
+            let syncs = host_syncs() - before;
+            for (_, p) in e.parameters() {
+                assert_eq!(p.device(), dev, "{label}: parameters stay on the device");
+            }
+            let got = flat_values(e.parameters());
+            check_half_norms(&label, half, w.world_size, &outs, &single_out);
+            check_half_sync(&label, half, w.world_size, run, ADAM.betas, &got, &want, &full);
+            assert_eq!(syncs, full_syncs, "{label} in {}: host synchronisations in {STEPS} steps vs the f32 reduce-scatter", half.as_str());
+            let st = e.stats().lock().unwrap().clone();
+            assert_eq!(st.reduce_scatters, full_stats.reduce_scatters);
+            assert_eq!(2 * st.reduce_scatter_bytes, full_stats.reduce_scatter_bytes, "{label} in {}: 2 bytes per element on the wire", half.as_str());
+            println!("PARAMS{label}{} {}", half.as_str(), bits(&got));
+        }
+    }
+}
+
+fn check_zero_half_identical(rs: &[WorkerResult]) {
+    for name in ["zero1f16", "zero1bf16", "zero2f16", "zero2bf16"] {
+        let first = line(&rs[0], &format!("PARAMS{name}"));
+        for r in rs {
+            assert_eq!(line(r, &format!("PARAMS{name}")), first, "{name}: rank {} ends with other parameters than rank 0", r.rank);
+        }
+    }
+    eprintln!("{}", rs[0].lines_with("HALF ").join("\n"));
+}
+
+#[test]
+fn gpu_zero_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks() {
+    if let Some(w) = worker() {
+        zero_half_sync_worker(&w, 2);
+        return;
+    }
+    if common::gpu::gpu("gpu_zero_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks").is_none() {
+        return;
+    }
+    check_zero_half_identical(&run_ok("gpu_zero_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks", 2, &[]));
+}
+
+#[test]
+fn gpu_zero_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks() {
+    if let Some(w) = worker() {
+        zero_half_sync_worker(&w, 1);
+        return;
+    }
+    if common::gpu::gpu("gpu_zero_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks").is_none() {
+        return;
+    }
+    check_zero_half_identical(&run_ok("gpu_zero_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks", 3, &[]));
+}
+
 /// Lines of the corpus with a one-token transcript (every one fits CTC).
 fn good_lines(dir: &std::path::Path, n: usize) -> Vec<String> {
     let all: Vec<String> = std::fs::read_to_string(dir.join("data.list")).unwrap().lines().map(str::to_string).collect();

@@ -250,6 +250,111 @@ fn ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks() {
     check_half_identical(&run_ok("ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks", 3, &[]));
 }
 
+/// ZeRO stage 1 and 2 with the gradient reduce-scatter in f16 and in bf16
+/// (`--fp16_grad_sync`, `communication_data_type`) against one process with
+/// the whole batch (within the bound derived from the half type's
+/// rounding, as DDP's half all-reduce) and against the same engine in f32;
+/// the bytes handed to the reduce-scatter are exactly half the f32 run's.
+fn zero_half_sync_worker(w: &Worker, accum: usize) {
+    let (_server, s) = store(w);
+    let run = Run { first_step: 0, steps: 10, accum, clip: CLIP, lr: 0.01 };
+    let mut single = SingleProcess::new(make_params(7), ADAM).expect("single");
+    let single_out = train(&mut single, run, None, &|_, _| {}).expect("single-process run");
+    let want = flat_values(single.parameters());
+    for stage in [1u8, 2] {
+        let mut full = zero(&s, w, &format!("zf32-{stage}"), opts(stage, 8));
+        assert_eq!(full.grad_sync_dtype(), None);
+        train(&mut full, run, None, &|_, _| {}).expect("zero run, f32 reduce-scatter");
+        let full_stats = full.stats().lock().unwrap().clone();
+        let full = flat_values(full.parameters());
+        for half in [DType::F16, DType::BF16] {
+            let mut e = zero(&s, w, &format!("z{}-{stage}", half.as_str()), opts(stage, 8)).with_half_grad_sync(Some(half)).expect("half sync");
+            assert_eq!(e.grad_sync_dtype(), Some(half));
+            let outs = train(&mut e, run, None, &|_, _| {}).expect("zero run, half reduce-scatter");
+            assert!(outs.iter().all(|o| o.grad_norm > CLIP && !o.skipped), "the clip acts and no step is skipped: {outs:?}");
+            let label = format!("zero{stage}");
+            check_half_norms(&label, half, w.world_size, &outs, &single_out);
+            let got = flat_values(e.parameters());
+            check_half_sync(&label, half, w.world_size, run, ADAM.betas, &got, &want, &full);
+            let st = e.stats().lock().unwrap().clone();
+            assert!(st.reduce_scatters > run.steps, "{label}: several buckets per step, {} reduce-scatters", st.reduce_scatters);
+            assert_eq!(st.reduce_scatters, full_stats.reduce_scatters, "{label} {}: as many reduce-scatters as in f32", half.as_str());
+            assert_eq!(
+                2 * st.reduce_scatter_bytes,
+                full_stats.reduce_scatter_bytes,
+                "{label} {}: the reduce-scatter moves 2 bytes per element instead of 4",
+                half.as_str()
+            );
+            println!("BYTES {label} {} {} (f32 {})", half.as_str(), st.reduce_scatter_bytes, full_stats.reduce_scatter_bytes);
+            println!("PARAMS{label}{} {}", half.as_str(), bits(&got));
+        }
+    }
+    let bad = zero(&s, w, "zf64", opts(2, 8)).with_half_grad_sync(Some(DType::F64));
+    let err = bad.err().expect("f64 is not a half type").to_string();
+    assert!(err.contains("expected f16 or bf16") && err.contains("f64"), "{err}");
+}
+
+fn check_zero_half_identical(rs: &[WorkerResult]) {
+    for name in ["zero1f16", "zero1bf16", "zero2f16", "zero2bf16"] {
+        let first = line(&rs[0], &format!("PARAMS{name}"));
+        for r in rs {
+            assert_eq!(line(r, &format!("PARAMS{name}")), first, "{name}: rank {} ends with other parameters than rank 0", r.rank);
+        }
+    }
+    eprintln!("{}", rs[0].lines_with("HALF ").join("\n"));
+    eprintln!("{}", rs[0].lines_with("BYTES ").join("\n"));
+}
+
+#[test]
+fn zero_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks() {
+    if let Some(w) = worker() {
+        zero_half_sync_worker(&w, 2);
+        return;
+    }
+    check_zero_half_identical(&run_ok("zero_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks", 2, &[]));
+}
+
+#[test]
+fn zero_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks() {
+    if let Some(w) = worker() {
+        zero_half_sync_worker(&w, 1);
+        return;
+    }
+    check_zero_half_identical(&run_ok("zero_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks", 3, &[]));
+}
+
+/// The half reduce-scatter divides by the world size before it rounds to
+/// f16: every rank's gradient of `p` is (40000, −30000), whose sum over 2
+/// ranks (80000) overflows f16 (largest finite 65504) but whose shares
+/// (20000, −15000) and their sums are exact in f16. Each rank's shard
+/// gradient is exactly the average; without the division the sum is inf
+/// and the step is skipped; with the division but an averaging reduction
+/// it is half the average.
+#[test]
+fn zero_half_grad_sync_divides_before_rounding_so_the_sum_does_not_overflow() {
+    if let Some(w) = worker() {
+        let (_server, s) = store(&w);
+        for stage in [1u8, 2] {
+            let p = Tensor::from_vec(vec![1.0f32, 2.0], vec![2], &Device::Cpu).unwrap().requires_grad_();
+            let mut e = ZeroEngine::new(vec![("p".to_string(), p.clone())], comm(&s, &w, &format!("ovf{stage}")), opts(stage, 8), ADAM)
+                .expect("zero")
+                .with_half_grad_sync(Some(DType::F16))
+                .expect("f16");
+            let c = Tensor::from_vec(vec![40000.0f32, -30000.0], vec![2], &Device::Cpu).unwrap();
+            let loss = asrforge::ops::sum_all(&asrforge::ops::mul(&p, &c).unwrap()).unwrap();
+            e.backward(&loss, true).expect("backward");
+            let want = [40000.0f32, -30000.0][w.rank];
+            assert_eq!(e.shard_grad(), Some(&[want][..]), "rank {} stage {stage}: the shard gradient is the exact average", w.rank);
+            let out = e.step(0.01, 0.0, None).expect("step");
+            assert!(!out.skipped && out.grad_norm == 50000.0, "stage {stage}: {out:?}");
+            println!("PARAMS{} {}", stage - 1, bits(&flat_values(e.parameters())));
+        }
+        return;
+    }
+    let rs = run_ok("zero_half_grad_sync_divides_before_rounding_so_the_sum_does_not_overflow", 2, &[]);
+    check_identical(&rs, 2);
+}
+
 #[test]
 fn fp16_overflow_on_one_rank_skips_the_step_on_every_rank() {
     if let Some(w) = worker() {

@@ -69,8 +69,45 @@ fn fp16_grad_sync_chooses_the_half_type_of_the_ddp_all_reduce() {
         assert!(a.fp16_grad_sync, "{extra}");
         assert_eq!(grad_sync_dtype(&a).unwrap(), Some(want), "{extra}");
     }
-    let err = grad_sync_dtype(&parse(&format!("{req} --fp16_grad_sync --train_engine deepspeed"))).unwrap_err().to_string();
-    assert!(err.contains("--fp16_grad_sync") && err.contains("torch_ddp") && !err.contains('\n'), "{err}");
+}
+
+/// `--fp16_grad_sync` with `--train_engine deepspeed`: the ZeRO
+/// reduce-scatter travels in the half type of the JSON's precision (bf16
+/// with bf16 enabled, else f16); without the flag DeepSpeed's
+/// `communication_data_type` rule decides; the flag and an explicit
+/// communication_data_type of another type are a one-line error naming both.
+#[test]
+fn fp16_grad_sync_with_deepspeed_chooses_the_zero_reduce_scatter_type() {
+    use asrforge::engine::deepspeed::parse_deepspeed_config;
+    use asrforge::tensor::DType;
+    use asrforge::train::deepspeed::zero_grad_sync_dtype;
+    let req = "--config c --model_dir m --train_data t --cv_data v --train_engine deepspeed --deepspeed_config ds.json";
+    let (plain, flag) = (parse(req), parse(&format!("{req} --fp16_grad_sync")));
+    assert!(flag.fp16_grad_sync && !plain.fp16_grad_sync);
+    let ds = |text: &str| parse_deepspeed_config(text, "ds.json").unwrap().0;
+    for (json, without, with) in [
+        (r#"{}"#, None, Some(DType::F16)),
+        (r#"{"fp16": {"enabled": true}}"#, Some(DType::F16), Some(DType::F16)),
+        (r#"{"bf16": {"enabled": true}}"#, Some(DType::BF16), Some(DType::BF16)),
+        (r#"{"communication_data_type": "fp16"}"#, Some(DType::F16), Some(DType::F16)),
+        (r#"{"communication_data_type": "bf16", "bf16": {"enabled": true}}"#, Some(DType::BF16), Some(DType::BF16)),
+        (r#"{"communication_data_type": "fp32", "bf16": {"enabled": true}}"#, None, None),
+    ] {
+        let c = ds(json);
+        assert_eq!(zero_grad_sync_dtype(&plain, &c).ok(), Some(without), "{json} without the flag");
+        match with {
+            Some(d) => assert_eq!(zero_grad_sync_dtype(&flag, &c).unwrap(), Some(d), "{json} with the flag"),
+            None => {
+                let err = zero_grad_sync_dtype(&flag, &c).unwrap_err().to_string();
+                assert!(
+                    err.contains("--fp16_grad_sync") && err.contains("bf16") && err.contains("communication_data_type to f32") && !err.contains('\n'),
+                    "{err}"
+                );
+            }
+        }
+    }
+    let err = zero_grad_sync_dtype(&flag, &ds(r#"{"communication_data_type": "bf16"}"#)).unwrap_err().to_string();
+    assert!(err.contains("in f16") && err.contains("ds.json") && err.contains("to bf16"), "{err}");
 }
 
 fn base(dir: &Path) -> Vec<String> {

@@ -12,6 +12,7 @@ use super::deepspeed_json::{kind_of, read_top, CountOrAuto};
 use super::zero::ZeroOptions;
 use crate::error::{Error, Result};
 use crate::optim::{AdamConfig, ScalerConfig};
+use crate::tensor::DType;
 use serde_json::Value;
 use std::path::Path;
 
@@ -138,6 +139,10 @@ pub struct DeepSpeedConfig {
     pub gradient_clipping: Option<Setting<f64>>,
     /// `steps_per_print`.
     pub steps_per_print: Option<u64>,
+    /// `communication_data_type` as written ("fp16", "bf16" or "fp32", any
+    /// case, as DeepSpeed lowercases it): f16, bf16 or f32; `None` when
+    /// absent (then the precision decides, [`DeepSpeedConfig::grad_comm_dtype`]).
+    pub communication_data_type: Option<DType>,
     /// `zero_optimization`.
     pub zero: ZeroSection,
     /// `fp16`.
@@ -173,7 +178,7 @@ pub struct TrainYamlKeys {
 }
 
 /// DeepSpeed keys asrforge reads nothing from; they are warned about as having no effect.
-const NO_EFFECT: [&str; 12] = [
+const NO_EFFECT: [&str; 11] = [
     "activation_checkpointing",
     "flops_profiler",
     "tensorboard",
@@ -183,7 +188,6 @@ const NO_EFFECT: [&str; 12] = [
     "train_batch_size",
     "prescale_gradients",
     "gradient_predivide_factor",
-    "communication_data_type",
     "comms_logger",
     "dump_state",
 ];
@@ -306,8 +310,17 @@ pub fn parse_deepspeed_config(text: &str, path: &str) -> Result<(DeepSpeedConfig
         }
     };
 
+    let communication_data_type = match top.communication_data_type.0.as_deref().map(str::to_ascii_lowercase).as_deref() {
+        None => None,
+        Some("fp16") => Some(DType::F16),
+        Some("bf16") => Some(DType::BF16),
+        Some("fp32") => Some(DType::F32),
+        Some(other) => return Err(err("communication_data_type", format!("expected \"fp16\", \"bf16\" or \"fp32\", found {other:?}"))),
+    };
+
     let cfg = DeepSpeedConfig {
         path: path.to_string(),
+        communication_data_type,
         train_micro_batch_size_per_gpu: top.train_micro_batch_size_per_gpu.0,
         gradient_accumulation_steps: top.gradient_accumulation_steps.0,
         gradient_clipping: top.gradient_clipping.0,
@@ -404,6 +417,22 @@ impl DeepSpeedConfig {
                 min_scale: 0.0,
             }
         })
+    }
+
+    /// The type ZeRO's gradient reduce-scatter travels in, by DeepSpeed's
+    /// rule (its engine's `communication_data_type` property):
+    /// `communication_data_type` when the file sets it, else f16 with fp16
+    /// enabled, bf16 with bf16 enabled, f32 otherwise. `None` means f32.
+    pub fn grad_comm_dtype(&self) -> Result<Option<DType>> {
+        let d = match self.communication_data_type {
+            Some(d) => d,
+            None => match self.precision()? {
+                Precision::Fp16 => DType::F16,
+                Precision::Bf16 => DType::BF16,
+                Precision::Fp32 => DType::F32,
+            },
+        };
+        Ok((d != DType::F32).then_some(d))
     }
 
     /// The ZeRO engine's options (stage 1 or 2).

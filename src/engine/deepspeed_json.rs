@@ -235,6 +235,7 @@ pub(crate) struct TopJson {
     pub gradient_accumulation_steps: CountOrAuto,
     pub gradient_clipping: NumOrAuto,
     pub steps_per_print: Count,
+    pub communication_data_type: Text,
     pub zero_optimization: Section<ZeroJson>,
     pub fp16: Section<Fp16Json>,
     pub bf16: Section<Bf16Json>,

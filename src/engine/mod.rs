@@ -19,7 +19,7 @@ pub mod zero_state;
 
 pub use ddp::{Ddp, DdpStats, DEFAULT_BUCKET_BYTES};
 pub use single::SingleProcess;
-pub use zero::{ZeroEngine, ZeroOptions};
+pub use zero::{ZeroEngine, ZeroOptions, ZeroStats};
 
 use crate::error::Result;
 use crate::optim::GradScaler;

@@ -11,6 +11,11 @@
 //!   params = all_gather(master_shard)             (bucketed, `allgather_bucket_size`)
 //! A bucket of `b` elements is the same `b / world_size`-element slice of
 //! every shard, so one reduce-scatter (or all-gather) call moves it.
+//! With a half type for the gradients ([`ZeroEngine::with_half_grad_sync`]:
+//! `--fp16_grad_sync`, or DeepSpeed's `communication_data_type`) each
+//! bucket is divided by the world size in f32, rounded once to f16 or bf16,
+//! reduce-scattered as a sum (half the bytes) and converted back exactly
+//! into the f32 shard gradient, as DDP's half all-reduce does.
 //!
 //! Stage 1 reduces the full gradients once, on the accumulation's last
 //! micro-batch. Stage 2 reduce-scatters after every micro-batch's backward,
@@ -42,6 +47,20 @@ use crate::error::{Error, Result};
 use crate::optim::{AdamConfig, GradScaler};
 use crate::tensor::{DType, Device, Tensor};
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// What the ZeRO engine communicated, for tests and diagnostics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ZeroStats {
+    /// Gradient reduce-scatter calls (one per bucket per reduction).
+    pub reduce_scatters: u64,
+    /// Bytes this rank handed to those reduce-scatters (its whole input:
+    /// every rank's slice of each bucket, in the type that travels).
+    pub reduce_scatter_bytes: u64,
+    /// Reduce-scatters handed to the communication thread from the
+    /// gradient-ready hook while backward was still running (stage 2 with `overlap_comm`).
+    pub launched_during_backward: u64,
+}
 
 /// The ZeRO settings the engine uses (from the DeepSpeed JSON's `zero_optimization`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -80,6 +99,9 @@ pub struct ZeroEngine {
     /// The shard state on the GPU when the parameters live there (the host
     /// vectors above are then empty).
     gpu: Option<DeviceShard>,
+    /// The half type the gradient reduce-scatter travels in, or none (f32).
+    grad_sync: Option<DType>,
+    stats: Arc<Mutex<ZeroStats>>,
 }
 
 /// Copies flat gradient elements `range` into the slice it is given.
@@ -134,6 +156,28 @@ fn device_adam(master: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor, h: &AdamStep
     })
 }
 
+/// The input and output of one bucket's reduce-scatter and its reduction:
+/// f32 averaged, or (`half`) the input divided by the world size in f32,
+/// rounded once to the half type and summed.
+fn scatter_buffers(input: Vec<f32>, n: usize, world: usize, half: Option<DType>) -> Result<(Tensor, Tensor, ReduceOp)> {
+    let input = f32_tensor(input)?;
+    match half {
+        None => Ok((input, f32_tensor(vec![0.0; n])?, ReduceOp::Avg)),
+        Some(h) => {
+            let shares = crate::autograd::no_grad(|| crate::ops::to_dtype(&crate::ops::mul_scalar(&input, 1.0 / world.max(1) as f64)?, h))?;
+            Ok((shares, Tensor::zeros([n], h, &Device::Cpu)?, ReduceOp::Sum))
+        }
+    }
+}
+
+/// A reduce-scatter's output as f32 (exact from f16 and bf16).
+fn scattered_part(output: &Tensor) -> Result<Vec<f32>> {
+    match output.dtype() {
+        DType::F32 => output.to_vec::<f32>(),
+        _ => Ok(output.to_f64_vec()?.into_iter().map(|x| x as f32).collect()),
+    }
+}
+
 fn f32_tensor(v: Vec<f32>) -> Result<Tensor> {
     let n = v.len();
     Tensor::from_vec(v, vec![n], &Device::Cpu)
@@ -177,6 +221,8 @@ impl ZeroEngine {
             shard_grad: None,
             layout,
             gpu: None,
+            grad_sync: None,
+            stats: Arc::new(Mutex::new(ZeroStats::default())),
         };
         for (name, p) in &engine.params {
             engine.comm.broadcast(p, 0).map_err(|e| Error::dist("broadcast", rank, format!("initial parameter {name}: {e}")))?;
@@ -200,6 +246,40 @@ impl ZeroEngine {
     /// The engine of a one-process job (no network: every collective is the identity).
     pub fn single(params: Vec<(String, Tensor)>, opts: ZeroOptions, adam: AdamConfig) -> Result<ZeroEngine> {
         ZeroEngine::new(params, Box::new(SoloComm), opts, adam)
+    }
+
+    /// Makes every gradient reduce-scatter travel in `half` (f16 or bf16;
+    /// `None` keeps f32): `--fp16_grad_sync`, or DeepSpeed's
+    /// `communication_data_type`. As DDP's half all-reduce
+    /// (`buckets::compress`), each bucket is divided by the world size in
+    /// f32, rounded once to `half`, summed over the ranks (so the sum
+    /// overflows the half type no sooner than one rank's gradient does) and
+    /// converted back, exactly, into the f32 shard gradient.
+    pub fn with_half_grad_sync(mut self, half: Option<DType>) -> Result<ZeroEngine> {
+        if let Some(d) = half {
+            if !matches!(d, DType::F16 | DType::BF16) {
+                return Err(Error::invalid(
+                    "ZeroEngine::with_half_grad_sync",
+                    format!("expected f16 or bf16 for the gradient reduce-scatter, found {}", d.as_str()),
+                ));
+            }
+        }
+        self.grad_sync = half;
+        Ok(self)
+    }
+
+    /// The half type the gradient reduce-scatter travels in (`None`: f32).
+    pub fn grad_sync_dtype(&self) -> Option<DType> {
+        self.grad_sync
+    }
+
+    /// A handle on the engine's counters (stays valid after the engine is boxed).
+    pub fn stats(&self) -> Arc<Mutex<ZeroStats>> {
+        self.stats.clone()
+    }
+
+    fn update_stats(&self, f: impl FnOnce(&mut ZeroStats)) {
+        f(&mut self.stats.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
     /// The flat layout (shard length, padding, parameter order).
@@ -295,13 +375,17 @@ impl ZeroEngine {
                 let base = r * s + lo;
                 read(base..base + n, &mut input[r * n..(r + 1) * n])?;
             }
-            let input = f32_tensor(input)?;
-            let output = f32_tensor(vec![0.0; n])?;
+            let (input, output, op) = scatter_buffers(input, n, world, self.grad_sync)?;
+            let bytes = (input.elem_count() * input.dtype().size_in_bytes()) as u64;
             self.comm
-                .reduce_scatter(&input, &output, ReduceOp::Avg)
+                .reduce_scatter(&input, &output, op)
                 .map_err(|e| Error::dist("reduce_scatter", rank, format!("gradient bucket {k} ({} elements): {e}", world * n)))?;
             drop(input);
-            let part = output.to_vec::<f32>()?;
+            self.update_stats(|st| {
+                st.reduce_scatters += 1;
+                st.reduce_scatter_bytes += bytes;
+            });
+            let part = scattered_part(&output)?;
             for (a, g) in acc[lo..lo + n].iter_mut().zip(&part) {
                 *a += *g;
             }

@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::models::AsrModel;
 use crate::nn::Module;
 use crate::optim::{AdamConfig, GradScaler};
+use crate::tensor::DType;
 
 /// Whether the run uses the deepspeed engine.
 pub fn is_deepspeed(args: &TrainArgs) -> bool {
@@ -69,6 +70,31 @@ pub fn check_deepspeed_config(args: &TrainArgs, cfg: &TrainConfig, dist: &DistIn
     Ok(())
 }
 
+/// The type the ZeRO engine's gradient reduce-scatter travels in (`None`:
+/// f32). `--fp16_grad_sync` asks for the half type of the JSON's precision
+/// (bf16 when `bf16.enabled`, else f16, as for torch_ddp); without the flag
+/// DeepSpeed's rule decides ([`DeepSpeedConfig::grad_comm_dtype`]:
+/// `communication_data_type`, else the fp16/bf16 section). The flag and an
+/// explicit `communication_data_type` of another type are an error.
+pub fn zero_grad_sync_dtype(args: &TrainArgs, ds: &DeepSpeedConfig) -> Result<Option<DType>> {
+    if !args.fp16_grad_sync {
+        return ds.grad_comm_dtype();
+    }
+    let want = if ds.precision()? == Precision::Bf16 { DType::BF16 } else { DType::F16 };
+    match ds.communication_data_type {
+        Some(d) if d != want => Err(Error::config(
+            "--fp16_grad_sync",
+            format!(
+                "asks for the gradient reduce-scatter in {} but {} sets communication_data_type to {}; drop one of them",
+                want.as_str(),
+                ds.path,
+                d.as_str()
+            ),
+        )),
+        _ => Ok(Some(want)),
+    }
+}
+
 /// The ZeRO engine (stage 1 or 2) over the job's communicator; stage 0 is plain data parallelism, which is torch_ddp.
 pub fn deepspeed_engine(model: &AsrModel, args: &TrainArgs, dist: &mut Distributed, adam: AdamConfig) -> Result<Box<dyn Engine>> {
     let (ds, _) = read_deepspeed_config(args)?;
@@ -81,9 +107,10 @@ pub fn deepspeed_engine(model: &AsrModel, args: &TrainArgs, dist: &mut Distribut
     }
     let adam = ds.adam_config(adam);
     super::setup::check_lr(adam.lr, &format!("{}: optimizer.params.lr", ds.path))?;
-    Ok(match dist.comm.take() {
-        Some(comm) => Box::new(ZeroEngine::new(model.named_parameters(), comm, opts, adam)?),
-        None if dist.info.world_size == 1 => Box::new(ZeroEngine::single(model.named_parameters(), opts, adam)?),
+    let half = zero_grad_sync_dtype(args, &ds)?;
+    let engine = match dist.comm.take() {
+        Some(comm) => ZeroEngine::new(model.named_parameters(), comm, opts, adam)?,
+        None if dist.info.world_size == 1 => ZeroEngine::single(model.named_parameters(), opts, adam)?,
         None => {
             return Err(Error::dist(
                 "wrap_model",
@@ -91,7 +118,12 @@ pub fn deepspeed_engine(model: &AsrModel, args: &TrainArgs, dist: &mut Distribut
                 format!("deepspeed over {} processes needs the communicator init_distributed opens (was it taken already?)", dist.info.world_size),
             ))
         }
-    })
+    };
+    let engine = engine.with_half_grad_sync(half)?;
+    if let (Some(d), 0) = (half, dist.info.rank) {
+        eprintln!("deepspeed: gradients are reduce-scattered in {}", d.as_str());
+    }
+    Ok(Box::new(engine))
 }
 
 /// The fp16 loss scaler of the JSON (none without fp16), restored from a resume state.

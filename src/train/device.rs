@@ -23,17 +23,11 @@ pub fn amp_dtype(args: &TrainArgs) -> Result<Option<DType>> {
 /// The half type DDP's gradient buckets travel in with `--fp16_grad_sync`:
 /// bf16 when the run trains in bf16 (`--dtype bf16`, PyTorch's
 /// bf16_compress_hook), f16 otherwise (fp16_compress_hook, WeNet's choice);
-/// none without the flag. `--train_engine deepspeed` refuses the flag: its
-/// ZeRO engine reduce-scatters in the training dtype.
+/// none without the flag. For `--train_engine deepspeed` the JSON decides
+/// the precision: see `deepspeed::zero_grad_sync_dtype`.
 pub fn grad_sync_dtype(args: &TrainArgs) -> Result<Option<DType>> {
     if !args.fp16_grad_sync {
         return Ok(None);
-    }
-    if args.train_engine == "deepspeed" {
-        return Err(Error::config(
-            "--fp16_grad_sync",
-            "half-precision gradient all-reduce is for --train_engine torch_ddp; deepspeed's ZeRO reduce-scatters gradients in the training dtype (drop the flag)",
-        ));
     }
     Ok(Some(if amp_dtype(args)? == Some(DType::BF16) { DType::BF16 } else { DType::F16 }))
 }
