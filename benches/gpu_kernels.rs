@@ -46,6 +46,32 @@ fn gpu_kernels(c: &mut Criterion) {
                 gpu_sync(&w)
             })
         });
+        // The macaron residual add and the next pre-norm (fusion family
+        // `norm`): x + ½·y then layer_norm as two launches each way (the
+        // composition) against add_layer_norm's one, both outputs used (the
+        // sum carries on as the residual stream).
+        let yr = ops::to_dtype(&Tensor::randn([2048, 256], 0.0, 1.0, DType::F32, &mut rng, &gpu).unwrap(), dt).unwrap().requires_grad_();
+        for fused in [false, true] {
+            let name = if fused { "add_layer_norm_fused_fwd_bwd_2048x256" } else { "add_scaled_layer_norm_fwd_bwd_2048x256" };
+            group.bench_function(format!("{name}_{}", dt.as_str()), |bn| {
+                bn.iter(|| {
+                    let (s, h) = if fused {
+                        ops::add_layer_norm(&x, &yr, 0.5, Some(&w), Some(&b), 1e-5).unwrap()
+                    } else {
+                        let s = ops::add_scaled(&x, &yr, 0.5).unwrap();
+                        let h = ops::layer_norm(&s, Some(&w), Some(&b), 1e-5).unwrap();
+                        (s, h)
+                    };
+                    let l = ops::add(
+                        &ops::sum_all(&ops::to_dtype(&s, DType::F32).unwrap()).unwrap(),
+                        &ops::sum_all(&ops::to_dtype(&h, DType::F32).unwrap()).unwrap(),
+                    )
+                    .unwrap();
+                    backward(&l).unwrap();
+                    gpu_sync(&w)
+                })
+            });
+        }
         // The convolution module, channels last: batch norm over (B·T, C)
         // with f32 statistics (training: the running update in the stats
         // launch), the depthwise conv (k = 15) and GLU, forward + backward.

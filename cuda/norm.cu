@@ -5,6 +5,12 @@
 //   backward: xh = (x - mu) * r, gh = g * w,
 //     gx = r * (gh - mean(gh) - xh * mean(gh * xh))
 //     gw = sum_rows g * xh, gb = sum_rows g             (column sums)
+// add_layer_norm (the residual add before a pre-norm, fusion family `norm`):
+//   s = x + alpha * res (stored, rounded to T), y = layer_norm(s)
+//   backward: gx = gs + (layer norm's gx of s),  gres = alpha * gx
+// the same kernels with the sum formed on the fly and the two gradients
+// written in the pass that writes gx (one launch saved each way, and the
+// add of the two gradients of s and the scale of gres).
 // A warp per row for rows of n <= NN_WARP_ROW_MAX, else a block per row
 // (nn_common.cuh; both give the same bits). The backward is two launches,
 // deterministic and without atomics: pass 1 writes gx and sums g*xh and g
@@ -28,19 +34,33 @@
 // Rows of x, y, g and gx, and the weight and bias, are read and written by
 // chunks of N = 16 / sizeof(T) elements (nn_common.cuh's RowVec): a bf16 row
 // chunk of 8 pairs with two 16-byte loads of the f32 weight.
+// With `res` (add_layer_norm): the row normalised is s = x + alpha * res,
+// rounded to T once, as ops::add_scaled would store it; s is written too.
+// Without, `res`, `s` and `alpha` are unused.
 template <typename T, typename W, typename G>
 __device__ void layer_norm_fwd(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ b, T* __restrict__ y,
                                W* __restrict__ mean, W* __restrict__ rstd, uint64_t rows, uint32_t n, double eps, uint32_t has_w,
-                               uint32_t has_b) {
+                               uint32_t has_b, const T* __restrict__ res = nullptr, T* __restrict__ s = nullptr, double alpha = 0.0) {
     typedef typename Num<T>::acc A;
     constexpr int N = RowN<T>::N;
     const RowVec<const W, N> wv(w, n), bv(b, n);
+    const A al = A(alpha);
     NN_GROUP_ROWS(G, r, rows) {
-        const RowVec<const T, N> xr(x + r * n, n);
+        const RowVec<const T, N> xr(x + r * n, n), rr(res ? res + r * n : x, n);
         const RowVec<T, N> yr(y + r * n, n);
+        // Chunk c of the row normalised, as stored in T.
+        auto row = [&](uint32_t c) {
+            Vals<T, N> xv = xr.load(c);
+            if (res) {
+                const Vals<T, N> rv = rr.load(c);
+#pragma unroll
+                for (int j = 0; j < N; ++j) xv.v[j] = Num<T>::from(Num<T>::to(xv.v[j]) + al * Num<T>::to(rv.v[j]));
+            }
+            return xv;
+        };
         const A mu = G::template row_reduce<N>(n, A(0), SumOp(),
                                                [&](uint32_t c) {
-                                                   const Vals<T, N> xv = xr.load(c);
+                                                   const Vals<T, N> xv = row(c);
                                                    Vals<A, N> o;
 #pragma unroll
                                                    for (int j = 0; j < N; ++j) o.v[j] = Num<T>::to(xv.v[j]);
@@ -49,7 +69,7 @@ __device__ void layer_norm_fwd(const T* __restrict__ x, const W* __restrict__ w,
                      A(n);
         const A var = G::template row_reduce<N>(n, A(0), SumOp(),
                                                 [&](uint32_t c) {
-                                                    const Vals<T, N> xv = xr.load(c);
+                                                    const Vals<T, N> xv = row(c);
                                                     Vals<A, N> o;
 #pragma unroll
                                                     for (int j = 0; j < N; ++j) {
@@ -61,7 +81,8 @@ __device__ void layer_norm_fwd(const T* __restrict__ x, const W* __restrict__ w,
                       A(n);
         const A inv = A(1) / nn_sqrt(var + A(eps));
         NN_GROUP_CHUNKS(G, N, c, n) {
-            const Vals<T, N> xv = xr.load(c);
+            const Vals<T, N> xv = row(c);
+            if (res) RowVec<T, N>(s + r * n, n).store(c, xv);
             Vals<A, N> v;
 #pragma unroll
             for (int j = 0; j < N; ++j) v.v[j] = (Num<T>::to(xv.v[j]) - mu) * inv;
@@ -94,10 +115,16 @@ __device__ void layer_norm_fwd(const T* __restrict__ x, const W* __restrict__ w,
 // over the chunk's rows, in row order, into partial row c of pw and pb
 // (chunks, n): the order of the former separate pass. It reads only the
 // inputs, so it needs no barrier; the partial sums need no atomics.
+//
+// With `gy` (add_layer_norm's backward; x is then the saved sum s): gx gets
+// the gradient that reached s directly added (`gs`, when there is one) and,
+// for alpha != 1, gy = alpha * gx is written too, both from the unrounded
+// sum (for alpha 1 the host hands out gx as gy: the same values).
 template <typename T, typename W, typename G>
 __device__ void layer_norm_bwd(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ mean, const W* __restrict__ rstd,
                                const T* __restrict__ g, T* __restrict__ gx, W* __restrict__ pw, W* __restrict__ pb, uint64_t rows,
-                               uint32_t n, uint32_t has_w, uint32_t chunk) {
+                               uint32_t n, uint32_t has_w, uint32_t chunk, const T* __restrict__ gs = nullptr, T* __restrict__ gy = nullptr,
+                               double alpha = 0.0) {
     typedef typename Num<T>::acc A;
     constexpr int N = RowN<T>::N;
     const RowVec<const W, N> wv(w, n);
@@ -135,13 +162,26 @@ __device__ void layer_norm_bwd(const T* __restrict__ x, const W* __restrict__ w,
             NN_GROUP_CHUNKS(G, N, k, n) {
                 const Vals<A, N> h = gh(k);
                 const Vals<T, N> xv = xr.load(k);
-                Vals<T, N> out;
+                Vals<A, N> d;
 #pragma unroll
                 for (int j = 0; j < N; ++j) {
                     const A xh = (Num<T>::to(xv.v[j]) - mu) * inv;
-                    out.v[j] = Num<T>::from(inv * (h.v[j] - m1 - xh * m2));
+                    d.v[j] = inv * (h.v[j] - m1 - xh * m2);
                 }
+                if (gs) {
+                    const Vals<T, N> sv = RowVec<const T, N>(gs + r * n, n).load(k);
+#pragma unroll
+                    for (int j = 0; j < N; ++j) d.v[j] += Num<T>::to(sv.v[j]);
+                }
+                Vals<T, N> out;
+#pragma unroll
+                for (int j = 0; j < N; ++j) out.v[j] = Num<T>::from(d.v[j]);
                 o.store(k, out);
+                if (gy) {
+#pragma unroll
+                    for (int j = 0; j < N; ++j) out.v[j] = Num<T>::from(A(alpha) * d.v[j]);
+                    RowVec<T, N>(gy + r * n, n).store(k, out);
+                }
             }
         }
         for (uint32_t col = threadIdx.x; col < n; col += blockDim.x) {
@@ -488,6 +528,18 @@ __device__ void batch_norm_bwd_sums_cl(const T* __restrict__ x, const W* __restr
                                                       T* gx, W* pw, W* pb, uint64_t rows, uint32_t n, uint32_t has_w,      \
                                                       uint32_t chunk) {                                                    \
         layer_norm_bwd<T, W, G>(x, w, mean, rstd, g, gx, pw, pb, rows, n, has_w, chunk);                                   \
+    }                                                                                                                      \
+    extern "C" __global__ void add_layer_norm_fwd##S##SUF(const T* x, const T* res, double alpha, const W* w, const W* b,  \
+                                                          T* s, T* y, W* mean, W* rstd, uint64_t rows, uint32_t n,         \
+                                                          double eps, uint32_t has_w, uint32_t has_b) {                    \
+        layer_norm_fwd<T, W, G>(x, w, b, y, mean, rstd, rows, n, eps, has_w, has_b, res, s, alpha);                        \
+    }                                                                                                                      \
+    extern "C" __global__ void add_layer_norm_bwd##S##SUF(const T* s, const W* w, const W* mean, const W* rstd,            \
+                                                          const T* g, const T* gs, uint32_t has_gs, double alpha, T* gx,   \
+                                                          T* gy, uint32_t has_gy, W* pw, W* pb, uint64_t rows, uint32_t n, \
+                                                          uint32_t has_w, uint32_t chunk) {                                \
+        layer_norm_bwd<T, W, G>(s, w, mean, rstd, g, gx, pw, pb, rows, n, has_w, chunk, has_gs ? gs : nullptr,            \
+                                has_gy ? gy : nullptr, alpha);                                                             \
     }
 #define LN_KERNELS(SUF, T, W)                                                                                              \
     LN_SHAPE(SUF, T, W, _, BlockRows)                                                                                      \

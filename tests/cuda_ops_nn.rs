@@ -232,6 +232,60 @@ fn half_layer_norm_matches_the_cpu() {
     }
 }
 
+/// `add_layer_norm` (the residual add fused with the next norm) on the GPU
+/// against the CPU's composition `add_scaled` then `layer_norm`: outputs
+/// `s` and `h` both used (so the backward adds the gradient that reached `s`
+/// directly), only `h`, and only `s`; with and without the affine
+/// parameters (no gradient reaches them when only `s` is used); alpha 1 and the macaron ½; rows across the warp-per-row
+/// limit (1024/1025) and more rows than the capped grid.
+#[test]
+fn add_layer_norm_matches_the_cpu() {
+    let Some(dev) = gpu("add_layer_norm_matches_the_cpu") else { return };
+    let cases: [(&'static [usize], &'static [usize]); 7] =
+        [(&[3, 1], &[1]), (&[300, 7], &[7]), (&[2400, 5], &[5]), (&[2, 3, 256], &[256]), (&[3, 1024], &[1024]), (&[41, 1025], &[1025]), (&[2, 4097], &[4097])];
+    // Both outputs, weighed through one concatenation.
+    let both_out = |s: Tensor, h: Tensor| ops::cat(&[&s, &h], 0);
+    for (x, p) in cases {
+        for alpha in [1.0, 0.5] {
+            let name = format!("add_layer_norm {x:?} alpha {alpha}");
+            both(&format!("{name} affine, s and h"), &dev, &[(x, Normal, true), (x, Normal, true), (p, Normal, true), (p, Normal, true)], &move |t| {
+                let (s, h) = ops::add_layer_norm(&t[0], &t[1], alpha, Some(&t[2]), Some(&t[3]), 1e-5)?;
+                both_out(s, h)
+            });
+            both(&format!("{name} plain, h only"), &dev, &[(x, Normal, true), (x, Normal, true)], &move |t| {
+                Ok(ops::add_layer_norm(&t[0], &t[1], alpha, None, None, 1e-5)?.1)
+            });
+            both(&format!("{name} affine, s only"), &dev, &[(x, Normal, true), (x, Normal, true), (p, Normal, false), (p, Normal, false)], &move |t| {
+                Ok(ops::add_layer_norm(&t[0], &t[1], alpha, Some(&t[2]), Some(&t[3]), 1e-5)?.0)
+            });
+            for dt in [DType::F16, DType::BF16] {
+                compare(
+                    &format!("half {name} affine, s and h"),
+                    &dev,
+                    dt,
+                    gpu::tol(dt),
+                    &[(x, Normal, true), (x, Normal, true), (p, Normal, true), (p, Normal, true)],
+                    &move |t| {
+                        let f32 = |v: &Tensor| ops::to_dtype(v, DType::F32);
+                        let (w, b) = (f32(&t[2])?, f32(&t[3])?);
+                        if t[0].device() != Device::Cpu {
+                            let (s, h) = ops::add_layer_norm(&t[0], &t[1], alpha, Some(&w), Some(&b), 1e-5)?;
+                            return both_out(s, h);
+                        }
+                        // The CPU has no half arithmetic: the sum in f32,
+                        // rounded to the dtype as stored, normalised in the
+                        // dtype (the CPU's half layer norm); the two
+                        // gradients of the sum meet in f32.
+                        let s32 = ops::add_scaled(&f32(&t[0])?, &f32(&t[1])?, alpha)?;
+                        let h = ops::layer_norm(&ops::to_dtype(&s32, t[0].dtype())?, Some(&w), Some(&b), 1e-5)?;
+                        both_out(ops::to_dtype(&s32, t[0].dtype())?, h)
+                    },
+                );
+            }
+        }
+    }
+}
+
 fn stats_like(v: f64, x: &Tensor, c: usize) -> Tensor {
     let t = Tensor::full([c], v, x.dtype(), &Device::Cpu).unwrap();
     t.to_device(&x.device()).unwrap()

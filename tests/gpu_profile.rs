@@ -243,3 +243,101 @@ fn attention_kernel_sets_launch_one_kernel_forward_and_two_backward() {
         assert!(g.pos.is_some());
     }
 }
+
+/// The `norm` fusion on an encoder layer: a conformer block (pre-norm,
+/// macaron, rel-pos attention, the convolution module, norm_final) and a
+/// post-norm transformer block, f32 on the GPU with residual dropout 0.1 (the
+/// generator reseeded so both runs draw the same masks), fusion `norm` on
+/// against off: the same output and gradients (every parameter and the
+/// input) within f32 rounding, in fewer launches (each fused residual add is
+/// one launch less forward; backward, the add of the two gradients of the
+/// sum and the macaron ½ scale go into the norm's backward).
+#[test]
+fn norm_fusion_runs_encoder_layers_the_same_in_fewer_launches() {
+    use asrforge::models::config::{Activation, ConvNorm};
+    use asrforge::models::convolution::ConvolutionModule;
+    use asrforge::models::encoder::frame_pad_mask;
+    use asrforge::models::encoder_layer::{EncoderLayer, SelfAttention};
+    use asrforge::models::ffn::FeedForward;
+    use asrforge::nn::{AttentionMask, Dropout, LayerNorm, Module, MultiHeadedAttention, RelPositionMultiHeadedAttention};
+    use asrforge::ops::fusion::{self, Fusion};
+    use asrforge::{autograd, ops};
+    let Some(dev) = common::gpu::gpu("norm_fusion_runs_encoder_layers_the_same_in_fewer_launches") else { return };
+    let Device::Cuda(ord) = dev else { return };
+    let _s = serial();
+    let s = seed();
+    let mut rng = Rng::new(s);
+    let (b, t, d, dt) = (2, 13, 32, DType::F32);
+    let ln = || LayerNorm::new(d, 1e-5, dt).unwrap();
+    let ffn = |rng: &mut Rng| FeedForward::new(d, 48, 0.0, Activation::Swish, dt, rng).unwrap();
+    let conformer = EncoderLayer {
+        self_attn: SelfAttention::Rel(RelPositionMultiHeadedAttention::new(2, d, 0.0, dt, &mut rng).unwrap()),
+        feed_forward: ffn(&mut rng),
+        feed_forward_macaron: Some(ffn(&mut rng)),
+        conv_module: Some(ConvolutionModule::new(d, 5, Activation::Swish, ConvNorm::LayerNorm, false, 1e-5, dt, &mut rng).unwrap()),
+        norm_ff: ln(),
+        norm_mha: ln(),
+        norm_ff_macaron: Some(ln()),
+        norm_conv: Some(ln()),
+        norm_final: Some(ln()),
+        dropout: Dropout::new(0.1),
+        normalize_before: true,
+        transformer_names: false,
+    };
+    let post_norm = EncoderLayer {
+        self_attn: SelfAttention::Plain(MultiHeadedAttention::new(2, d, 0.0, dt, &mut rng).unwrap()),
+        feed_forward: ffn(&mut rng),
+        feed_forward_macaron: None,
+        conv_module: None,
+        norm_ff: ln(),
+        norm_mha: ln(),
+        norm_ff_macaron: None,
+        norm_conv: None,
+        norm_final: None,
+        dropout: Dropout::new(0.1),
+        normalize_before: false,
+        transformer_names: true,
+    };
+    let x = Tensor::randn(vec![b, t, d], 0.0, 1.0, dt, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap().requires_grad_();
+    let pos = Tensor::randn(vec![1, t, d], 0.0, 1.0, dt, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap();
+    let w = Tensor::randn(vec![b, t, d], 0.0, 1.0, dt, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap();
+    let mask = AttentionMask::key_padding(&[t, 8], t).unwrap();
+    let pad = frame_pad_mask(&[t, 8], t).unwrap().to_device(&dev).unwrap();
+    for (what, layer) in [("conformer", &conformer), ("post-norm transformer", &post_norm)] {
+        for (_, p) in layer.named_parameters() {
+            p.move_to_device(&dev).unwrap();
+        }
+        // Output, gradients (parameters in order, then x) and launches.
+        let run = |on: bool| {
+            fusion::set_enabled(if on { &[Fusion::Norm] } else { &[] });
+            asrforge::tensor::rng::manual_seed(s ^ 7);
+            let before = cuda::counters(ord).unwrap();
+            let y = layer.forward(&x, Some(&mask), &pos, Some(&pad));
+            fusion::set_enabled(&[]);
+            let y = y.unwrap();
+            autograd::backward(&ops::sum_all(&ops::mul(&y, &w).unwrap()).unwrap()).unwrap();
+            let launches = cuda::counters(ord).unwrap().since(&before).launches;
+            let mut grads = Vec::new();
+            for (name, p) in layer.named_parameters().into_iter().chain([("input".to_string(), x.clone())]) {
+                grads.push((name.clone(), p.grad().unwrap_or_else(|| panic!("{what}: {name} has no gradient")).to_f64_vec().unwrap()));
+                p.zero_grad();
+            }
+            (y.to_f64_vec().unwrap(), grads, launches)
+        };
+        let (yc, gc, lc) = run(false);
+        let (yf, gf, lf) = run(true);
+        common::gpu::assert_close(&format!("{what} output"), &yf, &yc, common::gpu::F32, s);
+        let rms = |v: &[f64]| (v.iter().map(|x| x * x).sum::<f64>() / v.len().max(1) as f64).sqrt();
+        for ((name, a), (_, c)) in gf.iter().zip(&gc) {
+            // A bias gradient is a sum over the B·T rows: its rounding is
+            // about that of the same layer's weight gradient (unit inputs).
+            let floor = match name.strip_suffix(".bias") {
+                Some(l) => gc.iter().find(|(n, _)| *n == format!("{l}.weight")).map_or(0.0, |(_, w)| rms(w)),
+                None => 0.0,
+            };
+            common::gpu::assert_close_floor(&format!("{what} gradient of {name}"), a, c, common::gpu::F32, floor, s);
+        }
+        assert!(lf < lc, "{what}: {lf} launches with the norm fusion vs {lc} without");
+        eprintln!("{what}: forward + backward {lc} launches composed, {lf} with the norm fusion");
+    }
+}

@@ -28,6 +28,13 @@ impl LayerNorm {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         ops::layer_norm(x, Some(&self.weight), Some(&self.bias), self.eps)
     }
+
+    /// The residual add before this norm and the norm, fused
+    /// (`ops::add_layer_norm`): `(s, h)` with `s = x + alpha·y`, `h` = this
+    /// layer's norm of `s`.
+    pub fn add_forward(&self, x: &Tensor, y: &Tensor, alpha: f64) -> Result<(Tensor, Tensor)> {
+        ops::add_layer_norm(x, y, alpha, Some(&self.weight), Some(&self.bias), self.eps)
+    }
 }
 
 impl Module for LayerNorm {

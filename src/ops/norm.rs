@@ -5,7 +5,7 @@
 use super::expect_shape;
 use super::out_storage;
 use super::placement::{as_cpu, as_gpu};
-use crate::autograd::{no_grad, record};
+use crate::autograd::{needs_grad, no_grad, push_node, record};
 use crate::backend::cpu::norm as cpu;
 use crate::backend::cuda::norm as gpu;
 use crate::backend::Storage;
@@ -50,22 +50,28 @@ fn ln_backward(x: &Tensor, w: Option<&Tensor>, mean: &Tensor, rstd: &Tensor, g: 
     })
 }
 
-/// Layer norm over the last dim with optional affine weight and bias of that size.
-pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f64) -> Result<Tensor> {
-    let n = *x.dims().last().ok_or_else(|| Error::invalid("layer_norm", "expected a tensor of rank >= 1, got a scalar"))?;
+/// A layer norm's weight and bias: of `n` elements, on x's device, of x's
+/// parameter dtype (half inputs, autocast's, are normalised with f32 ones).
+fn check_ln_params(op: &'static str, x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, n: usize) -> Result<()> {
     for (p, what) in [(w, "weight"), (b, "bias")] {
         if let Some(p) = p {
-            expect_shape("layer_norm", what, p, &[n])?;
+            expect_shape(op, what, p, &[n])?;
             if p.device() != x.device() {
-                return Err(Error::DeviceMismatch { op: "layer_norm", lhs: x.device(), rhs: p.device() });
+                return Err(Error::DeviceMismatch { op, lhs: x.device(), rhs: p.device() });
             }
-            // Half inputs (autocast) are normalised with f32 parameters.
             let want = crate::backend::cpu::norm::ln_param_dtype(x.dtype());
             if p.dtype() != want {
-                return Err(Error::DTypeMismatch { op: "layer_norm", expected: want, got: p.dtype() });
+                return Err(Error::DTypeMismatch { op, expected: want, got: p.dtype() });
             }
         }
     }
+    Ok(())
+}
+
+/// Layer norm over the last dim with optional affine weight and bias of that size.
+pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+    let n = *x.dims().last().ok_or_else(|| Error::invalid("layer_norm", "expected a tensor of rank >= 1, got a scalar"))?;
+    check_ln_params("layer_norm", x, w, b, n)?;
     let rows = if n == 0 { 0 } else { x.elem_count() / n };
     let (y, mean, rstd) = ln_forward(x, w, b, n, eps)?;
     let (y, mean, rstd) = (out_storage(y, x.shape().clone()), out_storage(mean, [rows]), out_storage(rstd, [rows]));
@@ -86,6 +92,110 @@ pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f64) 
         }
         Ok(v)
     }))
+}
+
+/// The residual add before a pre-norm fused with that norm (fusion family
+/// `norm`): `s = x + alpha·y` (the next residual stream, rounded to x's
+/// dtype as `add_scaled` stores it) and `h = layer_norm(s, w, b, eps)` (the
+/// next branch's input), as `(s, h)`. On the GPU each direction is one
+/// launch of the layer-norm kernels with the sum formed on the fly (and, in
+/// backward, the two gradients of `s` added and `alpha` applied in the pass
+/// that writes them, plus the weight/bias sums' second pass); on the CPU it
+/// is the composition `add_scaled` then `layer_norm`, the reference. Either
+/// output may go unused: gradients that reach neither give none.
+pub fn add_layer_norm(x: &Tensor, y: &Tensor, alpha: f64, w: Option<&Tensor>, b: Option<&Tensor>, eps: f64) -> Result<(Tensor, Tensor)> {
+    let op = "add_layer_norm";
+    if x.shape() != y.shape() || x.dtype() != y.dtype() || x.device() != y.device() {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "expected the residual branch like x ({} {} on {:?}), found {} {} on {:?}",
+                x.shape(),
+                x.dtype().as_str(),
+                x.device(),
+                y.shape(),
+                y.dtype().as_str(),
+                y.device()
+            ),
+        ));
+    }
+    if !x.dtype().is_float() {
+        return Err(Error::UnsupportedDType { op, dtype: x.dtype(), supported: "f32, f64, f16, bf16" });
+    }
+    let gpu_parts = {
+        let (xg, yg) = (x.storage(), y.storage());
+        match (&*xg, &*yg) {
+            (Storage::Cuda(xc), Storage::Cuda(yc)) => {
+                let n = *x.dims().last().ok_or_else(|| Error::invalid(op, "expected a tensor of rank >= 1, got a scalar"))?;
+                check_ln_params(op, x, w, b, n)?;
+                let (wg, bg) = (w.map(|t| t.storage()), b.map(|t| t.storage()));
+                let wc = wg.as_deref().map(|s| as_gpu(op, s, xc)).transpose()?;
+                let bc = bg.as_deref().map(|s| as_gpu(op, s, xc)).transpose()?;
+                Some(gpu::add_layer_norm(xc, yc, alpha, wc, bc, n, eps)?)
+            }
+            _ => None,
+        }
+    };
+    let Some((sg, hg, mean, rstd)) = gpu_parts else {
+        // The CPU: the composition (x and y on the CPU, or on two devices:
+        // add_scaled names the mismatch).
+        let s = super::add_scaled(x, y, alpha)?;
+        let h = layer_norm(&s, w, b, eps)?;
+        return Ok((s, h));
+    };
+    let n = *x.dims().last().unwrap_or(&0);
+    let rows = if n == 0 { 0 } else { x.elem_count() / n };
+    let s = out_storage(Storage::Cuda(sg), x.shape().clone());
+    let h = out_storage(Storage::Cuda(hg), x.shape().clone());
+    let (mean, rstd) = (out_storage(Storage::Cuda(mean), [rows]), out_storage(Storage::Cuda(rstd), [rows]));
+    let mut inputs = vec![x, y];
+    inputs.extend(w);
+    inputs.extend(b);
+    if !needs_grad(&inputs) {
+        return Ok((s, h));
+    }
+    let (s, h) = (s.reshaped(s.shape().clone(), true), h.reshaped(h.shape().clone(), true));
+    let (ss, ws, has_w, has_b) = (s.detach(), w.map(|t| t.detach()), w.is_some(), b.is_some());
+    crate::autograd::profile_mark(op, (s.size_in_bytes() + h.size_in_bytes()) as u64);
+    push_node(
+        op,
+        &inputs,
+        vec![s.id(), h.id()],
+        vec![ss.clone()],
+        Box::new(move |g: &[Option<Tensor>], needs: &[bool]| {
+            let (gs, gh) = (g.first().cloned().flatten(), g.get(1).cloned().flatten());
+            let mut out: Vec<Option<Tensor>> = vec![None; needs.len()];
+            let Some(gh) = gh else {
+                // Only s was used: the residual add's backward.
+                if let Some(gs) = gs {
+                    out[1] = if needs[1] { Some(no_grad(|| super::affine(&gs, alpha, 0.0))?) } else { None };
+                    out[0] = needs[0].then_some(gs);
+                }
+                return Ok(out);
+            };
+            let (ssg, wg, mg, rg, ghg) = (ss.storage(), ws.as_ref().map(|t| t.storage()), mean.storage(), rstd.storage(), gh.storage());
+            let gsg = gs.as_ref().map(|t| t.storage());
+            let bop = "add_layer_norm_backward";
+            let Storage::Cuda(sc) = &*ssg else { return Err(Error::invalid(bop, "expected the saved sum on the GPU")) };
+            let wc = wg.as_deref().map(|s| as_gpu(bop, s, sc)).transpose()?;
+            let gsc = gsg.as_deref().map(|s| as_gpu(bop, s, sc)).transpose()?;
+            let (gx, gy, gw, gb) = gpu::add_layer_norm_backward(sc, wc, as_gpu(bop, &mg, sc)?, as_gpu(bop, &rg, sc)?, as_gpu(bop, &ghg, sc)?, gsc, alpha, n)?;
+            let gx = out_storage(Storage::Cuda(gx), ss.shape().clone());
+            // For alpha 1 the residual's gradient is gx itself (not written twice).
+            out[1] = needs[1].then(|| gy.map_or_else(|| gx.clone(), |gy| out_storage(Storage::Cuda(gy), ss.shape().clone())));
+            out[0] = needs[0].then_some(gx);
+            let mut k = 2;
+            if has_w {
+                out[k] = needs[k].then(|| out_storage(Storage::Cuda(gw), [n]));
+                k += 1;
+            }
+            if has_b {
+                out[k] = needs[k].then(|| out_storage(Storage::Cuda(gb), [n]));
+            }
+            Ok(out)
+        }),
+    );
+    Ok((s, h))
 }
 
 /// The running statistics of a batch norm layer (updated in place while training).

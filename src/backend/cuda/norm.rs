@@ -43,7 +43,40 @@ fn ln_param(op: &'static str, what: &str, x: &CudaStorage, p: &CudaStorage, len:
 /// Layer norm forward: `(y, mean, rstd)`, the last two per row. Half
 /// inputs take an f32 weight and bias and give f32 statistics.
 pub fn layer_norm(x: &CudaStorage, w: Option<&CudaStorage>, b: Option<&CudaStorage>, n: usize, eps: f64) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
-    let op = "layer_norm";
+    let (_, y, mean, rstd) = ln_forward("layer_norm", x, None, w, b, n, eps)?;
+    Ok((y, mean, rstd))
+}
+
+/// `s = x + alpha·res` (rounded to x's dtype, as `add_scaled` stores it)
+/// and layer norm of `s`, in one launch: `(s, y, mean, rstd)`.
+#[allow(clippy::too_many_arguments)]
+pub fn add_layer_norm(
+    x: &CudaStorage,
+    res: &CudaStorage,
+    alpha: f64,
+    w: Option<&CudaStorage>,
+    b: Option<&CudaStorage>,
+    n: usize,
+    eps: f64,
+) -> Result<(CudaStorage, CudaStorage, CudaStorage, CudaStorage)> {
+    let op = "add_layer_norm";
+    same(op, x, res)?;
+    expect_len(op, "the residual branch", res, x.len())?;
+    let (s, y, mean, rstd) = ln_forward(op, x, Some((res, alpha)), w, b, n, eps)?;
+    Ok((s.ok_or_else(|| Error::invalid(op, "the sum was not written"))?, y, mean, rstd))
+}
+
+type Four = (Option<CudaStorage>, CudaStorage, CudaStorage, CudaStorage);
+
+fn ln_forward(
+    op: &'static str,
+    x: &CudaStorage,
+    res: Option<(&CudaStorage, f64)>,
+    w: Option<&CudaStorage>,
+    b: Option<&CudaStorage>,
+    n: usize,
+    eps: f64,
+) -> Result<Four> {
     expect_dtype(op, x, FLOATS)?;
     for p in [w, b].into_iter().flatten() {
         ln_param(op, "weight and bias", x, p, n)?;
@@ -56,12 +89,21 @@ pub fn layer_norm(x: &CudaStorage, w: Option<&CudaStorage>, b: Option<&CudaStora
     // An absent weight or bias is never read; `mean` (of the parameter
     // dtype) stands in for its pointer.
     let (warp, cfg) = row_launch(n, r);
-    let f = if warp { k::layer_norm_fwd_warp } else { k::layer_norm_fwd };
     let (pw, pb) = (w.unwrap_or(&mean), b.unwrap_or(&mean));
+    let (hw, hb) = (w.is_some() as u32, b.is_some() as u32);
+    let Some((res, alpha)) = res else {
+        let f = if warp { k::layer_norm_fwd_warp } else { k::layer_norm_fwd };
+        if !x.is_empty() {
+            f(dev, x.dtype(), cfg, x, pw, pb, &y, &mean, &rstd, r as u64, nn, eps, hw, hb)?;
+        }
+        return Ok((None, y, mean, rstd));
+    };
+    let s = dev.alloc(x.dtype(), x.len())?;
+    let f = if warp { k::add_layer_norm_fwd_warp } else { k::add_layer_norm_fwd };
     if !x.is_empty() {
-        f(dev, x.dtype(), cfg, x, pw, pb, &y, &mean, &rstd, r as u64, nn, eps, w.is_some() as u32, b.is_some() as u32)?;
+        f(dev, x.dtype(), cfg, x, res, alpha, pw, pb, &s, &y, &mean, &rstd, r as u64, nn, eps, hw, hb)?;
     }
-    Ok((y, mean, rstd))
+    Ok((Some(s), y, mean, rstd))
 }
 
 /// Layer norm backward: `(gx, gw, gb)` (gw, gb summed over all rows).
@@ -73,7 +115,45 @@ pub fn layer_norm_backward(
     g: &CudaStorage,
     n: usize,
 ) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
-    let op = "layer_norm_backward";
+    let (gx, _, gw, gb) = ln_backward("layer_norm_backward", x, w, mean, rstd, g, None, n)?;
+    Ok((gx, gw, gb))
+}
+
+/// The backward of [`add_layer_norm`] from the saved sum `s`: with `g` the
+/// gradient of the normalised output and `gs` the one that reached `s`
+/// directly (if any), `(gx, gres, gw, gb)`: gx = gs + layer norm's input
+/// gradient, gres = alpha·gx, both formed before rounding, in the launch
+/// that writes gx. For alpha 1 gres is gx and is not written (`None`).
+#[allow(clippy::too_many_arguments)]
+pub fn add_layer_norm_backward(
+    s: &CudaStorage,
+    w: Option<&CudaStorage>,
+    mean: &CudaStorage,
+    rstd: &CudaStorage,
+    g: &CudaStorage,
+    gs: Option<&CudaStorage>,
+    alpha: f64,
+    n: usize,
+) -> Result<(CudaStorage, Option<CudaStorage>, CudaStorage, CudaStorage)> {
+    let op = "add_layer_norm_backward";
+    if let Some(gs) = gs {
+        same(op, s, gs)?;
+        expect_len(op, "the sum's gradient", gs, s.len())?;
+    }
+    ln_backward(op, s, w, mean, rstd, g, Some((gs, alpha)), n)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn ln_backward(
+    op: &'static str,
+    x: &CudaStorage,
+    w: Option<&CudaStorage>,
+    mean: &CudaStorage,
+    rstd: &CudaStorage,
+    g: &CudaStorage,
+    res: Option<(Option<&CudaStorage>, f64)>,
+    n: usize,
+) -> Result<(CudaStorage, Option<CudaStorage>, CudaStorage, CudaStorage)> {
     expect_dtype(op, x, FLOATS)?;
     let nn = u32_arg(op, "row length", n)?;
     let r = if n == 0 { 0 } else { x.len() / n };
@@ -94,16 +174,55 @@ pub fn layer_norm_backward(
     let (pw, pb) = (dev.alloc(pd, (chunks * n).max(1))?, dev.alloc(pd, (chunks * n).max(1))?);
     // An absent weight is never read; `mean` stands in for its pointer.
     let (warp, _) = row_launch(n, r);
-    let f = if warp { k::layer_norm_bwd_warp } else { k::layer_norm_bwd };
-    if !x.is_empty() {
-        f(dev, dt, rows(chunks), x, w.unwrap_or(mean), mean, rstd, g, &gx, &pw, &pb, r as u64, nn, w.is_some() as u32, chunk as u32)?;
-    }
+    let (wp, hw) = (w.unwrap_or(mean), w.is_some() as u32);
+    let gy = match res {
+        None => {
+            let f = if warp { k::layer_norm_bwd_warp } else { k::layer_norm_bwd };
+            if !x.is_empty() {
+                f(dev, dt, rows(chunks), x, wp, mean, rstd, g, &gx, &pw, &pb, r as u64, nn, hw, chunk as u32)?;
+            }
+            None
+        }
+        Some((gs, alpha)) => {
+            // For alpha 1, gy equals gx: not written (the caller shares gx);
+            // gx stands in for its pointer.
+            let has_gy = alpha != 1.0;
+            let gy = if has_gy { Some(dev.alloc(dt, x.len())?) } else { None };
+            let f = if warp { k::add_layer_norm_bwd_warp } else { k::add_layer_norm_bwd };
+            // An absent gs is never read; g stands in for its pointer.
+            if !x.is_empty() {
+                f(
+                    dev,
+                    dt,
+                    rows(chunks),
+                    x,
+                    wp,
+                    mean,
+                    rstd,
+                    g,
+                    gs.unwrap_or(g),
+                    gs.is_some() as u32,
+                    alpha,
+                    &gx,
+                    gy.as_ref().unwrap_or(&gx),
+                    has_gy as u32,
+                    &pw,
+                    &pb,
+                    r as u64,
+                    nn,
+                    hw,
+                    chunk as u32,
+                )?;
+            }
+            gy
+        }
+    };
     let (gw, gb) = (dev.alloc(pd, n)?, dev.alloc(pd, n)?);
     // With no rows the final pass writes zeros (an empty sum).
     if n > 0 {
         k::layer_norm_bwd_wb(dev, dt, elems(n), &pw, &pb, &gw, &gb, chunks as u64, nn)?;
     }
-    Ok((gx, gw, gb))
+    Ok((gx, gy, gw, gb))
 }
 
 /// Channels per strip and row lanes of the channels-last batch-norm
