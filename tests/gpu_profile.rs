@@ -244,18 +244,19 @@ fn attention_kernel_sets_launch_one_kernel_forward_and_two_backward() {
     }
 }
 
-/// The `norm` fusion on an encoder layer: a conformer block (pre-norm,
-/// macaron, rel-pos attention, the convolution module, norm_final) and a
-/// post-norm transformer block, f32 on the GPU with residual dropout 0.1 (the
+/// The `norm` fusion on the blocks: a conformer block (pre-norm, macaron,
+/// rel-pos attention, the convolution module, norm_final), a post-norm
+/// transformer encoder block and a pre-norm decoder block, f32 on the GPU with residual dropout 0.1 (the
 /// generator reseeded so both runs draw the same masks), fusion `norm` on
 /// against off: the same output and gradients (every parameter and the
 /// input) within f32 rounding, in fewer launches (each fused residual add is
 /// one launch less forward; backward, the add of the two gradients of the
 /// sum and the macaron ½ scale go into the norm's backward).
 #[test]
-fn norm_fusion_runs_encoder_layers_the_same_in_fewer_launches() {
+fn norm_fusion_runs_the_blocks_the_same_in_fewer_launches() {
     use asrforge::models::config::{Activation, ConvNorm};
     use asrforge::models::convolution::ConvolutionModule;
+    use asrforge::models::decoder::DecoderLayer;
     use asrforge::models::encoder::frame_pad_mask;
     use asrforge::models::encoder_layer::{EncoderLayer, SelfAttention};
     use asrforge::models::ffn::FeedForward;
@@ -303,7 +304,25 @@ fn norm_fusion_runs_encoder_layers_the_same_in_fewer_launches() {
     let w = Tensor::randn(vec![b, t, d], 0.0, 1.0, dt, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap();
     let mask = AttentionMask::key_padding(&[t, 8], t).unwrap();
     let pad = frame_pad_mask(&[t, 8], t).unwrap().to_device(&dev).unwrap();
-    for (what, layer) in [("conformer", &conformer), ("post-norm transformer", &post_norm)] {
+    let decoder = DecoderLayer {
+        self_attn: MultiHeadedAttention::new(2, d, 0.0, dt, &mut rng).unwrap(),
+        src_attn: MultiHeadedAttention::new(2, d, 0.0, dt, &mut rng).unwrap(),
+        feed_forward: FeedForward::new(d, 48, 0.0, Activation::Relu, dt, &mut rng).unwrap(),
+        norm1: ln(),
+        norm2: ln(),
+        norm3: ln(),
+        dropout: Dropout::new(0.1),
+        normalize_before: true,
+    };
+    let memory = Tensor::randn(vec![b, t + 3, d], 0.0, 1.0, dt, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap();
+    let (tgt, mem_mask) = (AttentionMask::causal_padding(&[t, 9], t).unwrap(), AttentionMask::key_padding(&[t + 3, 6], t + 3).unwrap());
+    type Forward<'a> = Box<dyn Fn() -> asrforge::Result<Tensor> + 'a>;
+    let cases: [(&str, &dyn Module, Forward); 3] = [
+        ("conformer", &conformer, Box::new(|| conformer.forward(&x, Some(&mask), &pos, Some(&pad)))),
+        ("post-norm transformer", &post_norm, Box::new(|| post_norm.forward(&x, Some(&mask), &pos, Some(&pad)))),
+        ("decoder", &decoder, Box::new(|| decoder.forward(&x, &tgt, &memory, &mem_mask))),
+    ];
+    for (what, layer, forward) in cases {
         for (_, p) in layer.named_parameters() {
             p.move_to_device(&dev).unwrap();
         }
@@ -312,7 +331,7 @@ fn norm_fusion_runs_encoder_layers_the_same_in_fewer_launches() {
             fusion::set_enabled(if on { &[Fusion::Norm] } else { &[] });
             asrforge::tensor::rng::manual_seed(s ^ 7);
             let before = cuda::counters(ord).unwrap();
-            let y = layer.forward(&x, Some(&mask), &pos, Some(&pad));
+            let y = forward();
             fusion::set_enabled(&[]);
             let y = y.unwrap();
             autograd::backward(&ops::sum_all(&ops::mul(&y, &w).unwrap()).unwrap()).unwrap();

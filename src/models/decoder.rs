@@ -8,6 +8,7 @@
 use super::config::{DecoderConfig, DecoderType, PosEncType};
 use super::ffn::FeedForward;
 use super::pos_enc::PositionalEncoding;
+use super::residual::{self, Branch};
 use crate::autograd;
 use crate::error::{Error, Result};
 use crate::nn::{AttentionMask, Dropout, Embedding, LayerNorm, Linear, Module, MultiHeadedAttention};
@@ -36,21 +37,14 @@ pub struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    fn branch(&self, x: &Tensor, norm: &LayerNorm, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
-        let h = if self.normalize_before { norm.forward(x)? } else { x.clone() };
-        let x = ops::add(x, &self.dropout.forward(&f(&h)?)?)?;
-        if self.normalize_before {
-            Ok(x)
-        } else {
-            norm.forward(&x)
-        }
-    }
-
     /// x (B, L, D) over `memory` (B, T, D) with the causal and memory masks.
     pub fn forward(&self, x: &Tensor, tgt_mask: &AttentionMask, memory: &Tensor, mem_mask: &AttentionMask) -> Result<Tensor> {
-        let x = self.branch(x, &self.norm1, |h| self.self_attn.forward(h, h, h, Some(tgt_mask)))?;
-        let x = self.branch(&x, &self.norm2, |h| self.src_attn.forward(h, memory, memory, Some(mem_mask)))?;
-        self.branch(&x, &self.norm3, |h| self.feed_forward.forward(h))
+        let branches: [Branch; 3] = [
+            (&self.norm1, 1.0, Box::new(|h| self.self_attn.forward(h, h, h, Some(tgt_mask)))),
+            (&self.norm2, 1.0, Box::new(|h| self.src_attn.forward(h, memory, memory, Some(mem_mask)))),
+            (&self.norm3, 1.0, Box::new(|h| self.feed_forward.forward(h))),
+        ];
+        residual::chain(x, &branches, self.normalize_before, &self.dropout, None)
     }
 }
 

@@ -12,9 +12,9 @@
 
 use super::convolution::ConvolutionModule;
 use super::ffn::FeedForward;
+use super::residual::{self, Branch};
 use crate::error::Result;
 use crate::nn::{AttentionMask, Dropout, KvCache, LayerNorm, Module, MultiHeadedAttention, RelPositionMultiHeadedAttention};
-use crate::ops;
 use crate::tensor::Tensor;
 
 /// The self-attention of an encoder block.
@@ -58,10 +58,6 @@ impl SelfAttention {
     }
 }
 
-/// One residual branch of a block: the norm before it (pre-norm) or after
-/// its add (post-norm), the scale of its add, and the branch itself.
-type Branch<'a> = (&'a LayerNorm, f64, Box<dyn Fn(&Tensor) -> Result<Tensor> + 'a>);
-
 /// A conformer or transformer encoder block.
 #[derive(Clone, Debug)]
 pub struct EncoderLayer {
@@ -92,18 +88,6 @@ pub struct EncoderLayer {
 }
 
 impl EncoderLayer {
-    fn branch(&self, x: &Tensor, norm: &LayerNorm, scale: f64, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
-        let h = if self.normalize_before { norm.forward(x)? } else { x.clone() };
-        let y = self.dropout.forward(&f(&h)?)?;
-        // x + scale·y in one launch (the macaron half-step residual).
-        let x = if scale != 1.0 { ops::add_scaled(x, &y, scale)? } else { ops::add(x, &y)? };
-        if self.normalize_before {
-            Ok(x)
-        } else {
-            norm.forward(&x)
-        }
-    }
-
     /// x (B, T, D) with the key mask, the positional rows and the frame padding mask (B, 1, T).
     pub fn forward(&self, x: &Tensor, mask: Option<&AttentionMask>, pos: &Tensor, pad: Option<&Tensor>) -> Result<Tensor> {
         let ff_scale = if self.feed_forward_macaron.is_some() { 0.5 } else { 1.0 };
@@ -116,48 +100,7 @@ impl EncoderLayer {
             branches.push((n, 1.0, Box::new(move |h| conv.forward(h, pad))));
         }
         branches.push((&self.norm_ff, ff_scale, Box::new(|h| self.feed_forward.forward(h))));
-        if ops::fusion::enabled(ops::fusion::Fusion::Norm) {
-            return self.forward_fused_norms(x, &branches);
-        }
-        let mut x = x.clone();
-        for (n, scale, f) in &branches {
-            x = self.branch(&x, n, *scale, f)?;
-        }
-        match &self.norm_final {
-            Some(n) => n.forward(&x),
-            None => Ok(x),
-        }
-    }
-
-    /// [`EncoderLayer::forward`] with each residual add fused into the norm
-    /// that reads its result (`ops::add_layer_norm`, fusion family `norm`):
-    /// pre-norm, the add closing branch i with branch i + 1's norm (the last
-    /// with `norm_final`); post-norm, each add with its own norm. The same
-    /// values as the composition up to rounding of the gradients' sums.
-    fn forward_fused_norms(&self, x: &Tensor, branches: &[Branch]) -> Result<Tensor> {
-        if !self.normalize_before {
-            let mut x = x.clone();
-            for (n, scale, f) in branches {
-                let y = self.dropout.forward(&f(&x)?)?;
-                x = n.add_forward(&x, &y, *scale)?.1;
-            }
-            return match &self.norm_final {
-                Some(n) => n.forward(&x),
-                None => Ok(x),
-            };
-        }
-        let Some((first, _, _)) = branches.first() else { return Ok(x.clone()) };
-        let (mut x, mut h) = (x.clone(), first.forward(x)?);
-        for (i, (_, scale, f)) in branches.iter().enumerate() {
-            let y = self.dropout.forward(&f(&h)?)?;
-            let next = branches.get(i + 1).map(|b| b.0).or(self.norm_final.as_ref());
-            match next {
-                Some(n) => (x, h) = n.add_forward(&x, &y, *scale)?,
-                None => return if *scale != 1.0 { ops::add_scaled(&x, &y, *scale) } else { ops::add(&x, &y) },
-            }
-        }
-        // The last add went into norm_final: its output is the block's.
-        Ok(h)
+        residual::chain(x, &branches, self.normalize_before, &self.dropout, self.norm_final.as_ref())
     }
 
     /// One chunk of a stream (WeNet's layer call with `att_cache` and
@@ -172,30 +115,36 @@ impl EncoderLayer {
         cnn_cache: Option<&Tensor>,
     ) -> Result<(Tensor, KvCache, Option<Tensor>)> {
         let ff_scale = if self.feed_forward_macaron.is_some() { 0.5 } else { 1.0 };
-        let mut x = x.clone();
+        let (kv, next_cnn) = (std::cell::RefCell::new(None), std::cell::RefCell::new(None));
+        let mut branches: Vec<Branch> = Vec::with_capacity(4);
         if let (Some(ff), Some(n)) = (&self.feed_forward_macaron, &self.norm_ff_macaron) {
-            x = self.branch(&x, n, ff_scale, |h| ff.forward(h))?;
+            branches.push((n, ff_scale, Box::new(move |h| ff.forward(h))));
         }
-        let mut kv = None;
-        x = self.branch(&x, &self.norm_mha, 1.0, |h| {
-            let (y, c) = self.self_attn.forward_cached(h, pos, att_cache)?;
-            kv = Some(c);
-            Ok(y)
-        })?;
-        let kv = kv.ok_or_else(|| crate::error::Error::invalid("EncoderLayer", "self-attention returned no cache"))?;
-        let mut next_cnn = None;
-        if let (Some(conv), Some(n)) = (&self.conv_module, &self.norm_conv) {
-            x = self.branch(&x, n, 1.0, |h| {
-                let (y, c) = conv.forward_cached(h, None, cnn_cache)?;
-                next_cnn = c;
+        branches.push((
+            &self.norm_mha,
+            1.0,
+            Box::new(|h| {
+                let (y, c) = self.self_attn.forward_cached(h, pos, att_cache)?;
+                *kv.borrow_mut() = Some(c);
                 Ok(y)
-            })?;
+            }),
+        ));
+        if let (Some(conv), Some(n)) = (&self.conv_module, &self.norm_conv) {
+            branches.push((
+                n,
+                1.0,
+                Box::new(|h| {
+                    let (y, c) = conv.forward_cached(h, None, cnn_cache)?;
+                    *next_cnn.borrow_mut() = c;
+                    Ok(y)
+                }),
+            ));
         }
-        x = self.branch(&x, &self.norm_ff, ff_scale, |h| self.feed_forward.forward(h))?;
-        let x = match &self.norm_final {
-            Some(n) => n.forward(&x)?,
-            None => x,
-        };
+        branches.push((&self.norm_ff, ff_scale, Box::new(|h| self.feed_forward.forward(h))));
+        let x = residual::chain(x, &branches, self.normalize_before, &self.dropout, self.norm_final.as_ref())?;
+        drop(branches);
+        let kv = kv.into_inner().ok_or_else(|| crate::error::Error::invalid("EncoderLayer", "self-attention returned no cache"))?;
+        let next_cnn = next_cnn.into_inner();
         Ok((x, kv, next_cnn))
     }
 }

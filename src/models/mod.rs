@@ -20,6 +20,7 @@ pub mod ffn;
 pub mod limits;
 pub mod mask;
 pub mod pos_enc;
+mod residual;
 pub mod streaming;
 pub mod subsampling;
 pub mod summary;
