@@ -203,9 +203,10 @@ fn gpu_kernels(c: &mut Criterion) {
 }
 
 /// Waits for the queued work (a one-element read), so a sample times the kernels.
-/// The kernel lab (cuda/lab_loss.cu): every variant of the fused
+/// The kernel lab (cuda/lab_<family>.cu): every variant of the fused
 /// label-smoothing forward against the production kernel, on the decoder's
-/// logits (512 rows of 4233); tests/kernel_lab.rs checks them first.
+/// logits (512 rows of 4233), and of the fused CTC's recursion;
+/// tests/kernel_lab.rs checks them first.
 fn kernel_lab(c: &mut Criterion) {
     use asrforge::backend::cpu::CpuStorage;
     use asrforge::backend::cuda::{self, lab, loss, CudaStorage};
@@ -224,6 +225,23 @@ fn kernel_lab(c: &mut Criterion) {
     group.bench_function("production", |bn| bn.iter(|| loss::label_smoothing_fused_fwd(&xg, &tg, v, 0.1, -1).unwrap().0.to_cpu().unwrap()));
     for variant in lab::LABEL_SMOOTHING_FUSED_FWD {
         group.bench_function(*variant, |bn| bn.iter(|| lab::label_smoothing_fused_fwd(variant, &xg, &tg, v, 0.1, -1).unwrap().0.to_cpu().unwrap()));
+    }
+    group.finish();
+    // The fused CTC's recursion (with its row log-sum-exps and dense
+    // gradient, as production runs them): 16 sequences of 128 frames over
+    // 4233 symbols, 20 labels each, production's block per sequence against
+    // the lab's variants.
+    use asrforge::backend::cpu::ctc::CtcDims;
+    let (b, t, v, s) = (16, 128, 4233, 20);
+    let x: Vec<f32> = rng.normal(b * t * v).into_iter().map(|z| (2.0 * z) as f32).collect();
+    let xg = CudaStorage::from_cpu(&dev, &CpuStorage::F32(x)).unwrap();
+    let labels: Vec<i64> = (0..b * s).map(|i| 1 + (i * 37 % (v - 1)) as i64).collect();
+    let (il, tl, d) = (vec![t; b], vec![s; b], CtcDims { b, t, v, s, blank: 0 });
+    let mut group = c.benchmark_group("kernel_lab/ctc_loss_fused_16x128x4233_s20");
+    group.sample_size(10);
+    group.bench_function("production", |bn| bn.iter(|| cuda::ctc::ctc_loss_fused(&xg, &labels, &il, &tl, &d, true).unwrap().0.to_cpu().unwrap()));
+    for variant in lab::CTC_LOSS_FUSED {
+        group.bench_function(*variant, |bn| bn.iter(|| lab::ctc_loss_fused(variant, &xg, &labels, &il, &tl, &d, true).unwrap().0.to_cpu().unwrap()));
     }
     group.finish();
 }

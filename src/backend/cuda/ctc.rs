@@ -2,21 +2,49 @@
 //! the same checks, per-sequence nll and the true derivative with respect
 //! to the log-probabilities, one block per sequence with f64 α/β.
 
-use super::{kernels, CudaStorage, LaunchConfig};
+use super::{kernels, CudaDevice, CudaStorage, LaunchConfig};
 use crate::backend::cpu::ctc::{check, CtcDims};
 use crate::backend::cpu::CpuStorage;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
 
 /// Threads per sequence block (the kernel loops over states and pairs).
-const THREADS: u32 = 256;
+pub(super) const THREADS: u32 = 256;
 
 /// Per-sequence negative log-likelihoods (f64, left on the device), and
 /// with `want_grad` the gradient of each sequence's nll with respect to
 /// log_probs (zero past its length, and zero for a sequence whose nll is
 /// not finite).
 pub fn ctc_loss(lp: &CudaStorage, targets: &[i64], il: &[usize], tl: &[usize], d: &CtcDims, want_grad: bool) -> Result<(CudaStorage, Option<CudaStorage>)> {
-    ctc_loss_any(lp, targets, il, tl, d, want_grad, false)
+    ctc_loss_any(lp, targets, il, tl, d, want_grad, None)
+}
+
+/// The device buffers and sizes of one launch of the recursion kernel
+/// (`ctc_loss_fused` or a kernel-lab variant with its contract).
+pub(super) struct RecursionArgs<'a> {
+    pub dev: &'a CudaDevice,
+    pub dt: DType,
+    pub logits: &'a CudaStorage,
+    pub lse: &'a CudaStorage,
+    pub targets: &'a CudaStorage,
+    pub in_len: &'a CudaStorage,
+    pub tgt_len: &'a CudaStorage,
+    pub alpha: &'a CudaStorage,
+    pub beta: &'a CudaStorage,
+    pub nll: &'a CudaStorage,
+    pub grad: &'a CudaStorage,
+    /// B, T, V, S, blank and want_grad, as the kernels take them.
+    pub dims: (i64, i64, i64, i64, i64, i32),
+}
+
+/// Launches the fused recursion for [`ctc_loss_fused_by`].
+pub(super) type Recursion<'f> = &'f dyn Fn(&RecursionArgs) -> Result<()>;
+
+/// Production's recursion: one block of THREADS per sequence.
+fn production_recursion(a: &RecursionArgs) -> Result<()> {
+    let (nb, t, v, sm, blank, want) = a.dims;
+    let cfg = LaunchConfig::rows(nb as usize, THREADS);
+    kernels::ctc::ctc_loss_fused(a.dev, a.dt, cfg, a.logits, a.lse, a.targets, a.in_len, a.tgt_len, a.alpha, a.beta, a.nll, a.grad, nb, t, v, sm, blank, want)
 }
 
 /// The fused CTC (`ctc_lse_rows` + `ctc_loss_fused`): the same nll from the
@@ -31,7 +59,21 @@ pub fn ctc_loss_fused(
     d: &CtcDims,
     want_grad: bool,
 ) -> Result<(CudaStorage, Option<CudaStorage>)> {
-    ctc_loss_any(logits, targets, il, tl, d, want_grad, true)
+    ctc_loss_any(logits, targets, il, tl, d, want_grad, Some(&production_recursion))
+}
+
+/// [`ctc_loss_fused`] with the recursion launched by `recursion` (the
+/// kernel lab's variants, src/backend/cuda/lab.rs).
+pub(super) fn ctc_loss_fused_by(
+    logits: &CudaStorage,
+    targets: &[i64],
+    il: &[usize],
+    tl: &[usize],
+    d: &CtcDims,
+    want_grad: bool,
+    recursion: Recursion,
+) -> Result<(CudaStorage, Option<CudaStorage>)> {
+    ctc_loss_any(logits, targets, il, tl, d, want_grad, Some(recursion))
 }
 
 fn ctc_loss_any(
@@ -41,7 +83,7 @@ fn ctc_loss_any(
     tl: &[usize],
     d: &CtcDims,
     want_grad: bool,
-    fused: bool,
+    fused: Option<Recursion>,
 ) -> Result<(CudaStorage, Option<CudaStorage>)> {
     check(d, targets, il, tl)?;
     let dt = lp.dtype();
@@ -56,7 +98,7 @@ fn ctc_loss_any(
     // The unfused kernel writes only the occupied (t, k): the rest of the
     // gradient is a memset, not B blocks writing B·T·V zeros (cuda/ctc.cu);
     // the fused path's ctc_lse_rows writes every element.
-    let grad = match (want_grad, fused) {
+    let grad = match (want_grad, fused.is_some()) {
         (false, _) => None,
         (true, false) => Some(dev.zeros(dt, n)?),
         (true, true) => Some(dev.alloc(dt, n)?),
@@ -83,13 +125,26 @@ fn ctc_loss_any(
     };
     let cfg = LaunchConfig::rows(d.b, THREADS);
     let (nb, t, v, sm, blank, want) = (d.b as i64, d.t as i64, d.v as i64, d.s as i64, d.blank as i64, (want_grad && n > 0) as i32);
-    if fused {
+    if let Some(recursion) = fused {
         let rows = d.b * d.t;
         let lse = dev.alloc(DType::F64, rows.max(1))?;
         if rows > 0 && d.v > 0 {
             kernels::ctc::ctc_lse_rows(dev, dt, LaunchConfig::rows(rows, THREADS), lp, &lse, g, &ils, t, rows as i64, v, want)?;
         }
-        kernels::ctc::ctc_loss_fused(dev, dt, cfg, lp, &lse, &tg, &ils, &tls, &alpha, &beta, &nll, g, nb, t, v, sm, blank, want)?;
+        recursion(&RecursionArgs {
+            dev,
+            dt,
+            logits: lp,
+            lse: &lse,
+            targets: &tg,
+            in_len: &ils,
+            tgt_len: &tls,
+            alpha: &alpha,
+            beta: &beta,
+            nll: &nll,
+            grad: g,
+            dims: (nb, t, v, sm, blank, want),
+        })?;
     } else {
         kernels::ctc::ctc_loss(dev, dt, cfg, lp, &tg, &ils, &tls, &alpha, &beta, &nll, g, nb, t, v, sm, blank, want)?;
     }

@@ -4,8 +4,10 @@
 //! variant against the CPU reference and benches/kernel_lab.rs can time
 //! them against production on the same inputs.
 
+use super::ctc::{ctc_loss_fused_by, RecursionArgs};
 use super::kernels::lab_loss as k;
 use super::{CudaStorage, LaunchConfig};
+use crate::backend::cpu::ctc::CtcDims;
 use crate::backend::cpu::CpuStorage;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
@@ -44,4 +46,40 @@ pub fn label_smoothing_fused_fwd(variant: &str, x: &CudaStorage, target: &[i64],
         other => return Err(Error::invalid(op, format!("expected one of {LABEL_SMOOTHING_FUSED_FWD:?}, found {other:?}"))),
     }
     Ok((kl, lse))
+}
+
+/// The variants of the fused CTC's recursion (`ctc_loss_fused`) in
+/// cuda/lab_ctc.cu, by name.
+pub const CTC_LOSS_FUSED: &[&str] = &["v1_warp_per_sequence"];
+
+/// Sequences per block of the warp-per-sequence variant.
+const CTC_WARPS: u32 = 4;
+
+/// The fused CTC (`cuda::ctc::ctc_loss_fused`, the same checks, row
+/// log-sum-exps and dense gradient) with variant `variant` (a name of
+/// [`CTC_LOSS_FUSED`]) running the recursion, on f32 logits (B, T, V):
+/// per-sequence nll (f64) and, with `want_grad`, the gradient.
+pub fn ctc_loss_fused(
+    variant: &str,
+    logits: &CudaStorage,
+    targets: &[i64],
+    il: &[usize],
+    tl: &[usize],
+    d: &CtcDims,
+    want_grad: bool,
+) -> Result<(CudaStorage, Option<CudaStorage>)> {
+    let op = "lab ctc_loss_fused";
+    if logits.dtype() != DType::F32 {
+        return Err(Error::DTypeMismatch { op, expected: DType::F32, got: logits.dtype() });
+    }
+    match variant {
+        "v1_warp_per_sequence" => ctc_loss_fused_by(logits, targets, il, tl, d, want_grad, &|a: &RecursionArgs| {
+            let (nb, t, v, sm, blank, want) = a.dims;
+            let cfg = LaunchConfig::rows((nb as usize).div_ceil(CTC_WARPS as usize), 32 * CTC_WARPS);
+            super::kernels::lab_ctc::lab_ctc_loss_fused_v1(
+                a.dev, a.dt, cfg, a.logits, a.lse, a.targets, a.in_len, a.tgt_len, a.alpha, a.beta, a.nll, a.grad, nb, t, v, sm, blank, want,
+            )
+        }),
+        other => Err(Error::invalid(op, format!("expected one of {CTC_LOSS_FUSED:?}, found {other:?}"))),
+    }
 }
