@@ -867,6 +867,28 @@ fn nccl_world_1(dev: &Device, prefix: &str) -> (StoreServer, asrforge::dist::Ncc
     (server, asrforge::dist::NcclComm::new(&store, prefix, 0, 1, dev, TIMEOUT).expect("NCCL init, world size 1"))
 }
 
+/// NCCL's initialisation is bounded by the timeout: rank 0 of a job of 2
+/// whose rank 1 never comes fails within the timeout (+ 5 s) with an error
+/// naming rank 0 and the timeout, the communicator aborted (non-blocking
+/// `ncclCommInitRankConfig`, polled), instead of waiting forever.
+#[cfg(feature = "cuda")]
+#[test]
+fn nccl_init_without_a_peer_fails_within_the_timeout() {
+    let Some(dev) = nccl_gpu("nccl_init_without_a_peer_fails_within_the_timeout") else { return };
+    let addr = format!("127.0.0.1:{}", dist_common::free_port());
+    let _server = StoreServer::start(&addr, "nccl-test").expect("store");
+    let store = Store::connect(&addr, "nccl-test", 0, TIMEOUT).expect("connect");
+    let t0 = std::time::Instant::now();
+    let err = match asrforge::dist::NcclComm::new(&store, "lonely", 0, 2, &dev, Duration::from_secs(3)) {
+        Ok(_) => panic!("NCCL init of a job of 2 succeeded without rank 1"),
+        Err(e) => e.to_string(),
+    };
+    let secs = t0.elapsed().as_secs_f64();
+    println!("NCCL init without a peer failed after {secs:.1} s: {err}");
+    assert!(secs < 3.0 + 5.0, "{secs} s");
+    assert!(err.contains("rank 0") && err.contains("3 s"), "the error names the rank and the timeout: {err}");
+}
+
 /// NCCL at world size 1 on a GPU: init, every collective on f32, f16 and
 /// bf16 against its expected value (at one rank: the input itself, into
 /// outputs poisoned with NaN), a grouped all-reduce, host tensors staged,
