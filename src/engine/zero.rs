@@ -25,14 +25,15 @@
 //!
 //! Without `overlap_comm` the buckets are reduced after backward returns,
 //! in ascending order, on the training thread. With it (DeepSpeed's
-//! `zero_optimization.overlap_comm`, on by default for stage 2) the
+//! `zero_optimization.overlap_comm`, which the JSON parser turns on by
+//! default for stage 2; `ZeroOptions::default` leaves it off) the
 //! communicator lives on a communication thread (`comm_thread.rs`, as
 //! DDP's) and every reducing backward runs with autograd's gradient-ready
 //! hook: a bucket is read (its slice of every shard) and handed to the
 //! thread as soon as every parameter it reads has its final gradient,
 //! while backward goes on. Buckets are launched strictly in descending
-//! order (DeepSpeed's order too: backward finishes the last parameters
-//! first, and the last bucket holds the end of every shard), so every rank
+//! order (backward finishes the last parameters first, and the last bucket
+//! holds the end of every shard), so every rank
 //! issues the same collectives in the same order whatever order its
 //! gradients arrive in; a bucket whose parameters got no gradient waits
 //! for the end of backward, when every remaining bucket is launched, even
@@ -42,6 +43,11 @@
 //! has been read. The results are added into the shard gradient after
 //! backward: each bucket owns disjoint shard elements and gets the same one
 //! addition per reduction as without overlap, so both are bitwise equal.
+//! Since bucket k is the k-th slice of every shard, it also waits for a
+//! slice of shard 0 (the first layers): at N ranks no bucket is ready
+//! before backward reaches the first 1/N of the parameters, so only that
+//! last part of backward can hide communication (DeepSpeed instead fills
+//! its buckets in the order gradients arrive).
 //! With the parameters on a GPU each bucket comes to the host in one copy
 //! when it is launched (one host synchronisation per bucket instead of one
 //! per reduction).
