@@ -18,7 +18,8 @@
 #      (ASRFORGE_FUSION=all vs none) in fp16 and bf16: frames/s, peak, launches;
 #   5. NCCL (tests/dist_gpu.rs, staged in .device/nccl/): a world-size-1 NCCL
 #      communicator (init, every collective on f32/f16/bf16 against expected
-#      values, destroy), DDP and ZeRO-2 over NCCL at world size 1 equal to one
+#      values, destroy), the non-blocking init of a job of 2 whose rank 1 never
+#      comes failing within its 3 s timeout, DDP and ZeRO-2 over NCCL at world size 1 equal to one
 #      process after 20 steps, and DDP/ZeRO-1/2 on the GPU at 2 processes over
 #      gloo; one GPU exercises world size 1 of NCCL only (no link is measured);
 #   6. prints the tables last.
@@ -248,6 +249,7 @@ elif [ ! -x "$NCCL_BIN" ]; then
 else
     "$BIN" info 2>&1 | grep -i '^NCCL' | sed 's/^/info: /' > "$LOG/nccl-info.txt"
     for t in nccl_world_1_collectives_on_f32_f16_bf16 \
+             nccl_init_without_a_peer_fails_within_the_timeout \
              nccl_ddp_and_zero2_at_world_1_match_one_process_after_20_steps \
              nccl_ddp_half_grad_sync_at_world_1_within_half_rounding_of_one_process \
              gpu_ddp_and_zero_equal_one_process_at_2_ranks; do
@@ -258,7 +260,7 @@ else
         ASRFORGE_REQUIRE_NCCL=1 timeout 120 "$NCCL_BIN" "$t" --exact --nocapture --test-threads=1 > "$LOG/nccl-$t.log" 2>&1
         rc=$?
         [ $rc -eq 0 ] && st=ok || st="FAILED (rc $rc)"
-        detail=$(grep -E 'NCCL (world size 1|ddp|zero2|[0-9])|skipped|REL ' "$LOG/nccl-$t.log" | tr '\n' ';' | cut -c1-160)
+        detail=$(grep -E 'NCCL (world size 1|ddp|zero2|init|[0-9])|skipped|REL ' "$LOG/nccl-$t.log" | tr '\n' ';' | cut -c1-160)
         NROWS+=("$(printf '%-62s %-14s %s' "$t" "$st" "$detail")")
         echo "nccl $t: $st"
         [ $rc -ne 0 ] && grep -E 'panicked|FAILED|assert' "$LOG/nccl-$t.log" | head -5

@@ -411,6 +411,114 @@ fn gpu_zero_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks() {
     check_zero_half_identical(&run_ok("gpu_zero_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks", 3, &[]));
 }
 
+/// ZeRO-1/2 on the device with `overlap_comm` against the same engine
+/// without it: bitwise equal parameters and norms after 10 steps in f32,
+/// f16 and bf16; within 1e-5 of one CPU process in f32; every bucket
+/// launched from the gradient-ready hook; and exactly one host
+/// synchronisation per bucket per reduction (each bucket comes to the host
+/// when it is launched) plus the step's two.
+fn overlap_worker(w: &Worker, accum: usize) {
+    let dev = common::gpu::gpu("overlap_worker").expect("the parent checked for a GPU");
+    let (_server, s) = store(w);
+    let run = Run { first_step: 0, steps: STEPS, accum, clip: CLIP, lr: 0.01 };
+    let mut single = SingleProcess::new(make_params(7), ADAM).expect("single");
+    train(&mut single, run, None, &|_, _| {}).expect("single-process run");
+    let want = flat_values(single.parameters());
+    let seed = 7 + w.rank as u64;
+    for stage in [1u8, 2] {
+        for half in [None, Some(DType::F16), Some(DType::BF16)] {
+            let label = format!("zero{stage}{}", half.map_or("f32", |h| h.as_str()));
+            let o = ZeroOptions { stage, reduce_bucket_size: 8, allgather_bucket_size: 11, overlap_comm: false };
+            let mut plain =
+                ZeroEngine::new(device_params(seed, &dev), comm(&s, w, &format!("plain-{label}")), o, ADAM).unwrap().with_half_grad_sync(half).unwrap();
+            let plain_outs = train(&mut plain, run, None, &|_, _| {}).expect("device run");
+            let o = ZeroOptions { overlap_comm: true, ..o };
+            let mut ov = ZeroEngine::new(device_params(seed, &dev), comm(&s, w, &format!("ov-{label}")), o, ADAM).unwrap().with_half_grad_sync(half).unwrap();
+            assert!(ov.on_device());
+            let before = host_syncs();
+            let outs = train(&mut ov, run, None, &|_, _| {}).expect("device run, overlap_comm");
+            let syncs = host_syncs() - before;
+            for (_, p) in ov.parameters() {
+                assert_eq!(p.device(), dev, "{label}: parameters stay on the device");
+            }
+            let (got, base) = (flat_values(ov.parameters()), flat_values(plain.parameters()));
+            assert_eq!(bits(&got), bits(&base), "{label}: overlap_comm must leave the parameters bitwise equal");
+            for (k, (a, b)) in outs.iter().zip(&plain_outs).enumerate() {
+                assert_eq!(a.grad_norm.to_bits(), b.grad_norm.to_bits(), "{label} step {k}: gradient norm {} vs {}", a.grad_norm, b.grad_norm);
+            }
+            if half.is_none() {
+                let rel = max_rel(&got, &want);
+                assert!(rel < 1e-5, "{label}: vs one CPU process {rel:e}");
+            }
+            let st = ov.stats().lock().unwrap().clone();
+            let buckets = ov.layout().shard_len.div_ceil((8 / w.world_size).max(1)) as u64;
+            let reductions = STEPS * if stage == 2 { accum as u64 } else { 1 };
+            assert_eq!(st.reduce_scatters, reductions * buckets, "{label}");
+            assert_eq!(st.launched_during_backward, st.reduce_scatters, "{label}: every bucket leaves from the gradient-ready hook");
+            assert_eq!(
+                syncs,
+                reductions * buckets + 2 * STEPS,
+                "{label}: host synchronisations in {STEPS} steps of {reductions} reductions of {buckets} buckets"
+            );
+            println!("OVERLAP {label} world {} accum {accum}: bitwise equal, {} reduce-scatters, {syncs} host syncs", w.world_size, st.reduce_scatters);
+            println!("PARAMS{label} {}", bits(&got));
+        }
+    }
+    // A backward that fails on rank 1 (a host gradient planted in w1) still launches every bucket: nobody waits.
+    const SHORT: Duration = Duration::from_secs(10);
+    let c = Box::new(TcpCommunicator::new(&s, "fail", w.rank, w.world_size, SHORT).expect("communicator"));
+    let o = ZeroOptions { stage: 2, reduce_bucket_size: 8, allgather_bucket_size: 11, overlap_comm: true };
+    let mut e = ZeroEngine::new(device_params(seed, &dev), c, o, ADAM).expect("zero");
+    let t0 = std::time::Instant::now();
+    let host_grad = |p: &asrforge::Tensor| asrforge::Tensor::zeros(p.dims().to_vec(), DType::F32, &Device::Cpu).unwrap();
+    let failure = train_with_failing_backward(&mut e, 4, 1, 1, CLIP, &host_grad).expect("every step but rank 1's backward at step 1");
+    let secs = t0.elapsed().as_secs_f64();
+    assert!(secs < SHORT.as_secs_f64(), "rank {}: 4 steps took {secs} s", w.rank);
+    assert_eq!(failure.is_some(), w.rank == 1);
+    if let Some(f) = failure {
+        println!("FAILED {f}");
+    }
+    assert_eq!(e.stats().lock().unwrap().reduce_scatters, 4 * e.layout().shard_len.div_ceil((8 / w.world_size).max(1)) as u64);
+    println!("PARAMSfail {}", bits(&flat_values(e.parameters())));
+}
+
+fn check_overlap(rs: &[WorkerResult]) {
+    for name in ["zero1f32", "zero1f16", "zero1bf16", "zero2f32", "zero2f16", "zero2bf16", "fail"] {
+        let first = line(&rs[0], &format!("PARAMS{name}"));
+        for r in rs {
+            assert_eq!(line(r, &format!("PARAMS{name}")), first, "{name}: rank {} ends with other parameters than rank 0", r.rank);
+        }
+    }
+    eprintln!("{}", rs[0].lines_with("OVERLAP ").join("\n"));
+    let failed = rs[1].lines_with("FAILED ");
+    eprintln!("rank 1: {}", failed.join(""));
+    assert_eq!(failed.len(), 1, "rank 1's backward failed once");
+}
+
+#[test]
+fn gpu_zero_overlap_comm_is_bitwise_the_plain_reduction_at_2_ranks() {
+    if let Some(w) = worker() {
+        overlap_worker(&w, 2);
+        return;
+    }
+    if common::gpu::gpu("gpu_zero_overlap_comm_is_bitwise_the_plain_reduction_at_2_ranks").is_none() {
+        return;
+    }
+    check_overlap(&all_ok(dist_common::spawn("gpu_zero_overlap_comm_is_bitwise_the_plain_reduction_at_2_ranks", 2, &[], &|_| Vec::new())));
+}
+
+#[test]
+fn gpu_zero_overlap_comm_is_bitwise_the_plain_reduction_at_3_ranks() {
+    if let Some(w) = worker() {
+        overlap_worker(&w, 1);
+        return;
+    }
+    if common::gpu::gpu("gpu_zero_overlap_comm_is_bitwise_the_plain_reduction_at_3_ranks").is_none() {
+        return;
+    }
+    check_overlap(&all_ok(dist_common::spawn("gpu_zero_overlap_comm_is_bitwise_the_plain_reduction_at_3_ranks", 3, &[], &|_| Vec::new())));
+}
+
 /// Lines of the corpus with a one-token transcript (every one fits CTC).
 fn good_lines(dir: &std::path::Path, n: usize) -> Vec<String> {
     let all: Vec<String> = std::fs::read_to_string(dir.join("data.list")).unwrap().lines().map(str::to_string).collect();
@@ -757,6 +865,28 @@ fn nccl_world_1(dev: &Device, prefix: &str) -> (StoreServer, asrforge::dist::Ncc
     let server = StoreServer::start(&addr, "nccl-test").expect("store");
     let store = Store::connect(&addr, "nccl-test", 0, TIMEOUT).expect("connect");
     (server, asrforge::dist::NcclComm::new(&store, prefix, 0, 1, dev, TIMEOUT).expect("NCCL init, world size 1"))
+}
+
+/// NCCL's initialisation is bounded by the timeout: rank 0 of a job of 2
+/// whose rank 1 never comes fails within the timeout (+ 5 s) with an error
+/// naming rank 0 and the timeout, the communicator aborted (non-blocking
+/// `ncclCommInitRankConfig`, polled), instead of waiting forever.
+#[cfg(feature = "cuda")]
+#[test]
+fn nccl_init_without_a_peer_fails_within_the_timeout() {
+    let Some(dev) = nccl_gpu("nccl_init_without_a_peer_fails_within_the_timeout") else { return };
+    let addr = format!("127.0.0.1:{}", dist_common::free_port());
+    let _server = StoreServer::start(&addr, "nccl-test").expect("store");
+    let store = Store::connect(&addr, "nccl-test", 0, TIMEOUT).expect("connect");
+    let t0 = std::time::Instant::now();
+    let err = match asrforge::dist::NcclComm::new(&store, "lonely", 0, 2, &dev, Duration::from_secs(3)) {
+        Ok(_) => panic!("NCCL init of a job of 2 succeeded without rank 1"),
+        Err(e) => e.to_string(),
+    };
+    let secs = t0.elapsed().as_secs_f64();
+    println!("NCCL init without a peer failed after {secs:.1} s: {err}");
+    assert!(secs < 3.0 + 5.0, "{secs} s");
+    assert!(err.contains("rank 0") && err.contains("3 s"), "the error names the rank and the timeout: {err}");
 }
 
 /// NCCL at world size 1 on a GPU: init, every collective on f32, f16 and

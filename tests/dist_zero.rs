@@ -396,6 +396,161 @@ fn fp16_overflow_on_one_rank_skips_the_step_on_every_rank() {
     check_identical(&rs, 2);
 }
 
+fn overlap(stage: u8, bucket: usize) -> ZeroOptions {
+    ZeroOptions { overlap_comm: true, ..opts(stage, bucket) }
+}
+
+/// ZeRO stage 1 and 2 with `overlap_comm` (each bucket's reduce-scatter
+/// launched from the gradient-ready hook on the communication thread)
+/// against the same engine without it: bitwise equal parameters and norms
+/// after 10 steps, in f32, f16 and bf16, with several small buckets and
+/// with one; the same reduce-scatters and bytes; every bucket launched
+/// during backward (every parameter gets a gradient); within 1e-5 of one
+/// process with the whole batch in f32.
+fn overlap_worker(w: &Worker, accum: usize) {
+    let (_server, s) = store(w);
+    let run = Run { first_step: 0, steps: 10, accum, clip: CLIP, lr: 0.01 };
+    let mut single = SingleProcess::new(make_params(7), ADAM).expect("single");
+    train(&mut single, run, None, &|_, _| {}).expect("single-process run");
+    let want = flat_values(single.parameters());
+    let mut i = 0;
+    for stage in [1u8, 2] {
+        for half in [None, Some(DType::F16), Some(DType::BF16)] {
+            for bucket in [8usize, 1 << 20] {
+                let label = format!("stage {stage} {} bucket {bucket}", half.map_or("f32", |h| h.as_str()));
+                let mut plain = zero(&s, w, &format!("plain{i}"), opts(stage, bucket)).with_half_grad_sync(half).expect("half sync");
+                let plain_outs = train(&mut plain, run, None, &|_, _| {}).expect("zero run");
+                let mut ov = zero(&s, w, &format!("overlap{i}"), overlap(stage, bucket)).with_half_grad_sync(half).expect("half sync");
+                let outs = train(&mut ov, run, None, &|_, _| {}).expect("zero run, overlap_comm");
+                let (got, base) = (flat_values(ov.parameters()), flat_values(plain.parameters()));
+                assert_eq!(bits(&got), bits(&base), "{label}: overlap_comm must leave the parameters bitwise equal");
+                for (k, (a, b)) in outs.iter().zip(&plain_outs).enumerate() {
+                    assert_eq!(a.grad_norm.to_bits(), b.grad_norm.to_bits(), "{label} step {k}: gradient norm {} vs {}", a.grad_norm, b.grad_norm);
+                }
+                if half.is_none() {
+                    let rel = max_rel(&got, &want);
+                    assert!(rel < 1e-5, "{label}: vs one process with the whole batch {rel:e}");
+                }
+                let (st, pst) = (ov.stats().lock().unwrap().clone(), plain.stats().lock().unwrap().clone());
+                let chunk = (bucket / w.world_size).max(1);
+                let buckets = ov.layout().shard_len.div_ceil(chunk) as u64;
+                let reductions = run.steps * if stage == 2 { accum as u64 } else { 1 };
+                assert_eq!(st.reduce_scatters, reductions * buckets, "{label}: {buckets} buckets in each of {reductions} reductions");
+                assert_eq!((st.reduce_scatters, st.reduce_scatter_bytes), (pst.reduce_scatters, pst.reduce_scatter_bytes), "{label}: the same collectives");
+                assert_eq!(pst.launched_during_backward, 0, "{label}: without overlap_comm nothing is launched during backward");
+                assert_eq!(st.launched_during_backward, st.reduce_scatters, "{label}: every bucket leaves from the gradient-ready hook");
+                println!("OVERLAP {label}: {} reduce-scatters, all launched during backward, bitwise equal", st.reduce_scatters);
+                println!("PARAMS{i} {}", bits(&got));
+                i += 1;
+            }
+        }
+    }
+}
+
+#[test]
+fn zero_overlap_comm_is_bitwise_the_plain_reduction_at_2_ranks() {
+    if let Some(w) = worker() {
+        overlap_worker(&w, 2);
+        return;
+    }
+    let rs = run_ok("zero_overlap_comm_is_bitwise_the_plain_reduction_at_2_ranks", 2, &[]);
+    check_identical(&rs, 12);
+    eprintln!("{}", rs[0].lines_with("OVERLAP ").join("\n"));
+}
+
+#[test]
+fn zero_overlap_comm_is_bitwise_the_plain_reduction_at_3_ranks() {
+    if let Some(w) = worker() {
+        overlap_worker(&w, 1);
+        return;
+    }
+    let rs = run_ok("zero_overlap_comm_is_bitwise_the_plain_reduction_at_3_ranks", 3, &[]);
+    check_identical(&rs, 12);
+}
+
+/// Stage 2 with `overlap_comm`: after a backward every full gradient is
+/// freed and only the shard gradient is held; an unused parameter's buckets
+/// wait for the end of backward (launched after it, not from the hook).
+fn overlap_frees_worker(w: &Worker) {
+    let (_server, s) = store(w);
+    let mut e = zero(&s, w, "frees", overlap(2, 8));
+    let params = e.parameters().to_vec();
+    let loss = local_loss(&params, 0, 0, w.rank, w.world_size).unwrap();
+    e.backward(&loss, false).expect("backward");
+    assert!(params.iter().all(|(_, p)| p.grad().is_none()), "stage 2 frees every full gradient");
+    assert_eq!(e.shard_grad().map(<[f32]>::len), Some(e.layout().shard_len));
+    let st = e.stats().lock().unwrap().clone();
+    assert_eq!(st.launched_during_backward, st.reduce_scatters);
+    e.step(0.01, CLIP, None).expect("step");
+    // `b1` unused: the buckets launch in descending order, so those above
+    // b1's highest bucket leave from the hook and the rest after backward.
+    let params = e.parameters().to_vec();
+    let mut y = asrforge::ops::sum_all(&asrforge::ops::mul(&params[0].1, &params[0].1).unwrap()).unwrap();
+    for (_, p) in &params[2..] {
+        y = asrforge::ops::add(&y, &asrforge::ops::sum_all(&asrforge::ops::mul(p, p).unwrap()).unwrap()).unwrap();
+    }
+    e.backward(&y, true).expect("backward without b1");
+    let st2 = e.stats().lock().unwrap().clone();
+    let per = st.reduce_scatters;
+    let above = per - 1 - e.layout().last_bucket(4)[1] as u64;
+    assert!(above > 0 && above < per, "b1 lies in a middle bucket: {above} of {per} above it");
+    assert_eq!(st2.reduce_scatters, 2 * per);
+    assert_eq!(st2.launched_during_backward, st.launched_during_backward + above, "the {above} buckets above b1's leave from the hook");
+    println!("UNUSED {above} of {per} buckets launched during backward with b1 unused");
+    e.step(0.01, CLIP, None).expect("step");
+    println!("PARAMS0 {}", bits(&flat_values(e.parameters())));
+}
+
+#[test]
+fn zero2_overlap_comm_frees_full_gradients_and_waits_for_unused_parameters() {
+    if let Some(w) = worker() {
+        overlap_frees_worker(&w);
+        return;
+    }
+    let rs = run_ok("zero2_overlap_comm_frees_full_gradients_and_waits_for_unused_parameters", 2, &[]);
+    check_identical(&rs, 1);
+}
+
+/// A backward that fails on one rank (an f64 gradient planted in `w1`,
+/// which neither autograd's accumulation nor the bucket read accepts)
+/// still launches every bucket: the other ranks' reduce-scatters complete,
+/// every rank steps and trains on, and all end bitwise equal well within
+/// the communicator's timeout.
+fn overlap_failure_worker(w: &Worker) {
+    const SHORT: Duration = Duration::from_secs(10);
+    let (_server, s) = store(w);
+    let c = Box::new(TcpCommunicator::new(&s, "fail", w.rank, w.world_size, SHORT).expect("communicator"));
+    let mut e = ZeroEngine::new(make_params(7), c, overlap(2, 8), ADAM).expect("zero");
+    let t0 = std::time::Instant::now();
+    let f64_grad = |p: &Tensor| Tensor::zeros(p.dims().to_vec(), DType::F64, &Device::Cpu).unwrap();
+    let failure = train_with_failing_backward(&mut e, 4, 1, 1, CLIP, &f64_grad).expect("every step but rank 1's backward at step 1");
+    let secs = t0.elapsed().as_secs_f64();
+    assert!(secs < SHORT.as_secs_f64(), "rank {}: 4 steps took {secs} s, a rank waited on a missing collective", w.rank);
+    assert_eq!(failure.is_some(), w.rank == 1);
+    if let Some(f) = failure {
+        println!("FAILED {f}");
+    }
+    let st = e.stats().lock().unwrap().clone();
+    let buckets = e.layout().shard_len.div_ceil((8 / w.world_size).max(1)) as u64;
+    assert_eq!(st.reduce_scatters, 4 * buckets, "rank {}: every bucket of every step, the failed one included", w.rank);
+    println!("PARAMS0 {}", bits(&flat_values(e.parameters())));
+}
+
+#[test]
+fn zero2_overlap_comm_failing_backward_on_one_rank_hangs_no_rank() {
+    for world in [2usize, 3] {
+        if let Some(w) = worker() {
+            overlap_failure_worker(&w);
+            return;
+        }
+        let rs = run_ok("zero2_overlap_comm_failing_backward_on_one_rank_hangs_no_rank", world, &[]);
+        check_identical(&rs, 1);
+        let failed = rs[1].lines_with("FAILED ");
+        eprintln!("world {world}: {}", failed.join(""));
+        assert!(failed.len() == 1 && failed[0].to_lowercase().contains("f64"), "rank 1's error says what it found: {failed:?}");
+    }
+}
+
 /// Writes the parameters (rank 0), the state file (rank 0) and every rank's shard.
 fn save(dir: &Path, e: &ZeroEngine, w: &Worker) -> PathBuf {
     let ckpt = dir.join(format!("step_{}.safetensors", e.adam_step()));

@@ -6,8 +6,10 @@
 
 mod zero_common;
 
+use asrforge::engine::flat::FlatLayout;
 use asrforge::engine::{Engine, SingleProcess, ZeroEngine, ZeroOptions};
 use asrforge::optim::AdamConfig;
+use asrforge::tensor::Rng;
 use zero_common::*;
 
 const ADAM: AdamConfig = AdamConfig { lr: 0.01, betas: (0.9, 0.999), eps: 1e-8, weight_decay: 0.0, decoupled: false };
@@ -41,6 +43,9 @@ fn zero_in_threads_equals_single_process() {
         assert!(moved > 1e-2, "training must move the parameters (moved {moved:e})");
         let opts = ZeroOptions { stage, reduce_bucket_size: bucket, allgather_bucket_size: bucket + 1, overlap_comm: false };
         let ranks = zero_threads(world, opts, run);
+        // overlap_comm (the buckets launched from backward's gradient-ready hook) changes nothing, bit for bit.
+        let overlapped = zero_threads(world, ZeroOptions { overlap_comm: true, ..opts }, run);
+        assert_eq!(overlapped, ranks, "world {world} stage {stage} accum {accum} bucket {bucket}: overlap_comm vs the plain reduction");
         for (r, (got, norms)) in ranks.iter().enumerate() {
             let rel = max_rel(got, &want);
             eprintln!("world {world} stage {stage} accum {accum} bucket {bucket} rank {r}: max relative difference to single process {rel:e}");
@@ -77,6 +82,37 @@ fn stage_2_keeps_only_the_shard_gradient_between_micro_batches() {
                 assert_eq!((full, shard), (0, Some(shard_len)), "stage 2: no full gradient, a {shard_len}-element shard gradient");
             } else {
                 assert_eq!((full, shard), (5, None), "stage 1: full gradients accumulate until the last micro-batch");
+            }
+        }
+    }
+}
+
+/// `FlatLayout::buckets_reading` (the buckets that wait for a parameter's
+/// gradient under `overlap_comm`) against a brute force over every element
+/// on random layouts: element at flat position x lies in shard x / s at
+/// in-shard offset x % s, so in bucket (x % s) / chunk. Its last entry is
+/// `last_bucket`'s (the bucket after which stage 2 frees the gradient).
+#[test]
+fn buckets_reading_matches_every_element_of_random_layouts() {
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let mut rng = Rng::new(seed);
+    let mut draw = |n: usize| (rng.normal(1)[0].abs() * n as f64) as usize;
+    for case in 0..200 {
+        let count = 1 + draw(4);
+        let sizes: Vec<(String, usize)> = (0..count).map(|i| (format!("p{i}"), if draw(3) == 0 { 0 } else { 1 + draw(20) })).collect();
+        let world = 1 + draw(3);
+        let chunk = 1 + draw(6);
+        let layout = FlatLayout::new(&sizes, world).unwrap();
+        let s = layout.shard_len;
+        let got = layout.buckets_reading(chunk);
+        let last = layout.last_bucket(chunk);
+        for (i, e) in layout.entries.iter().enumerate() {
+            let mut want: Vec<usize> = (e.offset..e.offset + e.numel).map(|x| (x % s) / chunk).collect();
+            want.sort_unstable();
+            want.dedup();
+            assert_eq!(got[i], want, "case {case} (seed {seed}): sizes {sizes:?} world {world} chunk {chunk}, parameter {i}");
+            if let Some(&m) = want.last() {
+                assert_eq!(last[i], m, "case {case} (seed {seed}): last bucket of parameter {i}");
             }
         }
     }

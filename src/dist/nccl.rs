@@ -61,7 +61,7 @@ impl NcclComm {
         } else {
             store.get_timeout(&key, timeout).map_err(|e| Error::dist(OP, rank, format!("rank 0 did not publish NCCL's unique id under '{key}': {e}")))?
         };
-        let handle = NcclHandle::init(&dev, &id, world, rank, true).map_err(|e| Error::dist(OP, rank, format!("{e}")))?;
+        let handle = NcclHandle::init(&dev, &id, world, rank, true, timeout).map_err(|e| Error::dist(OP, rank, format!("{e}")))?;
         Ok(NcclComm { rank, world, timeout, device: *device, handle: Some(handle), broken: None })
     }
 

@@ -142,6 +142,32 @@ impl FlatLayout {
         Ok(())
     }
 
+    /// For each parameter, the buckets (chunks of `chunk` elements of every
+    /// shard, bucket k being in-shard elements `[k·chunk, (k+1)·chunk)` of
+    /// all shards) that read any of its elements, ascending: the buckets
+    /// that must wait for its gradient.
+    pub fn buckets_reading(&self, chunk: usize) -> Vec<Vec<usize>> {
+        let s = self.shard_len;
+        self.entries
+            .iter()
+            .map(|e| {
+                let mut ks = Vec::new();
+                let end = e.offset + e.numel;
+                let mut pos = e.offset;
+                // One shard's part of the parameter at a time.
+                while pos < end {
+                    let r = pos / s;
+                    let hi = end.min((r + 1) * s);
+                    ks.extend((pos - r * s) / chunk..=(hi - 1 - r * s) / chunk);
+                    pos = hi;
+                }
+                ks.sort_unstable();
+                ks.dedup();
+                ks
+            })
+            .collect()
+    }
+
     /// For each parameter, the index of the last bucket (chunks of `chunk`
     /// elements of every shard) that reads any of its elements: after that
     /// bucket's reduce-scatter its full gradient is no longer needed.

@@ -21,9 +21,36 @@
 //! micro-batch. Stage 2 reduce-scatters after every micro-batch's backward,
 //! adds the result into this rank's shard gradient and frees each
 //! parameter's full gradient as soon as the last bucket that reads it is
-//! done, so between micro-batches only the shard gradient is held. The
-//! buckets are reduced after backward returns (there is no backward hook to
-//! reduce them while it runs); `overlap_comm` is accepted and has no effect.
+//! done, so between micro-batches only the shard gradient is held.
+//!
+//! Without `overlap_comm` the buckets are reduced after backward returns,
+//! in ascending order, on the training thread. With it (DeepSpeed's
+//! `zero_optimization.overlap_comm`, which the JSON parser turns on by
+//! default for stage 2; `ZeroOptions::default` leaves it off) the
+//! communicator lives on a communication thread (`comm_thread.rs`, as
+//! DDP's) and every reducing backward runs with autograd's gradient-ready
+//! hook: a bucket is read (its slice of every shard) and handed to the
+//! thread as soon as every parameter it reads has its final gradient,
+//! while backward goes on. Buckets are launched strictly in descending
+//! order (backward finishes the last parameters first, and the last bucket
+//! holds the end of every shard), so every rank
+//! issues the same collectives in the same order whatever order its
+//! gradients arrive in; a bucket whose parameters got no gradient waits
+//! for the end of backward, when every remaining bucket is launched, even
+//! after an error (a bucket that cannot be read then travels as zeros and
+//! the error is returned), so a failing rank never leaves the others
+//! waiting. Stage 2 frees a parameter's full gradient once its last bucket
+//! has been read. The results are added into the shard gradient after
+//! backward: each bucket owns disjoint shard elements and gets the same one
+//! addition per reduction as without overlap, so both are bitwise equal.
+//! Since bucket k is the k-th slice of every shard, it also waits for a
+//! slice of shard 0 (the first layers): at N ranks no bucket is ready
+//! before backward reaches the first 1/N of the parameters, so only that
+//! last part of backward can hide communication (DeepSpeed instead fills
+//! its buckets in the order gradients arrive).
+//! With the parameters on a GPU each bucket comes to the host in one copy
+//! when it is launched (one host synchronisation per bucket instead of one
+//! per reduction).
 //!
 //! With the parameters on a GPU the master shard, both moments and the
 //! shard gradient live on that GPU, and the update is the device's Adam
@@ -38,6 +65,7 @@
 //! parameter's) while it reduces: every parameter's full gradient is freed
 //! as soon as the flat copy exists.
 
+use super::comm_thread::{CommThread, Pending};
 use super::flat::FlatLayout;
 use super::{Engine, OptimizerState, StepOutcome};
 use crate::backend::cpu::optim::{adam as adam_kernel, AdamStep};
@@ -45,8 +73,10 @@ use crate::backend::cpu::CpuStorage;
 use crate::dist::{Communicator, ReduceOp};
 use crate::error::{Error, Result};
 use crate::optim::{AdamConfig, GradScaler};
+use crate::tensor::TensorId;
 use crate::tensor::{DType, Device, Tensor};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 /// What the ZeRO engine communicated, for tests and diagnostics.
@@ -71,7 +101,8 @@ pub struct ZeroOptions {
     pub reduce_bucket_size: usize,
     /// Elements per all-gather call.
     pub allgather_bucket_size: usize,
-    /// DeepSpeed's overlap of reduction with backward (no effect here: buckets are reduced after backward).
+    /// DeepSpeed's overlap of the gradient reduce-scatter with backward: each
+    /// bucket is launched from the gradient-ready hook on a communication thread.
     pub overlap_comm: bool,
 }
 
@@ -85,7 +116,8 @@ impl Default for ZeroOptions {
 /// DeepSpeed-style ZeRO stage 1/2 over this rank's shard.
 pub struct ZeroEngine {
     params: Vec<(String, Tensor)>,
-    comm: Box<dyn Communicator>,
+    comm: Comm,
+    rank: usize,
     opts: ZeroOptions,
     adam: AdamConfig,
     /// Adam's step count (steps taken, not skipped ones).
@@ -106,6 +138,34 @@ pub struct ZeroEngine {
 
 /// Copies flat gradient elements `range` into the slice it is given.
 type FlatReader<'a> = &'a dyn Fn(std::ops::Range<usize>, &mut [f32]) -> Result<()>;
+
+/// The engine's communicator: used on the training thread, or (`overlap_comm`)
+/// owned by a communication thread that runs the collectives in submission order.
+enum Comm {
+    Here(Box<dyn Communicator>),
+    Thread(CommThread),
+}
+
+impl Comm {
+    /// Runs one collective and waits for it (behind any bucket still queued on the thread).
+    fn run<T: Send + 'static>(&mut self, op: &'static str, f: impl FnOnce(&mut dyn Communicator) -> Result<T> + Send + 'static) -> Result<T> {
+        match self {
+            Comm::Here(c) => f(c.as_mut()),
+            Comm::Thread(t) => t.submit(op, f)?.wait(),
+        }
+    }
+}
+
+/// A gradient bucket handed to the communication thread during backward.
+struct Launched {
+    /// Its first in-shard element and its length per shard.
+    lo: usize,
+    n: usize,
+    /// The bytes this rank handed to its reduce-scatter.
+    bytes: u64,
+    /// The reduce-scatter's output (this rank's slice, f32 or the half type).
+    output: Pending<Tensor>,
+}
 
 /// The ZeRO shard state of a rank whose parameters live on a GPU.
 struct DeviceShard {
@@ -138,6 +198,37 @@ fn flat_on_device(params: &[(String, Tensor)], layout: &FlatLayout, grads: bool,
         }
         let refs: Vec<&Tensor> = parts.iter().collect();
         crate::ops::cat(&refs, 0)
+    })
+}
+
+/// Flat gradient elements `ranges`, one after the other, of parameters on
+/// `dev` (zeros where a parameter has no gradient and in the padding),
+/// brought to the host in one copy.
+fn device_grad_slices(params: &[(String, Tensor)], layout: &FlatLayout, ranges: &[Range<usize>], dev: &Device) -> Result<Vec<f32>> {
+    crate::autograd::no_grad(|| {
+        let mut parts = Vec::new();
+        for range in ranges {
+            for (e, (name, p)) in layout.entries.iter().zip(params) {
+                let (lo, hi) = (range.start.max(e.offset), range.end.min(e.offset + e.numel));
+                if lo >= hi {
+                    continue;
+                }
+                parts.push(match p.grad() {
+                    Some(g) if g.device() != *dev || g.dtype() != DType::F32 => {
+                        return Err(Error::invalid("zero", format!("{name}: expected an f32 gradient on {dev:?}, found {:?} on {:?}", g.dtype(), g.device())))
+                    }
+                    Some(g) => crate::ops::narrow(&crate::ops::reshape(&g, [e.numel])?, 0, lo - e.offset, hi - lo)?,
+                    None => Tensor::zeros([hi - lo], DType::F32, dev)?,
+                });
+            }
+            // The entries are contiguous from 0: only the padding follows the last one.
+            let pad_from = range.start.max(layout.numel);
+            if range.end > pad_from {
+                parts.push(Tensor::zeros([range.end - pad_from], DType::F32, dev)?);
+            }
+        }
+        let refs: Vec<&Tensor> = parts.iter().collect();
+        crate::ops::cat(&refs, 0)?.to_vec::<f32>()
     })
 }
 
@@ -209,9 +300,15 @@ impl ZeroEngine {
             }
         }
         let layout = FlatLayout::of_params(&params, comm.world_size())?;
+        let mut comm = comm;
+        for (name, p) in &params {
+            comm.broadcast(p, 0).map_err(|e| Error::dist("broadcast", rank, format!("initial parameter {name}: {e}")))?;
+        }
+        let comm = if opts.overlap_comm { Comm::Thread(CommThread::start(comm)?) } else { Comm::Here(comm) };
         let mut engine = ZeroEngine {
             params,
             comm,
+            rank,
             opts,
             adam,
             step: 0,
@@ -224,9 +321,6 @@ impl ZeroEngine {
             grad_sync: None,
             stats: Arc::new(Mutex::new(ZeroStats::default())),
         };
-        for (name, p) in &engine.params {
-            engine.comm.broadcast(p, 0).map_err(|e| Error::dist("broadcast", rank, format!("initial parameter {name}: {e}")))?;
-        }
         let s = engine.layout.shard_len;
         if dev != Device::Cpu {
             let flat = flat_on_device(&engine.params, &engine.layout, false, &dev)?;
@@ -363,7 +457,7 @@ impl ZeroEngine {
     /// (stage 2 on the CPU) each parameter's full gradient is freed after the
     /// last bucket that reads it.
     fn reduce_scatter_buckets(&mut self, acc: &mut [f32], read: FlatReader, free_early: bool) -> Result<()> {
-        let (rank, world, s) = (self.comm.rank(), self.layout.world_size, self.layout.shard_len);
+        let (rank, world, s) = (self.rank, self.layout.world_size, self.layout.shard_len);
         let chunk = (self.opts.reduce_bucket_size / world).max(1);
         let last = self.layout.last_bucket(chunk);
         let mut k = 0usize;
@@ -377,10 +471,10 @@ impl ZeroEngine {
             }
             let (input, output, op) = scatter_buffers(input, n, world, self.grad_sync)?;
             let bytes = (input.elem_count() * input.dtype().size_in_bytes()) as u64;
-            self.comm
-                .reduce_scatter(&input, &output, op)
+            let output = self
+                .comm
+                .run("reduce_scatter", move |c| c.reduce_scatter(&input, &output, op).map(|()| output))
                 .map_err(|e| Error::dist("reduce_scatter", rank, format!("gradient bucket {k} ({} elements): {e}", world * n)))?;
-            drop(input);
             self.update_stats(|st| {
                 st.reduce_scatters += 1;
                 st.reduce_scatter_bytes += bytes;
@@ -402,9 +496,149 @@ impl ZeroEngine {
         Ok(())
     }
 
+    /// Backward with the gradient-ready hook (`overlap_comm`): each bucket
+    /// is read and handed to the communication thread as soon as every
+    /// parameter it reads is final, in descending bucket order; the rest are
+    /// launched after backward whatever happened, then every result is
+    /// added into the shard gradient (see the module docs).
+    fn overlapped_backward(&mut self, loss: &Tensor) -> Result<()> {
+        let (world, s) = (self.layout.world_size, self.layout.shard_len);
+        let chunk = (self.opts.reduce_bucket_size / world).max(1);
+        let nb = s.div_ceil(chunk);
+        let reads = self.layout.buckets_reading(chunk);
+        // Per bucket: how many of its parameters are not final yet, and which they are.
+        let mut missing = vec![0usize; nb];
+        let mut readers: Vec<Vec<usize>> = vec![Vec::new(); nb];
+        for (i, ks) in reads.iter().enumerate() {
+            for &k in ks {
+                missing[k] += 1;
+                readers[k].push(i);
+            }
+        }
+        // Per parameter: how many of its buckets are not launched yet (stage 2 frees its gradient at 0).
+        let mut unlaunched: Vec<usize> = reads.iter().map(Vec::len).collect();
+        let index: HashMap<TensorId, usize> = self.params.iter().enumerate().map(|(i, (_, p))| (p.id(), i)).collect();
+        let mut marked = vec![false; self.params.len()];
+        let (mut next, mut launched, mut read_err) = (nb, Vec::with_capacity(nb), None);
+        let r = {
+            let this = &*self;
+            crate::autograd::backward_with_hooks(loss, &mut |leaf: &Tensor| {
+                let Some(&i) = index.get(&leaf.id()) else { return Ok(()) };
+                if std::mem::replace(&mut marked[i], true) {
+                    return Ok(());
+                }
+                for &k in &reads[i] {
+                    missing[k] -= 1;
+                }
+                while next > 0 && missing[next - 1] == 0 {
+                    launched.push(this.launch_bucket(next - 1, chunk, &mut read_err)?);
+                    next -= 1;
+                    this.release(&readers[next], &mut unlaunched);
+                }
+                Ok(())
+            })
+        };
+        let in_hook = launched.len() as u64;
+        // Whatever happened, every remaining bucket is launched so that this rank issues the same collectives as the others.
+        let mut rest = Ok(());
+        while next > 0 {
+            match self.launch_bucket(next - 1, chunk, &mut read_err) {
+                Ok(l) => launched.push(l),
+                Err(e) => {
+                    rest = Err(e);
+                    break;
+                }
+            }
+            next -= 1;
+            self.release(&readers[next], &mut unlaunched);
+        }
+        self.params.iter().for_each(|(_, p)| p.zero_grad());
+        let mut acc = match self.gpu {
+            Some(_) => vec![0.0f32; s],
+            None => self.shard_grad.take().unwrap_or_else(|| vec![0.0; s]),
+        };
+        let mut failed = None;
+        for l in launched {
+            match l.output.wait().and_then(|out| scattered_part(&out)) {
+                Ok(part) => {
+                    for (a, g) in acc[l.lo..l.lo + l.n].iter_mut().zip(&part) {
+                        *a += *g;
+                    }
+                    self.update_stats(|st| {
+                        st.reduce_scatters += 1;
+                        st.reduce_scatter_bytes += l.bytes;
+                    });
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        self.update_stats(|st| st.launched_during_backward += in_hook);
+        let stored = match self.gpu.as_mut() {
+            None => {
+                self.shard_grad = Some(acc);
+                Ok(())
+            }
+            // As `reduce_gradients_device`: the reduced shard goes to the device in one copy.
+            Some(gpu) => Tensor::from_vec(acc, vec![s], &Device::Cpu).and_then(|t| t.to_device(&gpu.dev)).and_then(|part| {
+                gpu.grad = Some(match gpu.grad.take() {
+                    Some(prev) => crate::autograd::no_grad(|| crate::ops::add(&prev, &part))?,
+                    None => part,
+                });
+                Ok(())
+            }),
+        };
+        r.and(rest).and(read_err.map_or(Ok(()), Err)).and(failed.map_or(Ok(()), Err)).and(stored)
+    }
+
+    /// Reads bucket `k` (in-shard elements `[k·chunk, k·chunk + n)` of every
+    /// shard) and hands its reduce-scatter to the communication thread. A
+    /// bucket that cannot be read travels as zeros (so the collectives stay
+    /// matched across ranks) and the first such error lands in `read_err`.
+    fn launch_bucket(&self, k: usize, chunk: usize, read_err: &mut Option<Error>) -> Result<Launched> {
+        let (rank, world, s) = (self.rank, self.layout.world_size, self.layout.shard_len);
+        let lo = k * chunk;
+        let n = chunk.min(s - lo);
+        let ranges: Vec<Range<usize>> = (0..world).map(|r| r * s + lo..r * s + lo + n).collect();
+        let input = match &self.gpu {
+            Some(g) => device_grad_slices(&self.params, &self.layout, &ranges, &g.dev),
+            None => {
+                let mut input = vec![0.0f32; world * n];
+                ranges.iter().zip(input.chunks_mut(n)).try_for_each(|(range, out)| self.layout.read_grads(&self.params, range.clone(), out)).map(|()| input)
+            }
+        };
+        let input = input.unwrap_or_else(|e| {
+            read_err.get_or_insert(Error::dist("reduce_scatter", rank, format!("gradient bucket {k}: cannot read the gradients ({e}); it was sent as zeros")));
+            vec![0.0; world * n]
+        });
+        let (input, output, op) = scatter_buffers(input, n, world, self.grad_sync)?;
+        let bytes = (input.elem_count() * input.dtype().size_in_bytes()) as u64;
+        let Comm::Thread(t) = &self.comm else {
+            return Err(Error::invalid("zero", "overlap_comm expected the communicator on its communication thread"));
+        };
+        let output = t.submit("reduce_scatter", move |c| {
+            c.reduce_scatter(&input, &output, op)
+                .map(|()| output)
+                .map_err(|e| Error::dist("reduce_scatter", rank, format!("gradient bucket {k} ({} elements): {e}", world * n)))
+        })?;
+        Ok(Launched { lo, n, bytes, output })
+    }
+
+    /// Counts one more launched bucket for each of `readers`; stage 2 frees
+    /// a parameter's full gradient once its last bucket has been read.
+    fn release(&self, readers: &[usize], unlaunched: &mut [usize]) {
+        for &i in readers {
+            unlaunched[i] -= 1;
+            if unlaunched[i] == 0 && self.opts.stage == 2 {
+                self.params[i].1.zero_grad();
+            }
+        }
+    }
+
     /// All-gathers every rank's master shard into the parameters, bucket by bucket.
     fn gather_parameters(&mut self) -> Result<()> {
-        let (rank, world, s) = (self.comm.rank(), self.layout.world_size, self.layout.shard_len);
+        let (rank, world, s) = (self.rank, self.layout.world_size, self.layout.shard_len);
         let chunk = (self.opts.allgather_bucket_size / world).max(1);
         let mut flat = vec![0.0f32; self.layout.padded()];
         // On a GPU the updated master shard comes to the host in one copy.
@@ -418,8 +652,9 @@ impl ZeroEngine {
             let n = chunk.min(s - lo);
             let input = f32_tensor(master[lo..lo + n].to_vec())?;
             let output = f32_tensor(vec![0.0; world * n])?;
-            self.comm
-                .all_gather(&input, &output)
+            let output = self
+                .comm
+                .run("all_gather", move |c| c.all_gather(&input, &output).map(|()| output))
                 .map_err(|e| Error::dist("all_gather", rank, format!("parameter bucket at shard offset {lo} ({} elements): {e}", world * n)))?;
             let got = output.to_vec::<f32>()?;
             for r in 0..world {
@@ -448,7 +683,7 @@ impl ZeroEngine {
     /// squared norm, which is also its inf/NaN check: a square sum in f64 of
     /// f32 values is finite exactly when every value is).
     fn step_device(&mut self, lr: f64, grad_clip: f64, scaler: Option<&mut GradScaler>) -> Result<StepOutcome> {
-        let rank = self.comm.rank();
+        let rank = self.rank;
         let s = self.layout.shard_len;
         let valid = self.layout.valid_in_shard(rank);
         let gpu = self.gpu.as_mut().ok_or_else(|| Error::invalid("zero", "the device shard is missing"))?;
@@ -498,9 +733,9 @@ impl ZeroEngine {
     }
 
     fn all_reduce_scalar(&mut self, v: f64, op: ReduceOp, what: &str) -> Result<f64> {
-        let rank = self.comm.rank();
+        let rank = self.rank;
         let t = Tensor::from_vec(vec![v], vec![1], &Device::Cpu)?;
-        self.comm.all_reduce(&t, op).map_err(|e| Error::dist("all_reduce", rank, format!("{what}: {e}")))?;
+        let t = self.comm.run("all_reduce", move |c| c.all_reduce(&t, op).map(|()| t)).map_err(|e| Error::dist("all_reduce", rank, format!("{what}: {e}")))?;
         t.to_vec::<f64>()?.first().copied().ok_or_else(|| Error::dist("all_reduce", rank, format!("{what}: empty result")))
     }
 
@@ -511,7 +746,7 @@ impl ZeroEngine {
             ("engine", "zero".to_string()),
             ("zero_stage", self.opts.stage.to_string()),
             ("world_size", l.world_size.to_string()),
-            ("rank", self.comm.rank().to_string()),
+            ("rank", self.rank.to_string()),
             ("numel", l.numel.to_string()),
             ("padded_numel", l.padded().to_string()),
             ("layout", l.describe()),
@@ -528,7 +763,7 @@ impl Engine for ZeroEngine {
     }
 
     fn rank(&self) -> usize {
-        self.comm.rank()
+        self.rank
     }
 
     fn world_size(&self) -> usize {
@@ -536,8 +771,12 @@ impl Engine for ZeroEngine {
     }
 
     fn backward(&mut self, loss: &Tensor, sync: bool) -> Result<()> {
+        let reduce = sync || self.opts.stage == 2;
+        if reduce && self.opts.overlap_comm {
+            return self.overlapped_backward(loss);
+        }
         crate::autograd::backward(loss)?;
-        if sync || self.opts.stage == 2 {
+        if reduce {
             self.reduce_gradients()?;
         }
         Ok(())
@@ -547,7 +786,7 @@ impl Engine for ZeroEngine {
         if self.gpu.is_some() {
             return self.step_device(lr, grad_clip, scaler);
         }
-        let rank = self.comm.rank();
+        let rank = self.rank;
         let s = self.layout.shard_len;
         let mut g = self.shard_grad.take().unwrap_or_else(|| vec![0.0; s]);
         if let Some(sc) = &scaler {
@@ -601,9 +840,12 @@ impl Engine for ZeroEngine {
     }
 
     fn all_reduce_sum(&mut self, values: &mut [f64]) -> Result<()> {
-        let rank = self.comm.rank();
+        let rank = self.rank;
         let t = Tensor::from_vec(values.to_vec(), vec![values.len()], &Device::Cpu)?;
-        self.comm.all_reduce(&t, ReduceOp::Sum).map_err(|e| Error::dist("all_reduce", rank, format!("values: {e}")))?;
+        let t = self
+            .comm
+            .run("all_reduce", move |c| c.all_reduce(&t, ReduceOp::Sum).map(|()| t))
+            .map_err(|e| Error::dist("all_reduce", rank, format!("values: {e}")))?;
         values.copy_from_slice(&t.to_vec::<f64>()?);
         Ok(())
     }
@@ -628,7 +870,7 @@ impl Engine for ZeroEngine {
     }
 
     fn load_optimizer_state(&mut self, saved: &[OptimizerState]) -> Result<()> {
-        let (rank, step) = (self.comm.rank(), super::zero_state::check_step(saved)?);
+        let (rank, step) = (self.rank, super::zero_state::check_step(saved)?);
         let [m, v, p] = super::zero_state::reshard(saved, &self.layout, rank)?;
         if let Some(g) = &mut self.gpu {
             let up = |x: Vec<f32>| f32_tensor(x)?.to_device(&g.dev);
@@ -639,7 +881,17 @@ impl Engine for ZeroEngine {
         Ok(())
     }
     fn abort(&mut self, reason: &str) {
-        self.comm.abort(reason);
+        match &mut self.comm {
+            Comm::Here(c) => c.abort(reason),
+            Comm::Thread(t) => {
+                // Queued behind any bucket still in flight; the thread runs it before it ends (dropping the engine joins it).
+                let reason = reason.to_string();
+                let _ = t.submit("abort", move |c| {
+                    c.abort(&reason);
+                    Ok(())
+                });
+            }
+        }
     }
 }
 

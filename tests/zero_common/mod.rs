@@ -285,3 +285,37 @@ pub fn check_half_norms(label: &str, half: DType, world: usize, got: &[StepOutco
     assert_eq!(got.len(), want.len());
     assert!(worst <= bound, "{label} in {}: gradient norm off one process's by {worst:e} relative, more than {bound:e}", half.as_str());
 }
+
+/// Trains `steps` steps of one micro-batch each; on rank `bad_rank`, before
+/// the backward of step `bad_step`, parameter 0 gets the gradient
+/// `bad_grad(param)` (one the engine cannot reduce), and that backward must
+/// fail. Every rank still steps after it, so the collectives of every rank
+/// stay matched only if the failing backward issued all of its own.
+/// Returns that backward's error (on `bad_rank`).
+pub fn train_with_failing_backward(
+    engine: &mut dyn Engine,
+    steps: u64,
+    bad_step: u64,
+    bad_rank: usize,
+    clip: f64,
+    bad_grad: &dyn Fn(&Tensor) -> Tensor,
+) -> Result<Option<String>> {
+    let (rank, world) = (engine.rank(), engine.world_size());
+    let mut failure = None;
+    for step in 0..steps {
+        let params = engine.parameters().to_vec();
+        let loss = local_loss(&params, step, 0, rank, world)?;
+        let bad = step == bad_step && rank == bad_rank;
+        if bad {
+            params[0].1.set_grad(Some(bad_grad(&params[0].1)))?;
+        }
+        match (engine.backward(&loss, true), bad) {
+            (Ok(()), false) => {}
+            (Err(e), true) => failure = Some(e.to_string()),
+            (Ok(()), true) => return Err(asrforge::Error::Msg(format!("rank {rank} step {step}: the poisoned backward succeeded"))),
+            (Err(e), false) => return Err(e),
+        }
+        engine.step(0.01, clip, None)?;
+    }
+    Ok(failure)
+}

@@ -17,6 +17,18 @@
 //! dead or stuck peer is an error naming the collective, not a hang. After
 //! an error the communicator must be aborted (`abort`); a clean one is
 //! destroyed (`destroy`, or on drop).
+//!
+//! The communicator is created non-blocking (`ncclCommInitRankConfig` with
+//! `blocking = 0`, NCCL >= 2.14) so that its initialisation is bounded too:
+//! NCCL returns at once and the bootstrap is polled with
+//! `ncclCommGetAsyncError` until it is done or the timeout passes (then
+//! `ncclCommAbort`), instead of `ncclCommInitRank` waiting forever for a
+//! peer that never comes. On such a communicator `ncclGroupEnd` may return
+//! `ncclInProgress` before the collectives are enqueued, so `run` polls it
+//! to completion before recording the completion event, and teardown is
+//! `ncclCommFinalize`, polled, then `ncclCommDestroy`. An NCCL without
+//! `ncclCommInitRankConfig` gets the blocking `ncclCommInitRank` (a note on
+//! stderr says its initialisation is unbounded).
 
 use super::CudaDevice;
 use super::CudaStorage;
@@ -34,6 +46,37 @@ type Res = c_int;
 const SUCCESS: Res = 0;
 const IN_PROGRESS: Res = 7;
 
+/// nccl.h's `NCCL_CONFIG_UNDEF_INT`: "let NCCL choose".
+const CONFIG_UNDEF_INT: c_int = c_int::MIN;
+
+/// nccl.h's `ncclConfig_t` as NCCL 2.14 introduced it (`ncclConfig_v21400`):
+/// `size_t size; unsigned magic; unsigned version; int blocking;`, 24 bytes
+/// with the tail padding. NCCL copies `min(size, its own sizeof)` bytes over
+/// its defaults and, by `version`, resets every field newer than that
+/// version to its default, so this prefix is valid for every NCCL >= 2.14.
+/// The padding is written explicitly (it overlaps `cgaClusterSize` in later
+/// layouts, which the 2.14 version resets anyway).
+#[repr(C)]
+struct Config {
+    size: usize,
+    /// nccl.h's `NCCL_API_MAGIC` (0xcafebeef).
+    magic: u32,
+    /// `NCCL_VERSION(2, 14, 0)` = 2·10000 + 14·100 + 0.
+    version: u32,
+    /// 0: every call returns at once, `ncclInProgress` while work goes on.
+    blocking: c_int,
+    tail: c_int,
+}
+
+impl Config {
+    fn non_blocking() -> Config {
+        Config { size: std::mem::size_of::<Config>(), magic: 0xcafe_beef, version: 21400, blocking: 0, tail: CONFIG_UNDEF_INT }
+    }
+}
+
+/// `ncclCommInitRankConfig(comm, nranks, id, rank, config)`.
+type InitRankConfig = unsafe extern "C" fn(*mut ncclComm_t, c_int, ncclUniqueId, c_int, *mut Config) -> Res;
+
 /// The NCCL entry points, resolved once.
 struct Api {
     _lib: libloading::Library,
@@ -41,6 +84,10 @@ struct Api {
     get_version: unsafe extern "C" fn(*mut c_int) -> Res,
     get_unique_id: unsafe extern "C" fn(*mut ncclUniqueId) -> Res,
     comm_init_rank: unsafe extern "C" fn(*mut ncclComm_t, c_int, ncclUniqueId, c_int) -> Res,
+    /// NCCL >= 2.14 (the non-blocking initialisation).
+    comm_init_rank_config: Option<InitRankConfig>,
+    /// NCCL >= 2.14 (the non-blocking teardown).
+    comm_finalize: Option<unsafe extern "C" fn(ncclComm_t) -> Res>,
     all_reduce: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, ncclComm_t, *mut c_void) -> Res,
     reduce_scatter: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, ncclComm_t, *mut c_void) -> Res,
     all_gather: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, ncclComm_t, *mut c_void) -> Res,
@@ -77,6 +124,10 @@ fn open() -> std::result::Result<Api, String> {
         let get_version = sym!("ncclGetVersion");
         let get_unique_id = sym!("ncclGetUniqueId");
         let comm_init_rank = sym!("ncclCommInitRank");
+        // SAFETY: as `sym!`: NCCL's functions of those names and signatures (nccl.h >= 2.14), absent from older NCCLs.
+        let comm_init_rank_config: Option<InitRankConfig> = unsafe { lib.get(b"ncclCommInitRankConfig\0") }.ok().map(|f| *f);
+        // SAFETY: as above.
+        let comm_finalize: Option<unsafe extern "C" fn(ncclComm_t) -> Res> = unsafe { lib.get(b"ncclCommFinalize\0") }.ok().map(|f| *f);
         let all_reduce = sym!("ncclAllReduce");
         let reduce_scatter = sym!("ncclReduceScatter");
         let all_gather = sym!("ncclAllGather");
@@ -92,6 +143,8 @@ fn open() -> std::result::Result<Api, String> {
             get_version,
             get_unique_id,
             comm_init_rank,
+            comm_init_rank_config,
+            comm_finalize,
             all_reduce,
             reduce_scatter,
             all_gather,
@@ -193,6 +246,8 @@ pub struct NcclHandle {
     stream: usize,
     /// Whether the communicator was aborted (it is then never destroyed).
     aborted: bool,
+    /// Created with `blocking = 0`: calls may return `ncclInProgress`.
+    non_blocking: bool,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread as long as calls
@@ -200,11 +255,12 @@ pub struct NcclHandle {
 unsafe impl Send for NcclHandle {}
 
 impl NcclHandle {
-    /// `ncclCommInitRank` of rank `rank` of `nranks` on `dev` (blocks until
-    /// every rank has called it, bounded by NCCL's own bootstrap timeout),
-    /// running collectives on a communication stream of its own when
-    /// `own_stream`, else on the compute stream.
-    pub fn init(dev: &Arc<CudaDevice>, id: &[u8], nranks: usize, rank: usize, own_stream: bool) -> Result<NcclHandle> {
+    /// The communicator of rank `rank` of `nranks` on `dev`, running
+    /// collectives on a communication stream of its own when `own_stream`,
+    /// else on the compute stream. Non-blocking where NCCL has
+    /// `ncclCommInitRankConfig`: an error naming the rank and `timeout` (the
+    /// communicator aborted) when every rank has not arrived by then.
+    pub fn init(dev: &Arc<CudaDevice>, id: &[u8], nranks: usize, rank: usize, own_stream: bool, timeout: Duration) -> Result<NcclHandle> {
         let a = api()?;
         if id.len() != 128 {
             return Err(Error::invalid("nccl init", format!("expected a unique id of 128 bytes, found {}", id.len())));
@@ -217,10 +273,58 @@ impl NcclHandle {
             *d = *s as c_char;
         }
         let mut comm: ncclComm_t = std::ptr::null_mut();
-        // SAFETY: `comm` receives the new communicator; the id is the 128
-        // bytes rank 0 got from ncclGetUniqueId; the device is current.
-        check(a, "ncclCommInitRank", unsafe { (a.comm_init_rank)(&mut comm, nranks as c_int, uid, rank as c_int) })?;
-        Ok(NcclHandle { api: a, comm, dev: dev.clone(), stream, aborted: false })
+        let Some(init_config) = a.comm_init_rank_config else {
+            eprintln!("note: {} lacks ncclCommInitRankConfig (NCCL < 2.14): rank {rank} initialises NCCL blocking, not bounded by --timeout", a.name);
+            // SAFETY: `comm` receives the new communicator; the id is the 128
+            // bytes rank 0 got from ncclGetUniqueId; the device is current.
+            check(a, "ncclCommInitRank", unsafe { (a.comm_init_rank)(&mut comm, nranks as c_int, uid, rank as c_int) })?;
+            return Ok(NcclHandle { api: a, comm, dev: dev.clone(), stream, aborted: false, non_blocking: false });
+        };
+        let mut config = Config::non_blocking();
+        // SAFETY: as ncclCommInitRank, plus `config`, a valid ncclConfig_t
+        // prefix (see `Config`) that NCCL copies before returning.
+        let r = unsafe { init_config(&mut comm, nranks as c_int, uid, rank as c_int, &mut config) };
+        // The handle aborts the communicator on every error path below (drop after `abort`).
+        let mut h = NcclHandle { api: a, comm, dev: dev.clone(), stream, aborted: comm.is_null(), non_blocking: true };
+        if r != SUCCESS && r != IN_PROGRESS {
+            h.abort();
+            return Err(Error::Msg(format!("ncclCommInitRankConfig (rank {rank} of {nranks}): {}", message(a, r))));
+        }
+        let deadline = Instant::now() + timeout;
+        let state = h.poll_until_ready(deadline);
+        match state {
+            Ok(SUCCESS) => Ok(h),
+            Ok(_) => {
+                h.abort();
+                Err(Error::Msg(format!(
+                    "rank {rank} of {nranks}: NCCL's initialisation did not complete within {:.0} s (--timeout; a peer never joined); the communicator was aborted",
+                    timeout.as_secs_f64()
+                )))
+            }
+            Err(e) => {
+                h.abort();
+                Err(Error::Msg(format!("rank {rank} of {nranks}: NCCL's initialisation failed: {e}")))
+            }
+        }
+    }
+
+    /// Polls `ncclCommGetAsyncError` every millisecond while it says
+    /// `ncclInProgress` and `deadline` has not passed: `Ok(SUCCESS)` when
+    /// the pending work is done, `Ok(IN_PROGRESS)` at the deadline, the
+    /// error NCCL reported otherwise.
+    fn poll_until_ready(&self, deadline: Instant) -> Result<Res> {
+        let a = self.api;
+        loop {
+            let mut e: Res = SUCCESS;
+            // SAFETY: writes one result code; the communicator is live.
+            check(a, "ncclCommGetAsyncError", unsafe { (a.get_async_error)(self.comm, &mut e) })?;
+            match e {
+                SUCCESS => return Ok(SUCCESS),
+                IN_PROGRESS if Instant::now() >= deadline => return Ok(IN_PROGRESS),
+                IN_PROGRESS => std::thread::sleep(Duration::from_millis(1)),
+                _ => return Err(Error::Msg(message(a, e))),
+            }
+        }
     }
 
     fn ptr(s: &CudaStorage) -> *mut c_void {
@@ -238,21 +342,31 @@ impl NcclHandle {
         if self.stream != 0 {
             self.dev.record_event(0)?.wait_on(self.stream)?;
         }
+        let deadline = Instant::now() + timeout;
         // SAFETY: group calls take no arguments.
         check(a, "ncclGroupStart", unsafe { (a.group_start)() })?;
         let r = enqueue(a, self.comm, raw);
         // SAFETY: closes the group opened above (also after a failed enqueue, as NCCL requires).
         let end = unsafe { (a.group_end)() };
-        check(a, what, r)?;
+        if r != IN_PROGRESS {
+            check(a, what, r)?;
+        }
         if end != IN_PROGRESS {
             check(a, "ncclGroupEnd", end)?;
+        } else if self.non_blocking {
+            // A non-blocking communicator may still be enqueueing the
+            // group: the completion event must come after its kernels.
+            match self.poll_until_ready(deadline) {
+                Ok(SUCCESS) => {}
+                Ok(_) => return Err(Error::Msg(format!("{what}: not even enqueued within {:.0} s (a rank stopped answering)", timeout.as_secs_f64()))),
+                Err(e) => return Err(Error::Msg(format!("{what}: a peer or the network failed: {e}"))),
+            }
         }
         // No compute-stream wait on `done`: this call returns only once the
         // collective has finished (polled below), so every later use of its
         // buffers is enqueued after it, and backward kernels the training
         // thread queues meanwhile keep running beside it.
         let done = self.dev.record_event(self.stream)?;
-        let deadline = Instant::now() + timeout;
         loop {
             if done.query()? {
                 return Ok(());
@@ -329,9 +443,38 @@ impl NcclHandle {
 
 impl Drop for NcclHandle {
     fn drop(&mut self) {
-        if !self.aborted {
-            // SAFETY: a live communicator that no collective is using (drop has `&mut self`).
-            let _ = unsafe { (self.api.comm_destroy)(self.comm) };
+        if self.aborted {
+            return;
         }
+        if let (true, Some(finalize)) = (self.non_blocking, self.api.comm_finalize) {
+            // A non-blocking communicator finalizes in the background: wait
+            // (bounded) for it before freeing; abort if it does not end.
+            // SAFETY: a live communicator that no collective is using (drop has `&mut self`).
+            let r = unsafe { finalize(self.comm) };
+            let ready = (r == SUCCESS || r == IN_PROGRESS) && matches!(self.poll_until_ready(Instant::now() + Duration::from_secs(10)), Ok(SUCCESS));
+            if !ready {
+                self.abort();
+                return;
+            }
+        }
+        // SAFETY: a live communicator that no collective is using (drop has `&mut self`).
+        let _ = unsafe { (self.api.comm_destroy)(self.comm) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// nccl.h's `ncclConfig_v21400` on a 64-bit ABI: `size_t size` at 0,
+    /// `magic` at 8, `version` at 12, `blocking` at 16, 24 bytes in all
+    /// (8-byte alignment); `blocking` 0 and `version` NCCL_VERSION(2,14,0).
+    #[test]
+    fn config_is_nccl_2_14_layout() {
+        assert_eq!(std::mem::size_of::<Config>(), 24);
+        assert_eq!(std::mem::align_of::<Config>(), 8);
+        assert_eq!((std::mem::offset_of!(Config, magic), std::mem::offset_of!(Config, version), std::mem::offset_of!(Config, blocking)), (8, 12, 16));
+        let c = Config::non_blocking();
+        assert_eq!((c.size, c.magic, c.version, c.blocking, c.tail), (24, 0xcafebeef, 2 * 10000 + 14 * 100, 0, i32::MIN));
     }
 }
