@@ -47,7 +47,8 @@ cargo bench --features cuda --bench gpu_kernels --no-run --message-format=json >
 
 rm -rf "$DEV"
 mkdir -p "$DEV/tests" "$DEV/bin"
-# Test executables: the GPU suites (target name cuda*, and gpu_profile), named by their target.
+# Test executables: the GPU suites (target name cuda*, gpu_profile, and kernel_lab: a lab
+# variant is checked there before its bench is read), named by their target.
 python3 - "$ROOT/target/gpu-check-tests.json" "$DEV/tests" <<'PY'
 import json, os, shutil, sys
 src, dst = sys.argv[1], sys.argv[2]
@@ -62,7 +63,7 @@ for line in open(src):
     t = m["target"]
     # cuda_emu is the emulator's own suite (it sets ASRFORGE_CUDA_EMU and
     # needs the build tree's emulated modules): nothing in it is for a GPU.
-    if "test" in t["kind"] and t["name"] != "cuda_emu" and (t["name"].startswith("cuda") or t["name"] == "gpu_profile"):
+    if "test" in t["kind"] and t["name"] != "cuda_emu" and (t["name"].startswith("cuda") or t["name"] in ("gpu_profile", "kernel_lab")):
         shutil.copy(m["executable"], f"{dst}/{t['name']}")
         staged.append(t["name"])
     elif "test" in t["kind"] and t["name"] == "dist_gpu":
