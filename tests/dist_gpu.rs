@@ -22,7 +22,7 @@ use asrforge::dist::{Communicator, ReduceOp, Store, StoreServer, TcpCommunicator
 use asrforge::engine::{Ddp, Engine, SingleProcess, ZeroEngine, ZeroOptions};
 use asrforge::optim::AdamConfig;
 use asrforge::tensor::{DType, Device};
-use dist_common::{run_ok, worker, Worker, WorkerResult};
+use dist_common::{worker, Worker, WorkerResult};
 use std::path::PathBuf;
 use std::time::Duration;
 use zero_common::*;
@@ -167,6 +167,30 @@ fn line(r: &WorkerResult, key: &str) -> String {
     v[0].clone()
 }
 
+/// A test run as `ranks` processes: in a worker, `work` with `accum`
+/// micro-batches; in the parent (where there is a GPU), the workers spawned
+/// and, when every one succeeded, their results checked by `check`.
+fn on_ranks(name: &str, ranks: usize, accum: usize, work: fn(&Worker, usize), check: &dyn Fn(&[WorkerResult])) {
+    if let Some(w) = worker() {
+        work(&w, accum);
+        return;
+    }
+    if common::gpu::gpu(name).is_none() {
+        return;
+    }
+    check(&all_ok(dist_common::spawn(name, ranks, &[], &|_| Vec::new())));
+}
+
+/// Every rank printed the same `PARAMS<name>` line for each of `names`.
+fn check_identical(rs: &[WorkerResult], names: &[&str]) {
+    for name in names {
+        let first = line(&rs[0], &format!("PARAMS{name}"));
+        for r in rs {
+            assert_eq!(line(r, &format!("PARAMS{name}")), first, "{name}: rank {} ends with other parameters than rank 0", r.rank);
+        }
+    }
+}
+
 fn check_engines(rs: &[WorkerResult], accum: u64) {
     for name in ["ddp", "ddp-dev", "zero1", "zero2"] {
         let first = line(&rs[0], &format!("PARAMS{name}"));
@@ -198,28 +222,12 @@ fn check_engines(rs: &[WorkerResult], accum: u64) {
 
 #[test]
 fn gpu_ddp_and_zero_equal_one_process_at_2_ranks() {
-    if let Some(w) = worker() {
-        engines_worker(&w, 2);
-        return;
-    }
-    if common::gpu::gpu("gpu_ddp_and_zero_equal_one_process_at_2_ranks").is_none() {
-        return;
-    }
-    let rs = run_ok("gpu_ddp_and_zero_equal_one_process_at_2_ranks", 2, &[]);
-    check_engines(&rs, 2);
+    on_ranks("gpu_ddp_and_zero_equal_one_process_at_2_ranks", 2, 2, engines_worker, &|rs| check_engines(rs, 2));
 }
 
 #[test]
 fn gpu_ddp_and_zero_equal_one_process_at_3_ranks() {
-    if let Some(w) = worker() {
-        engines_worker(&w, 1);
-        return;
-    }
-    if common::gpu::gpu("gpu_ddp_and_zero_equal_one_process_at_3_ranks").is_none() {
-        return;
-    }
-    let rs = run_ok("gpu_ddp_and_zero_equal_one_process_at_3_ranks", 3, &[]);
-    check_engines(&rs, 1);
+    on_ranks("gpu_ddp_and_zero_equal_one_process_at_3_ranks", 3, 1, engines_worker, &|rs| check_engines(rs, 1));
 }
 
 /// DDP on the device with the bucket all-reduce in f16 and in bf16
@@ -296,38 +304,19 @@ fn half_sync_worker(w: &Worker, accum: usize) {
 }
 
 fn check_half_identical(rs: &[WorkerResult]) {
-    for name in ["ddpf16", "ddpbf16", "ddp-devf16", "ddp-devbf16"] {
-        let first = line(&rs[0], &format!("PARAMS{name}"));
-        for r in rs {
-            assert_eq!(line(r, &format!("PARAMS{name}")), first, "{name}: rank {} ends with other parameters than rank 0", r.rank);
-        }
-    }
+    check_identical(rs, &["ddpf16", "ddpbf16", "ddp-devf16", "ddp-devbf16"]);
     eprintln!("{}", rs[0].lines_with("HALF ").join("\n"));
     eprintln!("{}", rs[0].lines_with("COUNT ").join("\n"));
 }
 
 #[test]
 fn gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks() {
-    if let Some(w) = worker() {
-        half_sync_worker(&w, 2);
-        return;
-    }
-    if common::gpu::gpu("gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks").is_none() {
-        return;
-    }
-    check_half_identical(&run_ok("gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks", 2, &[]));
+    on_ranks("gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks", 2, 2, half_sync_worker, &check_half_identical);
 }
 
 #[test]
 fn gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks() {
-    if let Some(w) = worker() {
-        half_sync_worker(&w, 1);
-        return;
-    }
-    if common::gpu::gpu("gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks").is_none() {
-        return;
-    }
-    check_half_identical(&run_ok("gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks", 3, &[]));
+    on_ranks("gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks", 3, 1, half_sync_worker, &check_half_identical);
 }
 
 /// ZeRO stage 1 and 2 on the device with the gradient reduce-scatter in f16
@@ -378,37 +367,18 @@ fn zero_half_sync_worker(w: &Worker, accum: usize) {
 }
 
 fn check_zero_half_identical(rs: &[WorkerResult]) {
-    for name in ["zero1f16", "zero1bf16", "zero2f16", "zero2bf16"] {
-        let first = line(&rs[0], &format!("PARAMS{name}"));
-        for r in rs {
-            assert_eq!(line(r, &format!("PARAMS{name}")), first, "{name}: rank {} ends with other parameters than rank 0", r.rank);
-        }
-    }
+    check_identical(rs, &["zero1f16", "zero1bf16", "zero2f16", "zero2bf16"]);
     eprintln!("{}", rs[0].lines_with("HALF ").join("\n"));
 }
 
 #[test]
 fn gpu_zero_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks() {
-    if let Some(w) = worker() {
-        zero_half_sync_worker(&w, 2);
-        return;
-    }
-    if common::gpu::gpu("gpu_zero_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks").is_none() {
-        return;
-    }
-    check_zero_half_identical(&run_ok("gpu_zero_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks", 2, &[]));
+    on_ranks("gpu_zero_half_grad_sync_is_within_half_rounding_of_one_process_at_2_ranks", 2, 2, zero_half_sync_worker, &check_zero_half_identical);
 }
 
 #[test]
 fn gpu_zero_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks() {
-    if let Some(w) = worker() {
-        zero_half_sync_worker(&w, 1);
-        return;
-    }
-    if common::gpu::gpu("gpu_zero_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks").is_none() {
-        return;
-    }
-    check_zero_half_identical(&run_ok("gpu_zero_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks", 3, &[]));
+    on_ranks("gpu_zero_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks", 3, 1, zero_half_sync_worker, &check_zero_half_identical);
 }
 
 /// ZeRO-1/2 on the device with `overlap_comm` against the same engine
@@ -483,12 +453,7 @@ fn overlap_worker(w: &Worker, accum: usize) {
 }
 
 fn check_overlap(rs: &[WorkerResult]) {
-    for name in ["zero1f32", "zero1f16", "zero1bf16", "zero2f32", "zero2f16", "zero2bf16", "fail"] {
-        let first = line(&rs[0], &format!("PARAMS{name}"));
-        for r in rs {
-            assert_eq!(line(r, &format!("PARAMS{name}")), first, "{name}: rank {} ends with other parameters than rank 0", r.rank);
-        }
-    }
+    check_identical(rs, &["zero1f32", "zero1f16", "zero1bf16", "zero2f32", "zero2f16", "zero2bf16", "fail"]);
     eprintln!("{}", rs[0].lines_with("OVERLAP ").join("\n"));
     let failed = rs[1].lines_with("FAILED ");
     eprintln!("rank 1: {}", failed.join(""));
@@ -497,26 +462,12 @@ fn check_overlap(rs: &[WorkerResult]) {
 
 #[test]
 fn gpu_zero_overlap_comm_is_bitwise_the_plain_reduction_at_2_ranks() {
-    if let Some(w) = worker() {
-        overlap_worker(&w, 2);
-        return;
-    }
-    if common::gpu::gpu("gpu_zero_overlap_comm_is_bitwise_the_plain_reduction_at_2_ranks").is_none() {
-        return;
-    }
-    check_overlap(&all_ok(dist_common::spawn("gpu_zero_overlap_comm_is_bitwise_the_plain_reduction_at_2_ranks", 2, &[], &|_| Vec::new())));
+    on_ranks("gpu_zero_overlap_comm_is_bitwise_the_plain_reduction_at_2_ranks", 2, 2, overlap_worker, &check_overlap);
 }
 
 #[test]
 fn gpu_zero_overlap_comm_is_bitwise_the_plain_reduction_at_3_ranks() {
-    if let Some(w) = worker() {
-        overlap_worker(&w, 1);
-        return;
-    }
-    if common::gpu::gpu("gpu_zero_overlap_comm_is_bitwise_the_plain_reduction_at_3_ranks").is_none() {
-        return;
-    }
-    check_overlap(&all_ok(dist_common::spawn("gpu_zero_overlap_comm_is_bitwise_the_plain_reduction_at_3_ranks", 3, &[], &|_| Vec::new())));
+    on_ranks("gpu_zero_overlap_comm_is_bitwise_the_plain_reduction_at_3_ranks", 3, 1, overlap_worker, &check_overlap);
 }
 
 /// Lines of the corpus with a one-token transcript (every one fits CTC).
