@@ -125,7 +125,7 @@ __device__ void label_smoothing_fused_fwd_impl(const T* x, const int64_t* target
         }
         A m = -INFINITY, s = 0, sx = 0;
         for (int64_t k = threadIdx.x; k < v; k += blockDim.x) {
-            const A xv = A(xr[k]);
+            const A xv = A(to_acc(xr[k]));
             sx += xv;
             if (xv > m) {
                 s = s * exp(m - xv) + A(1);
@@ -139,15 +139,15 @@ __device__ void label_smoothing_fused_fwd_impl(const T* x, const int64_t* target
         sx = block_sum<A>(sx, sh);
         const A lse = mb + log(s);
         if (threadIdx.x == 0) {
-            const A xy = A(xr[y]);
+            const A xy = A(to_acc(xr[y]));
             row_kl[r] = (double)(c - off * (sx - A(v) * lse) - (on - off) * (xy - lse));
             lse_out[r] = (double)lse;
         }
     }
 }
 
-template <typename T, typename A>
-__device__ void label_smoothing_fused_bwd_impl(const T* x, const int64_t* target, const double* lse_in, const T* g,
+template <typename T, typename A, typename G>
+__device__ void label_smoothing_fused_bwd_impl(const T* x, const int64_t* target, const double* lse_in, const G* g,
                                                T* dx, int64_t rows, int64_t v, double smoothing, int64_t ignore,
                                                double inv_denom) {
     const A off = A(smoothing / ((double)v - 1.0));
@@ -158,33 +158,39 @@ __device__ void label_smoothing_fused_bwd_impl(const T* x, const int64_t* target
         T* dr = dx + (size_t)r * (size_t)v;
         const int64_t y = target[r];
         if (y == ignore) {
-            for (int64_t k = threadIdx.x; k < v; k += blockDim.x) dr[k] = T(0);
+            for (int64_t k = threadIdx.x; k < v; k += blockDim.x) dr[k] = from_acc<T>(acc_t<T>(0));
             continue;
         }
         const A lse = A(lse_in[r]);
         for (int64_t k = threadIdx.x; k < v; k += blockDim.x) {
             const A q = (k == y) ? on : off;
-            dr[k] = T((exp(A(xr[k]) - lse) - q) * scale);
+            dr[k] = from_acc<T>(acc_t<T>((exp(A(to_acc(xr[k])) - lse) - q) * scale));
         }
     }
 }
 
 }  // namespace
 
-#define LABEL_SMOOTHING_FUSED(SUFFIX, T, A)                                                                         \
+#define LABEL_SMOOTHING_FUSED(SUFFIX, T, A, G)                                                                      \
     extern "C" __global__ void label_smoothing_fused_fwd_##SUFFIX(const T* x, const int64_t* target,              \
                                                                   double* row_kl, double* lse, int64_t rows,     \
                                                                   int64_t v, double smoothing, int64_t ignore) { \
         label_smoothing_fused_fwd_impl<T, A>(x, target, row_kl, lse, rows, v, smoothing, ignore);               \
     }                                                                                                            \
     extern "C" __global__ void label_smoothing_fused_bwd_##SUFFIX(                                               \
-        const T* x, const int64_t* target, const double* lse, const T* g, T* dx, int64_t rows, int64_t v,         \
+        const T* x, const int64_t* target, const double* lse, const G* g, T* dx, int64_t rows, int64_t v,         \
         double smoothing, int64_t ignore, double inv_denom) {                                                    \
-        label_smoothing_fused_bwd_impl<T, A>(x, target, lse, g, dx, rows, v, smoothing, ignore, inv_denom);     \
+        label_smoothing_fused_bwd_impl<T, A, G>(x, target, lse, g, dx, rows, v, smoothing, ignore, inv_denom);  \
     }
 
-LABEL_SMOOTHING_FUSED(f32, float, double)
-LABEL_SMOOTHING_FUSED(f64, double, double)
+// Half logits (autocast's decoder output) are read as they are, the sums in
+// f64 as for f32; the loss, and so its incoming gradient g, is f32, and dx
+// is rounded to the half type once from the f64 value through f32, as the
+// f32 kernel's result would be by the cast back (the same bits).
+LABEL_SMOOTHING_FUSED(f32, float, double, float)
+LABEL_SMOOTHING_FUSED(f64, double, double, double)
+LABEL_SMOOTHING_FUSED(f16, f16, double, float)
+LABEL_SMOOTHING_FUSED(bf16, bf16, double, float)
 
 // ---------------------------------------------------------------------------
 // Per-row f64 results (the CTC's per-sequence loss, the label-smoothing KL
@@ -231,7 +237,7 @@ __device__ void token_hits_impl(const T* x, const int64_t* target, double* hits,
         double best = -INFINITY;
         int64_t bi = none;
         for (int64_t k = threadIdx.x; k < v; k += blockDim.x) {
-            const double xv = (double)xr[k];
+            const double xv = (double)to_acc(xr[k]);
             if (xv > best) {
                 best = xv;
                 bi = k;
@@ -281,3 +287,5 @@ ROWS_OUT(f64, double)
 
 TOKEN_HITS(f32, float)
 TOKEN_HITS(f64, double)
+TOKEN_HITS(f16, f16)
+TOKEN_HITS(bf16, bf16)

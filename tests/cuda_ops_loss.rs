@@ -186,6 +186,48 @@ fn label_smoothing_matches_the_cpu() {
     }
 }
 
+/// Half logits (autocast's decoder output) go into the fused label
+/// smoothing as they are: the same loss (f32) and the same gradient (in the
+/// logits' dtype), bit for bit, as through their f32 copy, which the
+/// reference and the fused loss took before; on the CPU (no half
+/// arithmetic) the op takes the f32 copy itself. The reference over half
+/// logits is the f32 one over their copy.
+#[test]
+fn half_logits_go_into_the_fused_label_smoothing_as_they_are() {
+    let Some(gpu) = gpu::gpu("half_logits_go_into_the_fused_label_smoothing_as_they_are") else { return };
+    let seed = seed();
+    let mut rng = Rng::new(seed);
+    for (b, l, v) in [(3, 5, 11), (2, 9, 4233)] {
+        let x: Vec<f64> = rng.normal(b * l * v).into_iter().map(|z| 3.0 * z).collect();
+        let tg: Vec<i64> = (0..b * l).map(|i| if i % 4 == 3 { -1 } else { rng.below(v) as i64 }).collect();
+        let tg = Tensor::from_vec(tg, [b, l], &Device::Cpu).unwrap();
+        for dt in [DType::F16, DType::BF16] {
+            for dev in [Device::Cpu, gpu] {
+                let tgd = tg.clone().to_device(&dev).unwrap();
+                let what = format!("V={v} {dt:?} on {dev:?}");
+                type Loss = fn(&Tensor, &Tensor, f64, i64, bool) -> asrforge::Result<Tensor>;
+                for (name, loss_fn) in [("fused", ops::label_smoothing_loss_fused as Loss), ("reference", ops::label_smoothing_loss_reference)] {
+                    let mut out = vec![];
+                    for widen in [false, true] {
+                        let xt = on(&dev, &x, &[b, l, v], dt).requires_grad_();
+                        let input = if widen { ops::widen_half(&xt).unwrap() } else { xt.clone() };
+                        let loss = loss_fn(&input, &tgd, 0.1, -1, true).unwrap();
+                        assert_eq!(loss.dtype(), DType::F32, "{what} {name}: an f32 loss");
+                        backward(&ops::mul_scalar(&loss, 3.0).unwrap()).unwrap();
+                        let g = xt.grad().unwrap();
+                        assert_eq!(g.dtype(), dt, "{what} {name}: the gradient in the logits' dtype");
+                        out.push((vals(&loss), vals(&g)));
+                    }
+                    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&out[0].0), bits(&out[1].0), "{what} {name}: the loss as through the f32 copy (seed {seed})");
+                    assert!(out[0].1.iter().any(|g| g.abs() > 1e-4), "{what} {name}: the gradient is not trivial");
+                    assert_eq!(bits(&out[0].1), bits(&out[1].1), "{what} {name}: the gradient as through the f32 copy (seed {seed})");
+                }
+            }
+        }
+    }
+}
+
 /// The accuracy by its definition: the first index of the row's largest
 /// value (NaN never wins, index 0 when nothing exceeds −∞) against the target.
 fn accuracy_by_definition(x: &[f64], tg: &[i64], v: usize) -> f64 {
@@ -239,9 +281,10 @@ fn token_accuracy_matches_its_definition_and_the_cpu() {
         let want = accuracy_by_definition(&x, &tg, v);
         assert!(want > 0.0 && want < 1.0, "a mix of hits and misses: {want}");
         let tg_cpu = Tensor::from_vec(tg.clone(), [b, l], &Device::Cpu).unwrap();
-        for dt in [DType::F32, DType::F64] {
-            // f32 keeps every drawn value's order except exact ties, which
-            // rounding cannot create from distinct normals at these scales.
+        for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+            // The definition runs on the values rounded to dt (half rounding
+            // makes ties, which the first index wins on both sides); the
+            // CPU reads half logits through its f32 copy, the GPU as they are.
             let want = accuracy_by_definition(&vals(&on(&Device::Cpu, &x, &[b * l * v], dt)), &tg, v);
             let cpu = ops::token_accuracy(&on(&Device::Cpu, &x, &[b, l, v], dt), &tg_cpu, -1).unwrap();
             assert_eq!(cpu.to_scalar().unwrap(), want, "cpu {dt:?} V={v} (seed {seed})");

@@ -285,7 +285,13 @@ impl AsrModel {
         } else {
             None
         };
-        let (out, r_out) = self.decoder.forward(enc, enc_lens, &fwd.ys_in, &fwd.lens, rev.as_ref().map(|r| &r.ys_in))?;
+        // The fused loss reads half logits as they are (no f32 copy of B·L·V,
+        // no cast either way); the reference reads the f32 logits.
+        let (out, r_out) = if ops::fusion::enabled(ops::fusion::Fusion::Loss) {
+            self.decoder.forward_raw(enc, enc_lens, &fwd.ys_in, &fwd.lens, rev.as_ref().map(|r| &r.ys_in))?
+        } else {
+            self.decoder.forward(enc, enc_lens, &fwd.ys_in, &fwd.lens, rev.as_ref().map(|r| &r.ys_in))?
+        };
         let crit = |x: &Tensor, y: &Tensor| ops::label_smoothing_loss(x, y, self.lsm_weight, self.ignore_id, self.length_normalized_loss);
         let mut loss = crit(&out, &fwd.ys_out)?;
         if let (Some(r_out), Some(rev)) = (r_out, &rev) {

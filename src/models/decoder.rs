@@ -122,8 +122,15 @@ impl TransformerDecoder {
     }
 
     /// Logits (B, L, V) for input tokens `ys_in` (B, L) i64 with lengths, over
-    /// `memory` (B, T, D) with lengths.
+    /// `memory` (B, T, D) with lengths; f32 under autocast.
     pub fn forward(&self, memory: &Tensor, mem_lens: &[usize], ys_in: &Tensor, ys_lens: &[usize]) -> Result<Tensor> {
+        ops::widen_half(&self.forward_raw(memory, mem_lens, ys_in, ys_lens)?)
+    }
+
+    /// [`TransformerDecoder::forward`] with the logits in the output layer's
+    /// dtype (f16/bf16 under autocast), for a loss that reads them as they
+    /// are (the fused label smoothing) instead of through an f32 copy.
+    pub fn forward_raw(&self, memory: &Tensor, mem_lens: &[usize], ys_in: &Tensor, ys_lens: &[usize]) -> Result<Tensor> {
         if memory.rank() != 3
             || ys_in.rank() != 2
             || ys_in.dims()[0] != memory.dims()[0]
@@ -152,7 +159,7 @@ impl TransformerDecoder {
         if self.normalize_before {
             x = self.after_norm.forward(&x)?;
         }
-        ops::widen_half(&self.output_layer.forward(&x)?)
+        self.output_layer.forward(&x)
     }
 }
 
@@ -209,7 +216,7 @@ impl Decoder {
     }
 
     /// Left-to-right logits, and right-to-left logits for `r_ys_in` when
-    /// given and this is a bidirectional decoder.
+    /// given and this is a bidirectional decoder; f32 under autocast.
     pub fn forward(
         &self,
         memory: &Tensor,
@@ -218,12 +225,26 @@ impl Decoder {
         ys_lens: &[usize],
         r_ys_in: Option<&Tensor>,
     ) -> Result<(Tensor, Option<Tensor>)> {
+        let (l, r) = self.forward_raw(memory, mem_lens, ys_in, ys_lens, r_ys_in)?;
+        Ok((ops::widen_half(&l)?, r.map(|r| ops::widen_half(&r)).transpose()?))
+    }
+
+    /// [`Decoder::forward`] with the logits in the output layer's dtype
+    /// ([`TransformerDecoder::forward_raw`]).
+    pub fn forward_raw(
+        &self,
+        memory: &Tensor,
+        mem_lens: &[usize],
+        ys_in: &Tensor,
+        ys_lens: &[usize],
+        r_ys_in: Option<&Tensor>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         match self {
-            Decoder::Transformer(d) => Ok((d.forward(memory, mem_lens, ys_in, ys_lens)?, None)),
+            Decoder::Transformer(d) => Ok((d.forward_raw(memory, mem_lens, ys_in, ys_lens)?, None)),
             Decoder::Bi { left_decoder, right_decoder } => {
-                let l = left_decoder.forward(memory, mem_lens, ys_in, ys_lens)?;
+                let l = left_decoder.forward_raw(memory, mem_lens, ys_in, ys_lens)?;
                 let r = match r_ys_in {
-                    Some(r) => Some(right_decoder.forward(memory, mem_lens, r, ys_lens)?),
+                    Some(r) => Some(right_decoder.forward_raw(memory, mem_lens, r, ys_lens)?),
                     None => None,
                 };
                 Ok((l, r))

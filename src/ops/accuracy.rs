@@ -20,6 +20,10 @@ pub fn token_accuracy(logits: &Tensor, target: &Tensor, ignore: i64) -> Result<T
     }
     let tg = target.to_vec::<i64>()?;
     let valid = tg.iter().filter(|&&t| t != ignore).count().max(1) as f64;
+    if matches!(logits.dtype(), DType::F16 | DType::BF16) && logits.device() == crate::tensor::Device::Cpu {
+        // The CPU's argmax reads f32/f64: its f32 copy (the GPU reads half as it is).
+        return token_accuracy(&super::widen_half(logits)?, target, ignore);
+    }
     let acc = match &*logits.storage() {
         Storage::Cpu(c) => {
             let hits = k::token_hits(c, &tg, v, ignore)?;

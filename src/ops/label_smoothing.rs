@@ -42,6 +42,10 @@ fn check(x: &Tensor, target: &Tensor, smoothing: f64) -> Result<(usize, usize, V
 
 /// The reference label-smoothing loss: the gradient written by the forward.
 pub fn label_smoothing_loss_reference(x: &Tensor, target: &Tensor, smoothing: f64, ignore_index: i64, normalize_length: bool) -> Result<Tensor> {
+    if is_half(x) {
+        // The composition works in f32 (autocast's loss over half logits).
+        return label_smoothing_loss_reference(&super::widen_half(x)?, target, smoothing, ignore_index, normalize_length);
+    }
     let (b, v, tg) = check(x, target, smoothing)?;
     let want = crate::autograd::needs_grad(&[x]);
     // The loss: the rows' KL summed in row order over the denominator, in
@@ -74,6 +78,10 @@ fn denominator(normalize_length: bool, valid: usize, batch: usize) -> f64 {
 /// The fused label-smoothing loss: the forward keeps each row's
 /// log-sum-exp, the backward writes (p − q)·g/denom in one kernel.
 pub fn label_smoothing_loss_fused(x: &Tensor, target: &Tensor, smoothing: f64, ignore_index: i64, normalize_length: bool) -> Result<Tensor> {
+    if is_half(x) && x.device() == crate::tensor::Device::Cpu {
+        // The CPU has no half arithmetic: its f32 copy.
+        return label_smoothing_loss_fused(&super::widen_half(x)?, target, smoothing, ignore_index, normalize_length);
+    }
     let (b, v, tg) = check(x, target, smoothing)?;
     enum Saved {
         Cpu(Vec<f64>),
@@ -88,7 +96,8 @@ pub fn label_smoothing_loss_fused(x: &Tensor, target: &Tensor, smoothing: f64, i
         Storage::Cuda(c) => {
             let (rows, n, saved) = cuda::loss::label_smoothing_fused_fwd(c, &tg, v, smoothing, ignore_index)?;
             let denom = denominator(normalize_length, n, b);
-            (out_storage(Storage::Cuda(cuda::loss::rows_total(&rows, x.dtype(), denom)?), ()), denom, Saved::Cuda(saved))
+            // Half logits give an f32 loss (their gradient comes back in their dtype).
+            (out_storage(Storage::Cuda(cuda::loss::rows_total(&rows, cuda::loss::loss_dtype(x.dtype()), denom)?), ()), denom, Saved::Cuda(saved))
         }
     };
     let xs = x.clone();
@@ -106,4 +115,9 @@ pub fn label_smoothing_loss_fused(x: &Tensor, target: &Tensor, smoothing: f64, i
         };
         Ok(vec![Some(out_storage(dx, x.shape().clone()))])
     }))
+}
+
+/// Whether `x` holds f16/bf16 logits.
+fn is_half(x: &Tensor) -> bool {
+    matches!(x.dtype(), DType::F16 | DType::BF16)
 }

@@ -25,7 +25,7 @@ pub fn label_smoothing(
     ignore: i64,
     want_grad: bool,
 ) -> Result<(CudaStorage, usize, Option<CudaStorage>)> {
-    let dt = check_label_smoothing(x, target, v, ignore)?;
+    let dt = check_label_smoothing(x, target, v, ignore, false)?;
     let rows = target.len();
     let valid = target.iter().filter(|&&t| t != ignore).count();
     let dev = x.device();
@@ -48,11 +48,11 @@ pub fn label_smoothing(
 }
 
 /// The checks both label-smoothing forwards share: the vocabulary, the
-/// targets' range, the dtype and the logits' size.
-fn check_label_smoothing(x: &CudaStorage, target: &[i64], v: usize, ignore: i64) -> Result<DType> {
+/// targets' range, the dtype (f16/bf16 too where `halves`) and the logits' size.
+fn check_label_smoothing(x: &CudaStorage, target: &[i64], v: usize, ignore: i64, halves: bool) -> Result<DType> {
     crate::backend::cpu::loss::check_targets(target, v, ignore)?;
     let dt = x.dtype();
-    if dt != DType::F32 && dt != DType::F64 {
+    if !(matches!(dt, DType::F32 | DType::F64) || halves && matches!(dt, DType::F16 | DType::BF16)) {
         return Err(crate::backend::cpu::unsupported("label_smoothing_loss", dt));
     }
     let rows = target.len();
@@ -72,8 +72,9 @@ pub struct LabelSmoothingSaved {
 /// The fused label-smoothing forward (`label_smoothing_fused_fwd`): the KL
 /// of each row (f64 on the device), the number of valid rows, and what the
 /// backward needs, in one read of the logits; no gradient is written.
+/// f16/bf16 logits are read as they are (no f32 copy).
 pub fn label_smoothing_fused_fwd(x: &CudaStorage, target: &[i64], v: usize, smoothing: f64, ignore: i64) -> Result<(CudaStorage, usize, LabelSmoothingSaved)> {
-    let dt = check_label_smoothing(x, target, v, ignore)?;
+    let dt = check_label_smoothing(x, target, v, ignore, true)?;
     let rows = target.len();
     let valid = target.iter().filter(|&&t| t != ignore).count();
     let dev = x.device();
@@ -88,7 +89,8 @@ pub fn label_smoothing_fused_fwd(x: &CudaStorage, target: &[i64], v: usize, smoo
 
 /// The fused label-smoothing backward (`label_smoothing_fused_bwd`):
 /// dx = (softmax(x) − q)·g·inv_denom from the saved log-sum-exp, with `g`
-/// the loss's incoming gradient (one element of x's dtype on the device).
+/// the loss's incoming gradient (one element on the device, of the loss's
+/// dtype: [`loss_dtype`] of x's).
 pub fn label_smoothing_fused_bwd(
     x: &CudaStorage,
     saved: &LabelSmoothingSaved,
@@ -100,10 +102,11 @@ pub fn label_smoothing_fused_bwd(
 ) -> Result<CudaStorage> {
     let rows = saved.lse.len();
     let dt = x.dtype();
-    if g.dtype() != dt || g.len() != 1 || x.len() != rows * v {
+    let gt = loss_dtype(dt);
+    if g.dtype() != gt || g.len() != 1 || x.len() != rows * v {
         return Err(Error::invalid(
             "label_smoothing_loss backward",
-            format!("expected a gradient of one {dt:?} and {} logits, got {} of {:?} and {}", rows * v, g.len(), g.dtype(), x.len()),
+            format!("expected a gradient of one {gt:?} and {} logits, got {} of {:?} and {}", rows * v, g.len(), g.dtype(), x.len()),
         ));
     }
     let dev = x.device();
@@ -126,6 +129,15 @@ pub fn label_smoothing_fused_bwd(
         )?;
     }
     Ok(dx)
+}
+
+/// The dtype of a loss over logits of `dt`: f32 for f16/bf16 (as autocast
+/// computes losses), else `dt`.
+pub fn loss_dtype(dt: DType) -> DType {
+    match dt {
+        DType::F16 | DType::BF16 => DType::F32,
+        d => d,
+    }
 }
 
 fn out_dtype(op: &'static str, dt: DType) -> Result<DType> {
@@ -169,9 +181,12 @@ pub fn rows_total(rows: &CudaStorage, dt: DType, denom: f64) -> Result<CudaStora
 }
 
 /// 1.0 for each row of x (rows, v) whose argmax equals its target, else 0
-/// (0 for an ignored row); f64 on the device.
+/// (0 for an ignored row); f64 on the device. Half logits are read as they are.
 pub fn token_hits(x: &CudaStorage, target: &[i64], v: usize, ignore: i64) -> Result<CudaStorage> {
-    let dt = out_dtype("token_accuracy", x.dtype())?;
+    let dt = x.dtype();
+    if !dt.is_float() {
+        return Err(crate::backend::cpu::unsupported("token_accuracy", dt));
+    }
     let rows = target.len();
     if x.len() != rows * v {
         return Err(Error::invalid("token_accuracy", format!("expected {} logits for {rows} rows of {v}, got {}", rows * v, x.len())));
