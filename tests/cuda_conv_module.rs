@@ -291,3 +291,95 @@ fn fused_module_handles_wide_channels_and_long_kernels() {
     check(&dev, &case(&[9, 4], 9, 300, 15, true, true, Norm::Layer), &[DType::F32, DType::F16]);
     check(&dev, &case(&[5, 3], 5, 1030, 3, false, true, Norm::Layer), &[DType::F32, DType::BF16]);
 }
+
+/// The whole `ConvolutionModule` (pointwise convs, frame masks, batch norm's
+/// `num_batches_tracked`) with the fusion switch on and off on the GPU, in
+/// f32: the same output, input and parameter gradients and running
+/// statistics, for batch and layer norm, causal or not, WeNet masking or
+/// not; then a causal module's streaming (`forward_cached` over two chunks
+/// with the cache) in eval mode gives the same outputs and caches.
+#[test]
+fn the_convolution_module_is_the_same_fused_and_unfused_streaming_included() {
+    use asrforge::models::config::{Activation, ConvNorm};
+    use asrforge::models::convolution::{ConvModuleNorm, ConvolutionModule};
+    use asrforge::models::encoder::frame_pad_mask;
+    use asrforge::nn::Module;
+    let Some(dev) = gpu("the_convolution_module_is_the_same_fused_and_unfused_streaming_included") else { return };
+    let _s = serial();
+    let seed = fresh_seed();
+    let mut rng = Rng::new(seed);
+    let (b, t, c, k) = (3, 13, 24, 5);
+    let cases =
+        [(ConvNorm::BatchNorm, false, false), (ConvNorm::BatchNorm, true, true), (ConvNorm::LayerNorm, true, false), (ConvNorm::LayerNorm, false, true)];
+    for (norm, causal, wenet) in cases {
+        let mut m = ConvolutionModule::new(c, k, Activation::Swish, norm, causal, 1e-5, DType::F32, &mut rng).unwrap();
+        m.wenet_masking = wenet;
+        for nt in m.state_dict() {
+            if nt.tensor.dtype() == DType::F32 {
+                nt.tensor.move_to_device(&dev).unwrap();
+            }
+        }
+        let x = common::tensor(&rng.normal(b * t * c), &[b, t, c], DType::F32, &dev);
+        let wt = common::tensor(&rng.normal(b * t * c), &[b, t, c], DType::F32, &dev);
+        let pad = frame_pad_mask(&[13, 9, 4], t).unwrap().to_device(&dev).unwrap();
+        let stats = |m: &ConvolutionModule| match &m.norm {
+            ConvModuleNorm::Batch(bn) => {
+                vec![bn.running_mean.to_f64_vec().unwrap(), bn.running_var.to_f64_vec().unwrap(), bn.num_batches_tracked.to_f64_vec().unwrap()]
+            }
+            ConvModuleNorm::Layer(_) => Vec::new(),
+        };
+        let start: Vec<(Tensor, Tensor)> = match &m.norm {
+            ConvModuleNorm::Batch(bn) => vec![
+                (bn.running_mean.clone(), ops::mul_scalar(&bn.running_mean, 1.0).unwrap()),
+                (bn.running_var.clone(), ops::mul_scalar(&bn.running_var, 1.0).unwrap()),
+            ],
+            ConvModuleNorm::Layer(_) => Vec::new(),
+        };
+        let mut runs = Vec::new();
+        for fused in [true, false] {
+            for (live, copy) in &start {
+                live.assign(copy).unwrap();
+            }
+            if let ConvModuleNorm::Batch(bn) = &m.norm {
+                bn.num_batches_tracked.assign(&Tensor::from_vec(vec![0i64], (), &Device::Cpu).unwrap()).unwrap();
+            }
+            m.zero_grad();
+            let xg = x.detach().requires_grad_();
+            fusion::set_enabled(if fused { &[fusion::Fusion::ConvModule] } else { &[] });
+            let y = m.forward(&xg, Some(&pad)).unwrap();
+            autograd::backward(&ops::sum_all(&ops::mul(&y, &wt).unwrap()).unwrap()).unwrap();
+            fusion::set_enabled(&[]);
+            let mut res = vec![("output".to_string(), y.to_f64_vec().unwrap()), ("gradient of x".to_string(), xg.grad().unwrap().to_f64_vec().unwrap())];
+            for (name, p) in m.named_parameters() {
+                res.push((format!("gradient of {name}"), p.grad().expect("every parameter has a gradient").to_f64_vec().unwrap()));
+            }
+            res.extend(stats(&m).into_iter().enumerate().map(|(i, v)| (format!("statistic {i}"), v)));
+            runs.push(res);
+        }
+        for ((name, f), (_, u)) in runs[0].iter().zip(&runs[1]) {
+            // Under training batch norm the depthwise bias's gradient is
+            // exactly 0, both sides rounding noise: the op tests above bound
+            // it by its floor (`floors`).
+            if matches!(norm, ConvNorm::BatchNorm) && name.contains("depthwise_conv.bias") {
+                continue;
+            }
+            assert_close_floor(&format!("{norm:?} causal={causal} wenet_masking={wenet}: fused vs unfused module: {name}"), f, u, gpu::F32, 0.0, seed);
+        }
+        if !causal {
+            continue;
+        }
+        // Streaming in eval: two chunks, each continuing from the last cache.
+        m.train(false);
+        let mut outs = Vec::new();
+        for fused in [true, false] {
+            fusion::set_enabled(if fused { &[fusion::Fusion::ConvModule] } else { &[] });
+            let (y1, c1) = m.forward_cached(&ops::narrow(&x, 1, 0, 7).unwrap(), None, None).unwrap();
+            let (y2, c2) = m.forward_cached(&ops::narrow(&x, 1, 7, t - 7).unwrap(), None, c1.as_ref()).unwrap();
+            fusion::set_enabled(&[]);
+            outs.push([y1, y2, c2.expect("a causal module returns a cache")].map(|v| v.to_f64_vec().unwrap()));
+        }
+        for (i, (f, u)) in outs[0].iter().zip(&outs[1]).enumerate() {
+            assert_close_floor(&format!("{norm:?} streaming chunk result {i}: fused vs unfused"), f, u, gpu::F32, 0.0, seed);
+        }
+    }
+}
