@@ -1,8 +1,8 @@
 //! The Conformer convolution module fused between its two GEMMs on the GPU
 //! (`cuda/conv_module.cu`; the op is `ops::conv_module_core`). Forward: the
-//! GLU + mask + depthwise conv in one launch, then the norm + swish (batch
+//! GLU, mask and depthwise conv in one launch, then the norm and swish (batch
 //! norm's statistics by the norm module's launch first). Backward: the norm
-//! + swish backward (two launches), then the depthwise input gradient fused
+//! and swish backward (two launches), then the depthwise input gradient fused
 //! with the mask and GLU backward, and the depthwise weight gradient (conv.cuh's
 //! sums). z and dz stay in f32 for half activations (see the .cu file).
 
@@ -113,7 +113,7 @@ pub fn ln_swish_fwd(z: &CudaStorage, w: &CudaStorage, bias: &CudaStorage, c: usi
     ln_param(op, "norm weight", z, w, c)?;
     ln_param(op, "norm bias", z, bias, c)?;
     let n = u32_arg(op, "channel count", c)?;
-    let r = if c == 0 { 0 } else { z.len() / c };
+    let r = z.len().checked_div(c).unwrap_or(0);
     let dev = z.device();
     let pd = z.dtype();
     let (y, mean, rstd) = (dev.alloc(dt, z.len())?, dev.alloc(pd, r)?, dev.alloc(pd, r)?);
@@ -146,7 +146,7 @@ pub fn bn_swish_backward(
         ln_param(op, what, z, s, c)?;
     }
     expect_len(op, "the output gradient", gy, z.len())?;
-    let n = if c == 0 { 0 } else { z.len() / c };
+    let n = z.len().checked_div(c).unwrap_or(0);
     let (dt, dev) = (gy.dtype(), z.device());
     let pd = z.dtype();
     let (gb, gw) = (dev.alloc(pd, c)?, dev.alloc(pd, c)?);
@@ -176,7 +176,7 @@ pub fn ln_swish_backward(
     expect_dtype(op, gy, FLOATS)?;
     check_z(op, z, gy.dtype())?;
     let n = u32_arg(op, "channel count", c)?;
-    let r = if c == 0 { 0 } else { z.len() / c };
+    let r = z.len().checked_div(c).unwrap_or(0);
     for (s, what) in [(mean, "mean"), (rstd, "rstd")] {
         ln_param(op, what, z, s, r)?;
     }
@@ -201,8 +201,8 @@ pub fn ln_swish_backward(
     Ok((dz, gw, gb))
 }
 
-/// The gradients `(da, gw, gbias)` of z = depthwise_conv(mask ? 0 : glu(a))
-/// + bias from dz (B, To, C, a's parameter dtype): da (B, T, 2C) in one
+/// The gradients `(da, gw, gbias)` of z = depthwise_conv(mask ? 0 : glu(a)) +
+/// bias from dz (B, To, C, a's parameter dtype): da (B, T, 2C) in one
 /// launch (which also writes the GLU output h in dz's dtype), gw (C·K) and
 /// gbias (C) in a's dtype by conv.cuh's weight-gradient sums over (h, dz).
 pub fn dw_glu_backward(
