@@ -10,7 +10,8 @@
 //! by the one-pass and the tiled column sum, row sums with 16-byte loads,
 //! and broadcast and permute by the u32 (host divisors) and 64-bit kernels;
 //! the scaled attention-score pair and `add_scaled` against their unfused
-//! launches; relative-position flash attention against its composition.
+//! launches; relative-position flash attention and the fused conformer
+//! convolution module against their compositions.
 //! It prints the launches of one (2048, 256) bias-gradient reduction, and
 //! the host-side cost of one launch (`gpu_launch`).
 //!
@@ -392,6 +393,45 @@ fn flash_attention_vs_composition(c: &mut Criterion) {
     group.finish();
 }
 
+/// The conformer convolution module between its two GEMMs
+/// (`ops::conv_module_core`: GLU, frame mask, depthwise conv k 15, batch
+/// norm in training, swish), forward + backward, fused (`convmodule` on)
+/// against the composition, at B 16, T 100 after subsampling, C 256, ragged
+/// lengths, f32 and bf16 (the norm's parameters and statistics f32).
+fn conv_module_vs_composition(c: &mut Criterion) {
+    use asrforge::ops::fusion::{set_enabled, Fusion};
+    let Ok(gpu) = Device::cuda(0) else { return };
+    let mut rng = Rng::new(13);
+    let mut group = c.benchmark_group("conv_module");
+    group.sample_size(10);
+    let (b, t, ch, k) = (16, 100, 256, 15);
+    let m: Vec<u8> = (0..b * t).map(|i| u8::from(i % t >= t - 3 * (i / t))).collect();
+    let mask = Tensor::from_vec(m, [b, t, 1], &Device::Cpu).unwrap().to_device(&gpu).unwrap();
+    for dt in [DType::F32, DType::BF16] {
+        let a = ops::to_dtype(&Tensor::randn([b, t, 2 * ch], 0.0, 1.0, DType::F32, &mut rng, &gpu).unwrap(), dt).unwrap().requires_grad_();
+        let w = ops::to_dtype(&Tensor::randn([ch, 1, k], 0.0, 0.3, DType::F32, &mut rng, &gpu).unwrap(), dt).unwrap().requires_grad_();
+        let wb = ops::to_dtype(&Tensor::randn([ch], 0.0, 0.1, DType::F32, &mut rng, &gpu).unwrap(), dt).unwrap().requires_grad_();
+        let nw = Tensor::randn([ch], 1.0, 0.1, DType::F32, &mut rng, &gpu).unwrap().requires_grad_();
+        let nb = Tensor::randn([ch], 0.0, 0.1, DType::F32, &mut rng, &gpu).unwrap().requires_grad_();
+        let (rm, rv) = (Tensor::zeros([ch], DType::F32, &gpu).unwrap(), Tensor::ones([ch], DType::F32, &gpu).unwrap());
+        group.throughput(Throughput::Bytes((a.size_in_bytes() * 3) as u64));
+        for (name, fams) in [("fused", &[Fusion::ConvModule][..]), ("composition", &[][..])] {
+            group.bench_function(format!("bn_swish_fwd_bwd_16x100x256_k15_{name}_{}", dt.as_str()), |bn| {
+                bn.iter(|| {
+                    set_enabled(fams);
+                    let st = ops::BatchNormState { running_mean: &rm, running_var: &rv, momentum: 0.1, eps: 1e-5, training: true };
+                    let norm = ops::ConvCoreNorm::Batch { weight: &nw, bias: &nb, state: st };
+                    let y = ops::conv_module_core(&a, Some(&mask), &w, Some(&wb), (k - 1) / 2, &norm).unwrap();
+                    backward(&ops::sum_all(&ops::to_dtype(&y, DType::F32).unwrap()).unwrap()).unwrap();
+                    set_enabled(&[]);
+                    gpu_sync(&nw)
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
 /// Host-side cost of one launch: a one-element `affine_f32` (one block of
 /// 32 threads) launched 10 000 times per sample through the generated
 /// typed function, then one synchronisation. On the emulator the kernel
@@ -444,5 +484,5 @@ fn launch_overhead(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, gpu_kernels, reduce_and_index, flash_attention_vs_composition, launch_overhead, kernel_lab);
+criterion_group!(benches, gpu_kernels, reduce_and_index, flash_attention_vs_composition, conv_module_vs_composition, launch_overhead, kernel_lab);
 criterion_main!(benches);

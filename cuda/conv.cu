@@ -19,7 +19,7 @@
 // entry that reads it, in the order r = (ci, i, j) ascending (the CPU's order):
 //   gx[b, ci, y, x] = sum_{i,j : (y+p-i) % s == 0, (x+p-j) % s == 0, in range} gcols[b, r, (y+p-i)/s, (x+p-j)/s]
 // The GEMMs (y = w · cols, gw = gy · colsᵀ, gcols = wᵀ · gy) run in cuBLAS.
-#include "nn_common.cuh"
+#include "conv.cuh"
 
 template <typename T>
 __device__ void conv1d_depthwise_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
@@ -57,62 +57,6 @@ __device__ void conv1d_depthwise_bwd_input(const T* __restrict__ w, const T* __r
             if (ot >= 0 && ot < (long long)to) s += Num<T>::to(wr[kk]) * Num<T>::to(gb[(size_t)ot * c]);
         }
         gx[e] = Num<T>::from(s);
-    }
-}
-
-// Weight and bias gradients in one launch: a block per (tap kk, group of 32
-// channels) (kk = K: the bias), its NN_BLOCK threads as 32 channel lanes x
-// DW_ROWS row lanes. Row lane ly sums, sequence after sequence, the frames
-// ly, ly + DW_ROWS, ... of the tap's valid range in order (each warp reads 32
-// consecutive channels of one frame), then lane 0 adds the DW_ROWS partial
-// sums in order: a fixed order, reproducible bits, no atomics.
-#define DW_ROWS (NN_BLOCK / 32)
-template <typename T>
-__device__ void conv1d_depthwise_bwd_weight(const T* __restrict__ x, const T* __restrict__ gy, T* __restrict__ gw,
-                                            T* __restrict__ gbias, uint32_t b, uint32_t c, uint32_t t, uint32_t k, uint32_t pad,
-                                            uint32_t to) {
-    typedef typename Num<T>::acc A;
-    __shared__ A sh[DW_ROWS][32];
-    const uint32_t groups = (c + 31) / 32;
-    const uint32_t lx = threadIdx.x % 32, ly = threadIdx.x / 32;
-    NN_BLOCK_ROWS(blk, (size_t)(k + 1) * groups) {
-        const uint32_t kk = (uint32_t)(blk / groups);
-        const size_t ch = (blk % groups) * 32 + lx;
-        A s = 0;
-        if (ch < c) {
-            if (kk == k) {
-                for (size_t r = ly; r < (size_t)b * to; r += DW_ROWS) s += Num<T>::to(gy[r * c + ch]);
-            } else {
-                // Output frames ot whose input frame ot + kk - pad is inside x.
-                const long long lo0 = (long long)pad - kk, hi0 = (long long)t + pad - kk;
-                const size_t lo = lo0 > 0 ? (size_t)lo0 : 0;
-                const size_t hi = hi0 < (long long)to ? (hi0 > 0 ? (size_t)hi0 : 0) : to;
-                const size_t span = hi > lo ? hi - lo : 0;
-                // Row lane ly takes frames lo + ly, lo + ly + DW_ROWS, ... of
-                // each sequence in turn: no division per term (the 64-bit
-                // j / span, j % span of a flat index made this kernel 1.4 ms
-                // of a 33 ms bf16 step on an H200 for 24 MB read).
-                if (span > 0) {
-                    for (uint32_t bi = 0; bi < b; ++bi) {
-                        const T* gb = gy + (size_t)bi * to * c + ch;
-                        const T* xb = x + (size_t)bi * t * c + ch;
-                        for (size_t ot = lo + ly; ot < hi; ot += DW_ROWS)
-                            s += Num<T>::to(gb[ot * c]) * Num<T>::to(xb[(ot + kk - pad) * c]);
-                    }
-                }
-            }
-        }
-        sh[ly][lx] = s;
-        __syncthreads();
-        if (ly == 0 && ch < c) {
-            A tot = 0;
-            for (uint32_t r = 0; r < DW_ROWS; ++r) tot += sh[r][lx];
-            if (kk == k)
-                gbias[ch] = Num<T>::from(tot);
-            else
-                gw[ch * k + kk] = Num<T>::from(tot);
-        }
-        __syncthreads();
     }
 }
 

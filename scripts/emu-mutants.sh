@@ -128,15 +128,15 @@ open(p, "w").write(s.replace(old, 'extern "C" __global__ void sum_cols_##dt(cons
 PY
             echo reduce.cu ;;
         ln-read)
-            python3 - "$m/cuda/norm.cu" <<'PY'
+            python3 - "$m/cuda/norm.cuh" <<'PY'
 import sys, re
 p = sys.argv[1]; s = open(p).read()
 # The first row loop of layer norm (its forward's output): one element more.
 m = re.search(r"for \((?:i64|uint32_t|int) (\w+) = (?:threadIdx\.x|G::t\(\)); \1 < (\w+);", s)
-assert m, "norm.cu's first row loop not found"
+assert m, "norm.cuh's first row loop not found"
 open(p, "w").write(s[:m.start()] + m.group(0).replace(" < ", " <= ") + s[m.end():])
 PY
-            echo norm.cu ;;
+            echo norm.cuh ;;
     esac
 }
 

@@ -24,10 +24,11 @@ cargo test --release "$@"
 # cached plans and BGRADB gradients (tests/cuda_blaslt.rs); the fused
 # multi-tensor AdamW, bit-for-bit the per-tensor step (tests/cuda_optim.rs);
 # flash attention against its composition and the CPU (tests/cuda_attention.rs);
-# the GPU engines (DDP, ZeRO-1/2) over 2 and 3 emulated devices, their
+# the fused conformer convolution module against its composition and the CPU
+# (tests/cuda_conv_module.rs); the GPU engines (DDP, ZeRO-1/2) over 2 and 3 emulated devices, their
 # timeouts and uneven data (tests/dist_gpu.rs); every kernel-lab variant
 # against the CPU and production (tests/kernel_lab.rs).
-GPU_SUITES=(--test cuda_ops --test cuda_ops_nn --test cuda_ops_loss --test cuda_attention --test cuda_optim --test ops_grad --test train_gpu --test gpu_cli --test gpu_profile --test cuda_blaslt --test dist_gpu --test kernel_lab)
+GPU_SUITES=(--test cuda_ops --test cuda_ops_nn --test cuda_ops_loss --test cuda_attention --test cuda_conv_module --test cuda_optim --test ops_grad --test train_gpu --test gpu_cli --test gpu_profile --test cuda_blaslt --test dist_gpu --test kernel_lab)
 SEED=${ASRFORGE_EMU_SEED:-$(( $(date +%s) % 1000000 ))}
 for sched in asc random; do
     echo "GPU suites on the emulated device, thread order $sched (ASRFORGE_EMU_SEED=$SEED)" >&2

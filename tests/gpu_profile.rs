@@ -360,3 +360,56 @@ fn norm_fusion_runs_the_blocks_the_same_in_fewer_launches() {
         eprintln!("{what}: forward + backward {lc} launches composed, {lf} with the norm fusion");
     }
 }
+
+/// The fused conformer convolution module (`ASRFORGE_FUSION=convmodule`)
+/// launches fewer kernels than its composition, forward and backward, with
+/// batch norm (training) and layer norm: forward it is the GLU + depthwise
+/// conv, batch norm's statistics and the norm + swish (three launches; two
+/// with layer norm), with no host synchronisation.
+#[test]
+fn the_fused_convolution_module_launches_fewer_kernels_than_its_composition() {
+    use asrforge::ops::fusion::{set_enabled, Fusion};
+    use asrforge::ops::{BatchNormState, ConvCoreNorm};
+    let Some(dev) = common::gpu::gpu("the_fused_convolution_module_launches_fewer_kernels_than_its_composition") else { return };
+    let _s = serial();
+    let Device::Cuda(ord) = dev else { unreachable!("gpu() gives a CUDA device") };
+    let mut rng = Rng::new(seed());
+    let (b, t, c, k) = (3, 20, 40, 7);
+    let leaf = |shape: &[usize], rng: &mut Rng| Tensor::randn(shape.to_vec(), 0.0, 1.0, DType::F32, rng, &dev).unwrap().requires_grad_();
+    let mask = Tensor::from_vec((0..b * t).map(|i| u8::from(i % t >= t - 4 * (i / t))).collect::<Vec<u8>>(), [b, t, 1], &Device::Cpu)
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+    for batch in [true, false] {
+        let mut counts = Vec::new();
+        for fused in [true, false] {
+            let (a, w, wb, nw, nb) =
+                (leaf(&[b, t, 2 * c], &mut rng), leaf(&[c, 1, k], &mut rng), leaf(&[c], &mut rng), leaf(&[c], &mut rng), leaf(&[c], &mut rng));
+            let (rm, rv) = (Tensor::zeros([c], DType::F32, &dev).unwrap(), Tensor::ones([c], DType::F32, &dev).unwrap());
+            let norm = if batch {
+                ConvCoreNorm::Batch {
+                    weight: &nw,
+                    bias: &nb,
+                    state: BatchNormState { running_mean: &rm, running_var: &rv, momentum: 0.1, eps: 1e-5, training: true },
+                }
+            } else {
+                ConvCoreNorm::Layer { weight: &nw, bias: &nb, eps: 1e-5 }
+            };
+            set_enabled(if fused { &[Fusion::ConvModule] } else { &[] });
+            let before = cuda::counters(ord).unwrap();
+            let y = asrforge::ops::conv_module_core(&a, Some(&mask), &w, Some(&wb), (k - 1) / 2, &norm);
+            let fwd = cuda::counters(ord).unwrap().since(&before);
+            set_enabled(&[]);
+            let loss = asrforge::ops::sum_all(&y.unwrap()).unwrap();
+            let before = cuda::counters(ord).unwrap();
+            asrforge::autograd::backward(&loss).unwrap();
+            let bwd = cuda::counters(ord).unwrap().since(&before);
+            assert!(nw.grad().is_some() && a.grad().is_some());
+            counts.push((fwd.launches, bwd.launches, fwd.host_syncs));
+        }
+        let ((ff, fb, fs), (cf, cb, _)) = (counts[0], counts[1]);
+        eprintln!("convolution module, batch norm {batch}: fused {ff} + {fb} launches, composition {cf} + {cb}");
+        assert_eq!((ff, fs), (if batch { 3 } else { 2 }, 0), "batch norm {batch}: the fused forward's launches and host syncs");
+        assert!(ff < cf && fb < cb, "batch norm {batch}: fused {ff} + {fb} launches vs composition {cf} + {cb}");
+    }
+}

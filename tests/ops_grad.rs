@@ -175,6 +175,44 @@ grad!(batch_norm_eval, [([2, 3, 5], Normal, true), ([3], Normal, true), ([3], No
     let (rm, rv) = (like(&[0.3, -0.2, 0.1], &x[0]), like(&[1.5, 0.7, 2.0], &x[0]));
     ops::batch_norm(&x[0], &x[1], &x[2], &BatchNormState { running_mean: &rm, running_var: &rv, momentum: 0.1, eps: 1e-5, training: false })
 });
+// The conformer convolution module between its GEMMs: a (B, T, 2C), the
+// GLU frame mask (B, T, 1), depthwise weight and bias, the norm's weight and
+// bias. The CPU runs the composition; the fusion switch's convmodule family
+// is turned on here so that the Cuda(0) column runs the fused kernels (only
+// conv_module_core reads it).
+fn conv_core(x: &[Tensor], mask: &[u8], padding: usize, batch: bool) -> asrforge::Result<Tensor> {
+    let mut on = ops::fusion::enabled_families();
+    on.push(ops::fusion::Fusion::ConvModule);
+    ops::fusion::set_enabled(&on);
+    let (b, t) = (x[0].dims()[0], x[0].dims()[1]);
+    let m = u8t(mask, &[b, t, 1]).to_device(&x[0].device())?;
+    let c = x[2].dims()[0];
+    let (rm, rv) = (like(&vec![0.1; c], &x[0]), like(&vec![0.9; c], &x[0]));
+    let norm = if batch {
+        ops::ConvCoreNorm::Batch {
+            weight: &x[3],
+            bias: &x[4],
+            state: BatchNormState { running_mean: &rm, running_var: &rv, momentum: 0.1, eps: 1e-5, training: true },
+        }
+    } else {
+        ops::ConvCoreNorm::Layer { weight: &x[3], bias: &x[4], eps: 1e-5 }
+    };
+    ops::conv_module_core(&x[0], Some(&m), &x[1], Some(&x[2]), padding, &norm)
+}
+// Batch norm in training removes any per-channel shift of its input, so the
+// depthwise bias's gradient is exactly 0 there: it is not differentiated
+// (a relative check of a zero gradient compares rounding noise).
+grad!(
+    conv_module_core_batch_norm,
+    [([2, 6, 6], Normal, true), ([3, 1, 3], Normal, true), ([3], Normal, false), ([3], Normal, true), ([3], Normal, true)],
+    |x| conv_core(x, &[0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0], 1, true)
+);
+// Causal: two left-context frames, a valid conv (To = T − 2).
+grad!(
+    conv_module_core_layer_norm_causal,
+    [([2, 7, 8], Normal, true), ([4, 1, 3], Normal, true), ([4], Normal, true), ([4], Normal, true), ([4], Normal, true)],
+    |x| conv_core(x, &[0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0], 0, false)
+);
 grad!(dropout, [([4, 6], Normal, true)], |x| {
     rng::manual_seed(7);
     ops::dropout(&x[0], 0.3, true)

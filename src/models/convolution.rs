@@ -15,6 +15,12 @@
 //! off (and leaves the causal left padding as `glu(bias)` too), reproducing
 //! WeNet's numbers exactly.
 //!
+//! With swish (WeNet's default), everything between the two pointwise convs
+//! is `ops::conv_module_core`: fused kernels on the GPU when the fusion
+//! switch has `convmodule` on (training, eval and streaming alike), the
+//! composition of the same ops otherwise; other activations always run the
+//! composition.
+//!
 //! Streaming (causal only, as WeNet's `forward` with a cache): the cache is
 //! the last `k−1` input frames (after the input mask, before
 //! pointwise_conv1); a chunk is the cache followed by its frames, so the
@@ -23,8 +29,8 @@
 use super::config::{Activation, ConvNorm};
 use super::ffn::activate;
 use crate::error::Result;
-use crate::nn::{BatchNorm1d, Conv1d, LayerNorm, Module};
-use crate::ops;
+use crate::nn::{BatchNorm1d, Conv1d, Conv1dKind, LayerNorm, Module};
+use crate::ops::{self, ConvCoreNorm};
 use crate::tensor::{DType, Rng, Tensor};
 
 /// The norm after the depthwise conv.
@@ -112,9 +118,46 @@ impl ConvolutionModule {
         } else {
             None
         };
-        let mut h = ops::glu(&self.pointwise_conv1.forward_channels_last(&h)?, -1)?;
-        if let (Some(m), false) = (pad, self.wenet_masking) {
-            h = ops::masked_fill(&h, &self.frame_mask(m, self.lorder)?, 0.0)?;
+        let a = self.pointwise_conv1.forward_channels_last(&h)?;
+        let glu_mask = match (pad, self.wenet_masking) {
+            (Some(m), false) => Some(self.frame_mask(m, self.lorder)?),
+            _ => None,
+        };
+        let h = match (self.act, &self.depthwise_conv.kind) {
+            (Activation::Swish, &Conv1dKind::Depthwise { padding, .. }) => self.core(&a, glu_mask.as_ref(), padding)?,
+            _ => self.core_other_activation(&a, glu_mask.as_ref())?,
+        };
+        let mut h = self.pointwise_conv2.forward_channels_last(&h)?;
+        if let Some(m) = &mask {
+            h = ops::masked_fill(&h, m, 0.0)?;
+        }
+        Ok((h, next))
+    }
+}
+
+impl ConvolutionModule {
+    /// GLU → mask → depthwise conv → norm → swish between the two pointwise
+    /// convs: `ops::conv_module_core` (fused on the GPU when the fusion
+    /// switch has `convmodule` on, else the composition of the same ops).
+    fn core(&self, a: &Tensor, glu_mask: Option<&Tensor>, padding: usize) -> Result<Tensor> {
+        let (w, b) = (&self.depthwise_conv.weight, self.depthwise_conv.bias.as_ref());
+        match &self.norm {
+            ConvModuleNorm::Batch(bn) => {
+                let y = ops::conv_module_core(a, glu_mask, w, b, padding, &ConvCoreNorm::Batch { weight: &bn.weight, bias: &bn.bias, state: bn.state() })?;
+                bn.count_batch()?;
+                Ok(y)
+            }
+            ConvModuleNorm::Layer(ln) => {
+                ops::conv_module_core(a, glu_mask, w, b, padding, &ConvCoreNorm::Layer { weight: &ln.weight, bias: &ln.bias, eps: ln.eps })
+            }
+        }
+    }
+
+    /// The same composition with an activation other than swish (never fused).
+    fn core_other_activation(&self, a: &Tensor, glu_mask: Option<&Tensor>) -> Result<Tensor> {
+        let mut h = ops::glu(a, -1)?;
+        if let Some(m) = glu_mask {
+            h = ops::masked_fill(&h, m, 0.0)?;
         }
         let h = self.depthwise_conv.forward_channels_last(&h)?;
         let h = match &self.norm {
@@ -124,15 +167,9 @@ impl ConvolutionModule {
             }
             ConvModuleNorm::Layer(ln) => ln.forward(&h)?,
         };
-        let mut h = self.pointwise_conv2.forward_channels_last(&activate(self.act, &h)?)?;
-        if let Some(m) = &mask {
-            h = ops::masked_fill(&h, m, 0.0)?;
-        }
-        Ok((h, next))
+        activate(self.act, &h)
     }
-}
 
-impl ConvolutionModule {
     /// The frame mask (B, 1, T) as (B, left + T, 1) for channels-last
     /// activations, widened by `left` unmasked frames: the causal left
     /// context (zero padding or the cache), which is not masked, so zero

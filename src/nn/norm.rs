@@ -87,19 +87,24 @@ impl BatchNorm1d {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         // Half activations (autocast) are normalised in f32 against the f32
         // parameters and statistics by batch_norm itself (no casts).
-        let st = BatchNormState {
-            running_mean: &self.running_mean,
-            running_var: &self.running_var,
-            momentum: self.momentum,
-            eps: self.eps,
-            training: self.training,
-        };
-        let y = ops::batch_norm(x, &self.weight, &self.bias, &st)?;
+        let y = ops::batch_norm(x, &self.weight, &self.bias, &self.state())?;
+        self.count_batch()?;
+        Ok(y)
+    }
+
+    /// The running statistics and options an op normalising for this layer takes.
+    pub fn state(&self) -> BatchNormState<'_> {
+        BatchNormState { running_mean: &self.running_mean, running_var: &self.running_var, momentum: self.momentum, eps: self.eps, training: self.training }
+    }
+
+    /// Counts one batch in `num_batches_tracked` when training (after an op
+    /// moved the running statistics with [`BatchNorm1d::state`]).
+    pub fn count_batch(&self) -> Result<()> {
         if self.training {
             let n = self.num_batches_tracked.to_vec::<i64>()?.first().copied().unwrap_or(0);
             self.num_batches_tracked.assign(&Tensor::from_vec(vec![n + 1], (), &Device::Cpu)?)?;
         }
-        Ok(y)
+        Ok(())
     }
 }
 

@@ -10,6 +10,7 @@ mod autocast;
 mod binary;
 mod cast;
 mod conv;
+mod conv_module;
 mod ctc;
 mod dropout;
 pub mod fusion;
@@ -30,6 +31,7 @@ pub use autocast::{autocast, autocast_dtype, autocast_params, set_autocast, Auto
 pub use binary::{add, add_scalar, add_scaled, div, mul, mul_scalar, sub, sum_to_shape};
 pub use cast::{to_dtype, to_dtype_many, widen_half};
 pub use conv::{conv1d_depthwise, conv1d_pointwise, conv1d_pointwise_channels_last, conv2d};
+pub use conv_module::{conv_module_core, ConvCoreNorm};
 pub use ctc::{ctc_loss, ctc_loss_fused, Reduction};
 pub use dropout::dropout;
 pub use index::{embedding, gather, index_select, masked_fill, where_cond};

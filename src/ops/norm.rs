@@ -210,7 +210,7 @@ pub struct BatchNormState<'a> {
 
 /// The statistics `(mean, rstd)` (C) of one launch, moving the running
 /// statistics in place while training (see the backend's `batch_norm_stats`).
-fn bn_stats(x: &Tensor, st: &BatchNormState, bs: usize, c: usize, tt: usize) -> Result<(Tensor, Tensor)> {
+pub(super) fn bn_stats(x: &Tensor, st: &BatchNormState, bs: usize, c: usize, tt: usize) -> Result<(Tensor, Tensor)> {
     let op = "batch_norm";
     let (m, r) = st.running_mean.with_storage_mut(|rm| {
         st.running_var.with_storage_mut(|rv| -> Result<(Storage, Storage)> {

@@ -66,6 +66,7 @@ pub use launch::{dtype_suffix, LaunchConfig};
 
 pub mod attention;
 pub mod conv;
+pub mod conv_module;
 pub mod dropout;
 pub mod glu;
 pub mod index;

@@ -23,13 +23,13 @@ const LN_CHUNK: usize = 64;
 /// the default fills 32 of an H200's 132 SMs) but give pass 2 more partial
 /// rows to add; results depend on it only through gw's and gb's summation
 /// order.
-fn ln_chunk() -> usize {
+pub(super) fn ln_chunk() -> usize {
     static CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *CHUNK.get_or_init(|| std::env::var("ASRFORGE_LN_CHUNK").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&c| c > 0).unwrap_or(LN_CHUNK))
 }
 
 /// A layer-norm parameter or statistic: on x's GPU, of x's parameter dtype, `len` long.
-fn ln_param(op: &'static str, what: &str, x: &CudaStorage, p: &CudaStorage, len: usize) -> Result<()> {
+pub(super) fn ln_param(op: &'static str, what: &str, x: &CudaStorage, p: &CudaStorage, len: usize) -> Result<()> {
     if p.ordinal() != x.ordinal() {
         return Err(Error::invalid(op, format!("expected the {what} on cuda:{}, found cuda:{}", x.ordinal(), p.ordinal())));
     }
@@ -240,7 +240,7 @@ const BN_TARGET_BLOCKS: usize = 512;
 /// channels-first inputs (t > 1, `nn::BatchNorm1d` on (B, C, T)), an empty
 /// input, or one with 2^31 elements or more (the kernels index rows and
 /// tiles in u32).
-fn bn_tiling(n: usize, c: usize, t: usize) -> Option<(u32, usize)> {
+pub(super) fn bn_tiling(n: usize, c: usize, t: usize) -> Option<(u32, usize)> {
     if t != 1 || n == 0 || c == 0 || !super::fastdiv::fits_u32(&[n * c]) {
         return None;
     }
@@ -253,14 +253,14 @@ fn bn_tiling(n: usize, c: usize, t: usize) -> Option<(u32, usize)> {
 /// The tile results (strips × tiles × 2 × 32, x's parameter dtype) and the
 /// per-strip arrival counters (zeroed: a memset, not a launch) of a
 /// channels-last reduction.
-fn bn_scratch(x: &CudaStorage, c: usize, tiles: usize) -> Result<(CudaStorage, CudaStorage)> {
+pub(super) fn bn_scratch(x: &CudaStorage, c: usize, tiles: usize) -> Result<(CudaStorage, CudaStorage)> {
     let strips = c.div_ceil(BN_STRIP);
     let dev = x.device();
     Ok((dev.alloc(ln_param_dtype(x.dtype()), strips * tiles * 2 * BN_STRIP)?, dev.zeros(DType::I64, strips)?))
 }
 
 /// A 1-D grid over the strips × tiles items (grid-stride past the cap).
-fn bn_launch(c: usize, tiles: usize) -> LaunchConfig {
+pub(super) fn bn_launch(c: usize, tiles: usize) -> LaunchConfig {
     let items = c.div_ceil(BN_STRIP) * tiles;
     LaunchConfig { grid: (items.clamp(1, super::launch::max_grid() as usize) as u32, 1, 1), block: ((BN_STRIP * BN_LANES) as u32, 1, 1), shared_bytes: 0 }
 }
