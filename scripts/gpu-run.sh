@@ -269,7 +269,8 @@ fi
 
 # --- 4b. fusion ---------------------------------------------------------------
 # The whole step with the fused kernels (ASRFORGE_FUSION=all: flash attention,
-# the fused losses, the residual adds fused with the norms) against the compositions (none), in fp16 and bf16:
+# the fused losses, the residual adds fused with the norms, the convolution
+# module) against the compositions (none), in fp16 and bf16:
 # frames/s, peak memory, launches and the last loss (equal within the dtype's
 # tolerance is what tests/gpu_profile.rs asserts on the emulator).
 declare -a FROWS
@@ -316,7 +317,7 @@ fi
 declare -a BROWS
 if want bisect; then
     TINY=$DEV/conf/tiny.yaml
-    for f in none none attention loss norm all all; do
+    for f in none none attention loss norm convmodule all all; do
         if [ "$(left)" -lt 20 ]; then BROWS+=("$f NOT RUN (out of time)"); continue; fi
         line=$(ASRFORGE_FUSION=$f timeout 60 "$BIN" bench-train --config "$TINY" --steps 3 --warmup 1 --device cuda --dtype fp32 \
             --batch_size 2 --frames 64 --seed 7 2> "$LOG/bisect-$f.log" | grep '^bench-train' | tail -1)
