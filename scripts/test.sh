@@ -27,7 +27,7 @@ cargo test --release "$@"
 # the GPU engines (DDP, ZeRO-1/2) over 2 and 3 emulated devices, their
 # timeouts and uneven data (tests/dist_gpu.rs); every kernel-lab variant
 # against the CPU and production (tests/kernel_lab.rs).
-GPU_SUITES=(--test cuda_ops --test cuda_ops_nn --test cuda_ops_loss --test cuda_attention --test cuda_optim --test ops_grad --test train_gpu --test gpu_cli --test gpu_profile --test cuda_blaslt --test dist_gpu --test kernel_lab)
+GPU_SUITES=(--test cuda_ops --test cuda_alloc --test cuda_ops_nn --test cuda_ops_loss --test cuda_attention --test cuda_optim --test ops_grad --test train_gpu --test gpu_cli --test gpu_profile --test cuda_blaslt --test dist_gpu --test kernel_lab)
 SEED=${ASRFORGE_EMU_SEED:-$(( $(date +%s) % 1000000 ))}
 for sched in asc random; do
     echo "GPU suites on the emulated device, thread order $sched (ASRFORGE_EMU_SEED=$SEED)" >&2
