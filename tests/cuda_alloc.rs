@@ -7,7 +7,8 @@
 //! stream gets only that stream's blocks; a single-stream sequence records
 //! no event and reuses every block; out of memory, the pool waits for its
 //! pending blocks, frees them and retries. Staged uploads (whose staging
-//! buffers belong to the copy stream) keep every batch across slot growth.
+//! buffers belong to the copy stream) keep every batch across slot growth,
+//! a block the compute stream read being reused by the copy stream.
 //!
 //! Pending work is staged with the emulator's stream hold
 //! (`CudaDevice::emu_hold_stream`: a held stream's events report "not
@@ -109,14 +110,15 @@ fn a_block_used_on_a_second_stream_is_not_reused_until_its_event_completes() {
     let pending = dev.pool_stats().pending;
     let before = dev.counters();
     drop(a);
-    assert_eq!(dev.pool_stats().pending, pending + CLASS, "the freed block waits for the side stream's event");
     // A compute request of the same class does not get it: a fresh block.
+    // (Without `record_stream` it would, and its poison fill on the compute
+    // stream would be reported as a race with the side stream's copy.)
     let b = dev.alloc(DType::F32, N).unwrap();
     let c2 = dev.alloc(DType::F32, N).unwrap();
     assert!(b.address() != addr && c2.address() != addr, "a pending block was handed out");
     let d = dev.counters().since(&before);
     assert_eq!((d.driver_allocs, d.pool_reuses, d.host_syncs), (2, 0, 0), "{d:?}");
-    assert_eq!(dev.pool_stats().pending, pending + CLASS);
+    assert_eq!(dev.pool_stats().pending, pending + CLASS, "the freed block waits for the side stream's event");
     // The side stream's work completes: the next request reuses the block.
     dev.emu_hold_stream(side, false).unwrap();
     let before = dev.counters();
@@ -259,7 +261,12 @@ fn staged_uploads_keep_every_batch_while_their_slots_grow() {
     let s = seed();
     let mut rng = Rng::new(s);
     let mut kept = Vec::new();
-    for n in [100usize, 3000, 70_000, 5000, 140_000, 1, 9000] {
+    // Two slots used in turn: slot 0 grows from 4096 to 131072 elements and
+    // frees its 16 KiB block, which slot 1 takes when it grows from 128 to
+    // 4096: the copy stream writes a block the compute stream read, which
+    // the compute stream's event (`record_stream` on the staging buffer)
+    // must order first.
+    for n in [3000usize, 100, 70_000, 3000, 140_000, 1, 9000] {
         let v: Vec<f32> = rng.normal(n).into_iter().map(|x| x as f32).collect();
         let out = cuda::upload_staged(&dev, &CpuStorage::F32(v.clone())).unwrap();
         kept.push((v, out));
