@@ -12,8 +12,9 @@
 //!
 //! Pending work is staged with the emulator's stream hold
 //! (`CudaDevice::emu_hold_stream`: a held stream's events report "not
-//! finished"), and the out-of-memory path with its memory limit. The tests
-//! share one device, its counters and its pool, so they run one at a time.
+//! finished"), and the out-of-memory path with its memory limit; on a GPU
+//! only the single-stream and staged-upload tests run. The tests share one
+//! device, its counters and its pool, so they run one at a time.
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -53,13 +54,13 @@ impl Drop for Ctx {
 
 /// The device with the test lock held, its cache emptied, and a second
 /// stream of it (made once); None (after printing why) where there is no
-/// device. The hold and limit are emulator features: on a GPU the tests
-/// skip.
-fn device(test: &str) -> Option<Ctx> {
+/// device. The hold, the limit and the race check are the emulator's: on a
+/// GPU the tests that need them (`emulator_only`) skip.
+fn device(test: &str, emulator_only: bool) -> Option<Ctx> {
     let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     gpu(test)?;
     let dev = cuda::device(0).unwrap();
-    if !dev.is_emulated() {
+    if emulator_only && !dev.is_emulated() {
         println!("{test}: skipped, it stages pending work with the emulator's stream hold");
         return None;
     }
@@ -97,7 +98,7 @@ fn written_on(dev: &Arc<CudaDevice>, side: usize, src: &CudaStorage, record: boo
 
 #[test]
 fn a_block_used_on_a_second_stream_is_not_reused_until_its_event_completes() {
-    let Some(ctx) = device("a_block_used_on_a_second_stream_is_not_reused_until_its_event_completes") else { return };
+    let Some(ctx) = device("a_block_used_on_a_second_stream_is_not_reused_until_its_event_completes", true) else { return };
     let (dev, side) = (&ctx.dev, ctx.side);
     let s = seed();
     let mut rng = Rng::new(s);
@@ -136,7 +137,7 @@ fn a_block_used_on_a_second_stream_is_not_reused_until_its_event_completes() {
 
 #[test]
 fn without_record_stream_the_emulator_catches_the_reuse_naming_both_streams() {
-    let Some(ctx) = device("without_record_stream_the_emulator_catches_the_reuse_naming_both_streams") else { return };
+    let Some(ctx) = device("without_record_stream_the_emulator_catches_the_reuse_naming_both_streams", true) else { return };
     let (dev, side) = (&ctx.dev, ctx.side);
     let mut rng = Rng::new(seed());
     let (_, src) = random(&dev, &mut rng, N);
@@ -161,7 +162,7 @@ fn without_record_stream_the_emulator_catches_the_reuse_naming_both_streams() {
 
 #[test]
 fn a_request_from_another_stream_gets_only_that_streams_blocks() {
-    let Some(ctx) = device("a_request_from_another_stream_gets_only_that_streams_blocks") else { return };
+    let Some(ctx) = device("a_request_from_another_stream_gets_only_that_streams_blocks", true) else { return };
     let (dev, side) = (&ctx.dev, ctx.side);
     let s = seed();
     let mut rng = Rng::new(s);
@@ -199,7 +200,7 @@ fn a_request_from_another_stream_gets_only_that_streams_blocks() {
 
 #[test]
 fn a_single_stream_sequence_records_no_event_and_reuses_every_block() {
-    let Some(ctx) = device("a_single_stream_sequence_records_no_event_and_reuses_every_block") else { return };
+    let Some(ctx) = device("a_single_stream_sequence_records_no_event_and_reuses_every_block", false) else { return };
     let (dev, _side) = (&ctx.dev, ctx.side);
     let s = seed();
     let mut rng = Rng::new(s);
@@ -227,7 +228,7 @@ fn a_single_stream_sequence_records_no_event_and_reuses_every_block() {
 
 #[test]
 fn out_of_memory_waits_for_pending_blocks_frees_them_and_retries() {
-    let Some(ctx) = device("out_of_memory_waits_for_pending_blocks_frees_them_and_retries") else { return };
+    let Some(ctx) = device("out_of_memory_waits_for_pending_blocks_frees_them_and_retries", true) else { return };
     let (dev, side) = (&ctx.dev, ctx.side);
     let s = seed();
     let mut rng = Rng::new(s);
@@ -256,7 +257,7 @@ fn out_of_memory_waits_for_pending_blocks_frees_them_and_retries() {
 
 #[test]
 fn staged_uploads_keep_every_batch_while_their_slots_grow() {
-    let Some(ctx) = device("staged_uploads_keep_every_batch_while_their_slots_grow") else { return };
+    let Some(ctx) = device("staged_uploads_keep_every_batch_while_their_slots_grow", false) else { return };
     let (dev, _side) = (&ctx.dev, ctx.side);
     let s = seed();
     let mut rng = Rng::new(s);

@@ -60,13 +60,14 @@ pub(crate) struct Block {
 }
 
 /// A freed block that other streams used: it joins its stream's free list
-/// once each of their events (recorded at the free) has completed.
+/// once each of their events (recorded at the free, with their stream) has
+/// completed.
 #[derive(Debug)]
 struct Waiting {
     ptr: DevPtr,
     class: usize,
     stream: Stream,
-    events: Vec<Event>,
+    events: Vec<(Stream, Event)>,
 }
 
 /// The pool's bookkeeping: free lists by (stream, class), the blocks
@@ -114,7 +115,7 @@ impl Pool {
     }
     /// A block whose storage dropped: to its stream's free list at once when
     /// `events` is empty (used on its own stream only), else waiting for them.
-    fn give_back(&mut self, ptr: DevPtr, class: usize, stream: Stream, events: Vec<Event>) {
+    fn give_back(&mut self, ptr: DevPtr, class: usize, stream: Stream, events: Vec<(Stream, Event)>) {
         self.in_use -= class;
         self.cached += class;
         if events.is_empty() {
@@ -131,21 +132,28 @@ impl Pool {
     }
     /// Queries the waiting blocks' events without waiting: completed events
     /// move to `done` (for the caller to destroy), and a block with none
-    /// left joins its stream's free list. Stops at the first failed query.
+    /// left joins its stream's free list. Events of one stream complete in
+    /// the order they were recorded, so once one is found pending the later
+    /// ones of that stream are not queried: a poll costs at most one query
+    /// per stream beyond the events that completed. Stops at the first
+    /// failed query.
     fn poll(&mut self, query: &mut dyn FnMut(&Event) -> Result<bool>, done: &mut Vec<Event>) -> Result<()> {
+        let mut blocked = 0u64;
         let mut i = 0;
         while i < self.waiting.len() {
             let w = &mut self.waiting[i];
             let mut j = 0;
             while j < w.events.len() {
-                if query(&w.events[j])? {
-                    done.push(w.events.swap_remove(j));
+                let (s, e) = &w.events[j];
+                if blocked >> s.0 & 1 == 0 && query(e)? {
+                    done.push(w.events.remove(j).1);
                 } else {
+                    blocked |= 1 << s.0;
                     j += 1;
                 }
             }
             if w.events.is_empty() {
-                let w = self.waiting.swap_remove(i);
+                let w = self.waiting.remove(i);
                 self.pending -= w.class;
                 self.free.entry((w.stream.0, w.class)).or_default().push(w.ptr);
             } else {
@@ -247,7 +255,7 @@ impl CudaDevice {
         let mut ordered = true;
         for s in other_streams(used_on, b.stream) {
             match drv.record_event(s) {
-                Ok(e) => events.push(e),
+                Ok(e) => events.push((s, e)),
                 // No event (a broken context): wait on the host instead; if
                 // even that fails the block is never reused.
                 Err(_) => ordered &= self.seam().synchronize(s).is_ok(),
@@ -259,7 +267,7 @@ impl CudaDevice {
         } else {
             pool.forget(b.bytes);
             drop(pool);
-            for e in events {
+            for (_, e) in events {
                 drv.destroy_event(e);
             }
         }
@@ -272,9 +280,9 @@ impl CudaDevice {
     fn release_cached(&self, pool: &mut Pool) -> Result<()> {
         let seam = self.seam();
         while let Some(mut w) = pool.waiting.pop() {
-            while let Some(e) = w.events.pop() {
+            while let Some((s, e)) = w.events.pop() {
                 if let Err(err) = seam.event_synchronize(&e) {
-                    w.events.push(e);
+                    w.events.push((s, e));
                     pool.waiting.push(w);
                     return Err(err);
                 }
@@ -366,7 +374,7 @@ mod tests {
         let mut p = Pool::default();
         let (compute, copy, comm) = (Stream(0), Stream(1), Stream(2));
         p.taken(4096);
-        p.give_back(0x2000, 4096, compute, vec![Event(7), Event(8)]);
+        p.give_back(0x2000, 4096, compute, vec![(copy, Event(7)), (comm, Event(8))]);
         assert_eq!((p.stats().cached, p.stats().pending), (4096, 4096));
         assert_eq!(p.take(compute, 4096), None, "pending: no request gets it");
         assert_eq!(poll(&mut p, &HashSet::new()), Vec::<usize>::new());
@@ -388,7 +396,7 @@ mod tests {
         let mut p = Pool::default();
         p.taken(512);
         p.taken(512);
-        p.give_back(0x10, 512, Stream(1), vec![Event(1)]);
+        p.give_back(0x10, 512, Stream(1), vec![(Stream(0), Event(1))]);
         p.give_back(0x20, 512, Stream(1), Vec::new());
         let mut done = Vec::new();
         let r = p.poll(&mut |_e: &Event| Err(crate::error::Error::Msg("context lost".into())), &mut done);
@@ -396,6 +404,31 @@ mod tests {
         assert_eq!(p.stats().pending, 512);
         assert_eq!(p.drain(), vec![(0x20, 512, Stream(1))]);
         assert_eq!((p.stats().cached, p.stats().pending, p.waiting.len()), (512, 512, 1));
+    }
+
+    /// Events of one stream complete in order: after a pending one, the
+    /// later ones of that stream are not queried; other streams still are.
+    #[test]
+    fn a_poll_queries_no_event_behind_a_pending_one_of_its_stream() {
+        let mut p = Pool::default();
+        let (compute, copy, comm) = (Stream(0), Stream(1), Stream(2));
+        for (i, s) in [copy, copy, comm, copy].into_iter().enumerate() {
+            p.taken(512);
+            p.give_back(0x100 * (i as u64 + 1), 512, compute, vec![(s, Event(i))]);
+        }
+        let mut asked = Vec::new();
+        let mut done = Vec::new();
+        p.poll(
+            &mut |e: &Event| {
+                asked.push(e.0);
+                Ok(e.0 == 2)
+            },
+            &mut done,
+        )
+        .unwrap();
+        assert_eq!(asked, vec![0, 2], "events 1 and 3 are behind pending event 0 of the copy stream");
+        assert_eq!((done.len(), p.stats().pending), (1, 3 * 512));
+        assert_eq!(p.take(compute, 512), Some(0x300));
     }
 
     #[test]
