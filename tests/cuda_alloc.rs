@@ -102,8 +102,8 @@ fn a_block_used_on_a_second_stream_is_not_reused_until_its_event_completes() {
     let (dev, side) = (&ctx.dev, ctx.side);
     let s = seed();
     let mut rng = Rng::new(s);
-    let (_, src) = random(&dev, &mut rng, N);
-    let a = written_on(&dev, side, &src, true);
+    let (_, src) = random(dev, &mut rng, N);
+    let a = written_on(dev, side, &src, true);
     assert_eq!(a.stream(), 0);
     let addr = a.address();
     // The side stream's copy is still running (as far as queries can tell).
@@ -129,7 +129,7 @@ fn a_block_used_on_a_second_stream_is_not_reused_until_its_event_completes() {
     assert_eq!((d.driver_allocs, d.pool_reuses, d.host_syncs), (0, 1, 0), "{d:?}");
     assert_eq!(dev.pool_stats().pending, pending);
     // And the compute stream may use it.
-    let (want, src2) = random(&dev, &mut rng, N);
+    let (want, src2) = random(dev, &mut rng, N);
     c.copy_from(&src2).unwrap();
     assert_eq!(host(&c), want, "seed {s}");
     drop((b, c2));
@@ -140,8 +140,8 @@ fn without_record_stream_the_emulator_catches_the_reuse_naming_both_streams() {
     let Some(ctx) = device("without_record_stream_the_emulator_catches_the_reuse_naming_both_streams", true) else { return };
     let (dev, side) = (&ctx.dev, ctx.side);
     let mut rng = Rng::new(seed());
-    let (_, src) = random(&dev, &mut rng, N);
-    let a = written_on(&dev, side, &src, false);
+    let (_, src) = random(dev, &mut rng, N);
+    let a = written_on(dev, side, &src, false);
     let addr = a.address();
     drop(a);
     // The block went straight back to the compute stream's list: the next
@@ -166,7 +166,7 @@ fn a_request_from_another_stream_gets_only_that_streams_blocks() {
     let (dev, side) = (&ctx.dev, ctx.side);
     let s = seed();
     let mut rng = Rng::new(s);
-    let (want, src) = random(&dev, &mut rng, N);
+    let (want, src) = random(dev, &mut rng, N);
     let x = dev.alloc(DType::F32, N).unwrap();
     let xa = x.address();
     drop(x);
@@ -208,7 +208,7 @@ fn a_single_stream_sequence_records_no_event_and_reuses_every_block() {
     let input = CpuStorage::F32(v.clone());
     let run = || {
         let before = dev.counters();
-        let x = CudaStorage::from_cpu(&dev, &input).unwrap();
+        let x = CudaStorage::from_cpu(dev, &input).unwrap();
         let y = x.try_clone().unwrap();
         let z = dev.zeros(DType::F64, N).unwrap();
         drop(x);
@@ -232,11 +232,11 @@ fn out_of_memory_waits_for_pending_blocks_frees_them_and_retries() {
     let (dev, side) = (&ctx.dev, ctx.side);
     let s = seed();
     let mut rng = Rng::new(s);
-    let (want, src) = random(&dev, &mut rng, N);
+    let (want, src) = random(dev, &mut rng, N);
     // Room for exactly one more block of the class.
     let (free, total) = dev.mem_info().unwrap();
     dev.emu_limit_memory(Some(total - free + CLASS)).unwrap();
-    let a = written_on(&dev, side, &src, true);
+    let a = written_on(dev, side, &src, true);
     dev.emu_hold_stream(side, true).unwrap();
     drop(a);
     assert_eq!(dev.pool_stats().pending, CLASS);
@@ -269,7 +269,7 @@ fn staged_uploads_keep_every_batch_while_their_slots_grow() {
     // must order first.
     for n in [3000usize, 100, 70_000, 3000, 140_000, 1, 9000] {
         let v: Vec<f32> = rng.normal(n).into_iter().map(|x| x as f32).collect();
-        let out = cuda::upload_staged(&dev, &CpuStorage::F32(v.clone())).unwrap();
+        let out = cuda::upload_staged(dev, &CpuStorage::F32(v.clone())).unwrap();
         kept.push((v, out));
     }
     for (v, out) in &kept {
