@@ -21,14 +21,16 @@ cargo test --release "$@"
 # (fp32 equal to the CPU, fp16, bf16), a resume, and bench-train --device cuda
 # in fp32, fp16 and bf16 against the CPU's losses (tests/gpu_cli.rs); the step
 # profile and the launch signature check (tests/gpu_profile.rs); cuBLASLt's
-# cached plans and BGRADB gradients (tests/cuda_blaslt.rs); the fused
+# cached plans and BGRADB gradients (tests/cuda_blaslt.rs); the caching
+# allocator's streams (tests/cuda_alloc.rs: a block another stream used is
+# not reused before its event completes); the fused
 # multi-tensor AdamW, bit-for-bit the per-tensor step (tests/cuda_optim.rs);
 # flash attention against its composition and the CPU (tests/cuda_attention.rs);
 # the fused conformer convolution module against its composition and the CPU
 # (tests/cuda_conv_module.rs); the GPU engines (DDP, ZeRO-1/2) over 2 and 3 emulated devices, their
 # timeouts and uneven data (tests/dist_gpu.rs); every kernel-lab variant
 # against the CPU and production (tests/kernel_lab.rs).
-GPU_SUITES=(--test cuda_ops --test cuda_ops_nn --test cuda_ops_loss --test cuda_attention --test cuda_conv_module --test cuda_optim --test ops_grad --test train_gpu --test gpu_cli --test gpu_profile --test cuda_blaslt --test dist_gpu --test kernel_lab)
+GPU_SUITES=(--test cuda_ops --test cuda_alloc --test cuda_ops_nn --test cuda_ops_loss --test cuda_attention --test cuda_conv_module --test cuda_optim --test ops_grad --test train_gpu --test gpu_cli --test gpu_profile --test cuda_blaslt --test dist_gpu --test kernel_lab)
 SEED=${ASRFORGE_EMU_SEED:-$(( $(date +%s) % 1000000 ))}
 for sched in asc random; do
     echo "GPU suites on the emulated device, thread order $sched (ASRFORGE_EMU_SEED=$SEED)" >&2

@@ -85,6 +85,19 @@ impl CudaDevice {
         let e = self.seam.driver().record_event(Stream(stream))?;
         Ok(DeviceEvent { dev: self.clone(), ev: Some(e) })
     }
+    /// Emulated device only (tests of code that polls events): while
+    /// `held`, the events of stream `stream` report their work as not
+    /// finished to queries, as a GPU does while the work runs; a host wait
+    /// on the stream or one of its events ends the hold. An error on a GPU.
+    pub fn emu_hold_stream(&self, stream: usize, held: bool) -> Result<()> {
+        self.seam.driver().emu_hold_stream(Stream(stream), held)
+    }
+    /// Emulated device only (tests of the out-of-memory path): the device
+    /// refuses an allocation that would take its buffers past `bytes` in
+    /// all (None: no limit). An error on a GPU.
+    pub fn emu_limit_memory(&self, bytes: Option<usize>) -> Result<()> {
+        self.seam.driver().emu_limit_memory(bytes)
+    }
     /// Makes this device current on the calling thread (before a library
     /// such as NCCL enqueues work from a thread that launched nothing yet).
     pub(crate) fn bind(&self) -> Result<()> {
@@ -122,13 +135,22 @@ impl CudaDevice {
     /// allocator (all bytes 0xFF, a NaN in every float type, when
     /// `ASRFORGE_CUDA_POISON=1`).
     pub fn alloc(self: &Arc<Self>, dtype: DType, len: usize) -> Result<CudaStorage> {
+        self.alloc_on_stream(dtype, len, COMPUTE.0)
+    }
+    /// Uninitialised storage for work on stream `stream` (below 64): a block
+    /// from that stream's free list, whose earlier uses were all ordered
+    /// before work queued on `stream` now (the poison fill runs on `stream`).
+    pub fn alloc_on_stream(self: &Arc<Self>, dtype: DType, len: usize, stream: usize) -> Result<CudaStorage> {
         let bytes = len
             .checked_mul(dtype.size_in_bytes())
             .ok_or_else(|| Error::invalid("cuda alloc", format!("{len} elements of {dtype:?} overflow the address space")))?;
-        let block = self.alloc_block(bytes)?;
+        if stream >= 64 {
+            return Err(Error::invalid("cuda alloc", format!("expected a stream number below 64, found {stream}")));
+        }
+        let block = self.alloc_block(bytes, Stream(stream))?;
         let s = CudaStorage::new(block, dtype, len, self.clone());
         if poison_enabled() {
-            s.memset(0xFF)?;
+            s.memset_on(0xFF, Stream(stream))?;
         }
         Ok(s)
     }

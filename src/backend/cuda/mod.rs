@@ -94,6 +94,9 @@ pub struct PoolStats {
     pub peak: usize,
     /// cuMemAlloc calls so far (a steady-state training step adds none).
     pub driver_allocs: u64,
+    /// Bytes of freed blocks waiting for other streams' events before any
+    /// request may get them (part of `cached`; see `alloc.rs`).
+    pub pending: usize,
 }
 
 /// The embedded kernel modules (file stems, sorted).

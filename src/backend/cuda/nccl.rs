@@ -11,8 +11,11 @@
 //!
 //! Every collective is enqueued on a stream of the communicator's device
 //! (a communication stream of its own, which waits on an event of the
-//! compute stream's queued work, or the compute stream) and then waited for
-//! by polling: the completion event
+//! compute stream's queued work, or the compute stream); its buffers are
+//! recorded as used on that stream (`CudaStorage::record_stream`), so a
+//! buffer dropped after it returns to the pool only once an event on the
+//! communication stream says the collective is done, however the call
+//! returns. It is then waited for by polling: the completion event
 //! and `ncclCommGetAsyncError`, every millisecond, until a deadline; so a
 //! dead or stuck peer is an error naming the collective, not a hang. After
 //! an error the communicator must be aborted (`abort`); a clean one is
@@ -331,6 +334,17 @@ impl NcclHandle {
         s.ptr() as *mut c_void
     }
 
+    /// Records the collective's buffers as used on the communication stream
+    /// (the allocator then keeps a dropped one until that stream's event).
+    fn record(&self, bufs: &[&CudaStorage]) -> Result<()> {
+        if self.stream != 0 {
+            for b in bufs {
+                b.record_stream(self.stream)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Runs `enqueue` (NCCL calls on the communicator's stream, inside one
     /// group) after the compute stream's queued work (an event), and polls
     /// until it is done, NCCL reports an asynchronous error, or `timeout`
@@ -387,6 +401,7 @@ impl NcclHandle {
     /// In-place all-reduce of each buffer (one group).
     pub fn all_reduce(&mut self, bufs: &[&CudaStorage], op: RedOp, timeout: Duration) -> Result<()> {
         let dts = bufs.iter().map(|b| nccl_dtype(b.dtype())).collect::<Result<Vec<_>>>()?;
+        self.record(bufs)?;
         self.run("ncclAllReduce", timeout, |a, comm, st| {
             for (b, dt) in bufs.iter().zip(&dts) {
                 let p = Self::ptr(b);
@@ -404,6 +419,7 @@ impl NcclHandle {
     /// In-place broadcast from `root`.
     pub fn broadcast(&mut self, buf: &CudaStorage, root: usize, timeout: Duration) -> Result<()> {
         let dt = nccl_dtype(buf.dtype())?;
+        self.record(&[buf])?;
         self.run("ncclBroadcast", timeout, |a, comm, st| {
             let p = Self::ptr(buf);
             // SAFETY: a live device buffer of `buf.len()` elements, in place.
@@ -414,6 +430,7 @@ impl NcclHandle {
     /// Every rank's `input` into `output` (`nranks · input.len()` elements).
     pub fn all_gather(&mut self, input: &CudaStorage, output: &CudaStorage, timeout: Duration) -> Result<()> {
         let dt = nccl_dtype(input.dtype())?;
+        self.record(&[input, output])?;
         self.run("ncclAllGather", timeout, |a, comm, st| {
             // SAFETY: live buffers; the caller checked output.len() = nranks · input.len() and equal dtypes.
             unsafe { (a.all_gather)(Self::ptr(input), Self::ptr(output), input.len(), dt, comm, st) }
@@ -423,6 +440,7 @@ impl NcclHandle {
     /// The reduction of every rank's `input`, chunk `rank` into `output`.
     pub fn reduce_scatter(&mut self, input: &CudaStorage, output: &CudaStorage, op: RedOp, timeout: Duration) -> Result<()> {
         let dt = nccl_dtype(input.dtype())?;
+        self.record(&[input, output])?;
         self.run("ncclReduceScatter", timeout, |a, comm, st| {
             // SAFETY: live buffers; the caller checked input.len() = nranks · output.len() and equal dtypes.
             unsafe { (a.reduce_scatter)(Self::ptr(input), Self::ptr(output), output.len(), dt, nccl_op(op), comm, st) }

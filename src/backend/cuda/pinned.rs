@@ -6,8 +6,9 @@
 //! rest of the stream.
 //!
 //! `upload_staged` (the batches of training) copies on the device's copy
-//! stream into a staging buffer on the device, and the compute stream takes
-//! the batch from there after an event: the host never waits for the
+//! stream into a staging buffer on the device (allocated for the copy
+//! stream, recorded as read by the compute stream), and the compute stream
+//! takes the batch from there after an event: the host never waits for the
 //! training kernels, and the copy runs beside them.
 
 use super::device::{CudaDevice, DeviceEvent};
@@ -173,18 +174,22 @@ pub fn upload_staged(dev: &Arc<CudaDevice>, c: &CpuStorage) -> Result<CudaStorag
         *next = 1 - *next;
         if slot.as_ref().is_none_or(|s| s.host.len() < c.len()) {
             let cap = c.len().max(1).next_power_of_two();
-            // The old slot's copy has run (its pinned buffer waits on drop)
-            // and its device buffer returns to the pool in compute order,
-            // after the compute stream's read of it.
-            let dev_buf = dev.alloc(c.dtype(), cap)?;
-            // The pool hands out blocks in compute-stream order: the new
-            // block may still be read by compute work queued before it was
-            // freed, and the poison fill (ASRFORGE_CUDA_POISON) is queued on
-            // the compute stream. The copy stream writes it only after the
-            // compute stream has reached this point (found on an H200: the
-            // poison landed after the copy and a batch read back 0xFF).
-            let ready = dev.record_event(COMPUTE.0)?;
-            *slot = Some(Slot { host: PinnedBuffer::new(dev, c.dtype(), cap)?, dev_buf, consumed: Some(ready) });
+            // The slot's device buffer belongs to the copy stream, which
+            // writes it: a block from the copy stream's free list was last
+            // used by work queued before on that stream or by other streams
+            // whose events have completed (the allocator's rule), so the
+            // copy needs no wait on the compute stream, and the poison fill
+            // runs on the copy stream before it. The compute stream reads
+            // it: recorded, so when the slot grows and drops it the block
+            // waits for the compute stream's last read. (An H200 once showed
+            // the race this replaces: a block from the compute-ordered pool
+            // poisoned on the compute stream after the copy stream wrote it;
+            // an event recorded on the compute stream after the allocation
+            // fixed it then.)
+            let copy = dev.copy_stream()?;
+            let dev_buf = dev.alloc_on_stream(c.dtype(), cap, copy)?;
+            dev_buf.record_stream(COMPUTE.0)?;
+            *slot = Some(Slot { host: PinnedBuffer::new(dev, c.dtype(), cap)?, dev_buf, consumed: None });
         }
         let Some(slot) = slot.as_mut() else { return Err(Error::invalid("pinned buffer", "no staging slot")) };
         let src = c.as_bytes();

@@ -2,14 +2,22 @@
 //! and the copies between host and device. Host copies go through the
 //! compute stream and wait for it, so they see every queued kernel's result
 //! and the host buffer is never read after the call returns.
+//!
+//! A storage belongs to the stream its block was allocated for (the compute
+//! stream unless `CudaDevice::alloc_on_stream` named another). Work that
+//! uses it on another stream must be ordered after its stream's writes by
+//! an event, and must call [`CudaStorage::record_stream`] so that the
+//! block, once dropped, is not reused before that work has finished (see
+//! `alloc.rs`).
 
 use super::alloc::Block;
 use super::device::CudaDevice;
-use super::driver::{DevPtr, COMPUTE};
+use super::driver::{DevPtr, Stream, COMPUTE};
 use crate::backend::cpu::CpuStorage;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
 use half::{bf16, f16};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Contiguous device storage of one dtype; its block returns to the pool on drop.
@@ -18,6 +26,8 @@ pub struct CudaStorage {
     dtype: DType,
     len: usize,
     dev: Arc<CudaDevice>,
+    /// Bit s: stream s used this storage (`record_stream`); 0 when only its own stream did.
+    used_on: AtomicU64,
 }
 
 impl std::fmt::Debug for CudaStorage {
@@ -28,13 +38,30 @@ impl std::fmt::Debug for CudaStorage {
 
 impl Drop for CudaStorage {
     fn drop(&mut self) {
-        self.dev.free_block(&self.block);
+        self.dev.free_block(&self.block, self.used_on.load(Ordering::Acquire));
     }
 }
 
 impl CudaStorage {
     pub(crate) fn new(block: Block, dtype: DType, len: usize, dev: Arc<CudaDevice>) -> CudaStorage {
-        CudaStorage { block, dtype, len, dev }
+        CudaStorage { block, dtype, len, dev, used_on: AtomicU64::new(0) }
+    }
+    /// The stream its block was allocated for (0: the compute stream).
+    pub fn stream(&self) -> usize {
+        self.block.stream.0
+    }
+    /// Marks this storage as used by work queued on `stream` (as PyTorch's
+    /// `Tensor.record_stream`): when it drops, its block is not reused
+    /// until an event recorded then on `stream` has completed. Its own
+    /// stream needs no call (a no-op). Streams are numbered below 64.
+    pub fn record_stream(&self, stream: usize) -> Result<()> {
+        if stream >= 64 {
+            return Err(Error::invalid("cuda record_stream", format!("expected a stream number below 64, found {stream}")));
+        }
+        if stream != self.block.stream.0 && self.block.bytes > 0 {
+            self.used_on.fetch_or(1 << stream, Ordering::AcqRel);
+        }
+        Ok(())
     }
     /// The element type.
     pub fn dtype(&self) -> DType {
@@ -70,16 +97,20 @@ impl CudaStorage {
         self.block.ptr
     }
 
-    /// Sets every byte to `byte` (stream-ordered).
+    /// Sets every byte to `byte` (ordered on the compute stream).
     pub(crate) fn memset(&self, byte: u8) -> Result<()> {
+        self.memset_on(byte, COMPUTE)
+    }
+    /// Sets every byte to `byte`, ordered on `stream`.
+    pub(crate) fn memset_on(&self, byte: u8, stream: Stream) -> Result<()> {
         let n = self.size_in_bytes();
         if n == 0 {
             return Ok(());
         }
         // SAFETY: the block holds at least `n` bytes and lives as long as
-        // `self`; the memset is ordered on the compute stream before any
-        // later use of the buffer.
-        unsafe { self.dev.seam().memset_d8(self.ptr(), byte, n, COMPUTE) }
+        // `self`; the memset is ordered on `stream` before any later use of
+        // the buffer there (other streams order after it by events).
+        unsafe { self.dev.seam().memset_d8(self.ptr(), byte, n, stream) }
     }
 
     /// A device copy of host storage.
@@ -144,8 +175,17 @@ impl CudaStorage {
         })
     }
 
-    /// Overwrites this storage with `src` (same dtype, length and device; stream-ordered).
+    /// Overwrites this storage with `src` (same dtype, length and device;
+    /// ordered on the compute stream).
     pub fn copy_from(&self, src: &CudaStorage) -> Result<()> {
+        self.copy_from_on(src, COMPUTE.0)
+    }
+
+    /// Overwrites this storage with `src`, ordered on stream `stream`. The
+    /// caller orders `stream` after the storages' earlier writes (an event
+    /// it waits on) and calls [`CudaStorage::record_stream`] on a storage
+    /// `stream` does not own, so its block waits for the copy when dropped.
+    pub fn copy_from_on(&self, src: &CudaStorage, stream: usize) -> Result<()> {
         if src.dtype != self.dtype || src.len != self.len || src.ordinal() != self.ordinal() {
             return Err(Error::invalid(
                 "cuda copy_from",
@@ -165,8 +205,10 @@ impl CudaStorage {
             return Ok(());
         }
         // SAFETY: both blocks hold at least `n` bytes and live until the
-        // stream has run the copy (see the allocator's reuse rule).
-        unsafe { self.dev.seam().dtod(self.ptr(), src.ptr(), n, COMPUTE) }
+        // stream has run the copy: a block is reused only after work queued
+        // on its own stream, or once the events of the other streams
+        // `record_stream` named have completed (the allocator's reuse rule).
+        unsafe { self.dev.seam().dtod(self.ptr(), src.ptr(), n, Stream(stream)) }
     }
 
     /// A fresh device copy.

@@ -18,6 +18,13 @@
 //! once: a staging copy overwritten by a fill queued earlier on the compute
 //! stream).
 //!
+//! Pending work can be staged for tests of code that polls events: while a
+//! stream is held (`CudaDevice::emu_hold_stream`), queries of its events say
+//! "not finished" (and the host has not seen its work complete); a host wait
+//! on the stream or one of its events ends the hold, as the wait would end
+//! once a GPU finished the work. A memory limit (`emu_limit_memory`) makes
+//! `malloc` refuse, for tests of the out-of-memory path.
+//!
 //! Guards are checked after every launch (the buffers it was passed), when
 //! a storage is dropped, when a buffer is freed, and at every
 //! synchronisation (every buffer). A corruption found where no error can be
@@ -27,7 +34,7 @@
 use super::{emu_blas, DevPtr, Driver, DriverKind, Event, Func, Gemm, LaunchConfig, LtKey, LtMatmul, LtPlan, Stream};
 use crate::error::{Error, Result};
 use std::alloc::Layout;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::Mutex;
 
@@ -103,6 +110,8 @@ struct Order {
     next_event: usize,
     /// Per driver buffer: the last operation of each stream that touched it.
     touched: HashMap<DevPtr, Vec<(usize, u64)>>,
+    /// Streams whose events report pending work (module doc).
+    held: HashSet<usize>,
 }
 
 impl Order {
@@ -153,6 +162,8 @@ pub(crate) struct EmuDriver {
     lt_plans: Mutex<Vec<LtKey>>,
     /// The stream-order check (module doc).
     order: Mutex<Order>,
+    /// The most bytes of buffers `malloc` may hold (module doc).
+    limit: Mutex<Option<usize>>,
 }
 
 impl EmuDriver {
@@ -168,6 +179,7 @@ impl EmuDriver {
             streams: Mutex::new(1),
             lt_plans: Mutex::new(Vec::new()),
             order: Mutex::new(Order::default()),
+            limit: Mutex::new(None),
         }
     }
     /// Queues one operation (`what`) on stream `s` touching the buffers
@@ -282,7 +294,7 @@ impl Driver for EmuDriver {
         Ok((9, 0))
     }
     fn mem_info(&self) -> Result<(usize, usize)> {
-        let total = mem_total();
+        let total = self.limit.lock().unwrap_or_else(|e| e.into_inner()).unwrap_or_else(mem_total);
         let used: usize = self.bufs.lock().unwrap_or_else(|e| e.into_inner()).values().map(|b| b.bytes).sum();
         Ok((total.saturating_sub(used), total))
     }
@@ -296,6 +308,12 @@ impl Driver for EmuDriver {
     }
     fn malloc(&self, bytes: usize) -> Result<Option<DevPtr>> {
         let bytes = bytes.div_ceil(GUARD) * GUARD;
+        if let Some(limit) = *self.limit.lock().unwrap_or_else(|e| e.into_inner()) {
+            let used: usize = self.bufs.lock().unwrap_or_else(|e| e.into_inner()).values().map(|b| b.bytes).sum();
+            if used + bytes > limit {
+                return Ok(None);
+            }
+        }
         let Ok(layout) = Layout::from_size_align(bytes + 2 * GUARD, GUARD) else { return Ok(None) };
         // SAFETY: the layout has a non-zero size.
         let base = unsafe { std::alloc::alloc(layout) };
@@ -439,6 +457,7 @@ impl Driver for EmuDriver {
     }
     fn synchronize(&self, s: Stream) -> Result<()> {
         let mut o = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        o.held.remove(&s.0);
         let clock = o.row(s.0).clone();
         o.complete(&clock);
         drop(o);
@@ -468,7 +487,8 @@ impl Driver for EmuDriver {
     }
     fn event_synchronize(&self, e: &Event) -> Result<()> {
         let mut o = self.order.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, clock)) = o.events.get(&e.0).cloned() {
+        if let Some((s, clock)) = o.events.get(&e.0).cloned() {
+            o.held.remove(&s);
             o.complete(&clock);
         }
         drop(o);
@@ -476,17 +496,36 @@ impl Driver for EmuDriver {
     }
     fn event_query(&self, e: &Event) -> Result<bool> {
         // Work runs when it is queued here, so every recorded event is
-        // complete; a fault found since is reported as the GPU would at
-        // its next query.
+        // complete unless its stream is held (module doc); a fault found
+        // since is reported as the GPU would at its next query.
         self.take_pending()?;
         let mut o = self.order.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, clock)) = o.events.get(&e.0).cloned() {
+        if let Some((s, clock)) = o.events.get(&e.0).cloned() {
+            if o.held.contains(&s) {
+                return Ok(false);
+            }
             o.complete(&clock);
         }
         Ok(true)
     }
     fn destroy_event(&self, e: Event) {
         self.order.lock().unwrap_or_else(|e| e.into_inner()).events.remove(&e.0);
+    }
+    fn emu_hold_stream(&self, s: Stream, held: bool) -> Result<()> {
+        if s.0 >= *self.streams.lock().unwrap_or_else(|e| e.into_inner()) {
+            return Err(Error::invalid("emu_hold_stream", format!("expected a stream of cuda:{} (emulated), found stream {}", self.ordinal, s.0)));
+        }
+        let mut o = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        if held {
+            o.held.insert(s.0);
+        } else {
+            o.held.remove(&s.0);
+        }
+        Ok(())
+    }
+    fn emu_limit_memory(&self, bytes: Option<usize>) -> Result<()> {
+        *self.limit.lock().unwrap_or_else(|e| e.into_inner()) = bytes;
+        Ok(())
     }
     unsafe fn gemm(&self, g: &Gemm, s: Stream) -> Result<()> {
         self.take_pending()?;
@@ -618,6 +657,32 @@ mod tests {
         let late = d.record_event(copy).unwrap();
         assert!(d.event_query(&late).unwrap());
         unsafe { d.memset_d8(p, 0, 8, compute) }.unwrap();
+    }
+
+    /// A held stream's events are pending to queries (and order nothing for
+    /// the host) until released or waited for; a limit refuses malloc.
+    #[test]
+    fn a_held_stream_reports_pending_events_until_released_or_waited_for() {
+        let (d, compute, copy, p) = two_streams();
+        d.emu_hold_stream(copy, true).unwrap();
+        // SAFETY: `p` holds 1024 bytes.
+        unsafe { d.htod(p, &[1u8; 64], copy) }.unwrap();
+        let e = d.record_event(copy).unwrap();
+        assert!(!d.event_query(&e).unwrap());
+        assert!(unsafe { d.memset_d8(p, 0, 8, compute) }.is_err(), "a pending query orders nothing");
+        d.emu_hold_stream(copy, false).unwrap();
+        assert!(d.event_query(&e).unwrap());
+        unsafe { d.memset_d8(p, 0, 8, compute) }.unwrap();
+        d.emu_hold_stream(copy, true).unwrap();
+        let f = d.record_event(copy).unwrap();
+        d.event_synchronize(&f).unwrap();
+        assert!(d.event_query(&f).unwrap(), "a host wait ends the hold");
+        assert!(d.emu_hold_stream(Stream(9), true).is_err());
+        d.emu_limit_memory(Some(2000)).unwrap();
+        assert!(d.malloc(1024).unwrap().is_none(), "1024 B held + 1024 > 2000");
+        assert!(d.malloc(256).unwrap().is_some());
+        d.emu_limit_memory(None).unwrap();
+        assert!(d.malloc(1 << 20).unwrap().is_some());
     }
 
     /// Work on one stream needs no event, and other buffers are not affected.

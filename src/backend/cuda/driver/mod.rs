@@ -232,6 +232,14 @@ pub(crate) trait Driver: Send + Sync {
     fn event_query(&self, e: &Event) -> Result<bool>;
     /// Frees an event.
     fn destroy_event(&self, e: Event);
+    /// The emulator's hold on a stream's events (`CudaDevice::emu_hold_stream`).
+    fn emu_hold_stream(&self, _s: Stream, _held: bool) -> Result<()> {
+        Err(Error::invalid("emu_hold_stream", format!("expected the emulated device, found {:?}", self.kind())))
+    }
+    /// The emulator's memory limit (`CudaDevice::emu_limit_memory`).
+    fn emu_limit_memory(&self, _bytes: Option<usize>) -> Result<()> {
+        Err(Error::invalid("emu_limit_memory", format!("expected the emulated device, found {:?}", self.kind())))
+    }
     /// Records a timing event on `s` (the step profile's), or None where
     /// the device has no clock worth reading (the emulator).
     fn timing_event(&self, _s: Stream) -> Result<Option<Event>> {
