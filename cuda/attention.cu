@@ -121,6 +121,16 @@ template <typename A> struct AttDrop {
 #define ATT_LENS 4u
 #define ATT_MASK 8u
 
+// Work unit `un` of a grid-stride loop over (batch, head, tile): the
+// tile's first row (tiles of `len` rows, `tiles` of them per head), its head
+// and its batch index; every attention kernel walks its units this way.
+struct AttUnit {
+    uint32_t r0, h, b;
+};
+__device__ __forceinline__ AttUnit att_unit(uint64_t un, uint32_t tiles, uint32_t H, uint32_t len) {
+    return AttUnit{(uint32_t)(un % tiles) * len, (uint32_t)((un / tiles) % H), (uint32_t)(un / ((uint64_t)tiles * H))};
+}
+
 #define ATT_SETUP(A)                                                                                                     \
     const T* p = (flags & ATT_POS) ? p_ : nullptr;                                                                       \
     const A* u = (flags & ATT_POS) ? u_ : nullptr;                                                                       \
@@ -191,7 +201,8 @@ __device__ void attention_fwd(ATT_PARAMS(T, acc_t<T>), T* __restrict__ o, acc_t<
     const uint32_t tiles = (T1 + TL - 1) / TL;
     const uint64_t units = (uint64_t)B * H * tiles;
     for (uint64_t un = blockIdx.x; un < units; un += gridDim.x) {
-        const uint32_t i0 = (uint32_t)(un % tiles) * TL, h = (uint32_t)((un / tiles) % H), b = (uint32_t)(un / ((uint64_t)tiles * H));
+        const AttUnit unit = att_unit(un, tiles, H, TL);
+        const uint32_t i0 = unit.r0, h = unit.h, b = unit.b;
         att_load_rows<T, A, TL>(q, b, h, i0, T1, H, d, qs);
         for (uint32_t e = tid; e < TL * d; e += nt) os[e / d][e % d] = 0;
         if (tid < TL) {
@@ -284,7 +295,8 @@ __device__ void attention_bwd_dq(ATT_PARAMS(T, acc_t<T>), const T* __restrict__ 
     const uint32_t tiles = (T1 + TL - 1) / TL;
     const uint64_t units = (uint64_t)B * H * tiles;
     for (uint64_t un = blockIdx.x; un < units; un += gridDim.x) {
-        const uint32_t i0 = (uint32_t)(un % tiles) * TL, h = (uint32_t)((un / tiles) % H), b = (uint32_t)(un / ((uint64_t)tiles * H));
+        const AttUnit unit = att_unit(un, tiles, H, TL);
+        const uint32_t i0 = unit.r0, h = unit.h, b = unit.b;
         att_load_rows<T, A, TL>(q, b, h, i0, T1, H, d, qs);
         att_load_rows<T, A, TL>(dout, b, h, i0, T1, H, d, dos);
         for (uint32_t e = tid; e < TL * d; e += nt) dqs[e / d][e % d] = 0;
@@ -355,7 +367,8 @@ __device__ void attention_bwd_dkv(ATT_PARAMS(T, acc_t<T>), const T* __restrict__
     const uint32_t tiles = (T2 + TL - 1) / TL;
     const uint64_t units = (uint64_t)B * H * tiles;
     for (uint64_t un = blockIdx.x; un < units; un += gridDim.x) {
-        const uint32_t j0 = (uint32_t)(un % tiles) * TL, h = (uint32_t)((un / tiles) % H), b = (uint32_t)(un / ((uint64_t)tiles * H));
+        const AttUnit unit = att_unit(un, tiles, H, TL);
+        const uint32_t j0 = unit.r0, h = unit.h, b = unit.b;
         att_load_keys<T, A, TL>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, kps, vs, cb);
         A gacc[NACC], vacc[NACC];
 #pragma unroll
@@ -583,7 +596,8 @@ __device__ void attention_fwd_wmma(ATT_PARAMS(T, float), T* __restrict__ o, floa
     const uint32_t tiles = (T1 + ATW_QT - 1) / ATW_QT;
     const uint64_t units = (uint64_t)B * H * tiles;
     for (uint64_t un = blockIdx.x; un < units; un += gridDim.x) {
-        const uint32_t i0 = (uint32_t)(un % tiles) * ATW_QT, h = (uint32_t)((un / tiles) % H), b = (uint32_t)(un / ((uint64_t)tiles * H));
+        const AttUnit unit = att_unit(un, tiles, H, ATW_QT);
+        const uint32_t i0 = unit.r0, h = unit.h, b = unit.b;
         const uint32_t r0 = i0 + warp * 16;
         atw_load_rows<T>(q, b, h, i0, ATW_QT, T1, H, d, ld, xs);
         __syncthreads();
@@ -691,7 +705,8 @@ __device__ void attention_bwd_dq_wmma(ATT_PARAMS(T, float), const T* __restrict_
     const uint32_t tiles = (T1 + ATW_QT - 1) / ATW_QT;
     const uint64_t units = (uint64_t)B * H * tiles;
     for (uint64_t un = blockIdx.x; un < units; un += gridDim.x) {
-        const uint32_t i0 = (uint32_t)(un % tiles) * ATW_QT, h = (uint32_t)((un / tiles) % H), b = (uint32_t)(un / ((uint64_t)tiles * H));
+        const AttUnit unit = att_unit(un, tiles, H, ATW_QT);
+        const uint32_t i0 = unit.r0, h = unit.h, b = unit.b;
         const uint32_t r0 = i0 + warp * 16;
         AtwA<T> qf[ATW_NT], df[ATW_NT];
         atw_load_rows<T>(q, b, h, i0, ATW_QT, T1, H, d, ld, xs);
@@ -797,7 +812,8 @@ __device__ void attention_bwd_dkv_wmma(ATT_PARAMS(T, float), const T* __restrict
     const uint32_t tiles = (T2 + KT - 1) / KT;
     const uint64_t units = (uint64_t)B * H * tiles;
     for (uint64_t un = blockIdx.x; un < units; un += gridDim.x) {
-        const uint32_t j0 = (uint32_t)(un % tiles) * KT, h = (uint32_t)((un / tiles) % H), b = (uint32_t)(un / ((uint64_t)tiles * H));
+        const AttUnit unit = att_unit(un, tiles, H, KT);
+        const uint32_t j0 = unit.r0, h = unit.h, b = unit.b;
         atw_load_keys<T>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, ld, kps, vs, cb);
         if (tid < KT) ssum[tid] = 0;
         AtwC vf[ATW_NT / 2], gf[ATW_NT / 2];
