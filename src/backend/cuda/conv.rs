@@ -9,7 +9,9 @@ use super::CudaStorage;
 use crate::backend::cpu::conv::{Conv2d, Dw1d};
 use crate::error::Result;
 
-fn dw_args(op: &'static str, g: &Dw1d) -> Result<[u32; 6]> {
+/// A depthwise conv's sizes as the kernels' u32 arguments (batch, channels,
+/// frames, kernel size, padding, output frames), each checked to fit.
+pub(super) fn dw_args(op: &'static str, g: &Dw1d) -> Result<[u32; 6]> {
     Ok([
         u32_arg(op, "batch", g.b)?,
         u32_arg(op, "channels", g.c)?,

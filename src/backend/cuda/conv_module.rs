@@ -6,6 +6,7 @@
 //! with the mask and GLU backward, and the depthwise weight gradient (conv.cuh's
 //! sums). z and dz stay in f32 for half activations (see the .cu file).
 
+use super::conv::dw_args;
 use super::kernels::{conv_module as k, norm as kn};
 use super::nn_common::{elems, expect_dtype, expect_len, rows, same, u32_arg, FLOATS};
 use super::norm::{bn_launch, bn_scratch, bn_tiling, ln_chunk, ln_param};
@@ -21,17 +22,6 @@ use crate::tensor::DType;
 /// arguments); larger modules run the composition.
 pub fn fits(rows: usize, in_frames_total: usize, c: usize) -> bool {
     bn_tiling(rows, c, 1).is_some() && super::fastdiv::fits_u32(&[in_frames_total * 2 * c])
-}
-
-fn dims(op: &'static str, g: &Dw1d) -> Result<[u32; 6]> {
-    Ok([
-        u32_arg(op, "batch", g.b)?,
-        u32_arg(op, "channels", g.c)?,
-        u32_arg(op, "frames", g.t)?,
-        u32_arg(op, "kernel size", g.k)?,
-        u32_arg(op, "padding", g.pad)?,
-        u32_arg(op, "output frames", g.t_out())?,
-    ])
 }
 
 /// The frame mask (B·T u8) checked, or a one-byte stand-in never read.
@@ -80,7 +70,7 @@ pub fn glu_dw_fwd(a: &CudaStorage, mask: Option<&CudaStorage>, w: &CudaStorage, 
     }
     let (stand_in, has_mask) = mask_arg(op, a, mask, g)?;
     let m = mask.or(stand_in.as_ref()).ok_or_else(|| Error::invalid(op, "no frame mask buffer"))?;
-    let [b, c, t, kk, pad, to] = dims(op, g)?;
+    let [b, c, t, kk, pad, to] = dw_args(op, g)?;
     let dev = a.device();
     let n = g.b * g.t_out() * g.c;
     let z = dev.alloc(ln_param_dtype(a.dtype()), n)?;
@@ -218,7 +208,7 @@ pub fn dw_glu_backward(
     expect_len(op, "the gradient of z (B, To, C)", dz, g.b * g.t_out() * g.c)?;
     let (stand_in, has_mask) = mask_arg(op, a, mask, g)?;
     let m = mask.or(stand_in.as_ref()).ok_or_else(|| Error::invalid(op, "no frame mask buffer"))?;
-    let [b, c, t, kk, pad, to] = dims(op, g)?;
+    let [b, c, t, kk, pad, to] = dw_args(op, g)?;
     let (dt, dev) = (a.dtype(), a.device());
     let n = g.b * g.t * g.c;
     let (da, h) = (dev.alloc(dt, a.len())?, dev.alloc(dz.dtype(), n)?);
