@@ -90,6 +90,33 @@ fn ctc_matches_the_cpu() {
     }
 }
 
+/// A CTC batch of 5 sequences of T frames over V symbols (logits 2·N(0, 1))
+/// with targets of up to 6 labels: repeats (sequence 1), an empty label
+/// (2), an impossible one (3: 5 repeated labels need 9 frames), the blank
+/// id as a label (4), and padded frames.
+struct CtcCase {
+    b: usize,
+    x: Vec<f64>,
+    targets: Tensor,
+    il: [usize; 5],
+    tl: [usize; 5],
+}
+
+fn ctc_case(rng: &mut Rng, t: usize, v: usize) -> CtcCase {
+    let (b, s) = (5, 6);
+    let x: Vec<f64> = rng.normal(b * t * v).into_iter().map(|z| 2.0 * z).collect();
+    let mut targets: Vec<i64> = (0..b * s).map(|_| 1 + rng.below(v - 1) as i64).collect();
+    targets[s] = 4;
+    targets[s + 1] = 4;
+    for j in 0..5 {
+        targets[3 * s + j] = 2;
+    }
+    targets[4 * s + 2] = 0;
+    let il = [t, t - 5, t / 2, 5, t - 8];
+    let tl = [6.min(t / 2), 4, 0, 5, 3];
+    CtcCase { b, x, targets: Tensor::from_vec(targets, [b, s], &Device::Cpu).unwrap(), il, tl }
+}
+
 /// The fused CTC (log-softmax folded into the kernels, the fusion switch's
 /// `loss` family) against the composition ctc_loss(log_softmax(x)) on the
 /// CPU: losses and gradients with respect to the logits, on both devices,
@@ -101,18 +128,8 @@ fn ctc_fused_matches_the_composition() {
     let seed = seed();
     let mut rng = Rng::new(seed);
     for (t, v) in [(24, 7), (9, 600)] {
-        let (b, s) = (5, 6);
-        let x: Vec<f64> = rng.normal(b * t * v).into_iter().map(|z| 2.0 * z).collect();
-        let mut targets: Vec<i64> = (0..b * s).map(|_| 1 + rng.below(v - 1) as i64).collect();
-        targets[s] = 4;
-        targets[s + 1] = 4;
-        for j in 0..5 {
-            targets[3 * s + j] = 2;
-        }
-        targets[4 * s + 2] = 0;
-        let il = [t, t - 5, t / 2, 5, t - 8];
-        let tl = [6.min(t / 2), 4, 0, 5, 3];
-        let tg_cpu = Tensor::from_vec(targets.clone(), [b, s], &Device::Cpu).unwrap();
+        let CtcCase { b, x, targets, il, tl } = ctc_case(&mut rng, t, v);
+        let tg_cpu = targets;
         let tg_gpu = tg_cpu.clone().to_device(&gpu).unwrap();
         let w: Vec<f64> = rng.normal(b);
         for dt in [DType::F32, DType::F64] {
@@ -138,6 +155,44 @@ fn ctc_fused_matches_the_composition() {
                 let tol = rtol(dt).max(1e-6);
                 gpu::assert_close(&format!("ctc T={t} V={v} {dt:?} {name}"), nll, ref_nll, tol, seed);
                 gpu::assert_close(&format!("ctc T={t} V={v} {dt:?} {name} grad"), grad, ref_grad, tol, seed);
+            }
+        }
+    }
+}
+
+/// Half logits (autocast's CTC head) go into the fused CTC as they are: the
+/// same per-sequence losses (f32) and the same gradient (in the logits'
+/// dtype), bit for bit, as through their f32 copy, which the model took
+/// before; on the CPU (no half arithmetic) the op takes the copy itself.
+/// Under every reduction, with an incoming gradient that is not 1.
+#[test]
+fn half_logits_go_into_the_fused_ctc_as_they_are() {
+    let Some(gpu) = gpu::gpu("half_logits_go_into_the_fused_ctc_as_they_are") else { return };
+    let seed = seed();
+    let mut rng = Rng::new(seed);
+    for (t, v) in [(24, 7), (9, 600)] {
+        let CtcCase { b, x, targets, il, tl } = ctc_case(&mut rng, t, v);
+        for dt in [DType::F16, DType::BF16] {
+            for dev in [Device::Cpu, gpu] {
+                let tg = targets.clone().to_device(&dev).unwrap();
+                for red in [Reduction::None, Reduction::Sum, Reduction::Mean] {
+                    let what = format!("T={t} V={v} {dt:?} on {dev:?} {red:?}");
+                    let mut out = vec![];
+                    for widen in [false, true] {
+                        let xt = on(&dev, &x, &[b, t, v], dt).requires_grad_();
+                        let input = if widen { ops::widen_half(&xt).unwrap() } else { xt.clone() };
+                        let loss = ops::ctc_loss_fused(&input, &tg, &il, &tl, 0, red, true).unwrap();
+                        assert_eq!(loss.dtype(), DType::F32, "{what}: f32 losses");
+                        backward(&ops::mul_scalar(&ops::sum_all(&loss).unwrap(), 3.0).unwrap()).unwrap();
+                        let g = xt.grad().unwrap();
+                        assert_eq!(g.dtype(), dt, "{what}: the gradient in the logits' dtype");
+                        out.push((vals(&loss), vals(&g)));
+                    }
+                    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&out[0].0), bits(&out[1].0), "{what}: the losses as through the f32 copy (seed {seed})");
+                    assert!(out[0].1.iter().any(|g| g.abs() > 1e-3), "{what}: the gradient is not trivial");
+                    assert_eq!(bits(&out[0].1), bits(&out[1].1), "{what}: the gradient as through the f32 copy (seed {seed})");
+                }
             }
         }
     }
