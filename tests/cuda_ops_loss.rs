@@ -160,6 +160,31 @@ fn ctc_fused_matches_the_composition() {
     }
 }
 
+/// A loss over half logits (`logits()` makes a fresh leaf) taken as they
+/// are and through their f32 copy (`widen_half`): an f32 loss, the gradient
+/// in the logits' dtype, both bit for bit the same either way, and a
+/// gradient with an element above `min_grad` (not trivially zero). The
+/// loss (summed if it has several elements) is scaled by 3 so its incoming
+/// gradient is not 1.
+fn as_through_the_f32_copy(what: &str, logits: &dyn Fn() -> Tensor, min_grad: f64, seed: u64, loss: &dyn Fn(&Tensor) -> Tensor) {
+    let mut out = vec![];
+    for widen in [false, true] {
+        let xt = logits().requires_grad_();
+        let dt = xt.dtype();
+        let input = if widen { ops::widen_half(&xt).unwrap() } else { xt.clone() };
+        let l = loss(&input);
+        assert_eq!(l.dtype(), DType::F32, "{what}: an f32 loss");
+        backward(&ops::mul_scalar(&ops::sum_all(&l).unwrap(), 3.0).unwrap()).unwrap();
+        let g = xt.grad().unwrap();
+        assert_eq!(g.dtype(), dt, "{what}: the gradient in the logits' dtype");
+        out.push((vals(&l), vals(&g)));
+    }
+    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&out[0].0), bits(&out[1].0), "{what}: the loss as through the f32 copy (seed {seed})");
+    assert!(out[0].1.iter().any(|g| g.abs() > min_grad), "{what}: the gradient is not trivial");
+    assert_eq!(bits(&out[0].1), bits(&out[1].1), "{what}: the gradient as through the f32 copy (seed {seed})");
+}
+
 /// Half logits (autocast's CTC head) go into the fused CTC as they are: the
 /// same per-sequence losses (f32) and the same gradient (in the logits'
 /// dtype), bit for bit, as through their f32 copy, which the model took
@@ -177,21 +202,8 @@ fn half_logits_go_into_the_fused_ctc_as_they_are() {
                 let tg = targets.clone().to_device(&dev).unwrap();
                 for red in [Reduction::None, Reduction::Sum, Reduction::Mean] {
                     let what = format!("T={t} V={v} {dt:?} on {dev:?} {red:?}");
-                    let mut out = vec![];
-                    for widen in [false, true] {
-                        let xt = on(&dev, &x, &[b, t, v], dt).requires_grad_();
-                        let input = if widen { ops::widen_half(&xt).unwrap() } else { xt.clone() };
-                        let loss = ops::ctc_loss_fused(&input, &tg, &il, &tl, 0, red, true).unwrap();
-                        assert_eq!(loss.dtype(), DType::F32, "{what}: f32 losses");
-                        backward(&ops::mul_scalar(&ops::sum_all(&loss).unwrap(), 3.0).unwrap()).unwrap();
-                        let g = xt.grad().unwrap();
-                        assert_eq!(g.dtype(), dt, "{what}: the gradient in the logits' dtype");
-                        out.push((vals(&loss), vals(&g)));
-                    }
-                    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&out[0].0), bits(&out[1].0), "{what}: the losses as through the f32 copy (seed {seed})");
-                    assert!(out[0].1.iter().any(|g| g.abs() > 1e-3), "{what}: the gradient is not trivial");
-                    assert_eq!(bits(&out[0].1), bits(&out[1].1), "{what}: the gradient as through the f32 copy (seed {seed})");
+                    let xt = || on(&dev, &x, &[b, t, v], dt);
+                    as_through_the_f32_copy(&what, &xt, 1e-3, seed, &|input| ops::ctc_loss_fused(input, &tg, &il, &tl, 0, red, true).unwrap());
                 }
             }
         }
@@ -262,21 +274,8 @@ fn half_logits_go_into_the_fused_label_smoothing_as_they_are() {
                 let what = format!("V={v} {dt:?} on {dev:?}");
                 type Loss = fn(&Tensor, &Tensor, f64, i64, bool) -> asrforge::Result<Tensor>;
                 for (name, loss_fn) in [("fused", ops::label_smoothing_loss_fused as Loss), ("reference", ops::label_smoothing_loss_reference)] {
-                    let mut out = vec![];
-                    for widen in [false, true] {
-                        let xt = on(&dev, &x, &[b, l, v], dt).requires_grad_();
-                        let input = if widen { ops::widen_half(&xt).unwrap() } else { xt.clone() };
-                        let loss = loss_fn(&input, &tgd, 0.1, -1, true).unwrap();
-                        assert_eq!(loss.dtype(), DType::F32, "{what} {name}: an f32 loss");
-                        backward(&ops::mul_scalar(&loss, 3.0).unwrap()).unwrap();
-                        let g = xt.grad().unwrap();
-                        assert_eq!(g.dtype(), dt, "{what} {name}: the gradient in the logits' dtype");
-                        out.push((vals(&loss), vals(&g)));
-                    }
-                    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&out[0].0), bits(&out[1].0), "{what} {name}: the loss as through the f32 copy (seed {seed})");
-                    assert!(out[0].1.iter().any(|g| g.abs() > 1e-4), "{what} {name}: the gradient is not trivial");
-                    assert_eq!(bits(&out[0].1), bits(&out[1].1), "{what} {name}: the gradient as through the f32 copy (seed {seed})");
+                    let xt = || on(&dev, &x, &[b, l, v], dt);
+                    as_through_the_f32_copy(&format!("{what} {name}"), &xt, 1e-4, seed, &|input| loss_fn(input, &tgd, 0.1, -1, true).unwrap());
                 }
             }
         }
