@@ -49,15 +49,9 @@ fn ctc_matches_the_cpu() {
     let mut rng = Rng::new(seed);
     let (b, t, v, s) = (5, 24, 7, 6);
     let lp = log_probs(&mut rng, b, t, v);
-    // Random labels; sequence 1 has a repeat, 2 is empty, 3 cannot be aligned
-    // (five equal labels need 9 frames, it has 5), 4 contains the blank id.
-    let mut targets: Vec<i64> = (0..b * s).map(|_| 1 + rng.below(v - 1) as i64).collect();
-    targets[s] = 4;
-    targets[s + 1] = 4;
-    for j in 0..5 {
-        targets[3 * s + j] = 2;
-    }
-    targets[4 * s + 2] = 0;
+    // Sequence 1 has a repeat, 2 is empty, 3 cannot be aligned (five equal
+    // labels need 9 frames, it has 5), 4 contains the blank id.
+    let targets = ctc_targets(&mut rng, b, s, v);
     let il = [24, 19, 10, 5, 16];
     let tl = [6, 4, 0, 5, 5];
     let tg_cpu = Tensor::from_vec(targets.clone(), [b, s], &Device::Cpu).unwrap();
@@ -102,9 +96,10 @@ struct CtcCase {
     tl: [usize; 5],
 }
 
-fn ctc_case(rng: &mut Rng, t: usize, v: usize) -> CtcCase {
-    let (b, s) = (5, 6);
-    let x: Vec<f64> = rng.normal(b * t * v).into_iter().map(|z| 2.0 * z).collect();
+/// Random labels (1..V) of b sequences of s, then planted: a repeat (4, 4)
+/// opening sequence 1, five equal labels in sequence 3, the blank id (0) in
+/// sequence 4.
+fn ctc_targets(rng: &mut Rng, b: usize, s: usize, v: usize) -> Vec<i64> {
     let mut targets: Vec<i64> = (0..b * s).map(|_| 1 + rng.below(v - 1) as i64).collect();
     targets[s] = 4;
     targets[s + 1] = 4;
@@ -112,6 +107,13 @@ fn ctc_case(rng: &mut Rng, t: usize, v: usize) -> CtcCase {
         targets[3 * s + j] = 2;
     }
     targets[4 * s + 2] = 0;
+    targets
+}
+
+fn ctc_case(rng: &mut Rng, t: usize, v: usize) -> CtcCase {
+    let (b, s) = (5, 6);
+    let x: Vec<f64> = rng.normal(b * t * v).into_iter().map(|z| 2.0 * z).collect();
+    let targets = ctc_targets(rng, b, s, v);
     let il = [t, t - 5, t / 2, 5, t - 8];
     let tl = [6.min(t / 2), 4, 0, 5, 3];
     CtcCase { b, x, targets: Tensor::from_vec(targets, [b, s], &Device::Cpu).unwrap(), il, tl }
