@@ -52,14 +52,21 @@ fn gpu_kernels(c: &mut Criterion) {
         // composition) against add_layer_norm's one, both outputs used (the
         // sum carries on as the residual stream).
         let yr = ops::to_dtype(&Tensor::randn([2048, 256], 0.0, 1.0, DType::F32, &mut rng, &gpu).unwrap(), dt).unwrap().requires_grad_();
-        for fused in [false, true] {
-            let name = if fused { "add_layer_norm_fused_fwd_bwd_2048x256" } else { "add_scaled_layer_norm_fwd_bwd_2048x256" };
+        // With the branch's dropout (p 0.1, training): the composition adds
+        // dropout's launch each way, the fused kernels draw the mask inside.
+        for (fused, p) in [(false, 0.0), (true, 0.0), (false, 0.1), (true, 0.1)] {
+            let name = match (fused, p > 0.0) {
+                (true, false) => "add_layer_norm_fused_fwd_bwd_2048x256",
+                (false, false) => "add_scaled_layer_norm_fwd_bwd_2048x256",
+                (true, true) => "dropout_add_layer_norm_fused_fwd_bwd_2048x256",
+                (false, true) => "dropout_add_scaled_layer_norm_fwd_bwd_2048x256",
+            };
             group.bench_function(format!("{name}_{}", dt.as_str()), |bn| {
                 bn.iter(|| {
                     let (s, h) = if fused {
-                        ops::add_layer_norm(&x, &yr, 0.5, Some(&w), Some(&b), 1e-5).unwrap()
+                        ops::add_layer_norm(&x, &yr, 0.5, p, Some(&w), Some(&b), 1e-5).unwrap()
                     } else {
-                        let s = ops::add_scaled(&x, &yr, 0.5).unwrap();
+                        let s = ops::add_scaled(&x, &ops::dropout(&yr, p, true).unwrap(), 0.5).unwrap();
                         let h = ops::layer_norm(&s, Some(&w), Some(&b), 1e-5).unwrap();
                         (s, h)
                     };

@@ -2,12 +2,12 @@
 // the GPU twin of src/backend/cpu/ctc.rs.
 //
 // Layouts (row-major, contiguous):
-//   log_probs  (B, T, V)   T = f32 or f64
+//   log_probs  (B, T, V)   T = f32 or f64 (the fused CTC's logits also f16/bf16)
 //   targets    (B, S)      i64, the first target_lengths[b] used
 //   in_len, tgt_len (B)    i64
 //   alpha, beta (B, T, L') f64 workspace, L' = 2·Smax+1 states per sequence
 //   nll        (B)         f64 per-sequence −log p(l | x)
-//   grad       (B, T, V)   T, ∂nll_b/∂log_probs[b] (zero past in_len[b])
+//   grad       (B, T, V)   T (f32 for half logits), ∂nll_b/∂log_probs[b] (zero past in_len[b])
 //
 // Extended label l' = (blank, l1, blank, l2, …, blank), L' = 2L+1. α and β
 // both include the emission at t, so with y_t(k) = log_probs[t, k]
@@ -45,6 +45,11 @@
 // in_len) is written by ctc_lse_rows, a block per row, in the same pass
 // that finds the row's lse. ctc_loss_fused then overwrites the occupied
 // (t, k) and, for an infeasible sequence, zeroes its rows again.
+//
+// Half logits (autocast's CTC head) go into the fused CTC as they are: each
+// element is widened as it is read, and the gradient is written in f32, the
+// same bits as the f32 kernels give for their f32 copy, which is then never
+// made. The unfused CTC takes f32/f64 log-probabilities only.
 
 #include "ctc_impl.cuh"
 
@@ -59,15 +64,15 @@ struct CtcMax {
     __device__ __forceinline__ double operator()(double a, double b) const { return fmax(a, b); }
 };
 
-template <typename T>
-__device__ void ctc_lse_rows_impl(const T* x, double* lse, T* grad, const int64_t* in_len, int64_t t_max, int64_t rows, int64_t v,
+template <typename T, typename TG>
+__device__ void ctc_lse_rows_impl(const T* x, double* lse, TG* grad, const int64_t* in_len, int64_t t_max, int64_t rows, int64_t v,
                                   int want_grad) {
     __shared__ double sh[32];
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* xr = x + (size_t)r * (size_t)v;
         double m = -INFINITY, s = 0;
         for (int64_t k = threadIdx.x; k < v; k += blockDim.x) {
-            const double xv = (double)xr[k];
+            const double xv = (double)to_acc(xr[k]);
             if (xv > m) {
                 s = s * exp(m - xv) + 1.0;
                 m = xv;
@@ -80,36 +85,42 @@ __device__ void ctc_lse_rows_impl(const T* x, double* lse, T* grad, const int64_
         const double l = mb + log(s);
         if (threadIdx.x == 0) lse[r] = l;
         if (want_grad) {
-            T* gr = grad + (size_t)r * (size_t)v;
+            TG* gr = grad + (size_t)r * (size_t)v;
             if (r % t_max < in_len[r / t_max])
-                for (int64_t k = threadIdx.x; k < v; k += blockDim.x) gr[k] = T(exp((double)xr[k] - l));
+                for (int64_t k = threadIdx.x; k < v; k += blockDim.x) gr[k] = TG(exp((double)to_acc(xr[k]) - l));
             else
-                for (int64_t k = threadIdx.x; k < v; k += blockDim.x) gr[k] = T(0);
+                for (int64_t k = threadIdx.x; k < v; k += blockDim.x) gr[k] = TG(0);
         }
     }
 }
 
 }  // namespace
 
+// The fused pair (ctc_lse_rows + ctc_loss_fused) of logits T with a gradient TG.
+#define CTC_LOSS_FUSED(SUFFIX, T, TG)                                                                          \
+    extern "C" __global__ void ctc_loss_fused_##SUFFIX(                                                        \
+        const T* logits, const double* lse, const int64_t* targets, const int64_t* in_len,                     \
+        const int64_t* tgt_len, double* alpha, double* beta, double* nll, TG* grad, int64_t nb, int64_t t_max,  \
+        int64_t v, int64_t s_max, int64_t blank, int want_grad) {                                              \
+        ctc_loss_impl<T, TG, CtcBlock>(logits, lse, targets, in_len, tgt_len, alpha, beta, nll, grad, nb, t_max, v, \
+                                       s_max, blank, want_grad);                                               \
+    }                                                                                                           \
+    extern "C" __global__ void ctc_lse_rows_##SUFFIX(const T* x, double* lse, TG* grad, const int64_t* in_len, \
+                                                     int64_t t_max, int64_t rows, int64_t v, int want_grad) {   \
+        ctc_lse_rows_impl<T, TG>(x, lse, grad, in_len, t_max, rows, v, want_grad);                              \
+    }
+
 #define CTC_LOSS(SUFFIX, T)                                                                                     \
     extern "C" __global__ void ctc_loss_##SUFFIX(const T* log_probs, const int64_t* targets,                    \
                                                  const int64_t* in_len, const int64_t* tgt_len, double* alpha,   \
                                                  double* beta, double* nll, T* grad, int64_t nb, int64_t t_max,  \
                                                  int64_t v, int64_t s_max, int64_t blank, int want_grad) {       \
-        ctc_loss_impl<T, CtcBlock>(log_probs, nullptr, targets, in_len, tgt_len, alpha, beta, nll, grad, nb, t_max, v,    \
-                         s_max, blank, want_grad);                                                              \
+        ctc_loss_impl<T, T, CtcBlock>(log_probs, nullptr, targets, in_len, tgt_len, alpha, beta, nll, grad, nb, \
+                                      t_max, v, s_max, blank, want_grad);                                       \
     }                                                                                                           \
-    extern "C" __global__ void ctc_loss_fused_##SUFFIX(                                                        \
-        const T* logits, const double* lse, const int64_t* targets, const int64_t* in_len,                     \
-        const int64_t* tgt_len, double* alpha, double* beta, double* nll, T* grad, int64_t nb, int64_t t_max,   \
-        int64_t v, int64_t s_max, int64_t blank, int want_grad) {                                              \
-        ctc_loss_impl<T, CtcBlock>(logits, lse, targets, in_len, tgt_len, alpha, beta, nll, grad, nb, t_max, v, s_max,    \
-                         blank, want_grad);                                                                     \
-    }                                                                                                           \
-    extern "C" __global__ void ctc_lse_rows_##SUFFIX(const T* x, double* lse, T* grad, const int64_t* in_len,  \
-                                                     int64_t t_max, int64_t rows, int64_t v, int want_grad) {   \
-        ctc_lse_rows_impl<T>(x, lse, grad, in_len, t_max, rows, v, want_grad);                                  \
-    }
+    CTC_LOSS_FUSED(SUFFIX, T, T)
 
 CTC_LOSS(f32, float)
 CTC_LOSS(f64, double)
+CTC_LOSS_FUSED(f16, f16, float)
+CTC_LOSS_FUSED(bf16, bf16, float)

@@ -6,6 +6,10 @@
 // lab v1: blockDim / 32 sequences per block, __syncwarp() per step). Both
 // do the same operations on each state in the same order, so they give the
 // same bits. The formulas are in ctc.cu's header.
+//
+// T is the input's storage type, TG the gradient's: TG = T, except for the
+// fused CTC of f16/bf16 logits, which reads them as they are and writes an
+// f32 gradient (TG = float), as the composition over their f32 copy did.
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -52,12 +56,13 @@ __device__ __forceinline__ int64_t ext(const int64_t* lab, int64_t s, int64_t bl
 // from the logits and their row's log-sum-exp (lse != nullptr: fused).
 template <typename T>
 __device__ __forceinline__ double ctc_y(const T* lp, const double* lse, int64_t v, int64_t t, int64_t k) {
-    return lse ? (double)lp[t * v + k] - lse[t] : (double)lp[t * v + k];
+    const double x = (double)to_acc(lp[t * v + k]);
+    return lse ? x - lse[t] : x;
 }
 
-template <typename T, typename G>
+template <typename T, typename TG, typename G>
 __device__ void ctc_one(const T* lp, const double* lse, const int64_t* lab, int64_t tlen, int64_t l, int64_t v, int64_t blank,
-                        int64_t states_max, double* alpha, double* beta, double* nll_out, T* grad, int64_t t_max,
+                        int64_t states_max, double* alpha, double* beta, double* nll_out, TG* grad, int64_t t_max,
                         int want_grad) {
     const int64_t sl = 2 * l + 1;
     const double ninf = -INFINITY;
@@ -102,7 +107,7 @@ __device__ void ctc_one(const T* lp, const double* lse, const int64_t* lab, int6
     if (!isfinite(nll)) {
         // Infeasible: a zero gradient (ctc_lse_rows wrote p_t(k) on the fused path).
         if (lse)
-            for (int64_t i = G::rank(); i < tlen * v; i += G::size()) grad[i] = T(0);
+            for (int64_t i = G::rank(); i < tlen * v; i += G::size()) grad[i] = TG(0);
         return;
     }
     double* last_b = beta + (tlen - 1) * states_max;
@@ -151,20 +156,20 @@ __device__ void ctc_one(const T* lp, const double* lse, const int64_t* lab, int6
         }
         if (acc != ninf) {
             const double y = ctc_y(lp, lse, v, t, k);
-            grad[t * v + k] = T((lse ? exp(y) : 0.0) - exp(acc - y + nll));
+            grad[t * v + k] = TG((lse ? exp(y) : 0.0) - exp(acc - y + nll));
         }
     }
 }
 
-template <typename T, typename G>
+template <typename T, typename TG, typename G>
 __device__ void ctc_loss_impl(const T* log_probs, const double* lse, const int64_t* targets, const int64_t* in_len, const int64_t* tgt_len,
-                              double* alpha, double* beta, double* nll, T* grad, int64_t nb, int64_t t_max,
+                              double* alpha, double* beta, double* nll, TG* grad, int64_t nb, int64_t t_max,
                               int64_t v, int64_t s_max, int64_t blank, int want_grad) {
     const int64_t states_max = 2 * s_max + 1;
     for (int64_t b = G::group(); b < nb; b += G::groups()) {
         const size_t per = (size_t)t_max * (size_t)v;
         const size_t ws = (size_t)t_max * (size_t)states_max;
-        ctc_one<T, G>(log_probs + b * per, lse ? lse + b * t_max : nullptr, targets + b * s_max, in_len[b], tgt_len[b], v, blank, states_max,
+        ctc_one<T, TG, G>(log_probs + b * per, lse ? lse + b * t_max : nullptr, targets + b * s_max, in_len[b], tgt_len[b], v, blank, states_max,
                    alpha + b * ws, beta + b * ws, nll + b, want_grad ? grad + b * per : nullptr, t_max, want_grad);
         // The next sequence of this block reuses nothing, but the shared nll
         // slot must not be overwritten before every thread has read it.

@@ -20,5 +20,5 @@
 extern "C" __global__ void lab_ctc_loss_fused_v1_f32(const float* logits, const double* lse, const int64_t* targets, const int64_t* in_len,
                                                      const int64_t* tgt_len, double* alpha, double* beta, double* nll, float* grad,
                                                      int64_t nb, int64_t t_max, int64_t v, int64_t s_max, int64_t blank, int want_grad) {
-    ctc_loss_impl<float, CtcWarp>(logits, lse, targets, in_len, tgt_len, alpha, beta, nll, grad, nb, t_max, v, s_max, blank, want_grad);
+    ctc_loss_impl<float, float, CtcWarp>(logits, lse, targets, in_len, tgt_len, alpha, beta, nll, grad, nb, t_max, v, s_max, blank, want_grad);
 }

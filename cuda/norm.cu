@@ -20,17 +20,19 @@
                                                       uint32_t chunk) {                                                    \
         layer_norm_bwd<T, W, G>(x, w, mean, rstd, g, gx, pw, pb, rows, n, has_w, chunk);                                   \
     }                                                                                                                      \
-    extern "C" __global__ void add_layer_norm_fwd##S##SUF(const T* x, const T* res, double alpha, const W* w, const W* b,  \
-                                                          T* s, T* y, W* mean, W* rstd, uint64_t rows, uint32_t n,         \
-                                                          double eps, uint32_t has_w, uint32_t has_b) {                    \
-        layer_norm_fwd<T, W, G>(x, w, b, y, mean, rstd, rows, n, eps, has_w, has_b, res, s, alpha);                        \
+    extern "C" __global__ void add_layer_norm_fwd##S##SUF(                                                                 \
+        const T* x, const T* res, double alpha, const W* w, const W* b, T* s, T* y, W* mean, W* rstd, uint64_t rows,       \
+        uint32_t n, double eps, uint32_t has_w, uint32_t has_b, uint64_t seed, uint64_t offset, double keep, double scale, \
+        uint32_t has_drop) {                                                                                               \
+        layer_norm_fwd<T, W, G>(x, w, b, y, mean, rstd, rows, n, eps, has_w, has_b, res, s, alpha,                         \
+                                NnDrop{seed, offset, keep, scale, has_drop});                                              \
     }                                                                                                                      \
-    extern "C" __global__ void add_layer_norm_bwd##S##SUF(const T* s, const W* w, const W* mean, const W* rstd,            \
-                                                          const T* g, const T* gs, uint32_t has_gs, double alpha, T* gx,   \
-                                                          T* gy, uint32_t has_gy, W* pw, W* pb, uint64_t rows, uint32_t n, \
-                                                          uint32_t has_w, uint32_t chunk) {                                \
+    extern "C" __global__ void add_layer_norm_bwd##S##SUF(                                                                 \
+        const T* s, const W* w, const W* mean, const W* rstd, const T* g, const T* gs, uint32_t has_gs, double alpha,      \
+        T* gx, T* gy, uint32_t has_gy, W* pw, W* pb, uint64_t rows, uint32_t n, uint32_t has_w, uint32_t chunk,            \
+        uint64_t seed, uint64_t offset, double keep, double scale, uint32_t has_drop) {                                    \
         layer_norm_bwd<T, W, G>(s, w, mean, rstd, g, gx, pw, pb, rows, n, has_w, chunk, nullptr, has_gs ? gs : nullptr,   \
-                                has_gy ? gy : nullptr, alpha);                                                             \
+                                has_gy ? gy : nullptr, alpha, NnDrop{seed, offset, keep, scale, has_drop});               \
     }
 #define LN_KERNELS(SUF, T, W)                                                                                              \
     LN_SHAPE(SUF, T, W, _, BlockRows)                                                                                      \

@@ -10,7 +10,11 @@
 //   backward: gx = gs + (layer norm's gx of s),  gres = alpha * gx
 // the same kernels with the sum formed on the fly and the two gradients
 // written in the pass that writes gx (one launch saved each way, and the
-// add of the two gradients of s and the scale of gres).
+// add of the two gradients of s and the scale of gres). With the residual
+// dropout folded in (p > 0), res is first multiplied by dropout.cu's mask,
+// drawn on the fly from the same (seed, offset, element) Philox words:
+//   s = x + alpha * dropout(res),  gres = alpha * mask * gx
+// so the dropout's two passes over the branch are gone too.
 // A warp per row for rows of n <= NN_WARP_ROW_MAX, else a block per row
 // (nn_common.cuh; both give the same bits). The backward is two launches,
 // deterministic and without atomics: pass 1 writes gx and sums g*xh and g
@@ -33,6 +37,42 @@
 // conformer convolution module normalises with the same code paths).
 #pragma once
 #include "nn_common.cuh"
+#include "philox.cuh"
+
+// The residual dropout of add_layer_norm: element e of the branch keeps
+// (times `scale`, rounded to the branch's type, as dropout.cu) where the
+// uniform draw of Philox word e % 4 of counter block offset + e / 4 (key
+// seed) is below `keep`, else is multiplied by 0. `on` 0: no dropout.
+struct NnDrop {
+    uint64_t seed = 0, offset = 0;
+    double keep = 1.0, scale = 1.0;
+    uint32_t on = 0;
+};
+
+// The scaled mask of elements e0 .. e0 + N - 1 in the acc type of X (a
+// counter block drawn once for the elements that share it).
+template <typename X, int N>
+__device__ __forceinline__ Vals<typename Num<X>::acc, N> nn_drop_mask(const NnDrop& d, uint64_t e0) {
+    typedef typename Num<X>::acc A;
+    const A on = Num<X>::to(Num<X>::from_f64(d.scale));
+    const uint2 key = make_uint2((uint32_t)d.seed, (uint32_t)(d.seed >> 32));
+    Vals<A, N> m;
+    unsigned long long cur = ~0ull;
+    uint4 w = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        const uint64_t e = e0 + j;
+        const unsigned long long b = d.offset + e / 4;
+        if (b != cur) {
+            w = philox4x32_10(make_uint4((uint32_t)b, (uint32_t)(b >> 32), 0u, 0u), key);
+            cur = b;
+        }
+        const uint32_t l = (uint32_t)(e & 3);
+        const uint32_t q = l == 0 ? w.x : l == 1 ? w.y : l == 2 ? w.z : w.w;
+        m.v[j] = ((double)q + 0.5) / 4294967296.0 < d.keep ? on : A(0);
+    }
+    return m;
+}
 
 // swish(v) = v * sigmoid(v) and its derivative, for the norms that the
 // fused conformer convolution module follows with swish (SWISH = true
@@ -52,12 +92,14 @@ template <typename A> __device__ __forceinline__ A nn_swish_grad(A v) {
 // half activations' pre-norm values in f32).
 // With `res` (add_layer_norm, the residual add fused into the norm): the
 // row normalised is s = x + alpha * res, rounded to X once, as
-// ops::add_scaled would store it; s is written too. Without, `res`, `s` and
-// `alpha` are unused.
+// ops::add_scaled would store it; s is written too. With `drop.on`, res is
+// dropout(res) rounded to X, as dropout.cu would store it. Without `res`,
+// `res`, `s`, `alpha` and `drop` are unused.
 template <typename T, typename W, typename G, bool SWISH = false, typename X = T>
 __device__ void layer_norm_fwd(const X* __restrict__ x, const W* __restrict__ w, const W* __restrict__ b, T* __restrict__ y,
                                W* __restrict__ mean, W* __restrict__ rstd, uint64_t rows, uint32_t n, double eps, uint32_t has_w,
-                               uint32_t has_b, const X* __restrict__ res = nullptr, X* __restrict__ s = nullptr, double alpha = 0.0) {
+                               uint32_t has_b, const X* __restrict__ res = nullptr, X* __restrict__ s = nullptr, double alpha = 0.0,
+                               NnDrop drop = NnDrop()) {
     typedef typename Num<T>::acc A;
     constexpr int N = RowN<T>::N;
     const RowVec<const W, N> wv(w, n), bv(b, n);
@@ -69,7 +111,12 @@ __device__ void layer_norm_fwd(const X* __restrict__ x, const W* __restrict__ w,
         auto row = [&](uint32_t c) {
             Vals<X, N> xv = xr.load(c);
             if (res) {
-                const Vals<X, N> rv = rr.load(c);
+                Vals<X, N> rv = rr.load(c);
+                if (drop.on) {
+                    const Vals<A, N> m = nn_drop_mask<X, N>(drop, (uint64_t)r * n + (uint64_t)c * N);
+#pragma unroll
+                    for (int j = 0; j < N; ++j) rv.v[j] = Num<X>::from(Num<X>::to(rv.v[j]) * m.v[j]);
+                }
 #pragma unroll
                 for (int j = 0; j < N; ++j) xv.v[j] = Num<X>::from(Num<X>::to(xv.v[j]) + al * Num<X>::to(rv.v[j]));
             }
@@ -143,12 +190,16 @@ __device__ void layer_norm_fwd(const X* __restrict__ x, const W* __restrict__ w,
 // With `gy` or `gs` (add_layer_norm's backward; x is then the saved sum s):
 // gx gets the gradient that reached s directly added (`gs`, when there is
 // one) and, with `gy`, gy = alpha * gx is written too, both from the
-// unrounded sum (for alpha 1 the host passes no gy and hands out gx).
+// unrounded sum (for alpha 1 the host passes no gy and hands out gx); with
+// `drop.on`, gy = mask * (alpha * gx rounded to X), rounded again, as the
+// composition's dropout backward of the add's gradient (the forward's mask
+// drawn again; gy is then always written).
 template <typename T, typename W, typename G, bool SWISH = false, typename X = T>
 __device__ void layer_norm_bwd(const X* __restrict__ x, const W* __restrict__ w, const W* __restrict__ mean, const W* __restrict__ rstd,
                                const T* __restrict__ g, X* __restrict__ gx, W* __restrict__ pw, W* __restrict__ pb, uint64_t rows,
                                uint32_t n, uint32_t has_w, uint32_t chunk, const W* __restrict__ bias = nullptr,
-                               const X* __restrict__ gs = nullptr, X* __restrict__ gy = nullptr, double alpha = 0.0) {
+                               const X* __restrict__ gs = nullptr, X* __restrict__ gy = nullptr, double alpha = 0.0,
+                               NnDrop drop = NnDrop()) {
     typedef typename Num<T>::acc A;
     constexpr int N = RowN<T>::N;
     const RowVec<const W, N> wv(w, n), bv(bias, n);
@@ -212,8 +263,14 @@ __device__ void layer_norm_bwd(const X* __restrict__ x, const W* __restrict__ w,
                 for (int j = 0; j < N; ++j) out.v[j] = Num<X>::from(d.v[j]);
                 o.store(k, out);
                 if (gy) {
+                    if (drop.on) {
+                        const Vals<A, N> m = nn_drop_mask<X, N>(drop, (uint64_t)r * n + (uint64_t)k * N);
 #pragma unroll
-                    for (int j = 0; j < N; ++j) out.v[j] = Num<X>::from(A(alpha) * d.v[j]);
+                        for (int j = 0; j < N; ++j) out.v[j] = Num<X>::from(Num<X>::to(Num<X>::from(A(alpha) * d.v[j])) * m.v[j]);
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < N; ++j) out.v[j] = Num<X>::from(A(alpha) * d.v[j]);
+                    }
                     RowVec<X, N>(gy + r * n, n).store(k, out);
                 }
             }

@@ -226,6 +226,31 @@ fn a_single_stream_sequence_records_no_event_and_reuses_every_block() {
     assert_eq!((second.driver_allocs, second.pool_reuses, second.host_syncs, second.driver_frees), (0, 3, 1, 0), "{second:?}");
 }
 
+/// `record_stream` of a number that is not one of the device's streams (below
+/// 64, so a bit of the mask, but never made) is an error naming it, and the
+/// mask is left alone: when the storage drops, its block is free at once and
+/// the next request of its size gets it (an event on a stream that does not
+/// exist could not be recorded, and the block would never be reused).
+#[test]
+fn record_stream_of_a_stream_the_device_lacks_is_refused_and_the_block_comes_back() {
+    let Some(ctx) = device("record_stream_of_a_stream_the_device_lacks_is_refused_and_the_block_comes_back", false) else { return };
+    let (dev, side) = (&ctx.dev, ctx.side);
+    let mut rng = Rng::new(seed());
+    let (_, x) = random(dev, &mut rng, N);
+    let xa = x.address();
+    // The tests make two streams besides the compute stream (theirs and the copy stream).
+    assert!(side < 40);
+    for bogus in [40, 63, 64, 1000] {
+        let err = x.record_stream(bogus).expect_err("a stream the device lacks").to_string();
+        assert!(err.contains(&format!("found {bogus}")) && err.contains("expected a stream of cuda:0"), "{err}");
+    }
+    x.record_stream(0).unwrap();
+    drop(x);
+    assert_eq!(dev.pool_stats().pending, 0, "no event was waited for");
+    let again = dev.alloc(DType::F32, N).unwrap();
+    assert_eq!(again.address(), xa, "the block came back to the compute stream's list");
+}
+
 #[test]
 fn out_of_memory_waits_for_pending_blocks_frees_them_and_retries() {
     let Some(ctx) = device("out_of_memory_waits_for_pending_blocks_frees_them_and_retries", true) else { return };

@@ -49,15 +49,9 @@ fn ctc_matches_the_cpu() {
     let mut rng = Rng::new(seed);
     let (b, t, v, s) = (5, 24, 7, 6);
     let lp = log_probs(&mut rng, b, t, v);
-    // Random labels; sequence 1 has a repeat, 2 is empty, 3 cannot be aligned
-    // (five equal labels need 9 frames, it has 5), 4 contains the blank id.
-    let mut targets: Vec<i64> = (0..b * s).map(|_| 1 + rng.below(v - 1) as i64).collect();
-    targets[s] = 4;
-    targets[s + 1] = 4;
-    for j in 0..5 {
-        targets[3 * s + j] = 2;
-    }
-    targets[4 * s + 2] = 0;
+    // Sequence 1 has a repeat, 2 is empty, 3 cannot be aligned (five equal
+    // labels need 9 frames, it has 5), 4 contains the blank id.
+    let targets = ctc_targets(&mut rng, b, s, v);
     let il = [24, 19, 10, 5, 16];
     let tl = [6, 4, 0, 5, 5];
     let tg_cpu = Tensor::from_vec(targets.clone(), [b, s], &Device::Cpu).unwrap();
@@ -90,6 +84,41 @@ fn ctc_matches_the_cpu() {
     }
 }
 
+/// A CTC batch of 5 sequences of T frames over V symbols (logits 2·N(0, 1))
+/// with targets of up to 6 labels: repeats (sequence 1), an empty label
+/// (2), an impossible one (3: 5 repeated labels need 9 frames), the blank
+/// id as a label (4), and padded frames.
+struct CtcCase {
+    b: usize,
+    x: Vec<f64>,
+    targets: Tensor,
+    il: [usize; 5],
+    tl: [usize; 5],
+}
+
+/// Random labels (1..V) of b sequences of s, then planted: a repeat (4, 4)
+/// opening sequence 1, five equal labels in sequence 3, the blank id (0) in
+/// sequence 4.
+fn ctc_targets(rng: &mut Rng, b: usize, s: usize, v: usize) -> Vec<i64> {
+    let mut targets: Vec<i64> = (0..b * s).map(|_| 1 + rng.below(v - 1) as i64).collect();
+    targets[s] = 4;
+    targets[s + 1] = 4;
+    for j in 0..5 {
+        targets[3 * s + j] = 2;
+    }
+    targets[4 * s + 2] = 0;
+    targets
+}
+
+fn ctc_case(rng: &mut Rng, t: usize, v: usize) -> CtcCase {
+    let (b, s) = (5, 6);
+    let x: Vec<f64> = rng.normal(b * t * v).into_iter().map(|z| 2.0 * z).collect();
+    let targets = ctc_targets(rng, b, s, v);
+    let il = [t, t - 5, t / 2, 5, t - 8];
+    let tl = [6.min(t / 2), 4, 0, 5, 3];
+    CtcCase { b, x, targets: Tensor::from_vec(targets, [b, s], &Device::Cpu).unwrap(), il, tl }
+}
+
 /// The fused CTC (log-softmax folded into the kernels, the fusion switch's
 /// `loss` family) against the composition ctc_loss(log_softmax(x)) on the
 /// CPU: losses and gradients with respect to the logits, on both devices,
@@ -101,18 +130,8 @@ fn ctc_fused_matches_the_composition() {
     let seed = seed();
     let mut rng = Rng::new(seed);
     for (t, v) in [(24, 7), (9, 600)] {
-        let (b, s) = (5, 6);
-        let x: Vec<f64> = rng.normal(b * t * v).into_iter().map(|z| 2.0 * z).collect();
-        let mut targets: Vec<i64> = (0..b * s).map(|_| 1 + rng.below(v - 1) as i64).collect();
-        targets[s] = 4;
-        targets[s + 1] = 4;
-        for j in 0..5 {
-            targets[3 * s + j] = 2;
-        }
-        targets[4 * s + 2] = 0;
-        let il = [t, t - 5, t / 2, 5, t - 8];
-        let tl = [6.min(t / 2), 4, 0, 5, 3];
-        let tg_cpu = Tensor::from_vec(targets.clone(), [b, s], &Device::Cpu).unwrap();
+        let CtcCase { b, x, targets, il, tl } = ctc_case(&mut rng, t, v);
+        let tg_cpu = targets;
         let tg_gpu = tg_cpu.clone().to_device(&gpu).unwrap();
         let w: Vec<f64> = rng.normal(b);
         for dt in [DType::F32, DType::F64] {
@@ -138,6 +157,56 @@ fn ctc_fused_matches_the_composition() {
                 let tol = rtol(dt).max(1e-6);
                 gpu::assert_close(&format!("ctc T={t} V={v} {dt:?} {name}"), nll, ref_nll, tol, seed);
                 gpu::assert_close(&format!("ctc T={t} V={v} {dt:?} {name} grad"), grad, ref_grad, tol, seed);
+            }
+        }
+    }
+}
+
+/// A loss over half logits (`logits()` makes a fresh leaf) taken as they
+/// are and through their f32 copy (`widen_half`): an f32 loss, the gradient
+/// in the logits' dtype, both bit for bit the same either way, and a
+/// gradient with an element above `min_grad` (not trivially zero). The
+/// loss (summed if it has several elements) is scaled by 3 so its incoming
+/// gradient is not 1.
+fn as_through_the_f32_copy(what: &str, logits: &dyn Fn() -> Tensor, min_grad: f64, seed: u64, loss: &dyn Fn(&Tensor) -> Tensor) {
+    let mut out = vec![];
+    for widen in [false, true] {
+        let xt = logits().requires_grad_();
+        let dt = xt.dtype();
+        let input = if widen { ops::widen_half(&xt).unwrap() } else { xt.clone() };
+        let l = loss(&input);
+        assert_eq!(l.dtype(), DType::F32, "{what}: an f32 loss");
+        backward(&ops::mul_scalar(&ops::sum_all(&l).unwrap(), 3.0).unwrap()).unwrap();
+        let g = xt.grad().unwrap();
+        assert_eq!(g.dtype(), dt, "{what}: the gradient in the logits' dtype");
+        out.push((vals(&l), vals(&g)));
+    }
+    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&out[0].0), bits(&out[1].0), "{what}: the loss as through the f32 copy (seed {seed})");
+    assert!(out[0].1.iter().any(|g| g.abs() > min_grad), "{what}: the gradient is not trivial");
+    assert_eq!(bits(&out[0].1), bits(&out[1].1), "{what}: the gradient as through the f32 copy (seed {seed})");
+}
+
+/// Half logits (autocast's CTC head) go into the fused CTC as they are: the
+/// same per-sequence losses (f32) and the same gradient (in the logits'
+/// dtype), bit for bit, as through their f32 copy, which the model took
+/// before; on the CPU (no half arithmetic) the op takes the copy itself.
+/// Under every reduction, with an incoming gradient that is not 1.
+#[test]
+fn half_logits_go_into_the_fused_ctc_as_they_are() {
+    let Some(gpu) = gpu::gpu("half_logits_go_into_the_fused_ctc_as_they_are") else { return };
+    let seed = seed();
+    let mut rng = Rng::new(seed);
+    for (t, v) in [(24, 7), (9, 600)] {
+        let CtcCase { b, x, targets, il, tl } = ctc_case(&mut rng, t, v);
+        for dt in [DType::F16, DType::BF16] {
+            for dev in [Device::Cpu, gpu] {
+                let tg = targets.clone().to_device(&dev).unwrap();
+                for red in [Reduction::None, Reduction::Sum, Reduction::Mean] {
+                    let what = format!("T={t} V={v} {dt:?} on {dev:?} {red:?}");
+                    let xt = || on(&dev, &x, &[b, t, v], dt);
+                    as_through_the_f32_copy(&what, &xt, 1e-3, seed, &|input| ops::ctc_loss_fused(input, &tg, &il, &tl, 0, red, true).unwrap());
+                }
             }
         }
     }
@@ -207,21 +276,8 @@ fn half_logits_go_into_the_fused_label_smoothing_as_they_are() {
                 let what = format!("V={v} {dt:?} on {dev:?}");
                 type Loss = fn(&Tensor, &Tensor, f64, i64, bool) -> asrforge::Result<Tensor>;
                 for (name, loss_fn) in [("fused", ops::label_smoothing_loss_fused as Loss), ("reference", ops::label_smoothing_loss_reference)] {
-                    let mut out = vec![];
-                    for widen in [false, true] {
-                        let xt = on(&dev, &x, &[b, l, v], dt).requires_grad_();
-                        let input = if widen { ops::widen_half(&xt).unwrap() } else { xt.clone() };
-                        let loss = loss_fn(&input, &tgd, 0.1, -1, true).unwrap();
-                        assert_eq!(loss.dtype(), DType::F32, "{what} {name}: an f32 loss");
-                        backward(&ops::mul_scalar(&loss, 3.0).unwrap()).unwrap();
-                        let g = xt.grad().unwrap();
-                        assert_eq!(g.dtype(), dt, "{what} {name}: the gradient in the logits' dtype");
-                        out.push((vals(&loss), vals(&g)));
-                    }
-                    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&out[0].0), bits(&out[1].0), "{what} {name}: the loss as through the f32 copy (seed {seed})");
-                    assert!(out[0].1.iter().any(|g| g.abs() > 1e-4), "{what} {name}: the gradient is not trivial");
-                    assert_eq!(bits(&out[0].1), bits(&out[1].1), "{what} {name}: the gradient as through the f32 copy (seed {seed})");
+                    let xt = || on(&dev, &x, &[b, l, v], dt);
+                    as_through_the_f32_copy(&format!("{what} {name}"), &xt, 1e-4, seed, &|input| loss_fn(input, &tgd, 0.1, -1, true).unwrap());
                 }
             }
         }

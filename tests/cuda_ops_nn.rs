@@ -249,14 +249,14 @@ fn add_layer_norm_matches_the_cpu() {
         for alpha in [1.0, 0.5] {
             let name = format!("add_layer_norm {x:?} alpha {alpha}");
             both(&format!("{name} affine, s and h"), &dev, &[(x, Normal, true), (x, Normal, true), (p, Normal, true), (p, Normal, true)], &move |t| {
-                let (s, h) = ops::add_layer_norm(&t[0], &t[1], alpha, Some(&t[2]), Some(&t[3]), 1e-5)?;
+                let (s, h) = ops::add_layer_norm(&t[0], &t[1], alpha, 0.0, Some(&t[2]), Some(&t[3]), 1e-5)?;
                 both_out(s, h)
             });
             both(&format!("{name} plain, h only"), &dev, &[(x, Normal, true), (x, Normal, true)], &move |t| {
-                Ok(ops::add_layer_norm(&t[0], &t[1], alpha, None, None, 1e-5)?.1)
+                Ok(ops::add_layer_norm(&t[0], &t[1], alpha, 0.0, None, None, 1e-5)?.1)
             });
             both(&format!("{name} affine, s only"), &dev, &[(x, Normal, true), (x, Normal, true), (p, Normal, false), (p, Normal, false)], &move |t| {
-                Ok(ops::add_layer_norm(&t[0], &t[1], alpha, Some(&t[2]), Some(&t[3]), 1e-5)?.0)
+                Ok(ops::add_layer_norm(&t[0], &t[1], alpha, 0.0, Some(&t[2]), Some(&t[3]), 1e-5)?.0)
             });
             for dt in [DType::F16, DType::BF16] {
                 compare(
@@ -269,7 +269,7 @@ fn add_layer_norm_matches_the_cpu() {
                         let f32 = |v: &Tensor| ops::to_dtype(v, DType::F32);
                         let (w, b) = (f32(&t[2])?, f32(&t[3])?);
                         if t[0].device() != Device::Cpu {
-                            let (s, h) = ops::add_layer_norm(&t[0], &t[1], alpha, Some(&w), Some(&b), 1e-5)?;
+                            let (s, h) = ops::add_layer_norm(&t[0], &t[1], alpha, 0.0, Some(&w), Some(&b), 1e-5)?;
                             return both_out(s, h);
                         }
                         // The CPU has no half arithmetic: the sum in f32,
@@ -283,6 +283,99 @@ fn add_layer_norm_matches_the_cpu() {
                 );
             }
         }
+    }
+}
+
+/// `add_layer_norm` with the residual branch's dropout folded in, on the GPU
+/// (the mask drawn inside the norm kernels) against the CPU's composition
+/// `add_scaled(x, dropout(y))` then `layer_norm` from the same generator
+/// state: outputs and every gradient (the branch's is alpha·mask·gx, written
+/// also for alpha 1), with s and h used, h only and s only (the backward's
+/// own dropout of alpha·gs); rows whose length is not a multiple of 4 (the
+/// Philox blocks straddle rows), the block path (1025), and p = 1.
+#[test]
+fn add_layer_norm_with_dropout_matches_the_cpu() {
+    let Some(dev) = gpu("add_layer_norm_with_dropout_matches_the_cpu") else { return };
+    let cases: [(&'static [usize], &'static [usize], f64); 5] =
+        [(&[300, 7], &[7], 0.3), (&[2, 3, 256], &[256], 0.1), (&[41, 1025], &[1025], 0.3), (&[2400, 5], &[5], 0.5), (&[3, 9], &[9], 1.0)];
+    let both_out = |s: Tensor, h: Tensor| ops::cat(&[&s, &h], 0);
+    for (x, pr, p) in cases {
+        let seed = fresh_seed();
+        for alpha in [1.0, 0.5] {
+            let name = format!("add_layer_norm {x:?} alpha {alpha} dropout {p}");
+            both(&format!("{name} affine, s and h"), &dev, &[(x, Normal, true), (x, Normal, true), (pr, Normal, true), (pr, Normal, true)], &move |t| {
+                rng::manual_seed(seed);
+                let (s, h) = ops::add_layer_norm(&t[0], &t[1], alpha, p, Some(&t[2]), Some(&t[3]), 1e-5)?;
+                both_out(s, h)
+            });
+            both(&format!("{name} plain, h only"), &dev, &[(x, Normal, true), (x, Normal, true)], &move |t| {
+                rng::manual_seed(seed);
+                Ok(ops::add_layer_norm(&t[0], &t[1], alpha, p, None, None, 1e-5)?.1)
+            });
+            both(&format!("{name} affine, s only"), &dev, &[(x, Normal, true), (x, Normal, true), (pr, Normal, false), (pr, Normal, false)], &move |t| {
+                rng::manual_seed(seed);
+                Ok(ops::add_layer_norm(&t[0], &t[1], alpha, p, Some(&t[2]), Some(&t[3]), 1e-5)?.0)
+            });
+            for dt in [DType::F16, DType::BF16] {
+                // 2x the one-rounding tolerance: the branch's gradient is the
+                // sum of s's two gradients, each rounded to half by the CPU
+                // composition before they meet (the kernel sums them
+                // unrounded), times the mask's 1/(1-p), rounded again; that
+                // amplified rounding put it up to 1.27x the tolerance over
+                // 20 runs (the outputs and x's gradient, checked before it,
+                // stayed within 1x).
+                compare(
+                    &format!("half {name} affine, s and h"),
+                    &dev,
+                    dt,
+                    2.0 * gpu::tol(dt),
+                    &[(x, Normal, true), (x, Normal, true), (pr, Normal, true), (pr, Normal, true)],
+                    &move |t| {
+                        rng::manual_seed(seed);
+                        let f32 = |v: &Tensor| ops::to_dtype(v, DType::F32);
+                        let (w, b) = (f32(&t[2])?, f32(&t[3])?);
+                        if t[0].device() != Device::Cpu {
+                            let (s, h) = ops::add_layer_norm(&t[0], &t[1], alpha, p, Some(&w), Some(&b), 1e-5)?;
+                            return both_out(s, h);
+                        }
+                        // The CPU: the half branch dropped in half (as the
+                        // GPU's dropout stores it), the sum in f32 rounded to
+                        // the dtype, normalised in the dtype.
+                        let yd = ops::dropout(&t[1], p, true)?;
+                        let s32 = ops::add_scaled(&f32(&t[0])?, &f32(&yd)?, alpha)?;
+                        let h = ops::layer_norm(&ops::to_dtype(&s32, t[0].dtype())?, Some(&w), Some(&b), 1e-5)?;
+                        both_out(ops::to_dtype(&s32, t[0].dtype())?, h)
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// The generator moves by the branch's element count whether the dropout
+/// is folded into `add_layer_norm` or not, and the kept elements are those
+/// `ops::dropout` keeps: s − x is alpha·dropout(y) exactly (f64).
+#[test]
+fn add_layer_norm_dropout_draws_the_words_ops_dropout_draws() {
+    let Some(dev) = gpu("add_layer_norm_dropout_draws_the_words_ops_dropout_draws") else { return };
+    let seed = fresh_seed();
+    let mut r = Rng::new(seed);
+    let (n, c) = (37, 11);
+    let xv = r.normal(n * c);
+    let yv = r.normal(n * c);
+    let x = common::tensor(&xv, &[n, c], DType::F64, &Device::Cpu).to_device(&dev).unwrap();
+    let y = common::tensor(&yv, &[n, c], DType::F64, &Device::Cpu).to_device(&dev).unwrap();
+    rng::manual_seed(seed);
+    let (s, _) = ops::add_layer_norm(&x, &y, 0.5, 0.25, None, None, 1e-5).unwrap();
+    let after_fused = rng::with_default(|g| g.offset);
+    rng::manual_seed(seed);
+    let yd = ops::dropout(&y, 0.25, true).unwrap().to_f64_vec().unwrap();
+    assert_eq!(rng::with_default(|g| g.offset), after_fused, "the same words reserved (seed {seed})");
+    let s = s.to_f64_vec().unwrap();
+    let dropped = yd.iter().filter(|&&v| v == 0.0).count();
+    assert!(dropped > 0 && dropped < n * c, "some dropped, some kept: {dropped} of {} (seed {seed})", n * c);
+    for i in 0..n * c {
+        assert_eq!(s[i], xv[i] + 0.5 * yd[i], "element {i} (seed {seed})");
     }
 }
 

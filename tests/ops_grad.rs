@@ -152,12 +152,18 @@ grad!(layer_norm_plain, [([2, 3, 6], Normal, true)], |x| ops::layer_norm(&x[0], 
 // The residual add fused with the next norm: both outputs (the backward adds
 // the gradient that reached s directly), the norm's output only, the sum only.
 grad!(add_layer_norm_both, [([3, 7], Normal, true), ([3, 7], Normal, true), ([7], Normal, true), ([7], Normal, true)], |x| {
-    let (s, h) = ops::add_layer_norm(&x[0], &x[1], 0.5, Some(&x[2]), Some(&x[3]), 1e-5)?;
+    let (s, h) = ops::add_layer_norm(&x[0], &x[1], 0.5, 0.0, Some(&x[2]), Some(&x[3]), 1e-5)?;
     ops::cat(&[&s, &h], 0)
 });
-grad!(add_layer_norm_h_only, [([2, 3, 6], Normal, true), ([2, 3, 6], Normal, true)], |x| Ok(ops::add_layer_norm(&x[0], &x[1], 1.0, None, None, 1e-5)?.1));
+grad!(add_layer_norm_h_only, [([2, 3, 6], Normal, true), ([2, 3, 6], Normal, true)], |x| Ok(ops::add_layer_norm(&x[0], &x[1], 1.0, 0.0, None, None, 1e-5)?.1));
 grad!(add_layer_norm_s_only, [([3, 5], Normal, true), ([3, 5], Normal, true), ([5], Normal, false), ([5], Normal, false)], |x| {
-    Ok(ops::add_layer_norm(&x[0], &x[1], -1.5, Some(&x[2]), Some(&x[3]), 1e-5)?.0)
+    Ok(ops::add_layer_norm(&x[0], &x[1], -1.5, 0.0, Some(&x[2]), Some(&x[3]), 1e-5)?.0)
+});
+// With the branch's dropout folded in (the mask from the seeded generator).
+grad!(add_layer_norm_dropout_both, [([3, 7], Normal, true), ([3, 7], Normal, true), ([7], Normal, true), ([7], Normal, true)], |x| {
+    rng::manual_seed(5);
+    let (s, h) = ops::add_layer_norm(&x[0], &x[1], 0.5, 0.3, Some(&x[2]), Some(&x[3]), 1e-5)?;
+    ops::cat(&[&s, &h], 0)
 });
 grad!(batch_norm_train, [([4, 3, 5], Normal, true), ([3], Normal, true), ([3], Normal, true)], |x| {
     let (rm, rv) = (like(&[0.0; 3], &x[0]), like(&[1.0; 3], &x[0]));

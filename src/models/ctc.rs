@@ -55,9 +55,10 @@ impl Ctc {
     /// gradient zeroed, as WeNet's `zero_infinity=True`): the rest of the
     /// batch trains.
     pub fn loss_counted(&self, enc_out: &Tensor, enc_lens: &[usize], target: &Tensor, target_lens: &[usize]) -> Result<(Tensor, usize)> {
-        // Fused (the fusion switch's `loss` family): the log-softmax inside the CTC kernels.
+        // Fused (the fusion switch's `loss` family): the log-softmax inside
+        // the CTC kernels, half logits read as they are (no f32 copy).
         let fused = ops::fusion::enabled(ops::fusion::Fusion::Loss);
-        let lp = if fused { ops::widen_half(&self.ctc_lo.forward(enc_out)?)? } else { self.log_probs(enc_out)? };
+        let lp = if fused { self.ctc_lo.forward(enc_out)? } else { self.log_probs(enc_out)? };
         let b = enc_out.dims()[0].max(1);
         let ctc = if fused { ops::ctc_loss_fused } else { ops::ctc_loss };
         let sum = ctc(&lp, target, enc_lens, target_lens, self.blank, Reduction::Sum, true)?;

@@ -5,8 +5,10 @@
 //! goes into the norm that reads its sum (`ops::add_layer_norm`, one launch
 //! each way instead of two): pre-norm, the add closing branch i with branch
 //! i + 1's norm (the last with the final norm); post-norm, each add with its
-//! own norm. The composition is the reference; both give the same values up
-//! to the rounding of the gradients' sums.
+//! own norm. The branch's dropout goes into the same kernels (its mask
+//! drawn there from the same generator words, so the same elements drop).
+//! The composition is the reference; both give the same values up to the
+//! rounding of the gradients' sums.
 
 use crate::error::Result;
 use crate::nn::{Dropout, LayerNorm};
@@ -52,8 +54,8 @@ fn chain_fused(x: &Tensor, branches: &[Branch], normalize_before: bool, dropout:
     if !normalize_before {
         let mut x = x.clone();
         for (norm, scale, f) in branches {
-            let y = dropout.forward(&f(&x)?)?;
-            x = norm.add_forward(&x, &y, *scale)?.1;
+            let y = f(&x)?;
+            x = norm.add_forward(&x, &y, *scale, dropout)?.1;
         }
         return match final_norm {
             Some(n) => n.forward(&x),
@@ -68,10 +70,10 @@ fn chain_fused(x: &Tensor, branches: &[Branch], normalize_before: bool, dropout:
     };
     let (mut x, mut h) = (x.clone(), first.forward(x)?);
     for (i, (_, scale, f)) in branches.iter().enumerate() {
-        let y = dropout.forward(&f(&h)?)?;
+        let y = f(&h)?;
         match branches.get(i + 1).map(|b| b.0).or(final_norm) {
-            Some(n) => (x, h) = n.add_forward(&x, &y, *scale)?,
-            None => return add(&x, &y, *scale),
+            Some(n) => (x, h) = n.add_forward(&x, &y, *scale, dropout)?,
+            None => return add(&x, &dropout.forward(&y)?, *scale),
         }
     }
     // The last add went into the final norm: its output is the block's.

@@ -3,6 +3,7 @@
 
 use super::init::full_param;
 use super::module::{Module, TensorKind};
+use super::Dropout;
 use crate::error::Result;
 use crate::ops::{self, BatchNormState};
 use crate::tensor::{DType, Device, Tensor};
@@ -30,10 +31,12 @@ impl LayerNorm {
     }
 
     /// The residual add before this norm and the norm, fused
-    /// (`ops::add_layer_norm`): `(s, h)` with `s = x + alpha·y`, `h` = this
-    /// layer's norm of `s`.
-    pub fn add_forward(&self, x: &Tensor, y: &Tensor, alpha: f64) -> Result<(Tensor, Tensor)> {
-        ops::add_layer_norm(x, y, alpha, Some(&self.weight), Some(&self.bias), self.eps)
+    /// (`ops::add_layer_norm`): `(s, h)` with `s = x + alpha·dropout(y)`,
+    /// `h` = this layer's norm of `s` (the branch's dropout folded in while
+    /// it trains).
+    pub fn add_forward(&self, x: &Tensor, y: &Tensor, alpha: f64, dropout: &Dropout) -> Result<(Tensor, Tensor)> {
+        let p = if dropout.training { dropout.p } else { 0.0 };
+        ops::add_layer_norm(x, y, alpha, p, Some(&self.weight), Some(&self.bias), self.eps)
     }
 }
 

@@ -40,7 +40,10 @@ pub fn ctc_loss(
 /// The fused CTC (the fusion switch's `loss` family): `ctc_loss(log_softmax(logits), ...)`
 /// in the kernels' single pass over the logits (each row's log-sum-exp in
 /// f64; the log-probabilities are never written), the gradient with respect
-/// to the logits written by the forward.
+/// to the logits written by the forward. f16/bf16 logits (autocast's CTC
+/// head) go in as they are on a GPU: the losses are f32 and the gradient
+/// comes back in the logits' dtype, the same bits as through their f32
+/// copy, which is never made; the CPU (no half arithmetic) takes the copy.
 pub fn ctc_loss_fused(
     logits: &Tensor,
     targets: &Tensor,
@@ -50,6 +53,10 @@ pub fn ctc_loss_fused(
     reduction: Reduction,
     zero_infinity: bool,
 ) -> Result<Tensor> {
+    if matches!(logits.dtype(), DType::F16 | DType::BF16) && logits.device() == crate::tensor::Device::Cpu {
+        let wide = super::widen_half(logits)?;
+        return ctc_loss_any(&wide, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, true);
+    }
     ctc_loss_any(logits, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, true)
 }
 
@@ -78,8 +85,9 @@ fn ctc_loss_any(
     let want = crate::autograd::needs_grad(&[log_probs]);
     let dtype = log_probs.dtype();
     let dev = log_probs.device();
-    // The per-sequence losses in the input's dtype, an infinite one zeroed
-    // under `zero_infinity`; on a GPU they never leave the device. The
+    // The per-sequence losses in the input's dtype (f32 for half logits),
+    // an infinite one zeroed under `zero_infinity`; on a GPU they never
+    // leave the device. The
     // kernels already give a non-finite sequence a zero gradient, so a
     // zeroed loss has no gradient either.
     let (per, grad) = match &*log_probs.storage() {
@@ -100,7 +108,7 @@ fn ctc_loss_any(
             } else {
                 cuda::ctc::ctc_loss(c, &tg, input_lengths, target_lengths, &d, want)?
             };
-            (Storage::Cuda(cuda::loss::rows_to(&n, dtype, zero_infinity)?), g.map(Storage::Cuda))
+            (Storage::Cuda(cuda::loss::rows_to(&n, cuda::loss::loss_dtype(dtype), zero_infinity)?), g.map(Storage::Cuda))
         }
     };
     let per = out_storage(per, [b]);
@@ -108,7 +116,9 @@ fn ctc_loss_any(
     let saved: Vec<Tensor> = grad.iter().cloned().collect();
     let per = record(if fused { "ctc_loss_fused" } else { "ctc_loss" }, &[log_probs], per, saved, move |g, _| {
         let grad = grad.ok_or_else(|| Error::Autograd("ctc_loss: no gradient was computed in the forward".into()))?;
-        Ok(vec![Some(super::mul(&grad, &super::reshape(g, [b, 1, 1])?)?)])
+        // An f32 gradient of half logits is scaled in f32, then cast once.
+        let dx = super::mul(&grad, &super::reshape(g, [b, 1, 1])?)?;
+        Ok(vec![Some(if dx.dtype() == dtype { dx } else { super::to_dtype(&dx, dtype)? })])
     });
     match reduction {
         Reduction::None => Ok(per),

@@ -29,9 +29,15 @@ fn cpu_mask(dtype: DType, n: usize, seed: u64, offset: u64, p: f64) -> CpuStorag
     }
 }
 
+/// Reserves the generator words of a draw over `n` elements (one each, so
+/// the generator moves as it always did): its `(seed, offset)`.
+pub(super) fn reserve(n: usize) -> (u64, u64) {
+    rng::with_default(|r| (r.seed, r.advance(n)))
+}
+
 /// `x` (the input, or the output gradient in backward) times the mask of
 /// the draw at `(seed, offset)`, on x's device.
-fn apply(x: &Tensor, seed: u64, offset: u64, p: f64) -> Result<Tensor> {
+pub(super) fn apply(x: &Tensor, seed: u64, offset: u64, p: f64) -> Result<Tensor> {
     let s = match &*x.storage() {
         Storage::Cpu(_) => None,
         Storage::Cuda(g) => Some(Storage::Cuda(gpu::dropout_apply(g, seed, offset, p)?)),
@@ -67,7 +73,7 @@ pub fn dropout(x: &Tensor, p: f64, training: bool) -> Result<Tensor> {
     }
     // The words of this draw, reserved now so the generator moves as it
     // always did (n words); the backward redraws them from (seed, offset).
-    let (seed, offset) = rng::with_default(|r| (r.seed, r.advance(x.elem_count())));
+    let (seed, offset) = reserve(x.elem_count());
     let y = apply(x, seed, offset, p)?;
     Ok(record("dropout", &[x], y, vec![], move |g, _| Ok(vec![Some(apply(g, seed, offset, p)?)])))
 }

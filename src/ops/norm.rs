@@ -7,6 +7,7 @@ use super::out_storage;
 use super::placement::{as_cpu, as_gpu};
 use crate::autograd::{needs_grad, no_grad, push_node, record};
 use crate::backend::cpu::norm as cpu;
+use crate::backend::cuda::dropout::DropoutDraw;
 use crate::backend::cuda::norm as gpu;
 use crate::backend::Storage;
 use crate::error::{Error, Result};
@@ -103,8 +104,17 @@ pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f64) 
 /// that writes them, plus the weight/bias sums' second pass); on the CPU it
 /// is the composition `add_scaled` then `layer_norm`, the reference. Either
 /// output may go unused: gradients that reach neither give none.
-pub fn add_layer_norm(x: &Tensor, y: &Tensor, alpha: f64, w: Option<&Tensor>, b: Option<&Tensor>, eps: f64) -> Result<(Tensor, Tensor)> {
+///
+/// `dropout` > 0 is the residual branch's dropout (training), folded in:
+/// `s = x + alpha·dropout(y, p)`, the mask drawn inside the kernels from the
+/// words `ops::dropout` would reserve at this point, so the composition
+/// `add_scaled(x, dropout(y))` (the CPU's) drops the same elements. 0: none.
+#[allow(clippy::too_many_arguments)]
+pub fn add_layer_norm(x: &Tensor, y: &Tensor, alpha: f64, dropout: f64, w: Option<&Tensor>, b: Option<&Tensor>, eps: f64) -> Result<(Tensor, Tensor)> {
     let op = "add_layer_norm";
+    if !(0.0..=1.0).contains(&dropout) {
+        return Err(Error::invalid(op, format!("expected a dropout probability 0 <= p <= 1, got {dropout}")));
+    }
     if x.shape() != y.shape() || x.dtype() != y.dtype() || x.device() != y.device() {
         return Err(Error::invalid(
             op,
@@ -131,15 +141,19 @@ pub fn add_layer_norm(x: &Tensor, y: &Tensor, alpha: f64, w: Option<&Tensor>, b:
                 let (wg, bg) = (w.map(|t| t.storage()), b.map(|t| t.storage()));
                 let wc = wg.as_deref().map(|s| as_gpu(op, s, xc)).transpose()?;
                 let bc = bg.as_deref().map(|s| as_gpu(op, s, xc)).transpose()?;
-                Some(gpu::add_layer_norm(xc, yc, alpha, wc, bc, n, eps)?)
+                let drop = (dropout > 0.0).then(|| {
+                    let (seed, offset) = super::dropout::reserve(y.elem_count());
+                    DropoutDraw { seed, offset, p: dropout }
+                });
+                Some((gpu::add_layer_norm(xc, yc, alpha, drop, wc, bc, n, eps)?, drop))
             }
             _ => None,
         }
     };
-    let Some((sg, hg, mean, rstd)) = gpu_parts else {
+    let Some(((sg, hg, mean, rstd), drop)) = gpu_parts else {
         // The CPU: the composition (x and y on the CPU, or on two devices:
         // add_scaled names the mismatch).
-        let s = super::add_scaled(x, y, alpha)?;
+        let s = super::add_scaled(x, &super::dropout(y, dropout, true)?, alpha)?;
         let h = layer_norm(&s, w, b, eps)?;
         return Ok((s, h));
     };
@@ -168,7 +182,17 @@ pub fn add_layer_norm(x: &Tensor, y: &Tensor, alpha: f64, w: Option<&Tensor>, b:
             let Some(gh) = gh else {
                 // Only s was used: the residual add's backward.
                 if let Some(gs) = gs {
-                    out[1] = if needs[1] { Some(no_grad(|| super::affine(&gs, alpha, 0.0))?) } else { None };
+                    out[1] = if needs[1] {
+                        Some(no_grad(|| {
+                            let gy = super::affine(&gs, alpha, 0.0)?;
+                            match drop {
+                                Some(d) => super::dropout::apply(&gy, d.seed, d.offset, d.p),
+                                None => Ok(gy),
+                            }
+                        })?)
+                    } else {
+                        None
+                    };
                     out[0] = needs[0].then_some(gs);
                 }
                 return Ok(out);
@@ -179,9 +203,10 @@ pub fn add_layer_norm(x: &Tensor, y: &Tensor, alpha: f64, w: Option<&Tensor>, b:
             let Storage::Cuda(sc) = &*ssg else { return Err(Error::invalid(bop, "expected the saved sum on the GPU")) };
             let wc = wg.as_deref().map(|s| as_gpu(bop, s, sc)).transpose()?;
             let gsc = gsg.as_deref().map(|s| as_gpu(bop, s, sc)).transpose()?;
-            let (gx, gy, gw, gb) = gpu::add_layer_norm_backward(sc, wc, as_gpu(bop, &mg, sc)?, as_gpu(bop, &rg, sc)?, as_gpu(bop, &ghg, sc)?, gsc, alpha, n)?;
+            let (gx, gy, gw, gb) =
+                gpu::add_layer_norm_backward(sc, wc, as_gpu(bop, &mg, sc)?, as_gpu(bop, &rg, sc)?, as_gpu(bop, &ghg, sc)?, gsc, alpha, drop, n)?;
             let gx = out_storage(Storage::Cuda(gx), ss.shape().clone());
-            // For alpha 1 the residual's gradient is gx itself (not written twice).
+            // For alpha 1 without dropout the residual's gradient is gx itself (not written twice).
             out[1] = needs[1].then(|| gy.map_or_else(|| gx.clone(), |gy| out_storage(Storage::Cuda(gy), ss.shape().clone())));
             out[0] = needs[0].then_some(gx);
             let mut k = 2;

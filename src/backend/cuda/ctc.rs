@@ -50,7 +50,8 @@ fn production_recursion(a: &RecursionArgs) -> Result<()> {
 /// The fused CTC (`ctc_lse_rows` + `ctc_loss_fused`): the same nll from the
 /// logits (B, T, V), the log-softmax folded in (each row's log-sum-exp in
 /// f64, the log-probabilities never written), and the gradient with
-/// respect to the logits.
+/// respect to the logits: in their dtype, f32 for f16/bf16 logits (read as
+/// they are, never copied to f32).
 pub fn ctc_loss_fused(
     logits: &CudaStorage,
     targets: &[i64],
@@ -87,9 +88,13 @@ fn ctc_loss_any(
 ) -> Result<(CudaStorage, Option<CudaStorage>)> {
     check(d, targets, il, tl)?;
     let dt = lp.dtype();
-    if dt != DType::F32 && dt != DType::F64 {
-        return Err(crate::backend::cpu::unsupported("ctc_loss", dt));
+    // f16/bf16 logits go into the fused CTC as they are, with an f32
+    // gradient; the unfused CTC takes f32/f64 log-probabilities.
+    let half = matches!(dt, DType::F16 | DType::BF16);
+    if !(dt == DType::F32 || dt == DType::F64 || (half && fused.is_some())) {
+        return Err(crate::backend::cpu::unsupported(if fused.is_some() { "ctc_loss_fused" } else { "ctc_loss" }, dt));
     }
+    let gt = super::loss::loss_dtype(dt);
     let n = d.b * d.t * d.v;
     if lp.len() != n || targets.len() != d.b * d.s {
         return Err(Error::invalid("ctc_loss", format!("expected {n} log-probs and {} targets for {d:?}, got {} and {}", d.b * d.s, lp.len(), targets.len())));
@@ -100,8 +105,8 @@ fn ctc_loss_any(
     // the fused path's ctc_lse_rows writes every element.
     let grad = match (want_grad, fused.is_some()) {
         (false, _) => None,
-        (true, false) => Some(dev.zeros(dt, n)?),
-        (true, true) => Some(dev.alloc(dt, n)?),
+        (true, false) => Some(dev.zeros(gt, n)?),
+        (true, true) => Some(dev.alloc(gt, n)?),
     };
     if d.b == 0 {
         return Ok((dev.alloc(DType::F64, 0)?, grad));
@@ -119,7 +124,7 @@ fn ctc_loss_any(
     let g = match &grad {
         Some(g) if n > 0 => g,
         _ => {
-            dummy = dev.alloc(dt, 1)?;
+            dummy = dev.alloc(gt, 1)?;
             &dummy
         }
     };

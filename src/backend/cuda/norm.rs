@@ -4,6 +4,7 @@
 //! its backward is two launches (gx with partial weight and bias sums, then
 //! their final sum): deterministic column sums, no atomics.
 
+use super::dropout::DropoutDraw;
 use super::fastdiv::fast_div_words;
 use super::kernels::norm as k;
 use super::nn_common::{elems, expect_dtype, expect_len, rows, same, u32_arg, FLOATS};
@@ -48,12 +49,15 @@ pub fn layer_norm(x: &CudaStorage, w: Option<&CudaStorage>, b: Option<&CudaStora
 }
 
 /// `s = x + alpha·res` (rounded to x's dtype, as `add_scaled` stores it)
-/// and layer norm of `s`, in one launch: `(s, y, mean, rstd)`.
+/// and layer norm of `s`, in one launch: `(s, y, mean, rstd)`. With `drop`,
+/// res is first `dropout_apply`'s product with the mask of that draw (drawn
+/// inside the kernel, rounded to the dtype as `dropout_apply` stores it).
 #[allow(clippy::too_many_arguments)]
 pub fn add_layer_norm(
     x: &CudaStorage,
     res: &CudaStorage,
     alpha: f64,
+    drop: Option<DropoutDraw>,
     w: Option<&CudaStorage>,
     b: Option<&CudaStorage>,
     n: usize,
@@ -62,16 +66,27 @@ pub fn add_layer_norm(
     let op = "add_layer_norm";
     same(op, x, res)?;
     expect_len(op, "the residual branch", res, x.len())?;
-    let (s, y, mean, rstd) = ln_forward(op, x, Some((res, alpha)), w, b, n, eps)?;
+    let (s, y, mean, rstd) = ln_forward(op, x, Some((res, alpha, drop)), w, b, n, eps)?;
     Ok((s.ok_or_else(|| Error::invalid(op, "the sum was not written"))?, y, mean, rstd))
 }
 
 type Four = (Option<CudaStorage>, CudaStorage, CudaStorage, CudaStorage);
 
+/// The kernels' dropout words: (seed, offset, keep, scale, on).
+fn drop_args(op: &'static str, drop: Option<DropoutDraw>) -> Result<(u64, u64, f64, f64, u32)> {
+    Ok(match drop {
+        Some(d) => {
+            let (keep, scale) = d.keep_scale(op)?;
+            (d.seed, d.offset, keep, scale, 1)
+        }
+        None => (0, 0, 1.0, 1.0, 0),
+    })
+}
+
 fn ln_forward(
     op: &'static str,
     x: &CudaStorage,
-    res: Option<(&CudaStorage, f64)>,
+    res: Option<(&CudaStorage, f64, Option<DropoutDraw>)>,
     w: Option<&CudaStorage>,
     b: Option<&CudaStorage>,
     n: usize,
@@ -91,17 +106,18 @@ fn ln_forward(
     let (warp, cfg) = row_launch(n, r);
     let (pw, pb) = (w.unwrap_or(&mean), b.unwrap_or(&mean));
     let (hw, hb) = (w.is_some() as u32, b.is_some() as u32);
-    let Some((res, alpha)) = res else {
+    let Some((res, alpha, drop)) = res else {
         let f = if warp { k::layer_norm_fwd_warp } else { k::layer_norm_fwd };
         if !x.is_empty() {
             f(dev, x.dtype(), cfg, x, pw, pb, &y, &mean, &rstd, r as u64, nn, eps, hw, hb)?;
         }
         return Ok((None, y, mean, rstd));
     };
+    let (seed, offset, keep, scale, on) = drop_args(op, drop)?;
     let s = dev.alloc(x.dtype(), x.len())?;
     let f = if warp { k::add_layer_norm_fwd_warp } else { k::add_layer_norm_fwd };
     if !x.is_empty() {
-        f(dev, x.dtype(), cfg, x, res, alpha, pw, pb, &s, &y, &mean, &rstd, r as u64, nn, eps, hw, hb)?;
+        f(dev, x.dtype(), cfg, x, res, alpha, pw, pb, &s, &y, &mean, &rstd, r as u64, nn, eps, hw, hb, seed, offset, keep, scale, on)?;
     }
     Ok((Some(s), y, mean, rstd))
 }
@@ -124,6 +140,7 @@ pub fn layer_norm_backward(
 /// directly (if any), `(gx, gres, gw, gb)`: gx = gs + layer norm's input
 /// gradient, gres = alpha·gx, both formed before rounding, in the launch
 /// that writes gx. For alpha 1 gres is gx and is not written (`None`).
+/// With the forward's `drop`, gres = alpha·mask·gx (always written).
 #[allow(clippy::too_many_arguments)]
 pub fn add_layer_norm_backward(
     s: &CudaStorage,
@@ -133,6 +150,7 @@ pub fn add_layer_norm_backward(
     g: &CudaStorage,
     gs: Option<&CudaStorage>,
     alpha: f64,
+    drop: Option<DropoutDraw>,
     n: usize,
 ) -> Result<(CudaStorage, Option<CudaStorage>, CudaStorage, CudaStorage)> {
     let op = "add_layer_norm_backward";
@@ -140,7 +158,7 @@ pub fn add_layer_norm_backward(
         same(op, s, gs)?;
         expect_len(op, "the sum's gradient", gs, s.len())?;
     }
-    ln_backward(op, s, w, mean, rstd, g, Some((gs, alpha)), n)
+    ln_backward(op, s, w, mean, rstd, g, Some((gs, alpha, drop)), n)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -151,7 +169,7 @@ fn ln_backward(
     mean: &CudaStorage,
     rstd: &CudaStorage,
     g: &CudaStorage,
-    res: Option<(Option<&CudaStorage>, f64)>,
+    res: Option<(Option<&CudaStorage>, f64, Option<DropoutDraw>)>,
     n: usize,
 ) -> Result<(CudaStorage, Option<CudaStorage>, CudaStorage, CudaStorage)> {
     expect_dtype(op, x, FLOATS)?;
@@ -183,10 +201,11 @@ fn ln_backward(
             }
             None
         }
-        Some((gs, alpha)) => {
-            // For alpha 1, gy equals gx: not written (the caller shares gx);
-            // gx stands in for its pointer.
-            let has_gy = alpha != 1.0;
+        Some((gs, alpha, drop)) => {
+            // For alpha 1 without dropout, gy equals gx: not written (the
+            // caller shares gx); gx stands in for its pointer.
+            let has_gy = alpha != 1.0 || drop.is_some();
+            let (seed, offset, keep, scale, on) = drop_args(op, drop)?;
             let gy = if has_gy { Some(dev.alloc(dt, x.len())?) } else { None };
             let f = if warp { k::add_layer_norm_bwd_warp } else { k::add_layer_norm_bwd };
             // An absent gs is never read; g stands in for its pointer.
@@ -212,6 +231,11 @@ fn ln_backward(
                     nn,
                     hw,
                     chunk as u32,
+                    seed,
+                    offset,
+                    keep,
+                    scale,
+                    on,
                 )?;
             }
             gy

@@ -53,10 +53,16 @@ impl CudaStorage {
     /// Marks this storage as used by work queued on `stream` (as PyTorch's
     /// `Tensor.record_stream`): when it drops, its block is not reused
     /// until an event recorded then on `stream` has completed. Its own
-    /// stream needs no call (a no-op). Streams are numbered below 64.
+    /// stream needs no call (a no-op). The stream must be one of its
+    /// device's (numbered below 64): a number that is not could record no
+    /// event when the storage drops, and its block would never be reused.
     pub fn record_stream(&self, stream: usize) -> Result<()> {
-        if stream >= 64 {
-            return Err(Error::invalid("cuda record_stream", format!("expected a stream number below 64, found {stream}")));
+        let have = self.dev.seam().driver().streams();
+        if stream >= have.min(64) {
+            return Err(Error::invalid(
+                "cuda record_stream",
+                format!("expected a stream of cuda:{} (0 to {}, and below 64), found {stream}", self.dev.ordinal(), have - 1),
+            ));
         }
         if stream != self.block.stream.0 && self.block.bytes > 0 {
             self.used_on.fetch_or(1 << stream, Ordering::AcqRel);

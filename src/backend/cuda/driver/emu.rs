@@ -306,6 +306,9 @@ impl Driver for EmuDriver {
         *n += 1;
         Ok(Stream(*n - 1))
     }
+    fn streams(&self) -> usize {
+        *self.streams.lock().unwrap_or_else(|e| e.into_inner())
+    }
     fn malloc(&self, bytes: usize) -> Result<Option<DevPtr>> {
         let bytes = bytes.div_ceil(GUARD) * GUARD;
         if let Some(limit) = *self.limit.lock().unwrap_or_else(|e| e.into_inner()) {

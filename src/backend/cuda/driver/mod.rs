@@ -168,6 +168,9 @@ pub(crate) trait Driver: Send + Sync {
     }
     /// A fresh stream.
     fn new_stream(&self) -> Result<Stream>;
+    /// How many streams the device has: the compute stream (0) and those
+    /// `new_stream` made (1, 2, …).
+    fn streams(&self) -> usize;
     /// A fresh buffer of `bytes` (> 0), or `None` when the device is out of memory.
     fn malloc(&self, bytes: usize) -> Result<Option<DevPtr>>;
     /// Returns a buffer to the driver.

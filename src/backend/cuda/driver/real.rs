@@ -210,6 +210,9 @@ impl Driver for RealDriver {
         o.push(s);
         Ok(Stream(o.len()))
     }
+    fn streams(&self) -> usize {
+        1 + self.others.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
     fn malloc(&self, bytes: usize) -> Result<Option<DevPtr>> {
         self.bind()?;
         // SAFETY: the context is current; cuMemAlloc returns a fresh buffer
