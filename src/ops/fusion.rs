@@ -4,7 +4,7 @@
 //! Every fused op is registered here under one [`Fusion`] family and sits
 //! beside the composition it replaces; the composition stays the reference
 //! (tests run both and compare outputs and gradients). The families are
-//! chosen by `ASRFORGE_FUSION=all|none|attention,convmodule,norm,loss` or
+//! chosen by `ASRFORGE_FUSION=all|none|attention,convmodule,norm,loss,ffn` or
 //! the config key `fusion:` (the same words; the environment wins, as for
 //! every `ASRFORGE_*` switch). The default is `none`: a fused kernel becomes
 //! the default only once it has passed on a real GPU and is faster there
@@ -25,11 +25,13 @@ pub enum Fusion {
     Norm,
     /// log-softmax fused into the label-smoothing and CTC losses.
     Loss,
+    /// The feed-forward block's activation fused with the dropout after it.
+    Ffn,
 }
 
 impl Fusion {
     /// Every family, in the order of [`Fusion::name`]'s words.
-    pub const ALL: [Fusion; 4] = [Fusion::Attention, Fusion::ConvModule, Fusion::Norm, Fusion::Loss];
+    pub const ALL: [Fusion; 5] = [Fusion::Attention, Fusion::ConvModule, Fusion::Norm, Fusion::Loss, Fusion::Ffn];
 
     /// The family's word in `ASRFORGE_FUSION` and `fusion:`.
     pub fn name(self) -> &'static str {
@@ -38,6 +40,7 @@ impl Fusion {
             Fusion::ConvModule => "convmodule",
             Fusion::Norm => "norm",
             Fusion::Loss => "loss",
+            Fusion::Ffn => "ffn",
         }
     }
 
