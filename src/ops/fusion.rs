@@ -143,12 +143,13 @@ mod tests {
 
     #[test]
     fn parses_all_none_and_lists_and_names_a_bad_word() {
-        assert_eq!(parse("k", "all").unwrap(), 0b1111);
+        assert_eq!(parse("k", "all").unwrap(), 0b11111);
+        assert_eq!(parse("k", "ffn").unwrap(), Fusion::Ffn.bit());
         assert_eq!(parse("k", "none").unwrap(), 0);
         assert_eq!(parse("k", " ").unwrap(), 0);
         assert_eq!(parse("k", "attention, loss").unwrap(), Fusion::Attention.bit() | Fusion::Loss.bit());
         assert_eq!(parse("k", "convmodule,norm").unwrap(), Fusion::ConvModule.bit() | Fusion::Norm.bit());
         let e = parse("fusion", "attention,flash").unwrap_err().to_string();
-        assert!(e.contains("fusion") && e.contains("\"flash\"") && e.contains("convmodule"), "{e}");
+        assert!(e.contains("fusion") && e.contains("\"flash\"") && e.contains("convmodule") && e.contains("ffn"), "{e}");
     }
 }
