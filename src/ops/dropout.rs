@@ -88,12 +88,12 @@ pub fn dropout(x: &Tensor, p: f64, training: bool) -> Result<Tensor> {
 /// `training` or p = 0, it is the composition.
 pub fn activation_dropout(x: &Tensor, f: Unary, p: f64, training: bool) -> Result<Tensor> {
     let op = "activation_dropout";
-    let act = |x: &Tensor| match f {
-        Unary::Relu => super::relu(x),
-        Unary::Silu => super::silu(x),
-        Unary::Gelu => super::gelu(x),
-        Unary::Tanh => super::tanh(x),
-        other => Err(Error::invalid(op, format!("expected relu, silu, gelu or tanh, found {}", other.name()))),
+    let act = match f {
+        Unary::Relu => super::relu,
+        Unary::Silu => super::silu,
+        Unary::Gelu => super::gelu,
+        Unary::Tanh => super::tanh,
+        other => return Err(Error::invalid(op, format!("expected relu, silu, gelu or tanh, found {}", other.name()))),
     };
     if !(0.0..=1.0).contains(&p) {
         return Err(Error::invalid(op, format!("expected 0 <= p <= 1, got {p}")));
