@@ -80,6 +80,25 @@ fn gpu_kernels(c: &mut Criterion) {
                 })
             });
         }
+        // The feed-forward block's swish and dropout (p 0.1) over its
+        // 2048 x 2048 hidden activations (AISHELL: 16 x 128 frames, 2048
+        // units): one launch each way (fusion family `ffn`) against the
+        // activation's and dropout's two.
+        let hx = ops::to_dtype(&Tensor::randn([2048, 2048], 0.0, 1.0, DType::F32, &mut rng, &gpu).unwrap(), dt).unwrap().requires_grad_();
+        for fused in [false, true] {
+            let name = if fused { "silu_dropout_fused_fwd_bwd_2048x2048" } else { "silu_dropout_composition_fwd_bwd_2048x2048" };
+            group.bench_function(format!("{name}_{}", dt.as_str()), |bn| {
+                bn.iter(|| {
+                    let y = if fused {
+                        ops::activation_dropout(&hx, asrforge::backend::cpu::elementwise::Unary::Silu, 0.1, true).unwrap()
+                    } else {
+                        ops::dropout(&ops::silu(&hx).unwrap(), 0.1, true).unwrap()
+                    };
+                    backward(&ops::sum_all(&ops::to_dtype(&y, DType::F32).unwrap()).unwrap()).unwrap();
+                    gpu_sync(&w)
+                })
+            });
+        }
         // The convolution module, channels last: batch norm over (B·T, C)
         // with f32 statistics (training: the running update in the stats
         // launch), the depthwise conv (k = 15) and GLU, forward + backward.

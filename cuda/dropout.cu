@@ -12,6 +12,7 @@
 #include "nn_common.cuh"
 
 #include "philox.cuh"
+#include "unary.cuh"
 
 // y = x * mask (the mask of the header, never stored): element i of x or
 // of an output gradient g scaled by the dtype-rounded 1/(1-p) where its
@@ -45,3 +46,54 @@ __device__ void dropout_apply(const T* __restrict__ x, T* __restrict__ y, uint64
         dropout_apply<T>(x, y, n, seed, offset, keep, scale);                                                           \
     }
 NN_FLOAT_DTYPES(DROPOUT_KERNELS)
+
+// An activation f fused with the dropout after it (fusion family `ffn`: the
+// feed-forward block's w_2(dropout(f(w_1 x)))), with h = f(x) rounded to T
+// as the unfused activation stores it and m the mask above:
+//   forward   y  = x -> h, then h * m rounded       (f's _fwd, dropout_apply)
+//   backward  gx = (g * m rounded) * f'(x, h)        (dropout_apply, f's _bwd)
+// the same operations in the same order as the two kernels each way, so the
+// same bits, in one launch each way; h is recomputed in the backward
+// instead of being stored, and neither h nor g * m is written.
+template <typename Op, typename T>
+__device__ void act_dropout(const T* __restrict__ x, const T* __restrict__ g, T* __restrict__ out, uint64_t n, uint64_t seed,
+                            uint64_t offset, double keep, double scale, bool backward) {
+    typedef typename Num<T>::acc A;
+    const A on = Num<T>::to(Num<T>::from_f64(scale)), off = A(0);
+    const uint2 key = make_uint2((uint32_t)seed, (uint32_t)(seed >> 32));
+    NN_GRID_STRIDE(q, (n + 3) / 4) {
+        const unsigned long long b = offset + q;
+        const uint4 w = philox4x32_10(make_uint4((uint32_t)b, (uint32_t)(b >> 32), 0u, 0u), key);
+        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const size_t i = q * 4 + l;
+            if (i >= n) continue;
+            const A m = ((double)words[l] + 0.5) / 4294967296.0 < keep ? on : off;
+            const A xv = Num<T>::to(x[i]);
+            const T h = Num<T>::from(Op::f(xv));
+            if (backward) {
+                const T gm = Num<T>::from(Num<T>::to(g[i]) * m);
+                out[i] = Num<T>::from(Num<T>::to(gm) * Op::d(xv, Num<T>::to(h)));
+            } else {
+                out[i] = Num<T>::from(Num<T>::to(h) * m);
+            }
+        }
+    }
+}
+
+#define ACT_DROPOUT(NAME, OP, SUF, T)                                                                                  \
+    extern "C" __global__ void NAME##_dropout_fwd_##SUF(const T* x, T* y, uint64_t n, uint64_t seed, uint64_t offset, \
+                                                        double keep, double scale) {                                  \
+        act_dropout<OP, T>(x, x, y, n, seed, offset, keep, scale, false);                                             \
+    }                                                                                                                 \
+    extern "C" __global__ void NAME##_dropout_bwd_##SUF(const T* x, const T* g, T* gx, uint64_t n, uint64_t seed,     \
+                                                        uint64_t offset, double keep, double scale) {                 \
+        act_dropout<OP, T>(x, g, gx, n, seed, offset, keep, scale, true);                                             \
+    }
+#define ACT_DROPOUT_KERNELS(SUF, T)          \
+    ACT_DROPOUT(relu, Relu, SUF, T)          \
+    ACT_DROPOUT(silu, Silu, SUF, T)          \
+    ACT_DROPOUT(gelu, Gelu, SUF, T)          \
+    ACT_DROPOUT(tanh, Tanh, SUF, T)
+NN_FLOAT_DTYPES(ACT_DROPOUT_KERNELS)

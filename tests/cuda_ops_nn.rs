@@ -379,6 +379,81 @@ fn add_layer_norm_dropout_draws_the_words_ops_dropout_draws() {
     }
 }
 
+/// The feed-forward block's activation fused with its dropout
+/// (`ops::activation_dropout`, one launch each way) is the composition
+/// `dropout(f(x))` on the same device bit for bit (output and gradient, the
+/// generator moved the same), and the CPU's composition within the dtype's
+/// tolerance (half inputs: its f32 composition): relu, silu, gelu and tanh, every float dtype, sizes that are
+/// not a multiple of the Philox block of 4, p = 1.
+#[test]
+fn activation_dropout_is_the_composition_bit_for_bit() {
+    use asrforge::backend::cpu::elementwise::Unary;
+    let Some(dev) = gpu("activation_dropout_is_the_composition_bit_for_bit") else { return };
+    let seed = fresh_seed();
+    let mut r = Rng::new(seed);
+    for (n, p) in [(4099, 0.3), (7, 0.5), (10, 1.0)] {
+        let xv = r.normal(n);
+        let gv = r.normal(n);
+        for f in [Unary::Relu, Unary::Silu, Unary::Gelu, Unary::Tanh] {
+            for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+                let what = format!("{} n {n} p {p} {dt:?}", f.name());
+                // (output, input gradient, generator offset after) of the fused op on dev and the compositions on dev and the CPU.
+                // The CPU computes half inputs in f32 (from the half-rounded values).
+                let round = |v: &[f64]| common::tensor(v, &[n], dt, &Device::Cpu).to_f64_vec().unwrap();
+                let (xr, gr) = (round(&xv), round(&gv));
+                let run = |d: &Device, fused: bool| {
+                    let t = if *d == Device::Cpu && matches!(dt, DType::F16 | DType::BF16) { DType::F32 } else { dt };
+                    let x = common::tensor(&xr, &[n], t, &Device::Cpu).to_device(d).unwrap().requires_grad_();
+                    let g = common::tensor(&gr, &[n], t, &Device::Cpu).to_device(d).unwrap();
+                    rng::manual_seed(seed);
+                    let y = if fused {
+                        ops::activation_dropout(&x, f, p, true).unwrap()
+                    } else {
+                        let h = match f {
+                            Unary::Relu => ops::relu(&x),
+                            Unary::Silu => ops::silu(&x),
+                            Unary::Gelu => ops::gelu(&x),
+                            _ => ops::tanh(&x),
+                        };
+                        ops::dropout(&h.unwrap(), p, true).unwrap()
+                    };
+                    let after = rng::with_default(|g| g.offset);
+                    asrforge::autograd::backward_with(&[(y.clone(), g)]).unwrap();
+                    (y.to_f64_vec().unwrap(), x.grad().unwrap().to_f64_vec().unwrap(), after)
+                };
+                let fused = run(&dev, true);
+                let composed = run(&dev, false);
+                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fused.0), bits(&composed.0), "{what}: the output (seed {seed})");
+                assert_eq!(bits(&fused.1), bits(&composed.1), "{what}: the gradient (seed {seed})");
+                assert_eq!(fused.2, composed.2, "{what}: the generator moved the same (seed {seed})");
+                let cpu = run(&Device::Cpu, true);
+                let tol = if dt == DType::F64 {
+                    gpu::F64
+                } else if dt == DType::F32 {
+                    gpu::F32
+                } else {
+                    gpu::tol(dt)
+                };
+                close(&format!("{what} output against the CPU"), &fused.0, &cpu.0, tol, seed);
+                // Half tanh's derivative 1 − y² reads y rounded to half (as
+                // the unfused kernels store it), which cancels near |y| = 1:
+                // the f32 CPU is no reference there; the bit equality with
+                // the GPU composition above is the check.
+                if !(f == Unary::Tanh && matches!(dt, DType::F16 | DType::BF16)) {
+                    close(&format!("{what} gradient against the CPU"), &fused.1, &cpu.1, tol, seed);
+                }
+                if p < 1.0 && n > 1000 {
+                    let kept = fused.0.iter().filter(|v| **v != 0.0).count();
+                    assert!(kept > n / 4 && kept < n, "{what}: some elements kept, some dropped: {kept} (seed {seed})");
+                } else if p == 1.0 {
+                    assert!(fused.0.iter().chain(&fused.1).all(|v| *v == 0.0), "{what}: p = 1 drops everything (seed {seed})");
+                }
+            }
+        }
+    }
+}
+
 fn stats_like(v: f64, x: &Tensor, c: usize) -> Tensor {
     let t = Tensor::full([c], v, x.dtype(), &Device::Cpu).unwrap();
     t.to_device(&x.device()).unwrap()

@@ -361,6 +361,54 @@ fn norm_fusion_runs_the_blocks_the_same_in_fewer_launches() {
     }
 }
 
+/// The feed-forward block with the `ffn` fusion (its activation and dropout
+/// in one launch each way): the same output and gradients bit for bit, two
+/// launches fewer forward + backward, for every activation.
+#[test]
+fn ffn_fusion_runs_the_feed_forward_block_the_same_in_two_launches_fewer() {
+    use asrforge::models::config::Activation;
+    use asrforge::models::ffn::FeedForward;
+    use asrforge::nn::Module;
+    use asrforge::ops::fusion::{self, Fusion};
+    use asrforge::{autograd, ops};
+    let Some(dev) = common::gpu::gpu("ffn_fusion_runs_the_feed_forward_block_the_same_in_two_launches_fewer") else { return };
+    let Device::Cuda(ord) = dev else { return };
+    let _s = serial();
+    let s = seed();
+    let mut rng = Rng::new(s);
+    let (b, t, d) = (2, 13, 16);
+    for act in [Activation::Relu, Activation::Swish, Activation::Gelu, Activation::Tanh] {
+        let ffn = FeedForward::new(d, 40, 0.2, act, DType::F32, &mut rng).unwrap();
+        for (_, p) in ffn.named_parameters() {
+            p.move_to_device(&dev).unwrap();
+        }
+        let x = Tensor::randn(vec![b, t, d], 0.0, 1.0, DType::F32, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap().requires_grad_();
+        let w = Tensor::randn(vec![b, t, d], 0.0, 1.0, DType::F32, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap();
+        let run = |on: bool| {
+            fusion::set_enabled(if on { &[Fusion::Ffn] } else { &[] });
+            asrforge::tensor::rng::manual_seed(s ^ 3);
+            let before = cuda::counters(ord).unwrap();
+            let y = ffn.forward(&x);
+            fusion::set_enabled(&[]);
+            let y = y.unwrap();
+            autograd::backward(&ops::sum_all(&ops::mul(&y, &w).unwrap()).unwrap()).unwrap();
+            let launches = cuda::counters(ord).unwrap().since(&before).launches;
+            let mut out = vec![y.to_f64_vec().unwrap()];
+            for (_, p) in ffn.named_parameters().into_iter().chain([("input".to_string(), x.clone())]) {
+                out.push(p.grad().expect("a gradient").to_f64_vec().unwrap());
+                p.zero_grad();
+            }
+            (out, launches)
+        };
+        let (composed, lc) = run(false);
+        let (fused, lf) = run(true);
+        let bits = |v: &[Vec<f64>]| v.iter().map(|t| t.iter().map(|x| x.to_bits()).collect::<Vec<_>>()).collect::<Vec<_>>();
+        assert_eq!(bits(&fused), bits(&composed), "{act:?}: output and gradients (seed {s})");
+        assert_eq!(lf + 2, lc, "{act:?}: {lf} launches fused vs {lc} composed");
+        eprintln!("feed-forward {act:?}: forward + backward {lc} launches composed, {lf} with the ffn fusion");
+    }
+}
+
 /// The fused conformer convolution module (`ASRFORGE_FUSION=convmodule`)
 /// launches fewer kernels than its composition, forward and backward, with
 /// batch norm (training) and layer norm: forward it is the GLU + depthwise

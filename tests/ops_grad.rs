@@ -219,6 +219,11 @@ grad!(
     [([2, 7, 8], Normal, true), ([4, 1, 3], Normal, true), ([4], Normal, true), ([4], Normal, true), ([4], Normal, true)],
     |x| conv_core(x, &[0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0], 0, false)
 );
+// The feed-forward activation and its dropout (the `ffn` fusion's op).
+grad!(activation_dropout_silu, [([4, 6], Normal, true)], |x| {
+    rng::manual_seed(9);
+    ops::activation_dropout(&x[0], asrforge::backend::cpu::elementwise::Unary::Silu, 0.3, true)
+});
 grad!(dropout, [([4, 6], Normal, true)], |x| {
     rng::manual_seed(7);
     ops::dropout(&x[0], 0.3, true)

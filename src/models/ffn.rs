@@ -2,10 +2,21 @@
 //! activations the configs name.
 
 use super::config::Activation;
+use crate::backend::cpu::elementwise::Unary;
 use crate::error::Result;
 use crate::nn::{Dropout, Linear, Module};
 use crate::ops;
 use crate::tensor::{DType, Rng, Tensor};
+
+/// The elementwise map of an activation.
+pub fn unary_of(act: Activation) -> Unary {
+    match act {
+        Activation::Relu => Unary::Relu,
+        Activation::Swish => Unary::Silu,
+        Activation::Gelu => Unary::Gelu,
+        Activation::Tanh => Unary::Tanh,
+    }
+}
 
 /// Applies an activation.
 pub fn activate(act: Activation, x: &Tensor) -> Result<Tensor> {
@@ -38,7 +49,15 @@ impl FeedForward {
 
     /// Applies the block to the last dim.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.w_2.forward(&self.dropout.forward(&activate(self.act, &self.w_1.forward(x)?)?)?)
+        let h = self.w_1.forward(x)?;
+        // Fused (the fusion switch's `ffn` family): the activation and the
+        // dropout in one launch each way, the same bits.
+        let h = if ops::fusion::enabled(ops::fusion::Fusion::Ffn) {
+            ops::activation_dropout(&h, unary_of(self.act), self.dropout.p, self.dropout.training)?
+        } else {
+            self.dropout.forward(&activate(self.act, &h)?)?
+        };
+        self.w_2.forward(&h)
     }
 }
 

@@ -8,6 +8,7 @@
 
 use super::out_storage;
 use crate::autograd::record;
+use crate::backend::cpu::elementwise::Unary;
 use crate::backend::cpu::{pool, CpuStorage};
 use crate::backend::cuda::dropout as gpu;
 use crate::backend::Storage;
@@ -76,4 +77,47 @@ pub fn dropout(x: &Tensor, p: f64, training: bool) -> Result<Tensor> {
     let (seed, offset) = reserve(x.elem_count());
     let y = apply(x, seed, offset, p)?;
     Ok(record("dropout", &[x], y, vec![], move |g, _| Ok(vec![Some(apply(g, seed, offset, p)?)])))
+}
+
+/// `dropout(f(x), p)` for the activation `f` = relu, silu, gelu or tanh (the
+/// feed-forward block's `dropout(act(w_1·x))`; fusion family `ffn`). On a
+/// GPU, one launch each way (`cuda/dropout.cu`'s `{f}_dropout_fwd/_bwd`):
+/// f(x) is never written, the backward recomputes it from x, and the mask
+/// is drawn from the words `ops::dropout` reserves at this point, so the
+/// result is the composition's bit for bit. On the CPU, and when not
+/// `training` or p = 0, it is the composition.
+pub fn activation_dropout(x: &Tensor, f: Unary, p: f64, training: bool) -> Result<Tensor> {
+    let op = "activation_dropout";
+    let act = match f {
+        Unary::Relu => super::relu,
+        Unary::Silu => super::silu,
+        Unary::Gelu => super::gelu,
+        Unary::Tanh => super::tanh,
+        other => return Err(Error::invalid(op, format!("expected relu, silu, gelu or tanh, found {}", other.name()))),
+    };
+    if !(0.0..=1.0).contains(&p) {
+        return Err(Error::invalid(op, format!("expected 0 <= p <= 1, got {p}")));
+    }
+    let on_gpu = matches!(&*x.storage(), Storage::Cuda(_));
+    if !on_gpu || !training || p == 0.0 {
+        return dropout(&act(x)?, p, training);
+    }
+    if !x.dtype().is_float() {
+        return Err(Error::UnsupportedDType { op, dtype: x.dtype(), supported: "f32, f64, f16, bf16" });
+    }
+    let (seed, offset) = reserve(x.elem_count());
+    let draw = gpu::DropoutDraw { seed, offset, p };
+    let y = match &*x.storage() {
+        Storage::Cuda(c) => gpu::act_dropout(f, c, draw)?,
+        Storage::Cpu(_) => return Err(Error::invalid(op, "expected a GPU tensor")),
+    };
+    let y = out_storage(Storage::Cuda(y), x.shape().clone());
+    let xs = x.detach();
+    Ok(record(op, &[x], y, vec![xs.clone()], move |g, _| {
+        let gx = match (&*xs.storage(), &*g.storage()) {
+            (Storage::Cuda(xc), Storage::Cuda(gc)) => gpu::act_dropout_backward(f, xc, gc, draw)?,
+            _ => return Err(super::mixed("activation_dropout backward")),
+        };
+        Ok(vec![Some(out_storage(Storage::Cuda(gx), xs.shape().clone()))])
+    }))
 }

@@ -141,9 +141,19 @@ pub fn start_workers(
 }
 
 /// [`spawn`] without per-rank variables, asserting every worker succeeded.
+/// A failure shows every failed rank's streams, exit status and time (a
+/// rank that waited for a peer names it, and the peer's own output says
+/// why it did not come).
 pub fn run_ok(test_name: &str, world_size: usize, extra: &[(&str, String)]) -> Vec<WorkerResult> {
     let rs = spawn(test_name, world_size, extra, &|_| Vec::new());
-    rs.iter().for_each(WorkerResult::assert_ok);
+    let failed: Vec<String> = rs
+        .iter()
+        .filter(|r| !r.output.status.success())
+        .map(|r| {
+            format!("rank {} failed ({:?}) after {:.1} s\nstdout:\n{}\nstderr:\n{}", r.rank, r.output.status, r.elapsed.as_secs_f64(), r.stdout(), r.stderr())
+        })
+        .collect();
+    assert!(failed.is_empty(), "{} of {world_size} ranks failed\n{}", failed.len(), failed.join("\n"));
     rs
 }
 

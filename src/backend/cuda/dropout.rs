@@ -2,10 +2,12 @@
 //! inside the kernel from the same Philox4x32-10 function of (seed, block
 //! offset, element) as `tensor::rng`, so it equals the CPU's bit for bit,
 //! is never stored, and the backward regenerates it from the same
-//! (seed, offset).
+//! (seed, offset). The activations of the feed-forward block fused with
+//! the dropout after them (`act_dropout`) draw the same mask.
 
-use super::nn_common::{elems, expect_dtype, FLOATS};
+use super::nn_common::{elems, expect_dtype, expect_len, same, FLOATS};
 use super::{kernels, CudaStorage};
+use crate::backend::cpu::elementwise::Unary;
 use crate::error::{Error, Result};
 
 /// One dropout draw: the generator words reserved at `(seed, offset)` (one
@@ -47,4 +49,60 @@ pub fn dropout_apply(x: &CudaStorage, seed: u64, offset: u64, p: f64) -> Result<
         kernels::dropout::dropout_apply(dev, x.dtype(), elems(blocks), x, &y, n as u64, seed, offset, keep, scale)?;
     }
     Ok(y)
+}
+
+/// `dropout(f(x))` for the activation `op` (relu, silu, gelu or tanh) in one
+/// launch (`{op}_dropout_fwd`): f(x) rounded to the dtype, times the mask of
+/// `draw`, rounded again; the same bits as the activation's kernel then
+/// [`dropout_apply`], without writing f(x).
+pub fn act_dropout(op: Unary, x: &CudaStorage, draw: DropoutDraw) -> Result<CudaStorage> {
+    let name = "activation dropout";
+    let (keep, scale) = act_check(name, op, x, draw)?;
+    use kernels::dropout as k;
+    let f = match op {
+        Unary::Relu => k::relu_dropout_fwd,
+        Unary::Silu => k::silu_dropout_fwd,
+        Unary::Gelu => k::gelu_dropout_fwd,
+        _ => k::tanh_dropout_fwd,
+    };
+    let (n, dev) = (x.len(), x.device());
+    let y = dev.alloc(x.dtype(), n)?;
+    if n > 0 {
+        f(dev, x.dtype(), elems(n.div_ceil(4)), x, &y, n as u64, draw.seed, draw.offset, keep, scale)?;
+    }
+    Ok(y)
+}
+
+/// The backward of [`act_dropout`] from its input x and the output gradient
+/// g (`{op}_dropout_bwd`): (g times the mask, rounded) times f'(x, f(x)),
+/// f(x) recomputed; the same bits as [`dropout_apply`] then the
+/// activation's backward kernel.
+pub fn act_dropout_backward(op: Unary, x: &CudaStorage, g: &CudaStorage, draw: DropoutDraw) -> Result<CudaStorage> {
+    let name = "activation dropout backward";
+    let (keep, scale) = act_check(name, op, x, draw)?;
+    same(name, x, g)?;
+    expect_len(name, "the output gradient", g, x.len())?;
+    use kernels::dropout as k;
+    let f = match op {
+        Unary::Relu => k::relu_dropout_bwd,
+        Unary::Silu => k::silu_dropout_bwd,
+        Unary::Gelu => k::gelu_dropout_bwd,
+        _ => k::tanh_dropout_bwd,
+    };
+    let (n, dev) = (x.len(), x.device());
+    let gx = dev.alloc(x.dtype(), n)?;
+    if n > 0 {
+        f(dev, x.dtype(), elems(n.div_ceil(4)), x, g, &gx, n as u64, draw.seed, draw.offset, keep, scale)?;
+    }
+    Ok(gx)
+}
+
+/// The checks of the fused activation dropout: a float x, one of the four
+/// activations, p in [0, 1]; the kernels' (keep, scale).
+fn act_check(name: &'static str, op: Unary, x: &CudaStorage, draw: DropoutDraw) -> Result<(f64, f64)> {
+    expect_dtype(name, x, FLOATS)?;
+    if !matches!(op, Unary::Relu | Unary::Silu | Unary::Gelu | Unary::Tanh) {
+        return Err(Error::invalid(name, format!("expected relu, silu, gelu or tanh, found {}", op.name())));
+    }
+    draw.keep_scale(name)
 }
