@@ -27,15 +27,13 @@ __device__ void dropout_apply(const T* __restrict__ x, T* __restrict__ y, uint64
                               double scale) {
     typedef typename Num<T>::acc A;
     const A on = Num<T>::to(Num<T>::from_f64(scale)), off = A(0);
-    const uint2 key = make_uint2((uint32_t)seed, (uint32_t)(seed >> 32));
     NN_GRID_STRIDE(q, (n + 3) / 4) {
-        const unsigned long long b = offset + q;
-        const uint4 w = philox4x32_10(make_uint4((uint32_t)b, (uint32_t)(b >> 32), 0u, 0u), key);
+        const uint4 w = philox_block(seed, offset + q);
         const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const size_t i = q * 4 + l;
-            if (i < n) y[i] = Num<T>::from(Num<T>::to(x[i]) * (((double)words[l] + 0.5) / 4294967296.0 < keep ? on : off));
+            if (i < n) y[i] = Num<T>::from(Num<T>::to(x[i]) * (philox_keeps(words[l], keep) ? on : off));
         }
     }
 }
@@ -60,16 +58,14 @@ __device__ void act_dropout(const T* __restrict__ x, const T* __restrict__ g, T*
                             uint64_t offset, double keep, double scale, bool backward) {
     typedef typename Num<T>::acc A;
     const A on = Num<T>::to(Num<T>::from_f64(scale)), off = A(0);
-    const uint2 key = make_uint2((uint32_t)seed, (uint32_t)(seed >> 32));
     NN_GRID_STRIDE(q, (n + 3) / 4) {
-        const unsigned long long b = offset + q;
-        const uint4 w = philox4x32_10(make_uint4((uint32_t)b, (uint32_t)(b >> 32), 0u, 0u), key);
+        const uint4 w = philox_block(seed, offset + q);
         const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const size_t i = q * 4 + l;
             if (i >= n) continue;
-            const A m = ((double)words[l] + 0.5) / 4294967296.0 < keep ? on : off;
+            const A m = philox_keeps(words[l], keep) ? on : off;
             const A xv = Num<T>::to(x[i]);
             const T h = Num<T>::from(Op::f(xv));
             if (backward) {

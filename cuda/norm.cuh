@@ -55,7 +55,6 @@ template <typename X, int N>
 __device__ __forceinline__ Vals<typename Num<X>::acc, N> nn_drop_mask(const NnDrop& d, uint64_t e0) {
     typedef typename Num<X>::acc A;
     const A on = Num<X>::to(Num<X>::from_f64(d.scale));
-    const uint2 key = make_uint2((uint32_t)d.seed, (uint32_t)(d.seed >> 32));
     Vals<A, N> m;
     unsigned long long cur = ~0ull;
     uint4 w = make_uint4(0u, 0u, 0u, 0u);
@@ -64,12 +63,12 @@ __device__ __forceinline__ Vals<typename Num<X>::acc, N> nn_drop_mask(const NnDr
         const uint64_t e = e0 + j;
         const unsigned long long b = d.offset + e / 4;
         if (b != cur) {
-            w = philox4x32_10(make_uint4((uint32_t)b, (uint32_t)(b >> 32), 0u, 0u), key);
+            w = philox_block(d.seed, b);
             cur = b;
         }
         const uint32_t l = (uint32_t)(e & 3);
         const uint32_t q = l == 0 ? w.x : l == 1 ? w.y : l == 2 ? w.z : w.w;
-        m.v[j] = ((double)q + 0.5) / 4294967296.0 < d.keep ? on : A(0);
+        m.v[j] = philox_keeps(q, d.keep) ? on : A(0);
     }
     return m;
 }

@@ -18,3 +18,12 @@ __host__ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
     }
     return c;
 }
+
+// Dropout's draw (src/tensor/rng.rs): the four words of counter block b,
+// counter (lo32 b, hi32 b, 0, 0) under the key (lo32 seed, hi32 seed); a
+// word keeps its element when its uniform (word + 0.5) / 2^32 (exact in
+// f64) is below `keep`.
+__host__ __device__ __forceinline__ uint4 philox_block(uint64_t seed, unsigned long long b) {
+    return philox4x32_10(make_uint4((uint32_t)b, (uint32_t)(b >> 32), 0u, 0u), make_uint2((uint32_t)seed, (uint32_t)(seed >> 32)));
+}
+__host__ __device__ __forceinline__ bool philox_keeps(uint32_t word, double keep) { return ((double)word + 0.5) / 4294967296.0 < keep; }
