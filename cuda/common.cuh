@@ -183,10 +183,17 @@ __device__ __forceinline__ A warp_reduce_to_lane0(A v, Op op, unsigned count) {
 // (__threadfence()); the counter of its strip counts arrivals, and the call
 // returns true in every thread of the block that arrived last (which then
 // fences and reads the other tiles' partials). `flag` is a __shared__ int of
-// the caller, rewritten by each call.
+// the caller, rewritten by each call. The last block sets the counter back
+// to 0 (no other block of the launch touches it again), so the device's kept
+// counters (src/backend/cuda/device.rs `arrivals`) are 0 for the next
+// kernel on the stream without a memset.
 __device__ __forceinline__ bool last_tile_arrived(unsigned long long* counter, unsigned long long tiles, int* flag) {
     __syncthreads();
-    if (threadIdx.x == 0) *flag = atomicAdd(counter, 1ull) == tiles - 1;
+    if (threadIdx.x == 0) {
+        const bool last = atomicAdd(counter, 1ull) == tiles - 1;
+        if (last) atomicExch(counter, 0ull);
+        *flag = last;
+    }
     __syncthreads();
     return *flag != 0;
 }

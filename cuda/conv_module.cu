@@ -23,8 +23,8 @@
 //   BatchNorm: sg = sum gu, sgx = sum gu * zh per channel (norm.cuh's tiled
 //     batch_norm_bwd_sums_cl with SWISH); dz = nw r (gu - sg/N - zh sgx/N)
 //     (training) or nw r gu (eval) elementwise; gnw = sgx, gnb = sg.
-//   LayerNorm: norm.cuh's layer_norm_bwd with SWISH (dz and the partial
-//     rows of gnw, gnb), then norm.cu's layer_norm_bwd_wb.
+//   LayerNorm: norm.cuh's layer_norm_bwd with SWISH (dz, and gnw, gnb
+//     folded from the partial rows by the last block).
 //   K1': one thread per input element (b, i, c): gh = sum_k w[c,k] *
 //     dz[b,i+p-k,c] (conv.cu's input gradient), zeroed on a masked frame,
 //     then GLU's backward into both halves of da (recomputing s from a),
@@ -140,9 +140,10 @@ __device__ void conv_module_dw_glu_bwd(const T* __restrict__ a, const uint8_t* _
         layer_norm_fwd<T, W, G, true, W>(z, w, b, y, mean, rstd, rows, n, eps, 1, 1);                                         \
     }                                                                                                                     \
     extern "C" __global__ void conv_module_ln_swish_bwd##S##SUF(const W* z, const W* w, const W* b, const W* mean,         \
-                                                                const W* rstd, const T* g, W* dz, W* pw, W* pb,            \
-                                                                uint64_t rows, uint32_t n, uint32_t chunk) {               \
-        layer_norm_bwd<T, W, G, true, W>(z, w, mean, rstd, g, dz, pw, pb, rows, n, 1, chunk, b);                              \
+                                                                const W* rstd, const T* g, W* dz, W* pw, W* pb, W* gw,     \
+                                                                W* gb, unsigned long long* arrivals, uint64_t rows,        \
+                                                                uint32_t n, uint32_t chunk) {                              \
+        layer_norm_bwd<T, W, G, true, W>(z, w, mean, rstd, g, dz, pw, pb, gw, gb, arrivals, rows, n, 1, chunk, b);            \
     }
 #define CM_NORM_KERNELS(SUF, T, W)                                                                                        \
     extern "C" __global__ void conv_module_dw_glu_bwd_##SUF(const T* a, const uint8_t* mask, const T* w, const W* dz,       \

@@ -16,9 +16,9 @@
         layer_norm_fwd<T, W, G>(x, w, b, y, mean, rstd, rows, n, eps, has_w, has_b);                                       \
     }                                                                                                                      \
     extern "C" __global__ void layer_norm_bwd##S##SUF(const T* x, const W* w, const W* mean, const W* rstd, const T* g,    \
-                                                      T* gx, W* pw, W* pb, uint64_t rows, uint32_t n, uint32_t has_w,      \
-                                                      uint32_t chunk) {                                                    \
-        layer_norm_bwd<T, W, G>(x, w, mean, rstd, g, gx, pw, pb, rows, n, has_w, chunk);                                   \
+                                                      T* gx, W* pw, W* pb, W* gw, W* gb, unsigned long long* arrivals,     \
+                                                      uint64_t rows, uint32_t n, uint32_t has_w, uint32_t chunk) {         \
+        layer_norm_bwd<T, W, G>(x, w, mean, rstd, g, gx, pw, pb, gw, gb, arrivals, rows, n, has_w, chunk);                 \
     }                                                                                                                      \
     extern "C" __global__ void add_layer_norm_fwd##S##SUF(                                                                 \
         const T* x, const T* res, double alpha, const W* w, const W* b, T* s, T* y, W* mean, W* rstd, uint64_t rows,       \
@@ -29,17 +29,16 @@
     }                                                                                                                      \
     extern "C" __global__ void add_layer_norm_bwd##S##SUF(                                                                 \
         const T* s, const W* w, const W* mean, const W* rstd, const T* g, const T* gs, uint32_t has_gs, double alpha,      \
-        T* gx, T* gy, uint32_t has_gy, W* pw, W* pb, uint64_t rows, uint32_t n, uint32_t has_w, uint32_t chunk,            \
-        uint64_t seed, uint64_t offset, double keep, double scale, uint32_t has_drop) {                                    \
-        layer_norm_bwd<T, W, G>(s, w, mean, rstd, g, gx, pw, pb, rows, n, has_w, chunk, nullptr, has_gs ? gs : nullptr,   \
-                                has_gy ? gy : nullptr, alpha, NnDrop{seed, offset, keep, scale, has_drop});               \
+        T* gx, T* gy, uint32_t has_gy, W* pw, W* pb, W* gw, W* gb, unsigned long long* arrivals, uint64_t rows,           \
+        uint32_t n, uint32_t has_w, uint32_t chunk, uint64_t seed, uint64_t offset, double keep, double scale,             \
+        uint32_t has_drop) {                                                                                               \
+        layer_norm_bwd<T, W, G>(s, w, mean, rstd, g, gx, pw, pb, gw, gb, arrivals, rows, n, has_w, chunk, nullptr,        \
+                                has_gs ? gs : nullptr, has_gy ? gy : nullptr, alpha,                                       \
+                                NnDrop{seed, offset, keep, scale, has_drop});                                              \
     }
 #define LN_KERNELS(SUF, T, W)                                                                                              \
     LN_SHAPE(SUF, T, W, _, BlockRows)                                                                                      \
-    LN_SHAPE(SUF, T, W, _warp_, WarpRows)                                                                                  \
-    extern "C" __global__ void layer_norm_bwd_wb_##SUF(const W* pw, const W* pb, W* gw, W* gb, uint64_t parts, uint32_t n) { \
-        layer_norm_bwd_wb<W>(pw, pb, gw, gb, parts, n);                                                                    \
-    }
+    LN_SHAPE(SUF, T, W, _warp_, WarpRows)
 LN_KERNELS(f32, float, float)
 LN_KERNELS(f64, double, double)
 LN_KERNELS(f16, __half, float)

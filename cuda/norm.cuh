@@ -16,11 +16,13 @@
 //   s = x + alpha * dropout(res),  gres = alpha * mask * gx
 // so the dropout's two passes over the branch are gone too.
 // A warp per row for rows of n <= NN_WARP_ROW_MAX, else a block per row
-// (nn_common.cuh; both give the same bits). The backward is two launches,
-// deterministic and without atomics: pass 1 writes gx and sums g*xh and g
-// per column over chunks of consecutive rows, in row order, into partial
-// rows (chunks, n); pass 2 sums the partial rows of each column in order.
-// The same inputs give the same bits every run, whatever the grid. Layer
+// (nn_common.cuh; both give the same bits). The backward is one launch,
+// deterministic: each block writes gx and sums g*xh and g per column over
+// chunks of consecutive rows, in row order, into partial rows (chunks, n);
+// the last block to finish (an arrival counter, common.cuh
+// last_tile_arrived: the atomic elects it and carries no value) sums the
+// partial rows of each column in chunk order into gw and gb. The same
+// inputs give the same bits every run, whatever the grid or the schedule. Layer
 // norm also takes f16 and bf16 inputs (autocast's half activations): x, y
 // and their gradients in half, the weight, bias, their gradients, mean and
 // rstd in f32, every sum in f32.
@@ -175,13 +177,15 @@ __device__ void layer_norm_fwd(const X* __restrict__ x, const W* __restrict__ w,
     }
 }
 
-// Backward pass 1: gx of every row, and the partial sums of gw and gb.
-// Rows are cut into chunks of `chunk` consecutive rows, one chunk per block
-// (grid-stride over chunks). The block's groups (warps or the block) write
-// gx of the chunk's rows; then thread `col` sums g*xh and g of column col
-// over the chunk's rows, in row order, into partial row c of pw and pb
-// (chunks, n): the order of the former separate pass. It reads only the
-// inputs, so it needs no barrier; the partial sums need no atomics.
+// Backward: gx of every row, then gw and gb. Rows are cut into chunks of
+// `chunk` consecutive rows, one chunk per block (grid-stride over chunks).
+// The block's groups (warps or the block) write gx of the chunk's rows;
+// then thread `col` sums g*xh and g of column col over the chunk's rows, in
+// row order, into partial row c of pw and pb (chunks, n) (it reads only the
+// inputs, so it needs no barrier). The last block to finish its chunks
+// then adds each column's partial rows in chunk order into gw and gb (what
+// a second launch did before: the same order, the same bits). `arrivals`:
+// a counter that is 0 at the launch, and 0 again after it.
 // SWISH: the forward was swish(layer_norm(x) * w + b) (w and b present):
 // g is the gradient of the swish output, and every use of g below is of
 // g * swish'(xh * w + b), recomputed from x, the row's statistics, w and b.
@@ -195,7 +199,8 @@ __device__ void layer_norm_fwd(const X* __restrict__ x, const W* __restrict__ w,
 // drawn again; gy is then always written).
 template <typename T, typename W, typename G, bool SWISH = false, typename X = T>
 __device__ void layer_norm_bwd(const X* __restrict__ x, const W* __restrict__ w, const W* __restrict__ mean, const W* __restrict__ rstd,
-                               const T* __restrict__ g, X* __restrict__ gx, W* __restrict__ pw, W* __restrict__ pb, uint64_t rows,
+                               const T* __restrict__ g, X* __restrict__ gx, W* __restrict__ pw, W* __restrict__ pb,
+                               W* __restrict__ gw, W* __restrict__ gb, unsigned long long* arrivals, uint64_t rows,
                                uint32_t n, uint32_t has_w, uint32_t chunk, const W* __restrict__ bias = nullptr,
                                const X* __restrict__ gs = nullptr, X* __restrict__ gy = nullptr, double alpha = 0.0,
                                NnDrop drop = NnDrop()) {
@@ -288,22 +293,26 @@ __device__ void layer_norm_bwd(const X* __restrict__ x, const W* __restrict__ w,
             pb[c * n + col] = Num<W>::from(sb);
         }
     }
-}
-
-// Backward pass 2 of gw/gb: column `col` summed over the partial rows in
-// order (all in the parameters' type W).
-template <typename T>
-__device__ void layer_norm_bwd_wb(const T* __restrict__ pw, const T* __restrict__ pb, T* __restrict__ gw, T* __restrict__ gb,
-                                  uint64_t parts, uint32_t n) {
-    typedef typename Num<T>::acc A;
-    NN_GRID_STRIDE(col, n) {
-        A sw = 0, sb = 0;
-        for (size_t c = 0; c < parts; ++c) {
-            sw += Num<T>::to(pw[c * n + col]);
-            sb += Num<T>::to(pb[c * n + col]);
+    // This block's partial rows are written; the last block to get here
+    // reads everyone's (fenced on both sides) and adds them in order, all
+    // in the parameters' type W.
+    __shared__ int is_last;
+    __threadfence();
+    if (last_tile_arrived(arrivals, gridDim.x, &is_last)) {
+        __threadfence();
+        typedef typename Num<W>::acc AW;
+        const volatile W* qw = pw;
+        const volatile W* qb = pb;
+        for (uint32_t col = threadIdx.x; col < n; col += blockDim.x) {
+            AW sw = 0, sb = 0;
+            for (uint64_t c = 0; c < chunks; ++c) {
+                const W vw = qw[c * n + col], vb = qb[c * n + col];
+                sw += Num<W>::to(vw);
+                sb += Num<W>::to(vb);
+            }
+            gw[col] = Num<W>::from(sw);
+            gb[col] = Num<W>::from(sb);
         }
-        gw[col] = Num<T>::from(sw);
-        gb[col] = Num<T>::from(sb);
     }
 }
 
@@ -462,8 +471,8 @@ __device__ void batch_norm_bwd_dx_u32(const T* __restrict__ x, const W* __restri
 // 32 adjacent channels of a row (one 128-byte line in f32: coalesced). The
 // BN_LANES partials of a channel are added in lane order, the tile's
 // result goes to `part` (strips * tiles * 2 * 32 values of W), and the last
-// block of a strip to arrive (an arrival counter per strip, zeroed by the
-// host) folds the strip's tile results in tile order: the same bits for
+// block of a strip to arrive (an arrival counter per strip of the device's
+// kept counters, which it sets back to 0) folds the strip's tile results in tile order: the same bits for
 // the same shape whatever the grid or the schedule (the atomic only elects
 // the folding block, it feeds no result). One launch each.
 // Host tiling (src/backend/cuda/norm.rs `bn_tiling`): about 512 items, at

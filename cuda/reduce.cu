@@ -66,7 +66,8 @@ __device__ void sum_rows(const T* x, O* y, i64 rows, i64 n) {
 // row would leave to a single SM): blockIdx.y cuts each row into gridDim.y
 // tiles of `tile` elements; a block sums its tile as sum_rows does and
 // writes it to partials[row][tile]; the block that finishes a row last (a
-// counter per row, zeroed by the host; no value goes through the atomic)
+// counter per row, the device's kept counters, which that block sets back
+// to 0 (common.cuh last_tile_arrived); no value goes through the atomic)
 // adds the row's tile sums in tile order. A fixed order for a fixed shape,
 // under every schedule. Blocks grid-stride over rows (blockIdx.x).
 template <typename T, typename O = T>
@@ -135,8 +136,9 @@ __device__ void sum_cols(const T* x, O* y, i64 outer, i64 n, i64 inner) {
 // tile in column c (a warp reads COL_STRIP consecutive elements of a row:
 // coalesced), the ROW_LANES partials of a column are added in lane order,
 // and the tile's sum goes to partials[strip][tile][c]. The block that
-// finishes a strip last (a counter per strip, zeroed by the host: the only
-// atomic, and no value goes through it) adds the strip's tile sums in tile
+// finishes a strip last (a counter per strip of the device's kept counters,
+// set back to 0 by that block: the only atomic, and no value goes through
+// it) adds the strip's tile sums in tile
 // order. So every sum has a fixed order: the same bits every run and under
 // every schedule. Blocks grid-stride over strips (blockIdx.x), one tile
 // each (blockIdx.y).

@@ -305,7 +305,7 @@ if want sweep; then
             --batch_size "$BATCH" --frames "$FRAMES" --profile > "$LOG/sweep-$spec.txt" 2> "$LOG/sweep-$spec.log"
         line=$(grep '^bench-train' "$LOG/sweep-$spec.txt" | tail -1)
         # The GPU table's rows and its total (7 columns; the op table has its own total line).
-        fam=$(awk '(/^(optim\/mt_|norm\/layer_norm_bwd)/ || /^total /) && NF == 7 {printf "%s %s launches %s ms; ", $1, $2, $NF}' "$LOG/sweep-$spec.txt")
+        fam=$(awk '(/^(optim\/mt_|norm\/(add_)?layer_norm_bwd)/ || /^total /) && NF == 7 {printf "%s %s launches %s ms; ", $1, $2, $NF}' "$LOG/sweep-$spec.txt")
         MROWS+=("$(printf '%-24s step_ms %s; %s' "$spec" "$(field step_ms_median "$line")" "$fam")")
     done
 fi

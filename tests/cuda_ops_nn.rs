@@ -641,6 +641,122 @@ fn layer_norm_weight_gradient_is_reproducible() {
     assert_eq!(grad(), grad(), "two runs of the same backward give the same bits");
 }
 
+/// Layer norm's weight and bias gradients are folded from the chunks'
+/// partial rows by the last block to finish, elected on the device's kept
+/// arrival counters (its one launch and no memset: tests/gpu_profile.rs).
+/// Every folding kernel (layer norm by warp rows and by block rows, with the capped grid
+/// wrapping over chunks; the tiled column sum; the channels-last batch norm
+/// statistics) leaves those counters at 0, checked after each; gw and gb
+/// equal their definitions, sum over rows of g * xh and of g, in f64.
+#[test]
+fn folding_kernels_leave_the_kept_arrival_counters_at_zero() {
+    use asrforge::backend::cpu::CpuStorage;
+    use asrforge::backend::cuda::{self, CudaStorage};
+    let Some(dev) = gpu("folding_kernels_leave_the_kept_arrival_counters_at_zero") else { return };
+    let Device::Cuda(ord) = dev else { unreachable!("gpu() gives a CUDA device") };
+    let cdev = cuda::device(ord).unwrap();
+    let up = |v: &[f64]| CudaStorage::from_cpu(&cdev, &CpuStorage::F64(v.to_vec())).unwrap();
+    let down = |s: &CudaStorage| s.to_cpu().unwrap().to_f64_vec();
+    let all_zero = |after: &str| {
+        let kept = cuda::kept_arrivals(ord).unwrap().expect("a folding kernel made the counters");
+        assert!(
+            kept.iter().all(|&c| c == 0),
+            "after {after}: counters left {:?}",
+            kept.iter().enumerate().filter(|(_, &c)| c != 0).take(8).collect::<Vec<_>>()
+        );
+    };
+    let seed = fresh_seed();
+    let mut r = Rng::new(seed);
+    // Rows of 7 (a warp each, 5 chunks of 64), of 1025 (a block each) and
+    // 2400 rows of 5 (38 chunks: more than the capped grid's 37 blocks).
+    // The first folding kernel on the device makes the kept counters (one memset).
+    let (x0, g0) = (up(&r.normal(64 * 3)), up(&r.normal(64 * 3)));
+    let (_, m0, s0) = cuda::norm::layer_norm(&x0, None, None, 3, 1e-5).unwrap();
+    cuda::norm::layer_norm_backward(&x0, None, &m0, &s0, &g0, 3).unwrap();
+    all_zero("the first layer_norm_backward");
+    for (rows, n) in [(300usize, 7usize), (67, 1025), (2400, 5)] {
+        let (xv, wv, bv, gv) = (r.normal(rows * n), r.normal(n), r.normal(n), r.normal(rows * n));
+        let (x, w, b, g) = (up(&xv), up(&wv), up(&bv), up(&gv));
+        let (_, mean, rstd) = cuda::norm::layer_norm(&x, Some(&w), Some(&b), n, 1e-5).unwrap();
+        let (_, gw, gb) = cuda::norm::layer_norm_backward(&x, Some(&w), &mean, &rstd, &g, n).unwrap();
+        all_zero(&format!("layer_norm_backward ({rows}, {n})"));
+        let (mv, sv) = (down(&mean), down(&rstd));
+        let mut want_w = vec![0.0; n];
+        let mut want_b = vec![0.0; n];
+        for i in 0..rows {
+            for j in 0..n {
+                let k = i * n + j;
+                want_w[j] += gv[k] * (xv[k] - mv[i]) * sv[i];
+                want_b[j] += gv[k];
+            }
+        }
+        gpu::assert_close_floor(&format!("gw ({rows}, {n})"), &down(&gw), &want_w, gpu::F64, (rows as f64).sqrt(), seed);
+        gpu::assert_close_floor(&format!("gb ({rows}, {n})"), &down(&gb), &want_b, gpu::F64, (rows as f64).sqrt(), seed);
+        // A tiled column sum (33 strips) and the channels-last batch norm
+        // statistics (3 strips) between the layer norms.
+        let (o, cn, inner) = (1, 2048, 1050);
+        let xs = up(&r.normal(o * cn * inner));
+        let sum = cuda::reduce::sum_dim_acc_with(&xs, o, cn, inner, cuda::reduce::SumPath::Tiled).unwrap();
+        let xsv = down(&xs);
+        let want: Vec<f64> = (0..inner).map(|j| (0..cn).map(|i| xsv[i * inner + j]).sum()).collect();
+        gpu::assert_close_floor("tiled column sum", &down(&sum), &want, gpu::F64, (cn as f64).sqrt(), seed);
+        all_zero("a tiled column sum");
+        let (bn, bc) = (1000, 70);
+        let xb = r.normal(bn * bc);
+        let (mut rm, mut rv) = (up(&vec![0.0; bc]), up(&vec![1.0; bc]));
+        let (bmean, _) = cuda::norm::batch_norm_stats(&up(&xb), &mut rm, &mut rv, bn, bc, 1, 1e-5, 0.1, true).unwrap();
+        let want: Vec<f64> = (0..bc).map(|c| (0..bn).map(|i| xb[i * bc + c]).sum::<f64>() / bn as f64).collect();
+        gpu::assert_close_floor("batch norm mean", &down(&bmean), &want, gpu::F64, 1.0, seed);
+        all_zero("the channels-last batch norm statistics");
+    }
+}
+
+/// Folding kernels queued on the compute stream by several host threads at
+/// once share the kept arrival counters safely: a stream runs its work one
+/// item after another (on the emulator too, which holds each stream while a
+/// launch runs), so each tiled sum and layer-norm backward is right.
+#[test]
+fn folding_kernels_from_several_threads_share_the_counters() {
+    use asrforge::backend::cpu::CpuStorage;
+    use asrforge::backend::cuda::{self, CudaStorage};
+    let Some(dev) = gpu("folding_kernels_from_several_threads_share_the_counters") else { return };
+    let Device::Cuda(ord) = dev else { unreachable!("gpu() gives a CUDA device") };
+    let seed = fresh_seed();
+    std::thread::scope(|sc| {
+        for th in 0..3u64 {
+            sc.spawn(move || {
+                let cdev = cuda::device(ord).unwrap();
+                let mut r = Rng::new(seed ^ th);
+                for it in 0..12 {
+                    let (n, inner) = (1024 + 64 * it, 96 + th as usize);
+                    let v = r.normal(n * inner);
+                    let x = CudaStorage::from_cpu(&cdev, &CpuStorage::F64(v.clone())).unwrap();
+                    let got = cuda::reduce::sum_dim_acc_with(&x, 1, n, inner, cuda::reduce::SumPath::Tiled).unwrap().to_cpu().unwrap().to_f64_vec();
+                    let want: Vec<f64> = (0..inner).map(|j| (0..n).map(|i| v[i * inner + j]).sum()).collect();
+                    gpu::assert_close_floor(&format!("thread {th} sum {it}"), &got, &want, gpu::F64, (n as f64).sqrt(), seed);
+                    let (rows, c) = (130 + it, 9);
+                    let (xv, gv) = (r.normal(rows * c), r.normal(rows * c));
+                    let (xl, gl) = (
+                        CudaStorage::from_cpu(&cdev, &CpuStorage::F64(xv.clone())).unwrap(),
+                        CudaStorage::from_cpu(&cdev, &CpuStorage::F64(gv.clone())).unwrap(),
+                    );
+                    let (_, mean, rstd) = cuda::norm::layer_norm(&xl, None, None, c, 1e-5).unwrap();
+                    let (_, _, gb) = cuda::norm::layer_norm_backward(&xl, None, &mean, &rstd, &gl, c).unwrap();
+                    let want: Vec<f64> = (0..c).map(|j| (0..rows).map(|i| gv[i * c + j]).sum()).collect();
+                    gpu::assert_close_floor(
+                        &format!("thread {th} layer norm gb {it}"),
+                        &gb.to_cpu().unwrap().to_f64_vec(),
+                        &want,
+                        gpu::F64,
+                        (rows as f64).sqrt(),
+                        seed,
+                    );
+                }
+            });
+        }
+    });
+}
+
 // ---- convolutions ----
 
 /// `compare` in f32, f64, f16 and bf16 (the half types at their tolerance).

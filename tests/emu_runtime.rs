@@ -406,14 +406,18 @@ fn row_kernels_give_the_same_bits_in_both_shapes_aligned_or_not() {
                     let (mut pw, mut pb) = (Buf::new(parts * n as usize * ws + 16), Buf::new(parts * n as usize * ws + 16));
                     let (xp, wp, mp, rp, gp, op) =
                         (x.at().wrapping_add(off), w.at().wrapping_add(woff), mean.at(), rstd.at(), g.at().wrapping_add(off), gx.at().wrapping_add(off));
-                    let (pwp, pbp) = (pw.at(), pb.at());
+                    let (mut gw, mut gb) = (Buf::new(n as usize * ws + 16), Buf::new(n as usize * ws + 16));
+                    // The arrival counter: 0 at the launch, and set back to 0 by the last block.
+                    let mut arrivals = [0u64; 1];
+                    let (pwp, pbp, gwp, gbp, ap) = (pw.at(), pb.at(), gw.at(), gb.at(), arrivals.as_mut_ptr());
                     launch(
                         &ln,
                         &name("layer_norm_bwd", warp),
                         warp,
-                        &[p(&xp), p(&wp), p(&mp), p(&rp), p(&gp), p(&op), p(&pwp), p(&pbp), p(&rows), p(&n), p(&one), p(&chunk)],
+                        &[p(&xp), p(&wp), p(&mp), p(&rp), p(&gp), p(&op), p(&pwp), p(&pbp), p(&gwp), p(&gbp), p(&ap), p(&rows), p(&n), p(&one), p(&chunk)],
                     );
-                    vec![(gx, off, es, len), (pw, 0, ws, parts * n as usize), (pb, 0, ws, parts * n as usize)]
+                    assert_eq!(arrivals[0], 0, "layer_norm_bwd {dt} rows={rows} n={n} warp={warp}: the arrival counter is left at 0");
+                    vec![(gx, off, es, len), (pw, 0, ws, parts * n as usize), (pb, 0, ws, parts * n as usize), (gw, 0, ws, n as usize), (gb, 0, ws, n as usize)]
                 });
             }
         }

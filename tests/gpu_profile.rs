@@ -409,6 +409,42 @@ fn ffn_fusion_runs_the_feed_forward_block_the_same_in_two_launches_fewer() {
     }
 }
 
+/// Layer norm's backward, plain and with the residual add (and its
+/// dropout), by warp rows and by block rows, is one launch and asks for no
+/// memset: the last block folds the weight and bias gradients on the
+/// device's kept arrival counters (tests/cuda_ops_nn.rs checks the values
+/// and that the counters are left at 0).
+#[test]
+fn layer_norm_backward_is_one_launch_and_no_memset() {
+    use asrforge::backend::cuda::dropout::DropoutDraw;
+    let Some(dev) = common::gpu::gpu("layer_norm_backward_is_one_launch_and_no_memset") else { return };
+    let _s = serial();
+    let Device::Cuda(ord) = dev else { unreachable!("gpu() gives a CUDA device") };
+    let cdev = cuda::device(ord).unwrap();
+    let mut rng = Rng::new(seed());
+    let up = |v: Vec<f64>| CudaStorage::from_cpu(&cdev, &CpuStorage::F32(v.into_iter().map(|x| x as f32).collect())).unwrap();
+    // The harness poisons every new buffer (a memset each); nothing else may memset.
+    let poison = std::env::var("ASRFORGE_CUDA_POISON").is_ok_and(|v| v == "1");
+    let fills = |c: &cuda::Counters| if poison { c.driver_allocs + c.pool_reuses } else { 0 };
+    for (rows, n) in [(300usize, 7usize), (67, 1025), (2400, 5)] {
+        let (x, y, w, g) = (up(rng.normal(rows * n)), up(rng.normal(rows * n)), up(rng.normal(n)), up(rng.normal(rows * n)));
+        let (_, mean, rstd) = cuda::norm::layer_norm(&x, Some(&w), None, n, 1e-5).unwrap();
+        // Twice: the first call may make the kept counters (one memset per device).
+        for _ in 0..2 {
+            let before = cuda::counters(ord).unwrap();
+            cuda::norm::layer_norm_backward(&x, Some(&w), &mean, &rstd, &g, n).unwrap();
+            let c = cuda::counters(ord).unwrap().since(&before);
+            assert_eq!((c.launches, c.memsets), (1, fills(&c)), "layer_norm_backward ({rows}, {n}): {c:?}");
+        }
+        let drop = Some(DropoutDraw { seed: 5, offset: 0, p: 0.1 });
+        let (s, _, mean, rstd) = cuda::norm::add_layer_norm(&x, &y, 0.5, drop, Some(&w), None, n, 1e-5).unwrap();
+        let before = cuda::counters(ord).unwrap();
+        cuda::norm::add_layer_norm_backward(&s, Some(&w), &mean, &rstd, &g, Some(&g), 0.5, drop, n).unwrap();
+        let c = cuda::counters(ord).unwrap().since(&before);
+        assert_eq!((c.launches, c.memsets), (1, fills(&c)), "add_layer_norm_backward ({rows}, {n}): {c:?}");
+    }
+}
+
 /// The fused conformer convolution module (`ASRFORGE_FUSION=convmodule`)
 /// launches fewer kernels than its composition, forward and backward, with
 /// batch norm (training) and layer norm: forward it is the GLU + depthwise

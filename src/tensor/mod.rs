@@ -433,6 +433,15 @@ impl Tensor {
         *self.0.cell.storage.write().unwrap_or_else(|e| e.into_inner()) = new;
         Ok(())
     }
+    /// A new untracked tensor holding a copy of this one's storage (one
+    /// device-to-device copy on a GPU; no zero fill first).
+    pub(crate) fn copy_of(&self) -> Result<Tensor> {
+        let s = match &*self.storage() {
+            Storage::Cpu(s) => Storage::Cpu(s.clone()),
+            Storage::Cuda(s) => Storage::Cuda(s.try_clone()?),
+        };
+        Ok(Tensor::build(s, self.shape().clone(), false, false))
+    }
     /// Runs `f` on this tensor's storage with write access (in-place
     /// optimizer updates, without copying the buffer out and back).
     pub(crate) fn with_storage_mut<R>(&self, f: impl FnOnce(&mut Storage) -> R) -> R {

@@ -217,8 +217,7 @@ impl Executor {
         let mut snap = Vec::new();
         for (name, t) in self.model.named_buffers() {
             if is_running_stat(&name) {
-                let copy = t.zeros_like()?;
-                copy.assign(&t)?;
+                let copy = t.copy_of()?;
                 snap.push((t, copy));
             }
         }

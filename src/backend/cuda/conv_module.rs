@@ -7,7 +7,7 @@
 //! sums). z and dz stay in f32 for half activations (see the .cu file).
 
 use super::conv::dw_args;
-use super::kernels::{conv_module as k, norm as kn};
+use super::kernels::conv_module as k;
 use super::nn_common::{elems, expect_dtype, expect_len, rows, same, u32_arg, FLOATS};
 use super::norm::{bn_launch, bn_scratch, bn_tiling, ln_chunk, ln_param};
 use super::softmax::row_launch;
@@ -37,7 +37,9 @@ fn mask_arg(op: &'static str, a: &CudaStorage, mask: Option<&CudaStorage>, g: &D
             expect_len(op, "the frame mask (B, T)", m, g.b * g.t)?;
             Ok((None, 1))
         }
-        None => Ok((Some(a.device().zeros(DType::U8, 1)?), 0)),
+        // The kernels read no mask when has_mask is 0: a byte of U8 stands
+        // in for the pointer, uninitialised (no memset).
+        None => Ok((Some(a.device().alloc(DType::U8, 1)?), 0)),
     }
 }
 
@@ -179,14 +181,14 @@ pub fn ln_swish_backward(
     let chunk = ln_chunk();
     let chunks = r.div_ceil(chunk);
     let (pw, pb) = (dev.alloc(pd, (chunks * c).max(1))?, dev.alloc(pd, (chunks * c).max(1))?);
+    // gw and gb: the last block's fold of the partial rows (norm.cuh); with
+    // no rows nothing is launched and they are the empty sum.
+    let (gw, gb) = if r == 0 { (dev.zeros(pd, c)?, dev.zeros(pd, c)?) } else { (dev.alloc(pd, c)?, dev.alloc(pd, c)?) };
+    let arrivals = dev.arrivals(1)?;
     let (warp, _) = row_launch(c, r);
     let f = if warp { k::conv_module_ln_swish_bwd_warp } else { k::conv_module_ln_swish_bwd };
     if !z.is_empty() {
-        f(dev, dt, rows(chunks), z, w, bias, mean, rstd, gy, &dz, &pw, &pb, r as u64, n, chunk as u32)?;
-    }
-    let (gw, gb) = (dev.alloc(pd, c)?, dev.alloc(pd, c)?);
-    if c > 0 {
-        kn::layer_norm_bwd_wb(dev, dt, elems(c), &pw, &pb, &gw, &gb, chunks as u64, n)?;
+        f(dev, dt, rows(chunks), z, w, bias, mean, rstd, gy, &dz, &pw, &pb, &gw, &gb, &arrivals, r as u64, n, chunk as u32)?;
     }
     Ok((dz, gw, gb))
 }

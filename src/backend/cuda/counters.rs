@@ -11,6 +11,9 @@ pub struct Counters {
     pub launches: u64,
     /// cuBLAS/cuBLASLt matrix products (also counted in `launches`).
     pub gemms: u64,
+    /// Device memsets (not counted in `launches`; on a GPU each is a stream
+    /// operation with about a launch's host cost).
+    pub memsets: u64,
     /// cuBLASLt algorithm heuristic calls (one per new product shape; a cached shape makes none).
     pub lt_heuristics: u64,
     /// Calls that made the host wait for the device: explicit synchronisations
@@ -49,6 +52,7 @@ impl Counters {
         Counters {
             launches: self.launches - earlier.launches,
             gemms: self.gemms - earlier.gemms,
+            memsets: self.memsets - earlier.memsets,
             lt_heuristics: self.lt_heuristics - earlier.lt_heuristics,
             host_syncs: self.host_syncs - earlier.host_syncs,
             host_wait_ns: self.host_wait_ns - earlier.host_wait_ns,
@@ -69,9 +73,10 @@ impl Counters {
         let n = n.max(1) as f64;
         let f = |v: u64| v as f64 / n;
         format!(
-            "launches={:.1} gemms={:.1} lt_heuristics={:.1} host_syncs={:.1} host_wait_ms={:.3} htod_copies={:.1} htod_bytes={:.0} dtoh_copies={:.1} dtoh_bytes={:.0} dtod_bytes={:.0} driver_allocs={:.1} pool_reuses={:.1} peak_mib={:.1}",
+            "launches={:.1} gemms={:.1} memsets={:.1} lt_heuristics={:.1} host_syncs={:.1} host_wait_ms={:.3} htod_copies={:.1} htod_bytes={:.0} dtoh_copies={:.1} dtoh_bytes={:.0} dtod_bytes={:.0} driver_allocs={:.1} pool_reuses={:.1} peak_mib={:.1}",
             f(self.launches),
             f(self.gemms),
+            f(self.memsets),
             f(self.lt_heuristics),
             f(self.host_syncs),
             self.host_wait_ns as f64 / 1e6 / n,
@@ -93,6 +98,7 @@ impl Counters {
 pub(crate) struct CounterCells {
     pub launches: AtomicU64,
     pub gemms: AtomicU64,
+    pub memsets: AtomicU64,
     pub lt_heuristics: AtomicU64,
     pub host_syncs: AtomicU64,
     pub host_wait_ns: AtomicU64,
@@ -118,6 +124,7 @@ impl CounterCells {
         Counters {
             launches: g(&self.launches),
             gemms: g(&self.gemms),
+            memsets: g(&self.memsets),
             lt_heuristics: g(&self.lt_heuristics),
             host_syncs: g(&self.host_syncs),
             host_wait_ns: g(&self.host_wait_ns),

@@ -10,7 +10,7 @@
 use super::alloc::Pool;
 use super::driver::{self, Counters, DevPtr, DriverKind, Event, Func, Seam, Stream, COMPUTE};
 use super::kernels;
-use super::launch::LaunchConfig;
+use super::launch::{Arrivals, LaunchConfig, ARRIVAL_SLOTS};
 use super::profile::{self, KernelProfile, LaunchRecord};
 use super::CudaStorage;
 use crate::error::{Error, Result};
@@ -29,6 +29,9 @@ pub struct CudaDevice {
     lt_workspace: OnceLock<std::result::Result<(DevPtr, usize), String>>,
     /// The stream batch uploads run on (made at first use).
     copy_stream: OnceLock<usize>,
+    /// The arrival counters of the kernels whose last block folds the
+    /// others' partial results ([`CudaDevice::arrivals`]), zeroed once.
+    arrivals: OnceLock<CudaStorage>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -49,6 +52,7 @@ impl CudaDevice {
             functions: kernels::KERNEL_TABLE.iter().map(|_| OnceLock::new()).collect(),
             lt_workspace: OnceLock::new(),
             copy_stream: OnceLock::new(),
+            arrivals: OnceLock::new(),
         }))
     }
     /// The GPU's ordinal.
@@ -159,6 +163,35 @@ impl CudaDevice {
         let s = self.alloc(dtype, len)?;
         s.memset(0)?;
         Ok(s)
+    }
+
+    /// `n` zeroed arrival counters (I64) for a kernel on the compute stream
+    /// whose last block to arrive folds the partials (common.cuh
+    /// `last_tile_arrived`). That block sets its counter back to 0, so the
+    /// kept counters are 0 again for the next such kernel on the stream
+    /// (kernels on one stream run one after another): zeroed once per
+    /// device, not a memset per launch. The kept buffer is made at first
+    /// use and lives as long as the device (the process).
+    pub(crate) fn arrivals(self: &Arc<Self>, n: usize) -> Result<Arrivals<'_>> {
+        if n > ARRIVAL_SLOTS {
+            return Ok(Arrivals::Fresh(self.zeros(DType::I64, n)?));
+        }
+        if let Some(s) = self.arrivals.get() {
+            return Ok(Arrivals::Kept(s));
+        }
+        let s = self.zeros(DType::I64, ARRIVAL_SLOTS)?;
+        Ok(Arrivals::Kept(self.arrivals.get_or_init(|| s)))
+    }
+    /// The kept arrival counters now (a copy to the host, so a host
+    /// synchronisation), or None before any kernel needed them.
+    pub(crate) fn kept_arrivals(&self) -> Result<Option<Vec<i64>>> {
+        match self.arrivals.get() {
+            None => Ok(None),
+            Some(s) => match s.to_cpu()? {
+                crate::backend::cpu::CpuStorage::I64(v) => Ok(Some(v)),
+                other => Err(Error::invalid("kept_arrivals", format!("expected I64 counters, found {:?}", other.dtype()))),
+            },
+        }
     }
 
     /// cuBLASLt's workspace of this device: `bytes` (the first caller's

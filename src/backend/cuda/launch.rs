@@ -2,6 +2,7 @@
 //! the parameter kinds of the scanned C signatures (the arguments
 //! themselves are typed by the generated functions of [`super::kernels`]).
 
+use super::CudaStorage;
 use crate::tensor::DType;
 
 /// Threads per block of the 1-D elementwise launches.
@@ -50,6 +51,31 @@ impl LaunchConfig {
     pub fn rows(rows: usize, threads: u32) -> LaunchConfig {
         let blocks = rows.clamp(1, max_grid() as usize) as u32;
         LaunchConfig { grid: (blocks, 1, 1), block: (threads, 1, 1), shared_bytes: threads * 8 }
+    }
+}
+
+/// The arrival counters a device keeps (`CudaDevice::arrivals`): enough
+/// for a tiled reduction of 4096 strips (131072 columns of 32) or as many
+/// rows.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) const ARRIVAL_SLOTS: usize = 4096;
+
+/// `n` arrival counters, all 0, for one launch on the compute stream: the
+/// device's kept counters (no memset) or, past [`ARRIVAL_SLOTS`], a fresh
+/// zeroed buffer.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) enum Arrivals<'a> {
+    Kept(&'a CudaStorage),
+    Fresh(CudaStorage),
+}
+
+impl std::ops::Deref for Arrivals<'_> {
+    type Target = CudaStorage;
+    fn deref(&self) -> &CudaStorage {
+        match self {
+            Arrivals::Kept(s) => s,
+            Arrivals::Fresh(s) => s,
+        }
     }
 }
 

@@ -143,6 +143,21 @@ pub fn counters(ordinal: usize) -> Result<Counters> {
     Ok(device(ordinal)?.counters())
 }
 
+/// The arrival counters device `ordinal` keeps for the kernels whose last
+/// block folds the others' partials (layer norm's backward, the tiled
+/// sums, the channels-last batch norm): each such block sets its counter
+/// back to 0, so between kernels every one is 0. None before a kernel made
+/// them. A copy to the host (a synchronisation): for tests.
+#[doc(hidden)]
+pub fn kept_arrivals(ordinal: usize) -> Result<Option<Vec<i64>>> {
+    #[cfg(feature = "cuda")]
+    {
+        device(ordinal)?.kept_arrivals()
+    }
+    #[cfg(not(feature = "cuda"))]
+    device(ordinal).map(|_| None)
+}
+
 /// Whether GPU `ordinal` can be used; the error says why not.
 pub fn check_available(ordinal: usize) -> Result<()> {
     device(ordinal).map(|_| ())

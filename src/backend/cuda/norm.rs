@@ -1,18 +1,19 @@
 //! Layer norm and batch norm on the GPU, forward and backward
 //! (`cuda/norm.cu`); mirrors `backend::cpu::norm`. Layer norm gives a warp
 //! to each row of up to `WARP_ROW_MAX` elements and a block to longer ones;
-//! its backward is two launches (gx with partial weight and bias sums, then
-//! their final sum): deterministic column sums, no atomics.
+//! its backward is one launch (gx with partial weight and bias sums per
+//! chunk of rows, which the last block to finish adds in order):
+//! deterministic column sums, an atomic only to elect that block.
 
 use super::dropout::DropoutDraw;
 use super::fastdiv::fast_div_words;
 use super::kernels::norm as k;
+use super::launch::Arrivals;
 use super::nn_common::{elems, expect_dtype, expect_len, rows, same, u32_arg, FLOATS};
 use super::softmax::row_launch;
 use super::{CudaStorage, LaunchConfig};
 use crate::backend::cpu::norm::ln_param_dtype;
 use crate::error::{Error, Result};
-use crate::tensor::DType;
 
 /// Rows per chunk of the first backward pass: one block writes gx of the
 /// chunk's rows and the chunk's partial row of the weight and bias sums.
@@ -190,6 +191,10 @@ fn ln_backward(
     let chunk = ln_chunk();
     let chunks = r.div_ceil(chunk);
     let (pw, pb) = (dev.alloc(pd, (chunks * n).max(1))?, dev.alloc(pd, (chunks * n).max(1))?);
+    // gw and gb: the last block's fold of the partial rows; with no rows
+    // nothing is launched and they are the empty sum.
+    let (gw, gb) = if r == 0 { (dev.zeros(pd, n)?, dev.zeros(pd, n)?) } else { (dev.alloc(pd, n)?, dev.alloc(pd, n)?) };
+    let arrivals = dev.arrivals(1)?;
     // An absent weight is never read; `mean` stands in for its pointer.
     let (warp, _) = row_launch(n, r);
     let (wp, hw) = (w.unwrap_or(mean), w.is_some() as u32);
@@ -197,7 +202,7 @@ fn ln_backward(
         None => {
             let f = if warp { k::layer_norm_bwd_warp } else { k::layer_norm_bwd };
             if !x.is_empty() {
-                f(dev, dt, rows(chunks), x, wp, mean, rstd, g, &gx, &pw, &pb, r as u64, nn, hw, chunk as u32)?;
+                f(dev, dt, rows(chunks), x, wp, mean, rstd, g, &gx, &pw, &pb, &gw, &gb, &arrivals, r as u64, nn, hw, chunk as u32)?;
             }
             None
         }
@@ -227,6 +232,9 @@ fn ln_backward(
                     has_gy as u32,
                     &pw,
                     &pb,
+                    &gw,
+                    &gb,
+                    &arrivals,
                     r as u64,
                     nn,
                     hw,
@@ -241,11 +249,6 @@ fn ln_backward(
             gy
         }
     };
-    let (gw, gb) = (dev.alloc(pd, n)?, dev.alloc(pd, n)?);
-    // With no rows the final pass writes zeros (an empty sum).
-    if n > 0 {
-        k::layer_norm_bwd_wb(dev, dt, elems(n), &pw, &pb, &gw, &gb, chunks as u64, nn)?;
-    }
     Ok((gx, gy, gw, gb))
 }
 
@@ -275,12 +278,12 @@ pub(super) fn bn_tiling(n: usize, c: usize, t: usize) -> Option<(u32, usize)> {
 }
 
 /// The tile results (strips × tiles × 2 × 32, x's parameter dtype) and the
-/// per-strip arrival counters (zeroed: a memset, not a launch) of a
-/// channels-last reduction.
-pub(super) fn bn_scratch(x: &CudaStorage, c: usize, tiles: usize) -> Result<(CudaStorage, CudaStorage)> {
+/// per-strip arrival counters (the device's kept zeroed counters, see
+/// [`CudaDevice::arrivals`]) of a channels-last reduction.
+pub(super) fn bn_scratch(x: &CudaStorage, c: usize, tiles: usize) -> Result<(CudaStorage, Arrivals<'_>)> {
     let strips = c.div_ceil(BN_STRIP);
     let dev = x.device();
-    Ok((dev.alloc(ln_param_dtype(x.dtype()), strips * tiles * 2 * BN_STRIP)?, dev.zeros(DType::I64, strips)?))
+    Ok((dev.alloc(ln_param_dtype(x.dtype()), strips * tiles * 2 * BN_STRIP)?, dev.arrivals(strips)?))
 }
 
 /// A 1-D grid over the strips × tiles items (grid-stride past the cap).

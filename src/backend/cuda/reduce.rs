@@ -150,8 +150,8 @@ fn sum_into_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, out: DTy
         if tiles > 1 {
             let acc = if dt == DType::F64 { DType::F64 } else { DType::F32 };
             let partials = dev.alloc(acc, outer * tiles)?;
-            // One arrival counter per row, zeroed (a memset, not a launch).
-            let counters = dev.zeros(DType::I64, outer)?;
+            // One arrival counter per row (the device's kept zeroed counters).
+            let counters = dev.arrivals(outer)?;
             let cfg = LaunchConfig {
                 grid: (outer.min(super::launch::max_grid() as usize) as u32, tiles as u32, 1),
                 block: (THREADS, 1, 1),
@@ -179,8 +179,8 @@ fn sum_into_with(x: &CudaStorage, outer: usize, n: usize, inner: usize, out: DTy
         let strips = outer * inner.div_ceil(COL_STRIP);
         let acc = if x.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
         let partials = dev.alloc(acc, strips * tiles * COL_STRIP)?;
-        // One arrival counter per strip, zeroed (a memset, not a launch).
-        let counters = dev.zeros(DType::I64, strips)?;
+        // One arrival counter per strip (the device's kept zeroed counters).
+        let counters = dev.arrivals(strips)?;
         let cfg = LaunchConfig {
             grid: (strips.min(super::launch::max_grid() as usize) as u32, tiles as u32, 1),
             block: ((COL_STRIP * ROW_LANES) as u32, 1, 1),

@@ -42,6 +42,10 @@ impl CudaDevice {
     pub fn zeros(self: &Arc<Self>, _dtype: DType, _len: usize) -> Result<CudaStorage> {
         match **self {}
     }
+    /// Zeroed arrival counters for a folding kernel.
+    pub(crate) fn arrivals(self: &Arc<Self>, _n: usize) -> Result<super::launch::Arrivals<'_>> {
+        match **self {}
+    }
     /// Launches a kernel (what the generated functions of `kernels` call).
     ///
     /// # Safety

@@ -3,7 +3,14 @@
 //! and after every storage inside its pooled block; modules are the
 //! emulator's shared libraries (`lib<stem>.so`, cuda/emu/abi.h) and a launch
 //! runs the whole grid before it returns. Streams and events exist and keep
-//! their order trivially (everything has run when a call returns).
+//! their order trivially (everything has run when a call returns). Host
+//! threads that queue work on one stream at once are serialised, as a
+//! GPU's stream runs its work one item after another: a launch, a product,
+//! a fill or a copy holds its stream's lock while it runs (work on other
+//! streams may overlap it). Without that, two threads' kernels on the
+//! compute stream would run at the same time, which no GPU does, and the
+//! device's shared arrival counters (`CudaDevice::arrivals`) would be
+//! counted by both.
 //!
 //! What a GPU would not keep is checked instead: the stream order. Every
 //! operation on a stream (launch, product, copy, fill) stamps the buffers it
@@ -164,9 +171,16 @@ pub(crate) struct EmuDriver {
     order: Mutex<Order>,
     /// The most bytes of buffers `malloc` may hold (module doc).
     limit: Mutex<Option<usize>>,
+    /// One lock per stream number (mod 64), held while that stream's work runs (module doc).
+    exec: Vec<Mutex<()>>,
 }
 
 impl EmuDriver {
+    /// Holds stream `s` for one piece of its work: work other threads queue
+    /// on it waits (the stream runs one item at a time).
+    fn in_order(&self, s: Stream) -> std::sync::MutexGuard<'_, ()> {
+        self.exec[(s.0 % 64) as usize].lock().unwrap_or_else(|e| e.into_inner())
+    }
     /// The emulated device `ordinal`, loading modules from `dir`.
     pub(crate) fn new(ordinal: usize, dir: String) -> EmuDriver {
         EmuDriver {
@@ -179,6 +193,7 @@ impl EmuDriver {
             streams: Mutex::new(1),
             lt_plans: Mutex::new(Vec::new()),
             order: Mutex::new(Order::default()),
+            exec: (0..64).map(|_| Mutex::new(())).collect(),
             limit: Mutex::new(None),
         }
     }
@@ -382,6 +397,7 @@ impl Driver for EmuDriver {
     unsafe fn memset_d8(&self, p: DevPtr, byte: u8, n: usize, s: Stream) -> Result<()> {
         self.check_range(p, n, "cuMemsetD8Async")?;
         self.touch(s, &[p], "cuMemsetD8Async")?;
+        let _running = self.in_order(s);
         // SAFETY: checked above: `n` bytes of a live buffer.
         unsafe { std::ptr::write_bytes(p as *mut u8, byte, n) };
         Ok(())
@@ -389,6 +405,7 @@ impl Driver for EmuDriver {
     unsafe fn htod(&self, dst: DevPtr, src: &[u8], s: Stream) -> Result<()> {
         self.check_range(dst, src.len(), "cuMemcpyHtoDAsync")?;
         self.touch(s, &[dst], "cuMemcpyHtoDAsync")?;
+        let _running = self.in_order(s);
         // SAFETY: checked above; host and device memory never overlap.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
         Ok(())
@@ -396,6 +413,7 @@ impl Driver for EmuDriver {
     unsafe fn dtoh(&self, dst: &mut [u8], src: DevPtr, s: Stream) -> Result<()> {
         self.check_range(src, dst.len(), "cuMemcpyDtoHAsync")?;
         self.touch(s, &[src], "cuMemcpyDtoHAsync")?;
+        let _running = self.in_order(s);
         // SAFETY: checked above; `dst` is a distinct host slice.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
         Ok(())
@@ -404,6 +422,7 @@ impl Driver for EmuDriver {
         self.check_range(dst, n, "cuMemcpyDtoDAsync")?;
         self.check_range(src, n, "cuMemcpyDtoDAsync")?;
         self.touch(s, &[dst, src], "cuMemcpyDtoDAsync")?;
+        let _running = self.in_order(s);
         // SAFETY: checked above; `copy` allows overlap as cuMemcpy does not promise.
         unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, n) };
         Ok(())
@@ -439,11 +458,13 @@ impl Driver for EmuDriver {
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = name.to_string();
         let mut err = vec![0u8; 2048];
         let (g, b) = (cfg.grid, cfg.block);
+        let running = self.in_order(s);
         // SAFETY: `launch` is the module's asrforge_emu_launch (the library
         // stays loaded while the driver lives); `ki` is a kernel index it
         // listed; the caller guarantees `params`; `err` is a writable buffer
         // of the length passed.
         let rc = unsafe { launch(ki, g.0, g.1, g.2, b.0, b.1, b.2, cfg.shared_bytes, params.as_mut_ptr(), err.as_mut_ptr() as *mut c_char, err.len()) };
+        drop(running);
         if rc != 0 {
             let msg = CStr::from_bytes_until_nul(&err).map(|c| c.to_string_lossy().into_owned()).unwrap_or_else(|_| String::from_utf8_lossy(&err).into_owned());
             return Err(Error::Cuda { kernel: name.into(), msg: format!("emulated launch {cfg:?} failed: {msg}") });
@@ -533,6 +554,7 @@ impl Driver for EmuDriver {
     unsafe fn gemm(&self, g: &Gemm, s: Stream) -> Result<()> {
         self.take_pending()?;
         self.touch(s, &[g.a, g.b, g.c], "cublas/gemm")?;
+        let _running = self.in_order(s);
         // SAFETY: forwarded from the caller; the ranges are checked inside.
         unsafe { emu_blas::gemm(self, g) }
     }
@@ -554,6 +576,7 @@ impl Driver for EmuDriver {
                 msg: format!("CUBLAS_STATUS_INVALID_VALUE: plan {} was made for {made_for:?}, used for {:?}", plan.0, g.key),
             });
         }
+        let _running = self.in_order(s);
         // SAFETY: forwarded from the caller; the ranges are checked inside.
         unsafe { emu_blas::lt_matmul(self, g) }
     }

@@ -342,11 +342,12 @@ impl Seam {
         // SAFETY: forwarded from the caller.
         unsafe { self.drv.free(p, bytes) }
     }
-    /// `memset_d8` (not a copy: counts nothing).
+    /// Counted `memset_d8` (`memsets`).
     ///
     /// # Safety
     /// As [`Driver::memset_d8`].
     pub(crate) unsafe fn memset_d8(&self, p: DevPtr, byte: u8, n: usize, s: Stream) -> Result<()> {
+        self.counts.add(&self.counts.memsets, 1);
         // SAFETY: forwarded from the caller.
         unsafe { self.drv.memset_d8(p, byte, n, s) }
     }
