@@ -3,13 +3,11 @@
 //! conf/tiny.yaml.
 
 use asrforge::autograd::backward;
-use asrforge::models::config::{Activation, ConvNorm, ModelConfig};
-use asrforge::models::convolution::ConvolutionModule;
+use asrforge::models::config::{EncoderConfig, EncoderType, ModelConfig};
 use asrforge::models::encoder::frame_pad_mask;
-use asrforge::models::encoder_layer::{EncoderLayer, SelfAttention};
-use asrforge::models::ffn::FeedForward;
+use asrforge::models::encoder_layer::EncoderLayer;
 use asrforge::models::AsrModel;
-use asrforge::nn::{AttentionMask, Dropout, LayerNorm, Module, RelPositionMultiHeadedAttention};
+use asrforge::nn::{AttentionMask, Module};
 use asrforge::ops;
 use asrforge::tensor::{DType, Device, Rng, Tensor};
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -18,24 +16,14 @@ fn conformer_layer(c: &mut Criterion) {
     let (d, b, t) = (256, 4, 64);
     let f32_ = DType::F32;
     let mut rng = Rng::new(0);
-    let ln = || LayerNorm::new(d, 1e-5, f32_).unwrap();
-    let mut r = Rng::new(1);
-    let mut ffn = || FeedForward::new(d, 2048, 0.1, Activation::Swish, f32_, &mut r).unwrap();
-    let (ff1, ff2) = (ffn(), ffn());
-    let layer = EncoderLayer {
-        self_attn: SelfAttention::Rel(RelPositionMultiHeadedAttention::new(4, d, 0.0, f32_, &mut rng).unwrap()),
-        feed_forward: ff1,
-        feed_forward_macaron: Some(ff2),
-        conv_module: Some(ConvolutionModule::new(d, 15, Activation::Swish, ConvNorm::BatchNorm, false, 1e-5, f32_, &mut rng).unwrap()),
-        norm_ff: ln(),
-        norm_mha: ln(),
-        norm_ff_macaron: Some(ln()),
-        norm_conv: Some(ln()),
-        norm_final: Some(ln()),
-        dropout: Dropout::new(0.1),
-        normalize_before: true,
-        transformer_names: false,
+    let conf = EncoderConfig {
+        output_size: d,
+        attention_heads: 4,
+        linear_units: 2048,
+        cnn_module_kernel: 15,
+        ..EncoderConfig::defaults(EncoderType::Conformer).unwrap()
     };
+    let layer = EncoderLayer::new(&conf, true, f32_, &mut rng).unwrap();
     let x = Tensor::randn([b, t, d], 0.0, 1.0, f32_, &mut rng, &Device::Cpu).unwrap().requires_grad_();
     let pos = Tensor::randn([1, t, d], 0.0, 1.0, f32_, &mut rng, &Device::Cpu).unwrap();
     let lens = [64, 60, 50, 40];

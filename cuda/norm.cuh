@@ -472,9 +472,10 @@ __device__ void batch_norm_bwd_dx_u32(const T* __restrict__ x, const W* __restri
 // BN_LANES partials of a channel are added in lane order, the tile's
 // result goes to `part` (strips * tiles * 2 * 32 values of W), and the last
 // block of a strip to arrive (an arrival counter per strip of the device's
-// kept counters, which it sets back to 0) folds the strip's tile results in tile order: the same bits for
-// the same shape whatever the grid or the schedule (the atomic only elects
-// the folding block, it feeds no result). One launch each.
+// kept counters, which it sets back to 0) folds the strip's tile results
+// in tile order: the same bits for the same shape whatever the grid or the
+// schedule (the atomic only elects the folding block, it feeds no result).
+// One launch each.
 // Host tiling (src/backend/cuda/norm.rs `bn_tiling`): about 512 items, at
 // least 32 rows a tile: at N = 16*128 = 2048, C = 256 that is 8 strips x
 // 64 tiles of 32 rows = 512 blocks of 256 threads, about 3.9 blocks (31

@@ -254,13 +254,12 @@ fn attention_kernel_sets_launch_one_kernel_forward_and_two_backward() {
 /// sum and the macaron ½ scale go into the norm's backward).
 #[test]
 fn norm_fusion_runs_the_blocks_the_same_in_fewer_launches() {
-    use asrforge::models::config::{Activation, ConvNorm};
-    use asrforge::models::convolution::ConvolutionModule;
+    use asrforge::models::config::{Activation, ConvNorm, EncoderConfig, EncoderType, SelfAttnType};
     use asrforge::models::decoder::DecoderLayer;
     use asrforge::models::encoder::frame_pad_mask;
-    use asrforge::models::encoder_layer::{EncoderLayer, SelfAttention};
+    use asrforge::models::encoder_layer::EncoderLayer;
     use asrforge::models::ffn::FeedForward;
-    use asrforge::nn::{AttentionMask, Dropout, LayerNorm, Module, MultiHeadedAttention, RelPositionMultiHeadedAttention};
+    use asrforge::nn::{AttentionMask, Dropout, LayerNorm, Module, MultiHeadedAttention};
     use asrforge::ops::fusion::{self, Fusion};
     use asrforge::{autograd, ops};
     let Some(dev) = common::gpu::gpu("norm_fusion_runs_encoder_layers_the_same_in_fewer_launches") else { return };
@@ -270,35 +269,18 @@ fn norm_fusion_runs_the_blocks_the_same_in_fewer_launches() {
     let mut rng = Rng::new(s);
     let (b, t, d, dt) = (2, 13, 32, DType::F32);
     let ln = || LayerNorm::new(d, 1e-5, dt).unwrap();
-    let ffn = |rng: &mut Rng| FeedForward::new(d, 48, 0.0, Activation::Swish, dt, rng).unwrap();
-    let conformer = EncoderLayer {
-        self_attn: SelfAttention::Rel(RelPositionMultiHeadedAttention::new(2, d, 0.0, dt, &mut rng).unwrap()),
-        feed_forward: ffn(&mut rng),
-        feed_forward_macaron: Some(ffn(&mut rng)),
-        conv_module: Some(ConvolutionModule::new(d, 5, Activation::Swish, ConvNorm::LayerNorm, false, 1e-5, dt, &mut rng).unwrap()),
-        norm_ff: ln(),
-        norm_mha: ln(),
-        norm_ff_macaron: Some(ln()),
-        norm_conv: Some(ln()),
-        norm_final: Some(ln()),
-        dropout: Dropout::new(0.1),
-        normalize_before: true,
-        transformer_names: false,
+    let c = EncoderConfig {
+        output_size: d,
+        attention_heads: 2,
+        linear_units: 48,
+        cnn_module_kernel: 5,
+        cnn_module_norm: ConvNorm::LayerNorm,
+        attention_dropout_rate: 0.0,
+        ..EncoderConfig::defaults(EncoderType::Conformer).unwrap()
     };
-    let post_norm = EncoderLayer {
-        self_attn: SelfAttention::Plain(MultiHeadedAttention::new(2, d, 0.0, dt, &mut rng).unwrap()),
-        feed_forward: ffn(&mut rng),
-        feed_forward_macaron: None,
-        conv_module: None,
-        norm_ff: ln(),
-        norm_mha: ln(),
-        norm_ff_macaron: None,
-        norm_conv: None,
-        norm_final: None,
-        dropout: Dropout::new(0.1),
-        normalize_before: false,
-        transformer_names: true,
-    };
+    let conformer = EncoderLayer::new(&c, true, dt, &mut rng).unwrap();
+    let plain = EncoderConfig { selfattention_layer_type: SelfAttnType::Plain, normalize_before: false, ..c.clone() };
+    let post_norm = EncoderLayer::new(&plain, false, dt, &mut rng).unwrap();
     let x = Tensor::randn(vec![b, t, d], 0.0, 1.0, dt, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap().requires_grad_();
     let pos = Tensor::randn(vec![1, t, d], 0.0, 1.0, dt, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap();
     let w = Tensor::randn(vec![b, t, d], 0.0, 1.0, dt, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap();

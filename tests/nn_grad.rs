@@ -2,11 +2,11 @@
 
 mod common;
 
-use asrforge::models::config::{Activation, ConvNorm, InputLayer, PosEncType};
+use asrforge::models::config::{Activation, ConvNorm, EncoderConfig, EncoderType, InputLayer, PosEncType};
 use asrforge::models::convolution::ConvolutionModule;
 use asrforge::models::decoder::DecoderLayer;
 use asrforge::models::encoder::frame_pad_mask;
-use asrforge::models::encoder_layer::{EncoderLayer, SelfAttention};
+use asrforge::models::encoder_layer::EncoderLayer;
 use asrforge::models::ffn::FeedForward;
 use asrforge::models::pos_enc::PositionalEncoding;
 use asrforge::models::subsampling::Subsampling;
@@ -200,20 +200,16 @@ fn ffn_and_convolution_module_gradients() {
 fn encoder_and_decoder_layer_gradients() {
     let mut rng = Rng::new(21);
     let d = 6;
-    let layer = EncoderLayer {
-        self_attn: SelfAttention::Rel(RelPositionMultiHeadedAttention::new(2, d, 0.0, F64, &mut rng).unwrap()),
-        feed_forward: ffn(&mut rng),
-        feed_forward_macaron: Some(ffn(&mut rng)),
-        conv_module: Some(ConvolutionModule::new(d, 3, Activation::Swish, ConvNorm::BatchNorm, false, 1e-5, F64, &mut rng).unwrap()),
-        norm_ff: LayerNorm::new(d, 1e-5, F64).unwrap(),
-        norm_mha: LayerNorm::new(d, 1e-5, F64).unwrap(),
-        norm_ff_macaron: Some(LayerNorm::new(d, 1e-5, F64).unwrap()),
-        norm_conv: Some(LayerNorm::new(d, 1e-5, F64).unwrap()),
-        norm_final: Some(LayerNorm::new(d, 1e-5, F64).unwrap()),
-        dropout: Dropout::new(0.0),
-        normalize_before: true,
-        transformer_names: false,
+    let c = EncoderConfig {
+        output_size: d,
+        attention_heads: 2,
+        linear_units: 10,
+        cnn_module_kernel: 3,
+        dropout_rate: 0.0,
+        attention_dropout_rate: 0.0,
+        ..EncoderConfig::defaults(EncoderType::Conformer).unwrap()
     };
+    let layer = EncoderLayer::new(&c, true, F64, &mut rng).unwrap();
     let x = input(&[2, 4, d], &mut rng);
     let pos = input(&[1, 4, d], &mut rng);
     let mask = AttentionMask::key_padding(&[4, 3], 4).unwrap();

@@ -338,6 +338,16 @@ impl ModelConfig {
     }
 }
 
+impl EncoderConfig {
+    /// The options an empty `encoder_conf` gives an encoder of `kind` (the
+    /// parser's defaults, which follow WeNet's): a starting point for
+    /// building blocks in code, `EncoderConfig { output_size: 64,
+    /// ..EncoderConfig::defaults(EncoderType::Conformer)? }`.
+    pub fn defaults(kind: EncoderType) -> Result<EncoderConfig> {
+        parse_encoder(&Value::Null, kind, &mut Vec::new())
+    }
+}
+
 fn parse_encoder(root: &Value, kind: EncoderType, w: &mut Vec<String>) -> Result<EncoderConfig> {
     let conformer = kind == EncoderType::Conformer;
     let mut s = Section::of(root, "encoder_conf")?;

@@ -6,15 +6,13 @@
 //! convolution module sees only the padding mask, as in WeNet.
 
 use super::cmvn::GlobalCmvn;
-use super::config::{EncoderConfig, EncoderType, SelfAttnType};
-use super::convolution::ConvolutionModule;
-use super::encoder_layer::{EncoderLayer, SelfAttention};
-use super::ffn::FeedForward;
+use super::config::{EncoderConfig, EncoderType};
+use super::encoder_layer::EncoderLayer;
 use super::mask::{add_optional_chunk_mask, Chunk, ChunkConfig, ChunkRequest};
 use super::subsampling::Subsampling;
 use crate::autograd;
 use crate::error::{Error, Result};
-use crate::nn::{Dropout, LayerNorm, Module, MultiHeadedAttention, RelPositionMultiHeadedAttention};
+use crate::nn::{LayerNorm, Module};
 use crate::tensor::{DType, Device, Rng, Tensor};
 
 /// An encoder and its settings.
@@ -57,36 +55,7 @@ impl Encoder {
         let conformer = kind == EncoderType::Conformer;
         let mut encoders = Vec::with_capacity(c.num_blocks);
         for _ in 0..c.num_blocks {
-            let self_attn = match c.selfattention_layer_type {
-                SelfAttnType::Plain => SelfAttention::Plain(MultiHeadedAttention::new(c.attention_heads, d, c.attention_dropout_rate, dtype, rng)?),
-                SelfAttnType::Rel => SelfAttention::Rel(RelPositionMultiHeadedAttention::new(c.attention_heads, d, c.attention_dropout_rate, dtype, rng)?),
-            };
-            let feed_forward = FeedForward::new(d, c.linear_units, c.dropout_rate, c.activation_type, dtype, rng)?;
-            let macaron = conformer && c.macaron_style;
-            let feed_forward_macaron = if macaron { Some(FeedForward::new(d, c.linear_units, c.dropout_rate, c.activation_type, dtype, rng)?) } else { None };
-            let conv = conformer && c.use_cnn_module;
-            let conv_module = if conv {
-                let mut m = ConvolutionModule::new(d, c.cnn_module_kernel, c.activation_type, c.cnn_module_norm, c.causal, c.conv_norm_eps, dtype, rng)?;
-                m.wenet_masking = c.wenet_conv_masking;
-                Some(m)
-            } else {
-                None
-            };
-            let ln = || LayerNorm::new(d, c.norm_eps, dtype);
-            encoders.push(EncoderLayer {
-                self_attn,
-                feed_forward,
-                feed_forward_macaron,
-                conv_module,
-                norm_ff: ln()?,
-                norm_mha: ln()?,
-                norm_ff_macaron: if macaron { Some(ln()?) } else { None },
-                norm_conv: if conv { Some(ln()?) } else { None },
-                norm_final: if conv { Some(ln()?) } else { None },
-                dropout: Dropout::new(c.dropout_rate),
-                normalize_before: c.normalize_before,
-                transformer_names: !conformer,
-            });
+            encoders.push(EncoderLayer::new(c, conformer, dtype, rng)?);
         }
         let max_chunk_size = 100 / embed.rate().max(1);
         Ok(Encoder {

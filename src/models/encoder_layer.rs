@@ -10,12 +10,13 @@
 //! norm2 (FFN) as WeNet names them. `normalize_before: false` moves each
 //! norm after its residual add (post-norm).
 
+use super::config::{EncoderConfig, SelfAttnType};
 use super::convolution::ConvolutionModule;
 use super::ffn::FeedForward;
 use super::residual::{self, Branch};
 use crate::error::Result;
 use crate::nn::{AttentionMask, Dropout, KvCache, LayerNorm, Module, MultiHeadedAttention, RelPositionMultiHeadedAttention};
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Rng, Tensor};
 
 /// The self-attention of an encoder block.
 #[derive(Clone, Debug)]
@@ -88,6 +89,45 @@ pub struct EncoderLayer {
 }
 
 impl EncoderLayer {
+    /// A block of an encoder with options `c` (`conformer`: a conformer
+    /// block, with the macaron FFN and the convolution module as `c` asks;
+    /// else a transformer block), its parameters drawn from `rng` in the
+    /// order [`super::Encoder::new`] draws them. Blocks for tests and
+    /// benches start from [`EncoderConfig::defaults`].
+    pub fn new(c: &EncoderConfig, conformer: bool, dtype: DType, rng: &mut Rng) -> Result<EncoderLayer> {
+        let d = c.output_size;
+        let self_attn = match c.selfattention_layer_type {
+            SelfAttnType::Plain => SelfAttention::Plain(MultiHeadedAttention::new(c.attention_heads, d, c.attention_dropout_rate, dtype, rng)?),
+            SelfAttnType::Rel => SelfAttention::Rel(RelPositionMultiHeadedAttention::new(c.attention_heads, d, c.attention_dropout_rate, dtype, rng)?),
+        };
+        let feed_forward = FeedForward::new(d, c.linear_units, c.dropout_rate, c.activation_type, dtype, rng)?;
+        let macaron = conformer && c.macaron_style;
+        let feed_forward_macaron = if macaron { Some(FeedForward::new(d, c.linear_units, c.dropout_rate, c.activation_type, dtype, rng)?) } else { None };
+        let conv = conformer && c.use_cnn_module;
+        let conv_module = if conv {
+            let mut m = ConvolutionModule::new(d, c.cnn_module_kernel, c.activation_type, c.cnn_module_norm, c.causal, c.conv_norm_eps, dtype, rng)?;
+            m.wenet_masking = c.wenet_conv_masking;
+            Some(m)
+        } else {
+            None
+        };
+        let ln = || LayerNorm::new(d, c.norm_eps, dtype);
+        Ok(EncoderLayer {
+            self_attn,
+            feed_forward,
+            feed_forward_macaron,
+            conv_module,
+            norm_ff: ln()?,
+            norm_mha: ln()?,
+            norm_ff_macaron: if macaron { Some(ln()?) } else { None },
+            norm_conv: if conv { Some(ln()?) } else { None },
+            norm_final: if conv { Some(ln()?) } else { None },
+            dropout: Dropout::new(c.dropout_rate),
+            normalize_before: c.normalize_before,
+            transformer_names: !conformer,
+        })
+    }
+
     /// x (B, T, D) with the key mask, the positional rows and the frame padding mask (B, 1, T).
     pub fn forward(&self, x: &Tensor, mask: Option<&AttentionMask>, pos: &Tensor, pad: Option<&Tensor>) -> Result<Tensor> {
         let ff_scale = if self.feed_forward_macaron.is_some() { 0.5 } else { 1.0 };
