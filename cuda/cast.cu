@@ -86,3 +86,10 @@ CAST_MANY(f32, float, f16, f16)
 CAST_MANY(f32, float, bf16, bf16)
 CAST_MANY(f16, f16, f32, float)
 CAST_MANY(bf16, bf16, f32, float)
+// Gathers into f64: one-element tensors (a step's loss values) written to
+// consecutive elements of one f64 buffer (each table entry's dst is that
+// element), so the host reads them with one copy (`gather_scalars_f64`).
+CAST_MANY(f32, float, f64, double)
+CAST_MANY(f64, double, f64, double)
+CAST_MANY(f16, f16, f64, double)
+CAST_MANY(bf16, bf16, f64, double)

@@ -501,6 +501,60 @@ fn staged_uploads_arrive_intact_through_reused_pinned_buffers() {
 /// chunks and the chunks span several tables, under the capped grid. As an
 /// op it records one tape node, and its backward converts every gradient
 /// that arrived (and only those) back in the input's dtype.
+/// `f` of the device storages of `ts` (held while it runs).
+fn on_stores<R>(ts: &[&Tensor], f: impl FnOnce(&[&cuda::CudaStorage]) -> R) -> R {
+    let guards: Vec<_> = ts.iter().map(|t| t.storage()).collect();
+    let stores: Vec<&cuda::CudaStorage> = guards
+        .iter()
+        .map(|g| match &**g {
+            asrforge::backend::Storage::Cuda(c) => c,
+            _ => panic!("a device tensor"),
+        })
+        .collect();
+    f(&stores)
+}
+
+/// `cast::gather_scalars_f64` of device tensors, read back.
+fn gather(ts: &[&Tensor]) -> asrforge::Result<Vec<f64>> {
+    on_stores(ts, |s| Ok(cuda::cast::gather_scalars_f64(s)?.to_cpu()?.to_f64_vec()))
+}
+
+/// A step's loss values come back with one copy: one-element tensors of
+/// mixed float dtypes, gathered as f64 on the GPU (one launch per dtype among
+/// them), equal each value read alone bit for bit (every float widens to f64
+/// exactly), in order; 64 values at most, and anything else (a longer
+/// tensor, an integer, too many values) is refused naming it, while
+/// `Tensor::scalars_to_host` still reads those by its general path.
+#[test]
+fn gathered_scalars_equal_each_value_read_alone() {
+    let Some(dev) = gpu("gathered_scalars_equal_each_value_read_alone") else { return };
+    let seed = fresh_seed();
+    let mut rng = Rng::new(seed);
+    let dts = [DType::F32, DType::BF16, DType::F64, DType::F16];
+    for n in [1usize, 4, 7, 64] {
+        let xs: Vec<Tensor> = (0..n).map(|i| tensor(&[rng.normal(1)[0] * 1000.0], &[], dts[(i * 7 + n) % 4], &dev)).collect();
+        let want: Vec<u64> = xs.iter().map(|t| t.to_scalar().unwrap().to_bits()).collect();
+        let got: Vec<u64> = Tensor::scalars_to_host(&xs.iter().collect::<Vec<_>>()).unwrap().iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want, "{n} values (seed {seed})");
+        let direct: Vec<u64> = gather(&xs.iter().collect::<Vec<_>>()).unwrap().iter().map(|v| v.to_bits()).collect();
+        assert_eq!(direct, want, "{n} values gathered directly (seed {seed})");
+    }
+    let one = tensor(&[1.5], &[], DType::F32, &dev);
+    let pair = tensor(&[1.0, 2.0], &[2], DType::F32, &dev);
+    let int = Tensor::from_vec(vec![3i64], [1], &Device::Cpu).unwrap().to_device(&dev).unwrap();
+    let refused = |ts: &[&Tensor]| gather(ts).unwrap_err().to_string();
+    let e = refused(&[&one, &pair]);
+    assert!(e.contains("found 2 F32") && e.contains("value 1"), "{e}");
+    let e = refused(&[&one, &int]);
+    assert!(e.contains("I64") && e.contains("value 1"), "{e}");
+    let many: Vec<&Tensor> = std::iter::repeat_n(&one, 65).collect();
+    let e = refused(&many);
+    assert!(e.contains("at most 64") && e.contains("65"), "{e}");
+    // The general path still reads what the gather refuses.
+    assert_eq!(Tensor::scalars_to_host(&[&one, &int]).unwrap(), vec![1.5, 3.0]);
+    assert_eq!(Tensor::scalars_to_host(&many).unwrap(), vec![1.5; 65]);
+}
+
 #[test]
 fn many_tensor_casts_equal_single_casts_bit_for_bit() {
     let Some(dev) = gpu("many_tensor_casts_equal_single_casts_bit_for_bit") else { return };
@@ -524,30 +578,23 @@ fn many_tensor_casts_equal_single_casts_bit_for_bit() {
         .collect();
     for half in [DType::F16, DType::BF16] {
         let xs: Vec<Tensor> = vals.iter().zip(&lens).map(|(v, &n)| tensor(v, &[n], DType::F32, &dev)).collect();
-        let guards: Vec<_> = xs.iter().map(|t| t.storage()).collect();
-        let stores: Vec<&cuda::CudaStorage> = guards
-            .iter()
-            .map(|g| match &**g {
-                asrforge::backend::Storage::Cuda(c) => c,
-                _ => panic!("a device tensor"),
-            })
-            .collect();
-        for chunk in [7, 64, 1 << 14] {
-            let ys = cuda::cast::to_dtype_many_chunked(&stores, half, chunk).unwrap();
-            for (i, (y, s)) in ys.iter().zip(&stores).enumerate() {
-                let want = cuda::cast::to_dtype(s, half).unwrap().to_cpu().unwrap();
-                assert_eq!(y.to_cpu().unwrap(), want, "{half:?} chunk {chunk} tensor {i} (len {}, seed {seed})", lens[i]);
+        on_stores(&xs.iter().collect::<Vec<_>>(), |stores| {
+            for chunk in [7, 64, 1 << 14] {
+                let ys = cuda::cast::to_dtype_many_chunked(stores, half, chunk).unwrap();
+                for (i, (y, s)) in ys.iter().zip(stores).enumerate() {
+                    let want = cuda::cast::to_dtype(s, half).unwrap().to_cpu().unwrap();
+                    assert_eq!(y.to_cpu().unwrap(), want, "{half:?} chunk {chunk} tensor {i} (len {}, seed {seed})", lens[i]);
+                }
+                let back = cuda::cast::to_dtype_many_chunked(&ys.iter().collect::<Vec<_>>(), DType::F32, chunk).unwrap();
+                for (i, (b, y)) in back.iter().zip(&ys).enumerate() {
+                    assert_eq!(
+                        b.to_cpu().unwrap(),
+                        cuda::cast::to_dtype(y, DType::F32).unwrap().to_cpu().unwrap(),
+                        "{half:?} -> f32 chunk {chunk} tensor {i} (seed {seed})"
+                    );
+                }
             }
-            let back = cuda::cast::to_dtype_many_chunked(&ys.iter().collect::<Vec<_>>(), DType::F32, chunk).unwrap();
-            for (i, (b, y)) in back.iter().zip(&ys).enumerate() {
-                assert_eq!(
-                    b.to_cpu().unwrap(),
-                    cuda::cast::to_dtype(y, DType::F32).unwrap().to_cpu().unwrap(),
-                    "{half:?} -> f32 chunk {chunk} tensor {i} (seed {seed})"
-                );
-            }
-        }
-        drop(guards);
+        });
         // The op: one node; the gradients of the outputs that were used come back in f32.
         let ps: Vec<Tensor> = xs.iter().take(5).map(|t| t.detach().requires_grad_()).collect();
         let hs = ops::to_dtype_many(&ps, half).unwrap();

@@ -427,6 +427,22 @@ fn layer_norm_backward_is_one_launch_and_no_memset() {
     }
 }
 
+/// A step's loss values (here four, of two dtypes) come back in one launch
+/// per dtype and one copy to the host (`Tensor::scalars_to_host`).
+#[test]
+fn loss_values_come_back_in_a_launch_per_dtype_and_one_copy() {
+    let Some(dev) = common::gpu::gpu("loss_values_come_back_in_a_launch_per_dtype_and_one_copy") else { return };
+    let _s = serial();
+    let Device::Cuda(ord) = dev else { unreachable!("gpu() gives a CUDA device") };
+    let v = |x: f64, dt: DType| asrforge::ops::to_dtype(&Tensor::from_vec(vec![x], [1], &Device::Cpu).unwrap(), dt).unwrap().to_device(&dev).unwrap();
+    let xs = [v(1.25, DType::F32), v(-2.5, DType::F32), v(0.75, DType::F64), v(4.0, DType::F32)];
+    let before = cuda::counters(ord).unwrap();
+    let got = Tensor::scalars_to_host(&xs.iter().collect::<Vec<_>>()).unwrap();
+    let c = cuda::counters(ord).unwrap().since(&before);
+    assert_eq!(got, vec![1.25, -2.5, 0.75, 4.0]);
+    assert_eq!((c.launches, c.dtoh_copies, c.host_syncs), (2, 1, 1), "{c:?}");
+}
+
 /// The fused conformer convolution module (`ASRFORGE_FUSION=convmodule`)
 /// launches fewer kernels than its composition, forward and backward, with
 /// batch norm (training) and layer norm: forward it is the GLU + depthwise

@@ -291,7 +291,8 @@ impl Tensor {
         Ok(self.to_f64_vec()?[0])
     }
     /// The values of several one-element tensors, in order, with one copy to
-    /// the host: on a GPU they are gathered into one f64 buffer there first,
+    /// the host: on a GPU they are gathered into one f64 buffer there first
+    /// (float values: one launch per dtype among them, `cast::gather_scalars_f64`),
     /// so the step waits for the device once, not once per value.
     pub fn scalars_to_host(ts: &[&Tensor]) -> Result<Vec<f64>> {
         if let Some(bad) = ts.iter().find(|t| t.elem_count() != 1) {
@@ -301,6 +302,20 @@ impl Tensor {
         let dev = first.device();
         if ts.len() == 1 || dev == Device::Cpu || ts.iter().any(|t| t.device() != dev) {
             return ts.iter().map(|t| t.to_scalar()).collect();
+        }
+        // Float values on one GPU: gathered as f64, one launch per dtype.
+        if ts.len() <= crate::backend::cuda::cast::CAST_TENSORS && ts.iter().all(|t| t.dtype().is_float()) {
+            let guards: Vec<_> = ts.iter().map(|t| t.storage()).collect();
+            let cs: Option<Vec<&CudaStorage>> = guards
+                .iter()
+                .map(|g| match &**g {
+                    Storage::Cuda(c) => Some(c),
+                    _ => None,
+                })
+                .collect();
+            if let Some(cs) = cs {
+                return Ok(crate::backend::cuda::cast::gather_scalars_f64(&cs)?.to_cpu()?.to_f64_vec());
+            }
         }
         crate::autograd::no_grad(|| {
             let parts = ts.iter().map(|t| crate::ops::reshape(&crate::ops::to_dtype(t, DType::F64)?, [1])).collect::<Result<Vec<_>>>()?;

@@ -45,10 +45,15 @@ impl CastTable {
         CastTable { words, tensors: 0, chunks: 0 }
     }
     fn add_tensor(&mut self, x: &CudaStorage, y: &CudaStorage) -> usize {
+        self.add_range(x.ptr(), y.ptr(), x.len())
+    }
+    /// A source of `len` elements at `src` converted to `dst` (an address
+    /// inside a live buffer of at least `len` elements of the target dtype).
+    fn add_range(&mut self, src: u64, dst: u64, len: usize) -> usize {
         let k = self.tensors;
-        self.words[2 + k] = x.ptr();
-        self.words[2 + CAST_TENSORS + k] = y.ptr();
-        self.words[2 + 2 * CAST_TENSORS + k] = x.len() as u64;
+        self.words[2 + k] = src;
+        self.words[2 + CAST_TENSORS + k] = dst;
+        self.words[2 + 2 * CAST_TENSORS + k] = len as u64;
         self.tensors += 1;
         k
     }
@@ -98,6 +103,49 @@ fn cast_tables(pairs: &[(&CudaStorage, &CudaStorage)], chunk: usize) -> Result<V
         }
     }
     Ok(tables)
+}
+
+/// One-element float tensors gathered as f64 into consecutive elements of
+/// one new buffer, in one launch per distinct dtype among them
+/// (`cast_many_{dt}_f64`, element k of the output as value k's
+/// destination): what a step's loss values need to come back with one copy,
+/// instead of a cast and a concatenation piece per value. At most
+/// [`CAST_TENSORS`] values.
+pub fn gather_scalars_f64(xs: &[&CudaStorage]) -> Result<CudaStorage> {
+    const OP: &str = "gather_scalars_f64";
+    let Some(first) = xs.first() else { return Err(Error::invalid(OP, "expected at least one value, found none")) };
+    if xs.len() > CAST_TENSORS {
+        return Err(Error::invalid(OP, format!("expected at most {CAST_TENSORS} values, found {}", xs.len())));
+    }
+    for (i, x) in xs.iter().enumerate() {
+        if !x.dtype().is_float() || x.ordinal() != first.ordinal() || x.len() != 1 {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "expected one f32, f64, f16 or bf16 element on cuda:{}, found {} {:?} on cuda:{} (value {i})",
+                    first.ordinal(),
+                    x.len(),
+                    x.dtype(),
+                    x.ordinal()
+                ),
+            ));
+        }
+    }
+    let dev = first.device();
+    let y = dev.alloc(DType::F64, xs.len())?;
+    for from in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        let mut t = CastTable::new(1);
+        for (k, x) in xs.iter().enumerate().filter(|(_, x)| x.dtype() == from) {
+            let slot = t.add_range(x.ptr(), y.ptr() + 8 * k as u64, 1);
+            t.add_chunk(slot, 0);
+        }
+        if t.chunks > 0 {
+            let n = t.chunks as u64;
+            let cfg = LaunchConfig { grid: (t.chunks as u32, 1, 1), block: (32, 1, 1), shared_bytes: 0 };
+            k::cast_many(dev, from, DType::F64, cfg, &t.words, (n * from.size_in_bytes() as u64, 8 * n))?;
+        }
+    }
+    Ok(y)
 }
 
 /// Every `x` converted to `dtype` in a few launches (one per table of up to
