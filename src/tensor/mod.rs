@@ -441,21 +441,21 @@ impl Tensor {
                 got: format!("{} {:?}", src.shape(), src.dtype()),
             });
         }
-        let new = match &*src.storage() {
-            Storage::Cpu(s) => Storage::Cpu(s.clone()),
-            Storage::Cuda(s) => Storage::Cuda(s.try_clone()?),
-        };
+        let new = src.storage_copy()?;
         *self.0.cell.storage.write().unwrap_or_else(|e| e.into_inner()) = new;
         Ok(())
     }
-    /// A new untracked tensor holding a copy of this one's storage (one
-    /// device-to-device copy on a GPU; no zero fill first).
-    pub(crate) fn copy_of(&self) -> Result<Tensor> {
-        let s = match &*self.storage() {
+    /// A copy of this tensor's storage (one device-to-device copy on a GPU).
+    fn storage_copy(&self) -> Result<Storage> {
+        Ok(match &*self.storage() {
             Storage::Cpu(s) => Storage::Cpu(s.clone()),
             Storage::Cuda(s) => Storage::Cuda(s.try_clone()?),
-        };
-        Ok(Tensor::build(s, self.shape().clone(), false, false))
+        })
+    }
+    /// A new untracked tensor holding a copy of this one's storage (no zero
+    /// fill first).
+    pub(crate) fn copy_of(&self) -> Result<Tensor> {
+        Ok(Tensor::build(self.storage_copy()?, self.shape().clone(), false, false))
     }
     /// Runs `f` on this tensor's storage with write access (in-place
     /// optimizer updates, without copying the buffer out and back).

@@ -9,7 +9,7 @@
 use super::conv::dw_args;
 use super::kernels::conv_module as k;
 use super::nn_common::{elems, expect_dtype, expect_len, rows, same, u32_arg, FLOATS};
-use super::norm::{bn_launch, bn_scratch, bn_tiling, ln_chunk, ln_param};
+use super::norm::{bn_launch, bn_scratch, bn_tiling, ln_param, ln_sums, LnSums};
 use super::softmax::row_launch;
 use super::CudaStorage;
 use crate::backend::cpu::conv::Dw1d;
@@ -178,13 +178,7 @@ pub fn ln_swish_backward(
     let (dt, dev) = (gy.dtype(), z.device());
     let pd = z.dtype();
     let dz = dev.alloc(pd, z.len())?;
-    let chunk = ln_chunk();
-    let chunks = r.div_ceil(chunk);
-    let (pw, pb) = (dev.alloc(pd, (chunks * c).max(1))?, dev.alloc(pd, (chunks * c).max(1))?);
-    // gw and gb: the last block's fold of the partial rows (norm.cuh); with
-    // no rows nothing is launched and they are the empty sum.
-    let (gw, gb) = if r == 0 { (dev.zeros(pd, c)?, dev.zeros(pd, c)?) } else { (dev.alloc(pd, c)?, dev.alloc(pd, c)?) };
-    let arrivals = dev.arrivals(1)?;
+    let LnSums { chunk, chunks, pw, pb, gw, gb, arrivals } = ln_sums(dev, pd, r, c)?;
     let (warp, _) = row_launch(c, r);
     let f = if warp { k::conv_module_ln_swish_bwd_warp } else { k::conv_module_ln_swish_bwd };
     if !z.is_empty() {

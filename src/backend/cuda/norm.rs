@@ -11,9 +11,11 @@ use super::kernels::norm as k;
 use super::launch::Arrivals;
 use super::nn_common::{elems, expect_dtype, expect_len, rows, same, u32_arg, FLOATS};
 use super::softmax::row_launch;
-use super::{CudaStorage, LaunchConfig};
+use super::{CudaDevice, CudaStorage, LaunchConfig};
 use crate::backend::cpu::norm::ln_param_dtype;
 use crate::error::{Error, Result};
+use crate::tensor::DType;
+use std::sync::Arc;
 
 /// Rows per chunk of the first backward pass: one block writes gx of the
 /// chunk's rows and the chunk's partial row of the weight and bias sums.
@@ -25,9 +27,33 @@ const LN_CHUNK: usize = 64;
 /// the default fills 32 of an H200's 132 SMs) but give pass 2 more partial
 /// rows to add; results depend on it only through gw's and gb's summation
 /// order.
-pub(super) fn ln_chunk() -> usize {
+fn ln_chunk() -> usize {
     static CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *CHUNK.get_or_init(|| std::env::var("ASRFORGE_LN_CHUNK").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&c| c > 0).unwrap_or(LN_CHUNK))
+}
+
+/// What layer norm's backward kernels sum gw and gb into (norm.cuh
+/// `layer_norm_bwd`): `chunk` rows per block ([`ln_chunk`]), one partial
+/// row of each sum per chunk (`pw`, `pb`), the gradients the last block
+/// folds them into (`gw`, `gb`, zeros when there are no rows, as nothing is
+/// launched then: the empty sum) and its arrival counter.
+pub(super) struct LnSums<'a> {
+    pub chunk: usize,
+    pub chunks: usize,
+    pub pw: CudaStorage,
+    pub pb: CudaStorage,
+    pub gw: CudaStorage,
+    pub gb: CudaStorage,
+    pub arrivals: Arrivals<'a>,
+}
+
+/// [`LnSums`] for `rows` rows of `n` elements, the sums in `pd`.
+pub(super) fn ln_sums(dev: &Arc<CudaDevice>, pd: DType, rows: usize, n: usize) -> Result<LnSums<'_>> {
+    let chunk = ln_chunk();
+    let chunks = rows.div_ceil(chunk);
+    let part = || dev.alloc(pd, (chunks * n).max(1));
+    let sum = || if rows == 0 { dev.zeros(pd, n) } else { dev.alloc(pd, n) };
+    Ok(LnSums { chunk, chunks, pw: part()?, pb: part()?, gw: sum()?, gb: sum()?, arrivals: dev.arrivals(1)? })
 }
 
 /// A layer-norm parameter or statistic: on x's GPU, of x's parameter dtype, `len` long.
@@ -187,14 +213,7 @@ fn ln_backward(
     let (dt, dev) = (x.dtype(), x.device());
     let pd = ln_param_dtype(dt);
     let gx = dev.alloc(dt, x.len())?;
-    // A chunk of rows per block, one partial row of the sums per chunk.
-    let chunk = ln_chunk();
-    let chunks = r.div_ceil(chunk);
-    let (pw, pb) = (dev.alloc(pd, (chunks * n).max(1))?, dev.alloc(pd, (chunks * n).max(1))?);
-    // gw and gb: the last block's fold of the partial rows; with no rows
-    // nothing is launched and they are the empty sum.
-    let (gw, gb) = if r == 0 { (dev.zeros(pd, n)?, dev.zeros(pd, n)?) } else { (dev.alloc(pd, n)?, dev.alloc(pd, n)?) };
-    let arrivals = dev.arrivals(1)?;
+    let LnSums { chunk, chunks, pw, pb, gw, gb, arrivals } = ln_sums(dev, pd, r, n)?;
     // An absent weight is never read; `mean` stands in for its pointer.
     let (warp, _) = row_launch(n, r);
     let (wp, hw) = (w.unwrap_or(mean), w.is_some() as u32);
