@@ -495,3 +495,83 @@ fn the_fused_convolution_module_launches_fewer_kernels_than_its_composition() {
         assert!(ff < cf && fb < cb, "batch norm {batch}: fused {ff} + {fb} launches vs composition {cf} + {cb}");
     }
 }
+
+/// Products reading one activation add their gradients for it inside their
+/// GEMMs (autograd offers what the activation has gathered; beta 1): after
+/// the first, each of q, k, v (linear), a plain and a scaled product of
+/// `h = tanh(x)` launches no add, in f32 and bf16. When `h`'s gradient
+/// is shared (`s = h + z` hands both one buffer) the next product adds
+/// once, as before, and z's gradient is left whole. Gradients equal the CPU's.
+#[test]
+fn products_reading_one_activation_add_its_gradient_in_their_gemms() {
+    use asrforge::{autograd, ops};
+    let Some(dev) = common::gpu::gpu("products_reading_one_activation_add_its_gradient_in_their_gemms") else { return };
+    let _s = serial();
+    let Device::Cuda(ord) = dev else { unreachable!("gpu() gives a CUDA device") };
+    let s = seed();
+    let mut rng = Rng::new(s);
+    let (b, t, d) = (2, 7, 16);
+    let draw = |shape: &[usize], sd: f64, rng: &mut Rng| (rng.normal(shape.iter().product()).into_iter().map(|v| sd * v).collect(), shape.to_vec());
+    // x and z at half scale: tanh's backward in bf16 (1 − y²) loses its
+    // digits where y is near ±1.
+    let vals = [
+        draw(&[b, t, d], 0.5, &mut rng),
+        draw(&[b, t, d], 0.5, &mut rng),
+        draw(&[d, d], 1.0, &mut rng),
+        draw(&[d], 1.0, &mut rng),
+        draw(&[8, d], 1.0, &mut rng),
+    ];
+    let r = rng.normal(6 * b * t * d);
+    for dt in [DType::F32, DType::BF16] {
+        for shared in [false, true] {
+            // (x grad, z grad, GEMM launches, add launches in the backward)
+            let run = |dev: &Device| {
+                let t_of = |(v, sh): &(Vec<f64>, Vec<usize>)| common::tensor(v, sh, if *dev == Device::Cpu { DType::F64 } else { dt }, dev);
+                let (x, z) = (t_of(&vals[0]).requires_grad_(), t_of(&vals[1]).requires_grad_());
+                let (w, bias, w8) = (t_of(&vals[2]), t_of(&vals[3]), t_of(&vals[4]));
+                // tz is recorded before the products, so its backward runs
+                // after theirs: until then it holds the gradient it shares with h.
+                let (h, tz) = (ops::tanh(&x).unwrap(), ops::tanh(&z).unwrap());
+                let mut ys = vec![
+                    ops::linear(&h, &w, Some(&bias)).unwrap(),
+                    ops::linear(&h, &w, Some(&bias)).unwrap(),
+                    ops::linear(&h, &w, Some(&bias)).unwrap(),
+                    ops::matmul_t(&h, &w, false, true).unwrap(),
+                    ops::matmul_scaled(&h, &w8, false, true, 0.5).unwrap(),
+                ];
+                if shared {
+                    // Recorded last, so its backward runs first.
+                    ys.push(ops::add(&h, &tz).unwrap());
+                }
+                let y = ops::cat(&ys.iter().collect::<Vec<_>>(), -1).unwrap();
+                let rt = common::tensor(&r[..y.elem_count()], y.dims(), y.dtype(), dev);
+                let loss = ops::sum_all(&ops::mul(&ops::to_dtype(&y, DType::F32).unwrap(), &ops::to_dtype(&rt, DType::F32).unwrap()).unwrap()).unwrap();
+                let (mut gemms, mut adds, mut table) = (0, 0, String::new());
+                if let Device::Cuda(_) = dev {
+                    cuda::start_profile(ord).unwrap();
+                    autograd::backward(&loss).unwrap();
+                    let p = cuda::stop_profile(ord).unwrap();
+                    // cuBLAS's and cuBLASLt's products.
+                    gemms = p.rows.iter().filter(|r| r.family.starts_with("cublas")).map(|r| r.launches).sum();
+                    adds = p.row("elementwise/add").map_or(0, |r| r.launches);
+                    table = p.table();
+                } else {
+                    autograd::backward(&loss).unwrap();
+                }
+                let zg = if shared { z.grad().unwrap().to_f64_vec().unwrap() } else { Vec::new() };
+                (x.grad().unwrap().to_f64_vec().unwrap(), zg, gemms, adds, table)
+            };
+            let (xc, zc, ..) = run(&Device::Cpu);
+            let (xg, zg, gemms, adds, table) = run(&dev);
+            // bf16 rounds x's gradient six times, not once: the gathered
+            // sum after each of five products (in either way of adding) and
+            // tanh's backward; random rounding errors grow as √6 ≈ 2.5.
+            let tol = if dt == DType::BF16 { 3.0 * common::gpu::BF16 } else { common::gpu::tol(dt) };
+            common::gpu::assert_close(&format!("{dt:?} shared {shared}: gradient of x"), &xg, &xc, tol, s);
+            common::gpu::assert_close(&format!("{dt:?} shared {shared}: gradient of z"), &zg, &zc, tol, s);
+            // The weights take no gradient here: each product's dx GEMM.
+            assert_eq!(gemms, 5, "{dt:?} shared {shared}: the backward's GEMMs\n{table}");
+            assert_eq!(adds, u64::from(shared), "{dt:?} shared {shared}: adds of x's gathered gradients\n{table}");
+        }
+    }
+}

@@ -131,6 +131,27 @@ grad!(matmul_pair_scaled_ta, [([4, 5], Normal, true), ([4, 3], Normal, true), ([
     &x[0], &x[1], &x[2], &x[3], true, false, -0.9
 ));
 grad!(linear, [([2, 3, 4], Normal, true), ([5, 4], Normal, true), ([5], Normal, true)], |x| ops::linear(&x[0], &x[1], Some(&x[2])));
+// Products reading one activation add their gradients for it into what it
+// has gathered (autograd's accumulators: a GEMM with beta 1) as x → q, k, v
+// do: `h` feeds a linear, a plain and a scaled product (each either operand)
+// and a pair; `s = h + z` hands h and z one shared gradient, which no
+// product may write into; `matmul(h, h)` reads h twice in one node.
+grad!(
+    products_sharing_an_input,
+    [([2, 5, 4], Normal, true), ([3, 4], Normal, true), ([3], Normal, true), ([4, 4], Normal, true), ([6, 4], Normal, true), ([2, 5, 4], Normal, true)],
+    |x| {
+        let (h, z) = (ops::tanh(&x[0])?, ops::tanh(&x[5])?);
+        let s = ops::add(&h, &z)?;
+        let a = ops::linear(&h, &x[1], Some(&x[2]))?;
+        let b = ops::matmul_t(&h, &x[3], false, true)?;
+        let c = ops::matmul_scaled(&h, &x[4], false, true, 0.7)?;
+        let d = ops::matmul_pair_scaled(&h, &x[3], &s, &x[3], false, true, 0.3)?;
+        let e = ops::matmul_t(&x[3], &ops::reshape(&z, [10, 4])?, false, true)?;
+        let f = ops::reshape(&ops::matmul_t(&h, &h, false, true)?, [2, 5, 5])?;
+        let e = ops::reshape(&ops::matmul_t(&e, &x[3], true, false)?, [2, 5, 4])?;
+        ops::cat(&[&a, &b, &c, &d, &e, &f, &s], -1)
+    }
+);
 // Layout.
 grad!(reshape, [([2, 3, 4], Normal, true)], |x| ops::reshape(&x[0], [6, 4]));
 grad!(permute, [([2, 3, 4], Normal, true)], |x| ops::permute(&x[0], &[2, 0, 1]));

@@ -5,7 +5,11 @@
 //! closure that maps output gradients to input gradients. `backward(loss)`
 //! walks the tape in reverse, accumulates gradients of intermediate tensors
 //! by id and adds leaf gradients into the leaves' slots, then drops the
-//! nodes, freeing everything they held. `backward_with_hooks` also reports
+//! nodes, freeing everything they held. Where an intermediate tensor feeds
+//! several nodes, the gradient it has gathered is offered to the next
+//! node's backward, which may add its own into it in place (a GEMM with
+//! beta 1: q, k and v reading one activation take no add launches; see
+//! [`take_accumulator`]). `backward_with_hooks` also reports
 //! each leaf the moment its gradient is final (what DDP's bucketed
 //! all-reduce needs to overlap communication with the rest of backward).
 
@@ -44,6 +48,45 @@ thread_local! {
     /// checkpointing pushes one while it recomputes a segment.
     static TAPES: RefCell<Vec<Vec<Node>>> = RefCell::new(vec![Vec::new()]);
     static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+    /// The gradients the inputs of the node whose backward is running have
+    /// gathered so far, by input position, offered to its backward to add
+    /// into in place ([`take_accumulator`]).
+    static OFFERED: RefCell<Vec<Option<Tensor>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The gradient input `i` of the running backward has gathered so far from
+/// the nodes walked before it, when autograd offers it and `fits` accepts
+/// it. Offered are the gradients of inputs that are not leaves and appear
+/// once among the node's inputs, held by no other handle, so the backward
+/// may write into them. Taking one is a promise: the gradient the backward
+/// returns for input `i` includes it (a GEMM adds its product into it with
+/// beta 1, where a product and a separate add took two launches), and
+/// autograd does not add it again. What is not taken is added as before.
+pub(crate) fn take_accumulator(i: usize, fits: impl FnOnce(&Tensor) -> bool) -> Option<Tensor> {
+    OFFERED.with(|o| {
+        let mut o = o.borrow_mut();
+        let slot = o.get_mut(i)?;
+        if slot.as_ref().is_some_and(fits) {
+            slot.take()
+        } else {
+            None
+        }
+    })
+}
+
+/// Moves the gathered gradients `take_accumulator` may hand out for these
+/// inputs out of `grads`, by input position.
+fn offers(inputs: &[Input], grads: &mut HashMap<TensorId, Tensor>) -> Vec<Option<Tensor>> {
+    inputs
+        .iter()
+        .map(|inp| {
+            let once = inputs.iter().filter(|o| o.id == inp.id).count() == 1;
+            if !(inp.tracked && inp.leaf.is_none() && once && grads.get(&inp.id).is_some_and(Tensor::is_sole_owner)) {
+                return None;
+            }
+            grads.remove(&inp.id)
+        })
+        .collect()
 }
 
 /// Whether ops record onto the tape.
@@ -277,7 +320,17 @@ fn run_node(node: Node, grads: &mut HashMap<TensorId, Tensor>) -> Result<()> {
     let needs: Vec<bool> = node.inputs.iter().map(|i| i.tracked).collect();
     let Node { name, inputs, backward, saved, .. } = node;
     profile::time_backward(name, || {
-        let gin = match backward(&outs, &needs) {
+        // A nested backward (an activation checkpoint's recompute) offers
+        // its own and puts these back after.
+        let outer = OFFERED.with(|o| o.replace(offers(&inputs, grads)));
+        let gin = backward(&outs, &needs);
+        let left = OFFERED.with(|o| o.replace(outer));
+        for (inp, g) in inputs.iter().zip(left) {
+            if let Some(g) = g {
+                grads.insert(inp.id, g);
+            }
+        }
+        let gin = match gin {
             Ok(g) => g,
             Err(e) => return (Err(e), 0),
         };

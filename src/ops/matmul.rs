@@ -6,6 +6,7 @@
 //! more product with flags (no transposed copies), summed over the batch for
 //! a shared operand.
 
+use super::matmul_scaled::grad_product;
 use super::{mixed, out_storage, same_kind};
 use crate::autograd::record;
 use crate::backend::cpu::matmul::{self as k, MatmulDims};
@@ -74,8 +75,8 @@ pub fn matmul_t(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<
     let (ad, bd) = (a.detach(), b.detach());
     Ok(record("matmul", &[a, b], y, vec![ad.clone(), bd.clone()], move |g, needs| {
         let ga = if needs[0] {
-            let ga = if !trans_a { matmul_t(g, &bd, false, !trans_b)? } else { matmul_t(&bd, g, trans_b, true)? };
-            Some(reduce_batch(ga, ad.shape())?)
+            let (x, y, tx, ty) = if !trans_a { (g, &bd, false, !trans_b) } else { (&bd, g, trans_b, true) };
+            Some(if plan(x, y, tx, ty)?.out == ad.dims() { grad_product(0, x, y, tx, ty, 1.0)? } else { reduce_batch(matmul_t(x, y, tx, ty)?, ad.shape())? })
         } else {
             None
         };
@@ -95,10 +96,12 @@ pub fn matmul_t(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<
                 } else {
                     matmul_t(&a2, &g2, true, false)?
                 }
-            } else if !trans_b {
-                matmul_t(&ad, g, !trans_a, false)?
             } else {
-                matmul_t(g, &ad, true, trans_a)?
+                let (x, y, tx, ty) = if !trans_b { (&ad, g, !trans_a, false) } else { (g, &ad, true, trans_a) };
+                if plan(x, y, tx, ty)?.out == bd.dims() {
+                    return Ok(vec![ga, Some(grad_product(1, x, y, tx, ty, 1.0)?)]);
+                }
+                matmul_t(x, y, tx, ty)?
             };
             Some(reduce_batch(gb, bd.shape())?)
         } else {
@@ -185,7 +188,9 @@ fn linear_fused(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (xd, wd, bshape) = (x.detach(), w.detach(), b.shape().clone());
     Ok(record("linear", &[x, w, b], y, vec![xd.clone(), wd.clone()], move |g, needs| {
         let g2 = g.reshaped(Shape::from([m, n]), false);
-        let gx = if needs[0] { Some(matmul_t(g, &wd, false, false)?) } else { None };
+        // dx adds into what x has gathered when autograd offers it (q, k
+        // and v read one activation: two adds fewer).
+        let gx = if needs[0] { Some(grad_product(0, g, &wd, false, false, 1.0)?) } else { None };
         if needs[1] && needs[2] && matches!(&*g2.storage(), Storage::Cuda(_)) {
             // dW and db from one GEMM: db comes out of its BGRADB epilogue.
             let (dw, db) = match (&*g2.storage(), &*xd.storage()) {

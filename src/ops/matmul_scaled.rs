@@ -32,6 +32,36 @@ pub fn matmul_pair_scaled(a1: &Tensor, b1: &Tensor, a2: &Tensor, b2: &Tensor, tr
     scaled_sum(&[(a1, b1), (a2, b2)], trans_a, trans_b, alpha)
 }
 
+/// `alpha·op(a)·op(b)` as the gradient of input `input` of the running
+/// backward: added into the gradient that input has gathered so far when
+/// autograd offers it ([`crate::autograd::take_accumulator`]: one GEMM with
+/// beta 1 where a product and an add took two launches), else a new
+/// product (`matmul_t` when `alpha` is 1). The product's shape must be the
+/// input's (no batch left to sum). Records nothing: backward only.
+pub(super) fn grad_product(input: usize, a: &Tensor, b: &Tensor, ta: bool, tb: bool, alpha: f64) -> Result<Tensor> {
+    if super::autocast_dtype().is_none() && a.dtype() == b.dtype() && a.device() == b.device() {
+        let p = plan(a, b, ta, tb)?;
+        // The CPU multiplies f32 and f64; a GPU's GEMMs take the half types too.
+        let dtype_ok = |d: DType| matches!(d, DType::F32 | DType::F64) || (a.device() != Device::Cpu && matches!(d, DType::F16 | DType::BF16));
+        let fits = |t: &Tensor| t.dims() == p.out.as_slice() && t.dtype() == a.dtype() && t.device() == a.device() && dtype_ok(t.dtype());
+        if let Some(acc) = crate::autograd::take_accumulator(input, fits) {
+            let shape = acc.shape().clone();
+            let c = acc.into_sole_storage().map_err(|_| Error::Autograd("an offered gradient is shared with another handle".into()))?;
+            let y = match (&*a.storage(), &*b.storage(), c) {
+                (Storage::Cpu(x), Storage::Cpu(y), Storage::Cpu(c)) => Storage::Cpu(k::matmul_scaled(&p.d, x, y, alpha, Some(&c))?),
+                (Storage::Cuda(x), Storage::Cuda(y), Storage::Cuda(c)) => Storage::Cuda(cuda::blas::matmul_scaled(&p.d, x, y, alpha, Some(c))?),
+                _ => return Err(mixed("matmul (gradient accumulation)")),
+            };
+            return Ok(out_storage(y, shape));
+        }
+    }
+    if alpha == 1.0 {
+        super::matmul_t(a, b, ta, tb)
+    } else {
+        matmul_scaled(a, b, ta, tb, alpha)
+    }
+}
+
 /// The half type when autocast applies to all these operands, by the rule
 /// `matmul_t` follows: autocast is on, every operand is f32 or of its half
 /// type, and (on a GPU) at least one is f32.
@@ -84,7 +114,7 @@ fn scaled_sum(terms: &[(&Tensor, &Tensor)], ta: bool, tb: bool, alpha: f64) -> R
     Ok(record("matmul_scaled", &inputs, y, saved, move |g, needs| {
         let mut grads = Vec::with_capacity(keep.len());
         for (i, pair) in keep.chunks(2).enumerate() {
-            let (ga, gb) = product_grads(g, &pair[0], &pair[1], ta, tb, alpha, needs[2 * i], needs[2 * i + 1])?;
+            let (ga, gb) = product_grads(g, &pair[0], &pair[1], ta, tb, alpha, needs[2 * i], needs[2 * i + 1], 2 * i)?;
             grads.push(ga);
             grads.push(gb);
         }
@@ -93,12 +123,27 @@ fn scaled_sum(terms: &[(&Tensor, &Tensor)], ta: bool, tb: bool, alpha: f64) -> R
 }
 
 /// The gradients of `alpha·op(a)·op(b)` from the output gradient `g`, as
-/// `matmul_t`'s backward with the alpha inside each GEMM.
+/// `matmul_t`'s backward with the alpha inside each GEMM; `a` and `b` are
+/// the node's inputs `input` and `input + 1` (for [`grad_product`]).
 #[allow(clippy::too_many_arguments)]
-fn product_grads(g: &Tensor, ad: &Tensor, bd: &Tensor, ta: bool, tb: bool, alpha: f64, need_a: bool, need_b: bool) -> Result<(Option<Tensor>, Option<Tensor>)> {
+fn product_grads(
+    g: &Tensor,
+    ad: &Tensor,
+    bd: &Tensor,
+    ta: bool,
+    tb: bool,
+    alpha: f64,
+    need_a: bool,
+    need_b: bool,
+    input: usize,
+) -> Result<(Option<Tensor>, Option<Tensor>)> {
     let ga = if need_a {
-        let ga = if !ta { matmul_scaled(g, bd, false, !tb, alpha)? } else { matmul_scaled(bd, g, tb, true, alpha)? };
-        Some(reduce_batch(ga, ad.shape())?)
+        let (x, y, tx, ty) = if !ta { (g, bd, false, !tb) } else { (bd, g, tb, true) };
+        Some(if plan(x, y, tx, ty)?.out == ad.dims() {
+            grad_product(input, x, y, tx, ty, alpha)?
+        } else {
+            reduce_batch(matmul_scaled(x, y, tx, ty, alpha)?, ad.shape())?
+        })
     } else {
         None
     };
@@ -115,10 +160,12 @@ fn product_grads(g: &Tensor, ad: &Tensor, bd: &Tensor, ta: bool, tb: bool, alpha
             } else {
                 matmul_scaled(&a2, &g2, true, false, alpha)?
             }
-        } else if !tb {
-            matmul_scaled(ad, g, !ta, false, alpha)?
         } else {
-            matmul_scaled(g, ad, true, ta, alpha)?
+            let (x, y, tx, ty) = if !tb { (ad, g, !ta, false) } else { (g, ad, true, ta) };
+            if plan(x, y, tx, ty)?.out == bd.dims() {
+                return Ok((ga, Some(grad_product(input + 1, x, y, tx, ty, alpha)?)));
+            }
+            matmul_scaled(x, y, tx, ty, alpha)?
         };
         Some(reduce_batch(gb, bd.shape())?)
     } else {

@@ -462,6 +462,23 @@ impl Tensor {
     pub(crate) fn with_storage_mut<R>(&self, f: impl FnOnce(&mut Storage) -> R) -> R {
         f(&mut self.0.cell.storage.write().unwrap_or_else(|e| e.into_inner()))
     }
+    /// Whether this handle is the only one to its storage: no clone, view,
+    /// detached copy or saved handle shares it, so writing to it in place
+    /// changes no value anyone else can read.
+    pub(crate) fn is_sole_owner(&self) -> bool {
+        Arc::strong_count(&self.0) == 1 && Arc::weak_count(&self.0) == 0 && Arc::strong_count(&self.0.cell) == 1 && Arc::weak_count(&self.0.cell) == 0
+    }
+    /// The storage of a tensor that is its sole owner ([`Tensor::is_sole_owner`]),
+    /// taken out for an op to write into and return as its result (autograd's
+    /// gradient accumulators); the tensor itself when it is not. Its bytes
+    /// leave [`live_bytes`] here and come back with the tensor built on the result.
+    pub(crate) fn into_sole_storage(self) -> std::result::Result<Storage, Tensor> {
+        if !self.is_sole_owner() {
+            return Err(self);
+        }
+        let taken = std::mem::replace(&mut *self.0.cell.storage.write().unwrap_or_else(|e| e.into_inner()), Storage::Cpu(CpuStorage::U8(Vec::new())));
+        Ok(taken)
+    }
     /// Whether two handles share one storage.
     pub fn same_storage(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.0.cell, &other.0.cell)
