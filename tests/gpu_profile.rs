@@ -575,3 +575,54 @@ fn products_reading_one_activation_add_its_gradient_in_their_gemms() {
         }
     }
 }
+
+/// A pre-norm residual `h + linear(layer_norm(h))`: the gradient h gathered
+/// through the skip is added in the norm's backward launch (add_layer_norm's
+/// backward with it as the sum's direct gradient), so the backward launches
+/// no add, in f32 and bf16; the gradients of x, w and b equal the CPU's.
+#[test]
+fn layer_norm_backward_adds_the_skip_gradient_in_its_launch() {
+    use asrforge::{autograd, ops};
+    let Some(dev) = common::gpu::gpu("layer_norm_backward_adds_the_skip_gradient_in_its_launch") else { return };
+    let _s = serial();
+    let Device::Cuda(ord) = dev else { unreachable!("gpu() gives a CUDA device") };
+    let s = seed();
+    let mut rng = Rng::new(s);
+    let (rows, n) = (45, 24);
+    let (xv, wv, bv, lv, r) = (rng.normal(rows * n), rng.normal(n), rng.normal(n), rng.normal(n * n), rng.normal(rows * n));
+    for dt in [DType::F32, DType::BF16] {
+        // (gradients of x, w, b; add launches, layer-norm backward launches)
+        let run = |dev: &Device| {
+            let (xt, pt) = if *dev == Device::Cpu { (DType::F64, DType::F64) } else { (dt, DType::F32) };
+            let x = common::tensor(&xv, &[rows, n], xt, dev).requires_grad_();
+            let (w, b) = (common::tensor(&wv, &[n], pt, dev).requires_grad_(), common::tensor(&bv, &[n], pt, dev).requires_grad_());
+            let lw = common::tensor(&lv, &[n, n], xt, dev);
+            let h = ops::tanh(&x).unwrap();
+            let y = ops::add(&h, &ops::linear(&ops::layer_norm(&h, Some(&w), Some(&b), 1e-5).unwrap(), &lw, None).unwrap()).unwrap();
+            let rt = common::tensor(&r, &[rows, n], DType::F32, dev);
+            let loss = ops::sum_all(&ops::mul(&ops::to_dtype(&y, DType::F32).unwrap(), &rt).unwrap()).unwrap();
+            let (mut adds, mut norms, mut table) = (0, 0, String::new());
+            if let Device::Cuda(_) = dev {
+                cuda::start_profile(ord).unwrap();
+                autograd::backward(&loss).unwrap();
+                let p = cuda::stop_profile(ord).unwrap();
+                adds = p.row("elementwise/add").map_or(0, |r| r.launches);
+                norms = p.rows.iter().filter(|r| r.family.contains("layer_norm_bwd")).map(|r| r.launches).sum();
+                table = p.table();
+            } else {
+                autograd::backward(&loss).unwrap();
+            }
+            let g = |t: &Tensor| t.grad().unwrap().to_f64_vec().unwrap();
+            ([g(&x), g(&w), g(&b)], adds, norms, table)
+        };
+        let (want, ..) = run(&Device::Cpu);
+        let (got, adds, norms, table) = run(&dev);
+        // bf16: x's gradient is rounded after the product, after the norm's
+        // backward with the skip added, and after tanh's backward.
+        let tol = if dt == DType::BF16 { 2.0 * common::gpu::BF16 } else { common::gpu::tol(dt) };
+        for (what, (a, b)) in ["x", "w", "b"].iter().zip(got.iter().zip(&want)) {
+            common::gpu::assert_close(&format!("{dt:?}: gradient of {what}"), a, b, tol, s);
+        }
+        assert_eq!((adds, norms), (0, 1), "{dt:?}: add launches and layer-norm backward launches\n{table}");
+    }
+}

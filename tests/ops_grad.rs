@@ -170,6 +170,12 @@ grad!(where_cond, [([2, 4], Normal, true), ([2, 4], Normal, true)], |x| ops::whe
 // Normalisation.
 grad!(layer_norm_affine, [([3, 7], Normal, true), ([7], Normal, true), ([7], Normal, true)], |x| ops::layer_norm(&x[0], Some(&x[1]), Some(&x[2]), 1e-5));
 grad!(layer_norm_plain, [([2, 3, 6], Normal, true)], |x| ops::layer_norm(&x[0], None, None, 1e-5));
+// A pre-norm residual `h + linear(layer_norm(h))`: on a GPU the norm's
+// backward adds what h gathered through the skip in its own launch.
+grad!(layer_norm_pre_norm_residual, [([2, 3, 6], Normal, true), ([6], Normal, true), ([6], Normal, true), ([6, 6], Normal, true)], |x| {
+    let h = ops::tanh(&x[0])?;
+    ops::add(&h, &ops::linear(&ops::layer_norm(&h, Some(&x[1]), Some(&x[2]), 1e-5)?, &x[3], None)?)
+});
 // The residual add fused with the next norm: both outputs (the backward adds
 // the gradient that reached s directly), the norm's output only, the sum only.
 grad!(add_layer_norm_both, [([3, 7], Normal, true), ([3, 7], Normal, true), ([7], Normal, true), ([7], Normal, true)], |x| {

@@ -51,6 +51,19 @@ fn ln_backward(x: &Tensor, w: Option<&Tensor>, mean: &Tensor, rstd: &Tensor, g: 
     })
 }
 
+/// [`ln_backward`] on a GPU with `acc`, what x has gathered, added to its
+/// gradient in the same launch (before rounding, as a gradient the sum
+/// received directly: `add_layer_norm_backward` with alpha 1).
+fn ln_backward_into(x: &Tensor, w: Option<&Tensor>, mean: &Tensor, rstd: &Tensor, g: &Tensor, acc: &Tensor, n: usize) -> Result<Three> {
+    let op = "layer_norm_backward";
+    let (xg, wg, mg, rg, gg, ag) = (x.storage(), w.map(|t| t.storage()), mean.storage(), rstd.storage(), g.storage(), acc.storage());
+    let Storage::Cuda(c) = &*xg else { return Err(Error::invalid(op, "expected the saved input on the GPU to add a gathered gradient in its launch")) };
+    let wc = wg.as_deref().map(|s| as_gpu(op, s, c)).transpose()?;
+    let (gx, _, gw, gb) =
+        gpu::add_layer_norm_backward(c, wc, as_gpu(op, &mg, c)?, as_gpu(op, &rg, c)?, as_gpu(op, &gg, c)?, Some(as_gpu(op, &ag, c)?), 1.0, None, n)?;
+    Ok((Storage::Cuda(gx), Storage::Cuda(gw), Storage::Cuda(gb)))
+}
+
 /// A layer norm's weight and bias: of `n` elements, on x's device, of x's
 /// parameter dtype (half inputs, autocast's, are normalised with f32 ones).
 fn check_ln_params(op: &'static str, x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, n: usize) -> Result<()> {
@@ -83,7 +96,14 @@ pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f64) 
     let has_b = b.is_some();
     let saved = vec![xs.clone()];
     Ok(record("layer_norm", &inputs, y, saved, move |g, _| {
-        let (gx, gw, gb) = ln_backward(&xs, ws.as_ref(), &mean, &rstd, g, n)?;
+        // On a GPU, what x has gathered (a pre-norm residual stream also
+        // reaches x through the skip) is added in the backward's launch:
+        // add_layer_norm's backward with it as the sum's direct gradient.
+        let fits = |t: &Tensor| matches!(t.device(), crate::tensor::Device::Cuda(_)) && t.shape() == xs.shape() && t.dtype() == xs.dtype();
+        let (gx, gw, gb) = match crate::autograd::take_accumulator(0, fits) {
+            Some(acc) => ln_backward_into(&xs, ws.as_ref(), &mean, &rstd, g, &acc, n)?,
+            None => ln_backward(&xs, ws.as_ref(), &mean, &rstd, g, n)?,
+        };
         let mut v = vec![Some(out_storage(gx, xs.shape().clone()))];
         if ws.is_some() {
             v.push(Some(out_storage(gw, [n])));
