@@ -39,12 +39,29 @@ pub struct DecoderLayer {
 impl DecoderLayer {
     /// x (B, L, D) over `memory` (B, T, D) with the causal and memory masks.
     pub fn forward(&self, x: &Tensor, tgt_mask: &AttentionMask, memory: &Tensor, mem_mask: &AttentionMask) -> Result<Tensor> {
+        Ok(self.forward_into(x, None, tgt_mask, memory, mem_mask, None)?.0)
+    }
+
+    /// [`DecoderLayer::forward`] in the stack: `h` is `norm1(x)` when the
+    /// layer before formed it, and with `next_norm` (the next layer's
+    /// `norm1`, or the decoder's `after_norm`) the last residual add may go
+    /// into that norm, whose output comes back beside the sum
+    /// (`residual::chain_into`).
+    pub fn forward_into(
+        &self,
+        x: &Tensor,
+        h: Option<&Tensor>,
+        tgt_mask: &AttentionMask,
+        memory: &Tensor,
+        mem_mask: &AttentionMask,
+        next_norm: Option<&LayerNorm>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let branches: [Branch; 3] = [
             (&self.norm1, 1.0, Box::new(|h| self.self_attn.forward(h, h, h, Some(tgt_mask)))),
             (&self.norm2, 1.0, Box::new(|h| self.src_attn.forward(h, memory, memory, Some(mem_mask)))),
             (&self.norm3, 1.0, Box::new(|h| self.feed_forward.forward(h))),
         ];
-        residual::chain(x, &branches, self.normalize_before, &self.dropout, None)
+        residual::chain_into(x, h, &branches, self.normalize_before, &self.dropout, None, next_norm)
     }
 }
 
@@ -147,17 +164,37 @@ impl TransformerDecoder {
         let tgt_mask = AttentionMask::causal_padding(ys_lens, l)?;
         let mem_mask = AttentionMask::key_padding(mem_lens, memory.dims()[1])?;
         let (mut x, _) = self.pos_enc.forward(&self.embed.forward(ys_in)?)?;
-        for layer in &self.decoders {
-            x = if self.gradient_checkpointing && self.training && autograd::is_grad_enabled() {
-                let (ly, tm, mm) = (layer.clone(), tgt_mask.clone(), mem_mask.clone());
-                let outs = autograd::checkpoint(move |xs: &[Tensor]| Ok(vec![ly.forward(&xs[0], &tm, &xs[1], &mm)?]), &[x, memory.clone()])?;
-                outs.into_iter().next().ok_or_else(|| Error::Autograd("checkpoint returned no output".into()))?
+        // `h`: the next layer's norm1(x) (or after_norm(x) after the last),
+        // when the layer before formed it in its last add's launch.
+        let mut h: Option<Tensor> = None;
+        for (i, layer) in self.decoders.iter().enumerate() {
+            let next = match self.decoders.get(i + 1) {
+                Some(l) => Some(&l.norm1),
+                None => self.normalize_before.then_some(&self.after_norm),
+            };
+            (x, h) = if self.gradient_checkpointing && self.training && autograd::is_grad_enabled() {
+                let (ly, tm, mm, nn) = (layer.clone(), tgt_mask.clone(), mem_mask.clone(), next.cloned());
+                let given = h.is_some();
+                let mut ins = vec![x, memory.clone()];
+                ins.extend(h);
+                let outs = autograd::checkpoint(
+                    move |xs: &[Tensor]| {
+                        let (x, h) = ly.forward_into(&xs[0], if given { xs.get(2) } else { None }, &tm, &xs[1], &mm, nn.as_ref())?;
+                        Ok([x].into_iter().chain(h).collect())
+                    },
+                    &ins,
+                )?;
+                let mut outs = outs.into_iter();
+                (outs.next().ok_or_else(|| Error::Autograd("checkpoint returned no output".into()))?, outs.next())
             } else {
-                layer.forward(&x, &tgt_mask, memory, &mem_mask)?
+                layer.forward_into(&x, h.as_ref(), &tgt_mask, memory, &mem_mask, next)?
             };
         }
         if self.normalize_before {
-            x = self.after_norm.forward(&x)?;
+            x = match h {
+                Some(h) => h,
+                None => self.after_norm.forward(&x)?,
+            };
         }
         self.output_layer.forward(&x)
     }

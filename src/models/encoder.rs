@@ -109,17 +109,37 @@ impl Encoder {
         let t = x.dims()[1];
         let (chunk, mask) = add_optional_chunk_mask(&self.chunk, req, &out_lens, t)?;
         let pad = frame_pad_mask(&out_lens, t)?;
-        for layer in &self.encoders {
-            x = if self.gradient_checkpointing && self.training && autograd::is_grad_enabled() {
-                let (l, m, p) = (layer.clone(), mask.clone(), pad.clone());
-                let outs = autograd::checkpoint(move |xs: &[Tensor]| Ok(vec![l.forward(&xs[0], Some(&m), &xs[1], Some(&p))?]), &[x, pos.clone()])?;
-                outs.into_iter().next().ok_or_else(|| Error::Autograd("checkpoint returned no output".into()))?
+        // `h`: the next layer's first norm of x (or after_norm(x) after the
+        // last), when the layer before formed it in its last add's launch.
+        let mut h: Option<Tensor> = None;
+        for (i, layer) in self.encoders.iter().enumerate() {
+            let next = match self.encoders.get(i + 1) {
+                Some(l) => Some(l.first_norm()),
+                None => (self.normalize_before && self.final_norm).then_some(&self.after_norm),
+            };
+            (x, h) = if self.gradient_checkpointing && self.training && autograd::is_grad_enabled() {
+                let (l, m, p, nn) = (layer.clone(), mask.clone(), pad.clone(), next.cloned());
+                let given = h.is_some();
+                let mut ins = vec![x, pos.clone()];
+                ins.extend(h);
+                let outs = autograd::checkpoint(
+                    move |xs: &[Tensor]| {
+                        let (x, h) = l.forward_into(&xs[0], if given { xs.get(2) } else { None }, Some(&m), &xs[1], Some(&p), nn.as_ref())?;
+                        Ok([x].into_iter().chain(h).collect())
+                    },
+                    &ins,
+                )?;
+                let mut outs = outs.into_iter();
+                (outs.next().ok_or_else(|| Error::Autograd("checkpoint returned no output".into()))?, outs.next())
             } else {
-                layer.forward(&x, Some(&mask), &pos, Some(&pad))?
+                layer.forward_into(&x, h.as_ref(), Some(&mask), &pos, Some(&pad), next)?
             };
         }
         if self.normalize_before && self.final_norm {
-            x = self.after_norm.forward(&x)?;
+            x = match h {
+                Some(h) => h,
+                None => self.after_norm.forward(&x)?,
+            };
         }
         Ok((x, out_lens, chunk))
     }

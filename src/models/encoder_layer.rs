@@ -130,6 +130,28 @@ impl EncoderLayer {
 
     /// x (B, T, D) with the key mask, the positional rows and the frame padding mask (B, 1, T).
     pub fn forward(&self, x: &Tensor, mask: Option<&AttentionMask>, pos: &Tensor, pad: Option<&Tensor>) -> Result<Tensor> {
+        Ok(self.forward_into(x, None, mask, pos, pad, None)?.0)
+    }
+
+    /// The norm the layer's first branch reads its input through.
+    pub fn first_norm(&self) -> &LayerNorm {
+        self.norm_ff_macaron.as_ref().filter(|_| self.feed_forward_macaron.is_some()).unwrap_or(&self.norm_mha)
+    }
+
+    /// [`EncoderLayer::forward`] in the stack: `h` is `first_norm()(x)` when
+    /// the layer before formed it, and with `next_norm` (the next layer's
+    /// first norm, or the encoder's `after_norm`) a layer without a final
+    /// norm may put its last residual add into that norm, whose output
+    /// comes back beside the sum (`residual::chain_into`).
+    pub fn forward_into(
+        &self,
+        x: &Tensor,
+        h: Option<&Tensor>,
+        mask: Option<&AttentionMask>,
+        pos: &Tensor,
+        pad: Option<&Tensor>,
+        next_norm: Option<&LayerNorm>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let ff_scale = if self.feed_forward_macaron.is_some() { 0.5 } else { 1.0 };
         let mut branches: Vec<Branch> = Vec::with_capacity(4);
         if let (Some(ff), Some(n)) = (&self.feed_forward_macaron, &self.norm_ff_macaron) {
@@ -140,7 +162,7 @@ impl EncoderLayer {
             branches.push((n, 1.0, Box::new(move |h| conv.forward(h, pad))));
         }
         branches.push((&self.norm_ff, ff_scale, Box::new(|h| self.feed_forward.forward(h))));
-        residual::chain(x, &branches, self.normalize_before, &self.dropout, self.norm_final.as_ref())
+        residual::chain_into(x, h, &branches, self.normalize_before, &self.dropout, self.norm_final.as_ref(), next_norm)
     }
 
     /// One chunk of a stream (WeNet's layer call with `att_cache` and

@@ -7,8 +7,10 @@
 //! i + 1's norm (the last with the final norm); post-norm, each add with its
 //! own norm. The branch's dropout goes into the same kernels (its mask
 //! drawn there from the same generator words, so the same elements drop).
-//! The composition is the reference; both give the same values up to the
-//! rounding of the gradients' sums.
+//! In a stack of blocks without final norms (the decoder, the transformer
+//! encoder) the last add of a block goes into the next block's first norm
+//! ([`chain_into`]). The composition is the reference; both give the same
+//! values up to the rounding of the gradients' sums.
 
 use crate::error::Result;
 use crate::nn::{Dropout, LayerNorm};
@@ -30,8 +32,27 @@ fn add(x: &Tensor, y: &Tensor, scale: f64) -> Result<Tensor> {
 
 /// Runs `branches` on `x` in order, then `final_norm`.
 pub(crate) fn chain(x: &Tensor, branches: &[Branch], normalize_before: bool, dropout: &Dropout, final_norm: Option<&LayerNorm>) -> Result<Tensor> {
+    Ok(chain_into(x, None, branches, normalize_before, dropout, final_norm, None)?.0)
+}
+
+/// [`chain`] inside a stack of blocks: `h`, when given, is the first
+/// branch's norm of `x` that the block before formed; `next_norm` is the
+/// next block's first norm (or the stack's final one). With the norm
+/// fusion on, pre-norm and no final norm of its own, the block's last add
+/// goes into `next_norm` (one launch each way where the add, its dropout
+/// and that norm took three forward and two backward) and its output comes
+/// back beside the sum: `(x, Some(next_norm(x)))`. Otherwise `(x, None)`.
+pub(crate) fn chain_into(
+    x: &Tensor,
+    h: Option<&Tensor>,
+    branches: &[Branch],
+    normalize_before: bool,
+    dropout: &Dropout,
+    final_norm: Option<&LayerNorm>,
+    next_norm: Option<&LayerNorm>,
+) -> Result<(Tensor, Option<Tensor>)> {
     if fusion::enabled(fusion::Fusion::Norm) {
-        return chain_fused(x, branches, normalize_before, dropout, final_norm);
+        return chain_fused(x, h, branches, normalize_before, dropout, final_norm, next_norm);
     }
     let mut x = x.clone();
     for (norm, scale, f) in branches {
@@ -44,38 +65,57 @@ pub(crate) fn chain(x: &Tensor, branches: &[Branch], normalize_before: bool, dro
         }
     }
     match final_norm {
-        Some(n) => n.forward(&x),
-        None => Ok(x),
+        Some(n) => Ok((n.forward(&x)?, None)),
+        None => Ok((x, None)),
     }
 }
 
-/// [`chain`] with each add fused into the norm that reads its sum.
-fn chain_fused(x: &Tensor, branches: &[Branch], normalize_before: bool, dropout: &Dropout, final_norm: Option<&LayerNorm>) -> Result<Tensor> {
+/// [`chain_into`] with each add fused into the norm that reads its sum.
+fn chain_fused(
+    x: &Tensor,
+    h: Option<&Tensor>,
+    branches: &[Branch],
+    normalize_before: bool,
+    dropout: &Dropout,
+    final_norm: Option<&LayerNorm>,
+    next_norm: Option<&LayerNorm>,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let final_out = |x: Tensor| -> Result<(Tensor, Option<Tensor>)> {
+        match final_norm {
+            Some(n) => Ok((n.forward(&x)?, None)),
+            None => Ok((x, None)),
+        }
+    };
     if !normalize_before {
         let mut x = x.clone();
         for (norm, scale, f) in branches {
             let y = f(&x)?;
             x = norm.add_forward(&x, &y, *scale, dropout)?.1;
         }
-        return match final_norm {
-            Some(n) => n.forward(&x),
-            None => Ok(x),
-        };
+        return final_out(x);
     }
     let Some((first, _, _)) = branches.first() else {
-        return match final_norm {
-            Some(n) => n.forward(x),
-            None => Ok(x.clone()),
-        };
+        return final_out(x.clone());
     };
-    let (mut x, mut h) = (x.clone(), first.forward(x)?);
+    let (mut x, mut h) = match h {
+        Some(h) => (x.clone(), h.clone()),
+        None => (x.clone(), first.forward(x)?),
+    };
     for (i, (_, scale, f)) in branches.iter().enumerate() {
         let y = f(&h)?;
+        let last = i + 1 == branches.len();
         match branches.get(i + 1).map(|b| b.0).or(final_norm) {
             Some(n) => (x, h) = n.add_forward(&x, &y, *scale, dropout)?,
-            None => return add(&x, &dropout.forward(&y)?, *scale),
+            None => match next_norm {
+                // The next block's first norm reads this sum: hand it both.
+                Some(n) if last => {
+                    let (x, h) = n.add_forward(&x, &y, *scale, dropout)?;
+                    return Ok((x, Some(h)));
+                }
+                _ => return Ok((add(&x, &dropout.forward(&y)?, *scale)?, None)),
+            },
         }
     }
     // The last add went into the final norm: its output is the block's.
-    Ok(h)
+    Ok((h, None))
 }
