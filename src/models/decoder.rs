@@ -174,18 +174,7 @@ impl TransformerDecoder {
             };
             (x, h) = if self.gradient_checkpointing && self.training && autograd::is_grad_enabled() {
                 let (ly, tm, mm, nn) = (layer.clone(), tgt_mask.clone(), mem_mask.clone(), next.cloned());
-                let given = h.is_some();
-                let mut ins = vec![x, memory.clone()];
-                ins.extend(h);
-                let outs = autograd::checkpoint(
-                    move |xs: &[Tensor]| {
-                        let (x, h) = ly.forward_into(&xs[0], if given { xs.get(2) } else { None }, &tm, &xs[1], &mm, nn.as_ref())?;
-                        Ok([x].into_iter().chain(h).collect())
-                    },
-                    &ins,
-                )?;
-                let mut outs = outs.into_iter();
-                (outs.next().ok_or_else(|| Error::Autograd("checkpoint returned no output".into()))?, outs.next())
+                residual::checkpointed_block(x, memory, h, move |x, h, memory| ly.forward_into(x, h, &tm, memory, &mm, nn.as_ref()))?
             } else {
                 layer.forward_into(&x, h.as_ref(), &tgt_mask, memory, &mem_mask, next)?
             };

@@ -9,6 +9,7 @@ use super::cmvn::GlobalCmvn;
 use super::config::{EncoderConfig, EncoderType};
 use super::encoder_layer::EncoderLayer;
 use super::mask::{add_optional_chunk_mask, Chunk, ChunkConfig, ChunkRequest};
+use super::residual;
 use super::subsampling::Subsampling;
 use crate::autograd;
 use crate::error::{Error, Result};
@@ -119,18 +120,7 @@ impl Encoder {
             };
             (x, h) = if self.gradient_checkpointing && self.training && autograd::is_grad_enabled() {
                 let (l, m, p, nn) = (layer.clone(), mask.clone(), pad.clone(), next.cloned());
-                let given = h.is_some();
-                let mut ins = vec![x, pos.clone()];
-                ins.extend(h);
-                let outs = autograd::checkpoint(
-                    move |xs: &[Tensor]| {
-                        let (x, h) = l.forward_into(&xs[0], if given { xs.get(2) } else { None }, Some(&m), &xs[1], Some(&p), nn.as_ref())?;
-                        Ok([x].into_iter().chain(h).collect())
-                    },
-                    &ins,
-                )?;
-                let mut outs = outs.into_iter();
-                (outs.next().ok_or_else(|| Error::Autograd("checkpoint returned no output".into()))?, outs.next())
+                residual::checkpointed_block(x, &pos, h, move |x, h, pos| l.forward_into(x, h, Some(&m), pos, Some(&p), nn.as_ref()))?
             } else {
                 layer.forward_into(&x, h.as_ref(), Some(&mask), &pos, Some(&pad), next)?
             };

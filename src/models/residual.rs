@@ -12,7 +12,8 @@
 //! ([`chain_into`]). The composition is the reference; both give the same
 //! values up to the rounding of the gradients' sums.
 
-use crate::error::Result;
+use crate::autograd;
+use crate::error::{Error, Result};
 use crate::nn::{Dropout, LayerNorm};
 use crate::ops::{self, fusion};
 use crate::tensor::Tensor;
@@ -64,6 +65,11 @@ pub(crate) fn chain_into(
             x = norm.forward(&add(&x, &y, *scale)?)?;
         }
     }
+    finish(x, final_norm)
+}
+
+/// The block's output after its last add: `final_norm(x)`, or x.
+fn finish(x: Tensor, final_norm: Option<&LayerNorm>) -> Result<(Tensor, Option<Tensor>)> {
     match final_norm {
         Some(n) => Ok((n.forward(&x)?, None)),
         None => Ok((x, None)),
@@ -80,22 +86,16 @@ fn chain_fused(
     final_norm: Option<&LayerNorm>,
     next_norm: Option<&LayerNorm>,
 ) -> Result<(Tensor, Option<Tensor>)> {
-    let final_out = |x: Tensor| -> Result<(Tensor, Option<Tensor>)> {
-        match final_norm {
-            Some(n) => Ok((n.forward(&x)?, None)),
-            None => Ok((x, None)),
-        }
-    };
     if !normalize_before {
         let mut x = x.clone();
         for (norm, scale, f) in branches {
             let y = f(&x)?;
             x = norm.add_forward(&x, &y, *scale, dropout)?.1;
         }
-        return final_out(x);
+        return finish(x, final_norm);
     }
     let Some((first, _, _)) = branches.first() else {
-        return final_out(x.clone());
+        return finish(x.clone(), final_norm);
     };
     let (mut x, mut h) = match h {
         Some(h) => (x.clone(), h.clone()),
@@ -118,4 +118,28 @@ fn chain_fused(
     }
     // The last add went into the final norm: its output is the block's.
     Ok((h, None))
+}
+
+/// A block of a stack run as one activation-checkpointed segment:
+/// `f(x, h, other)` as in [`chain_into`]'s callers, over the segment's
+/// inputs x, `other` (the memory or the positional rows) and h when given;
+/// its sum and next-norm output come back as the block's.
+pub(crate) fn checkpointed_block(
+    x: Tensor,
+    other: &Tensor,
+    h: Option<Tensor>,
+    f: impl Fn(&Tensor, Option<&Tensor>, &Tensor) -> Result<(Tensor, Option<Tensor>)> + 'static,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let given = h.is_some();
+    let mut ins = vec![x, other.clone()];
+    ins.extend(h);
+    let outs = autograd::checkpoint(
+        move |xs: &[Tensor]| {
+            let (x, h) = f(&xs[0], if given { xs.get(2) } else { None }, &xs[1])?;
+            Ok([x].into_iter().chain(h).collect())
+        },
+        &ins,
+    )?;
+    let mut outs = outs.into_iter();
+    Ok((outs.next().ok_or_else(|| Error::Autograd("checkpoint returned no output".into()))?, outs.next()))
 }
