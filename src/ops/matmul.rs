@@ -76,12 +76,12 @@ pub fn matmul_t(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<
     Ok(record("matmul", &[a, b], y, vec![ad.clone(), bd.clone()], move |g, needs| {
         let ga = if needs[0] {
             let (x, y, tx, ty) = if !trans_a { (g, &bd, false, !trans_b) } else { (&bd, g, trans_b, true) };
-            Some(if plan(x, y, tx, ty)?.out == ad.dims() { grad_product(0, x, y, tx, ty, 1.0)? } else { reduce_batch(matmul_t(x, y, tx, ty)?, ad.shape())? })
+            Some(grad_product(0, x, y, tx, ty, None, ad.shape())?)
         } else {
             None
         };
         let gb = if needs[1] {
-            let gb = if bd.rank() == 2 && ad.rank() > 2 && !trans_a {
+            Some(if bd.rank() == 2 && ad.rank() > 2 && !trans_a {
                 // Shared weight: one GEMM over all batch·M rows sums over the
                 // batch inside the product: (batch·M, K)ᵀ·(batch·M, N), or
                 // for a transposed weight (linear's) its transpose
@@ -91,19 +91,12 @@ pub fn matmul_t(a: &Tensor, b: &Tensor, trans_a: bool, trans_b: bool) -> Result<
                 let rows = ad.elem_count() / kk.max(1);
                 let a2 = ad.reshaped(Shape::from([rows, kk]), false);
                 let g2 = g.reshaped(Shape::from([rows, g.dims()[g.rank() - 1]]), false);
-                if trans_b {
-                    matmul_t(&g2, &a2, true, false)?
-                } else {
-                    matmul_t(&a2, &g2, true, false)?
-                }
+                let gb = if trans_b { matmul_t(&g2, &a2, true, false)? } else { matmul_t(&a2, &g2, true, false)? };
+                reduce_batch(gb, bd.shape())?
             } else {
                 let (x, y, tx, ty) = if !trans_b { (&ad, g, !trans_a, false) } else { (g, &ad, true, trans_a) };
-                if plan(x, y, tx, ty)?.out == bd.dims() {
-                    return Ok(vec![ga, Some(grad_product(1, x, y, tx, ty, 1.0)?)]);
-                }
-                matmul_t(x, y, tx, ty)?
-            };
-            Some(reduce_batch(gb, bd.shape())?)
+                grad_product(1, x, y, tx, ty, None, bd.shape())?
+            })
         } else {
             None
         };
@@ -190,7 +183,7 @@ fn linear_fused(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
         let g2 = g.reshaped(Shape::from([m, n]), false);
         // dx adds into what x has gathered when autograd offers it (q, k
         // and v read one activation: two adds fewer).
-        let gx = if needs[0] { Some(grad_product(0, g, &wd, false, false, 1.0)?) } else { None };
+        let gx = if needs[0] { Some(grad_product(0, g, &wd, false, false, None, xd.shape())?) } else { None };
         if needs[1] && needs[2] && matches!(&*g2.storage(), Storage::Cuda(_)) {
             // dW and db from one GEMM: db comes out of its BGRADB epilogue.
             let (dw, db) = match (&*g2.storage(), &*xd.storage()) {

@@ -32,21 +32,23 @@ pub fn matmul_pair_scaled(a1: &Tensor, b1: &Tensor, a2: &Tensor, b2: &Tensor, tr
     scaled_sum(&[(a1, b1), (a2, b2)], trans_a, trans_b, alpha)
 }
 
-/// `alpha·op(a)·op(b)` as the gradient of input `input` of the running
-/// backward: added into the gradient that input has gathered so far when
-/// autograd offers it ([`crate::autograd::take_accumulator`]: one GEMM with
-/// beta 1 where a product and an add took two launches), else a new
-/// product (`matmul_t` when `alpha` is 1). The product's shape must be the
-/// input's (no batch left to sum). Records nothing: backward only.
-pub(super) fn grad_product(input: usize, a: &Tensor, b: &Tensor, ta: bool, tb: bool, alpha: f64) -> Result<Tensor> {
-    if super::autocast_dtype().is_none() && a.dtype() == b.dtype() && a.device() == b.device() {
-        let p = plan(a, b, ta, tb)?;
+/// The gradient of input `input` of the running backward, of shape
+/// `shape`: the product `alpha·op(a)·op(b)` (`matmul_t` for `alpha` None,
+/// `matmul_scaled` else), summed over its batch when the operand was shared.
+/// Where the product has the input's shape and autograd offers what the
+/// input has gathered so far ([`crate::autograd::take_accumulator`]), the
+/// product is added into it by the GEMM (beta 1: one launch where a product
+/// and an add took two). Records nothing: backward only.
+pub(super) fn grad_product(input: usize, a: &Tensor, b: &Tensor, ta: bool, tb: bool, alpha: Option<f64>, shape: &Shape) -> Result<Tensor> {
+    let p = plan(a, b, ta, tb)?;
+    if p.out == shape.dims() && super::autocast_dtype().is_none() && a.dtype() == b.dtype() && a.device() == b.device() {
         // The CPU multiplies f32 and f64; a GPU's GEMMs take the half types too.
         let dtype_ok = |d: DType| matches!(d, DType::F32 | DType::F64) || (a.device() != Device::Cpu && matches!(d, DType::F16 | DType::BF16));
         let fits = |t: &Tensor| t.dims() == p.out.as_slice() && t.dtype() == a.dtype() && t.device() == a.device() && dtype_ok(t.dtype());
         if let Some(acc) = crate::autograd::take_accumulator(input, fits) {
             let shape = acc.shape().clone();
             let c = acc.into_sole_storage().map_err(|_| Error::Autograd("an offered gradient is shared with another handle".into()))?;
+            let alpha = alpha.unwrap_or(1.0);
             let y = match (&*a.storage(), &*b.storage(), c) {
                 (Storage::Cpu(x), Storage::Cpu(y), Storage::Cpu(c)) => Storage::Cpu(k::matmul_scaled(&p.d, x, y, alpha, Some(&c))?),
                 (Storage::Cuda(x), Storage::Cuda(y), Storage::Cuda(c)) => Storage::Cuda(cuda::blas::matmul_scaled(&p.d, x, y, alpha, Some(c))?),
@@ -55,11 +57,11 @@ pub(super) fn grad_product(input: usize, a: &Tensor, b: &Tensor, ta: bool, tb: b
             return Ok(out_storage(y, shape));
         }
     }
-    if alpha == 1.0 {
-        super::matmul_t(a, b, ta, tb)
-    } else {
-        matmul_scaled(a, b, ta, tb, alpha)
-    }
+    let y = match alpha {
+        None => super::matmul_t(a, b, ta, tb)?,
+        Some(alpha) => matmul_scaled(a, b, ta, tb, alpha)?,
+    };
+    reduce_batch(y, shape)
 }
 
 /// The half type when autocast applies to all these operands, by the rule
@@ -139,35 +141,24 @@ fn product_grads(
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
     let ga = if need_a {
         let (x, y, tx, ty) = if !ta { (g, bd, false, !tb) } else { (bd, g, tb, true) };
-        Some(if plan(x, y, tx, ty)?.out == ad.dims() {
-            grad_product(input, x, y, tx, ty, alpha)?
-        } else {
-            reduce_batch(matmul_scaled(x, y, tx, ty, alpha)?, ad.shape())?
-        })
+        Some(grad_product(input, x, y, tx, ty, Some(alpha), ad.shape())?)
     } else {
         None
     };
     let gb = if need_b {
-        let gb = if bd.rank() == 2 && ad.rank() > 2 && !ta {
+        Some(if bd.rank() == 2 && ad.rank() > 2 && !ta {
             // A shared 2-D operand: one GEMM over all batch·M rows sums over
             // the batch inside the product (as `matmul_t`).
             let kk = ad.dims()[ad.rank() - 1];
             let rows = ad.elem_count() / kk.max(1);
             let a2 = ad.reshaped(Shape::from([rows, kk]), false);
             let g2 = g.reshaped(Shape::from([rows, g.dims()[g.rank() - 1]]), false);
-            if tb {
-                matmul_scaled(&g2, &a2, true, false, alpha)?
-            } else {
-                matmul_scaled(&a2, &g2, true, false, alpha)?
-            }
+            let gb = if tb { matmul_scaled(&g2, &a2, true, false, alpha)? } else { matmul_scaled(&a2, &g2, true, false, alpha)? };
+            reduce_batch(gb, bd.shape())?
         } else {
             let (x, y, tx, ty) = if !tb { (ad, g, !ta, false) } else { (g, ad, true, ta) };
-            if plan(x, y, tx, ty)?.out == bd.dims() {
-                return Ok((ga, Some(grad_product(input + 1, x, y, tx, ty, alpha)?)));
-            }
-            matmul_scaled(x, y, tx, ty, alpha)?
-        };
-        Some(reduce_batch(gb, bd.shape())?)
+            grad_product(input + 1, x, y, tx, ty, Some(alpha), bd.shape())?
+        })
     } else {
         None
     };

@@ -34,10 +34,15 @@ fn ln_forward(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, n: usize, eps:
     })
 }
 
-fn ln_backward(x: &Tensor, w: Option<&Tensor>, mean: &Tensor, rstd: &Tensor, g: &Tensor, n: usize) -> Result<Three> {
+/// Layer norm's backward; with `acc` (on a GPU only), what x has gathered
+/// is added to its gradient in the same launch (before rounding, as the
+/// gradient a sum receives directly: `add_layer_norm_backward`, alpha 1).
+fn ln_backward(x: &Tensor, w: Option<&Tensor>, mean: &Tensor, rstd: &Tensor, g: &Tensor, acc: Option<&Tensor>, n: usize) -> Result<Three> {
     let op = "layer_norm_backward";
     let (xg, wg, mg, rg, gg) = (x.storage(), w.map(|t| t.storage()), mean.storage(), rstd.storage(), g.storage());
+    let ag = acc.map(|t| t.storage());
     Ok(match &*xg {
+        Storage::Cpu(_) if ag.is_some() => return Err(Error::invalid(op, "expected the saved input on the GPU to add a gathered gradient in its launch")),
         Storage::Cpu(c) => {
             let wc = wg.as_deref().map(|s| as_cpu(op, s)).transpose()?;
             let (gx, gw, gb) = cpu::layer_norm_backward(c, wc, as_cpu(op, &mg)?, as_cpu(op, &rg)?, as_cpu(op, &gg)?, n)?;
@@ -45,23 +50,17 @@ fn ln_backward(x: &Tensor, w: Option<&Tensor>, mean: &Tensor, rstd: &Tensor, g: 
         }
         Storage::Cuda(c) => {
             let wc = wg.as_deref().map(|s| as_gpu(op, s, c)).transpose()?;
-            let (gx, gw, gb) = gpu::layer_norm_backward(c, wc, as_gpu(op, &mg, c)?, as_gpu(op, &rg, c)?, as_gpu(op, &gg, c)?, n)?;
+            let (m, r, gc) = (as_gpu(op, &mg, c)?, as_gpu(op, &rg, c)?, as_gpu(op, &gg, c)?);
+            let (gx, gw, gb) = match ag.as_deref() {
+                Some(a) => {
+                    let (gx, _, gw, gb) = gpu::add_layer_norm_backward(c, wc, m, r, gc, Some(as_gpu(op, a, c)?), 1.0, None, n)?;
+                    (gx, gw, gb)
+                }
+                None => gpu::layer_norm_backward(c, wc, m, r, gc, n)?,
+            };
             (Storage::Cuda(gx), Storage::Cuda(gw), Storage::Cuda(gb))
         }
     })
-}
-
-/// [`ln_backward`] on a GPU with `acc`, what x has gathered, added to its
-/// gradient in the same launch (before rounding, as a gradient the sum
-/// received directly: `add_layer_norm_backward` with alpha 1).
-fn ln_backward_into(x: &Tensor, w: Option<&Tensor>, mean: &Tensor, rstd: &Tensor, g: &Tensor, acc: &Tensor, n: usize) -> Result<Three> {
-    let op = "layer_norm_backward";
-    let (xg, wg, mg, rg, gg, ag) = (x.storage(), w.map(|t| t.storage()), mean.storage(), rstd.storage(), g.storage(), acc.storage());
-    let Storage::Cuda(c) = &*xg else { return Err(Error::invalid(op, "expected the saved input on the GPU to add a gathered gradient in its launch")) };
-    let wc = wg.as_deref().map(|s| as_gpu(op, s, c)).transpose()?;
-    let (gx, _, gw, gb) =
-        gpu::add_layer_norm_backward(c, wc, as_gpu(op, &mg, c)?, as_gpu(op, &rg, c)?, as_gpu(op, &gg, c)?, Some(as_gpu(op, &ag, c)?), 1.0, None, n)?;
-    Ok((Storage::Cuda(gx), Storage::Cuda(gw), Storage::Cuda(gb)))
 }
 
 /// A layer norm's weight and bias: of `n` elements, on x's device, of x's
@@ -100,10 +99,8 @@ pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f64) 
         // reaches x through the skip) is added in the backward's launch:
         // add_layer_norm's backward with it as the sum's direct gradient.
         let fits = |t: &Tensor| matches!(t.device(), crate::tensor::Device::Cuda(_)) && t.shape() == xs.shape() && t.dtype() == xs.dtype();
-        let (gx, gw, gb) = match crate::autograd::take_accumulator(0, fits) {
-            Some(acc) => ln_backward_into(&xs, ws.as_ref(), &mean, &rstd, g, &acc, n)?,
-            None => ln_backward(&xs, ws.as_ref(), &mean, &rstd, g, n)?,
-        };
+        let acc = crate::autograd::take_accumulator(0, fits);
+        let (gx, gw, gb) = ln_backward(&xs, ws.as_ref(), &mean, &rstd, g, acc.as_ref(), n)?;
         let mut v = vec![Some(out_storage(gx, xs.shape().clone()))];
         if ws.is_some() {
             v.push(Some(out_storage(gw, [n])));
