@@ -99,6 +99,28 @@ fn gpu_kernels(c: &mut Criterion) {
                 })
             });
         }
+        // The decoder's positional encoding (fusion family `posenc`): the
+        // f32 token embeddings of 32 x 40 tokens, d 256, times √d plus the
+        // table's rows, cast to the step's dtype, dropout 0.1: one launch
+        // each way against the narrow, affine, add, cast and dropout
+        // forward and three backward.
+        let xe = Tensor::randn([32, 40, 256], 0.0, 1.0, DType::F32, &mut rng, &gpu).unwrap().requires_grad_();
+        let table = Tensor::randn([1, 5000, 256], 0.0, 1.0, DType::F32, &mut rng, &gpu).unwrap();
+        for fused in [false, true] {
+            let name = if fused { "pos_enc_dropout_fused_fwd_bwd_32x40x256" } else { "pos_enc_dropout_composition_fwd_bwd_32x40x256" };
+            group.bench_function(format!("{name}_{}", dt.as_str()), |bn| {
+                bn.iter(|| {
+                    let y = if fused {
+                        ops::pos_enc_dropout(&xe, 16.0, Some((&table, 0)), dt, 0.1, true).unwrap()
+                    } else {
+                        let y = ops::add(&ops::mul_scalar(&xe, 16.0).unwrap(), &ops::narrow(&table, 1, 0, 40).unwrap()).unwrap();
+                        ops::dropout(&ops::to_dtype(&y, dt).unwrap(), 0.1, true).unwrap()
+                    };
+                    backward(&ops::sum_all(&ops::to_dtype(&y, DType::F32).unwrap()).unwrap()).unwrap();
+                    gpu_sync(&w)
+                })
+            });
+        }
         // The convolution module, channels last: batch norm over (B·T, C)
         // with f32 statistics (training: the running update in the stats
         // launch), the depthwise conv (k = 15) and GLU, forward + backward.

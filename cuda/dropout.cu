@@ -93,3 +93,83 @@ __device__ void act_dropout(const T* __restrict__ x, const T* __restrict__ g, T*
     ACT_DROPOUT(gelu, Gelu, SUF, T)          \
     ACT_DROPOUT(tanh, Tanh, SUF, T)
 NN_FLOAT_DTYPES(ACT_DROPOUT_KERNELS)
+
+// The positional encoding fused with the dropout after it (fusion family
+// `posenc`: WeNet's PositionalEncoding, dropout(x·√d + pe[offset + t]), the
+// sum cast to the autocast half type where the input is f32), with T the
+// input's (and table's) type, O the output's and m the mask above:
+//   forward   a = x·s rounded to T          (affine)
+//             a = a + pe[row] rounded to T  (add; only with a table)
+//             c = a rounded to O            (cast; only where O is not T)
+//             y = c·m rounded to O          (dropout_apply; only with drop)
+//   backward  h = g·m rounded to O          (dropout_apply; only with drop)
+//             gx = h·s rounded to T         (the cast's backward is exact, the add's passes g)
+// the composition's operations in its order, so the same bits, in one
+// launch each way instead of up to five (narrow, affine, add, cast,
+// dropout) and three. Element e of x (B, T, D) reads pe[pe_off + e % td]:
+// td = T·D, pe_off = offset·D into the (max_len, D) table, no narrowed copy.
+template <typename T, typename O>
+__device__ void pos_enc_dropout_fwd(const T* __restrict__ x, const T* __restrict__ pe, O* __restrict__ y, uint64_t n, uint64_t td,
+                                    uint64_t pe_off, uint32_t has_pe, double s, uint32_t drop, uint64_t seed, uint64_t offset,
+                                    double keep, double scale) {
+    typedef typename Num<T>::acc A;
+    typedef typename Num<O>::acc B;
+    const A sc = (A)s;
+    const B on = Num<O>::to(Num<O>::from_f64(scale)), off = B(0);
+    NN_GRID_STRIDE(q, (n + 3) / 4) {
+        uint4 w = make_uint4(0, 0, 0, 0);
+        if (drop) w = philox_block(seed, offset + q);
+        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const size_t i = q * 4 + l;
+            if (i >= n) continue;
+            A a = Num<T>::to(Num<T>::from(Num<T>::to(x[i]) * sc + A(0)));
+            if (has_pe) a = Num<T>::to(Num<T>::from(a + Num<T>::to(pe[pe_off + i % td])));
+            const O c = Num<O>::from_f64((double)a);
+            y[i] = drop ? Num<O>::from(Num<O>::to(c) * (philox_keeps(words[l], keep) ? on : off)) : c;
+        }
+    }
+}
+
+template <typename T, typename O>
+__device__ void pos_enc_dropout_bwd(const O* __restrict__ g, T* __restrict__ gx, uint64_t n, double s, uint32_t drop, uint64_t seed,
+                                    uint64_t offset, double keep, double scale) {
+    typedef typename Num<T>::acc A;
+    typedef typename Num<O>::acc B;
+    const A sc = (A)s;
+    const B on = Num<O>::to(Num<O>::from_f64(scale)), off = B(0);
+    NN_GRID_STRIDE(q, (n + 3) / 4) {
+        uint4 w = make_uint4(0, 0, 0, 0);
+        if (drop) w = philox_block(seed, offset + q);
+        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const size_t i = q * 4 + l;
+            if (i >= n) continue;
+            const O h = drop ? Num<O>::from(Num<O>::to(g[i]) * (philox_keeps(words[l], keep) ? on : off)) : g[i];
+            const T ht = Num<T>::from_f64((double)Num<O>::to(h));
+            gx[i] = Num<T>::from(Num<T>::to(ht) * sc + A(0));
+        }
+    }
+}
+
+#define POS_ENC_DROPOUT(TS, T, OS, O)                                                                                   \
+    extern "C" __global__ void pos_enc_dropout_fwd_##TS##_##OS(const T* x, const T* pe, O* y, uint64_t n, uint64_t td, \
+                                                               uint64_t pe_off, uint32_t has_pe, double s,           \
+                                                               uint32_t drop, uint64_t seed, uint64_t offset,        \
+                                                               double keep, double scale) {                          \
+        pos_enc_dropout_fwd<T, O>(x, pe, y, n, td, pe_off, has_pe, s, drop, seed, offset, keep, scale);              \
+    }                                                                                                                 \
+    extern "C" __global__ void pos_enc_dropout_bwd_##TS##_##OS(const O* g, T* gx, uint64_t n, double s, uint32_t drop, \
+                                                               uint64_t seed, uint64_t offset, double keep,          \
+                                                               double scale) {                                       \
+        pos_enc_dropout_bwd<T, O>(g, gx, n, s, drop, seed, offset, keep, scale);                                     \
+    }
+// Each type to itself, and f32 to the two half types (autocast).
+POS_ENC_DROPOUT(f32, float, f32, float)
+POS_ENC_DROPOUT(f64, double, f64, double)
+POS_ENC_DROPOUT(f16, __half, f16, __half)
+POS_ENC_DROPOUT(bf16, __nv_bfloat16, bf16, __nv_bfloat16)
+POS_ENC_DROPOUT(f32, float, f16, __half)
+POS_ENC_DROPOUT(f32, float, bf16, __nv_bfloat16)

@@ -454,6 +454,92 @@ fn activation_dropout_is_the_composition_bit_for_bit() {
     }
 }
 
+/// The positional encoding fused with its dropout (`ops::pos_enc_dropout`,
+/// one launch each way) is the composition `dropout(cast(x·s + pe[off..]))`
+/// on the same device bit for bit (output, input gradient, the generator
+/// moved the same), and the CPU's composition within the output dtype's
+/// tolerance (half inputs: its f32 composition): each float type to itself
+/// and f32 to f16/bf16 (autocast), with and without the table at an offset,
+/// sizes that are not a multiple of the Philox block of 4, p = 1, and
+/// eval (no dropout: scale, rows and cast only).
+#[test]
+fn pos_enc_dropout_is_the_composition_bit_for_bit() {
+    let Some(dev) = gpu("pos_enc_dropout_is_the_composition_bit_for_bit") else { return };
+    let seed = fresh_seed();
+    let mut r = Rng::new(seed);
+    for (b, t, d, off, p, training) in [(2, 7, 6, 3, 0.3, true), (3, 5, 9, 0, 0.5, true), (1, 3, 5, 1, 1.0, true), (2, 4, 3, 2, 0.3, false)] {
+        let n = b * t * d;
+        let max_len = off + t + 2;
+        let (xv, pv) = (r.normal(n), r.normal(max_len * d));
+        let s = (d as f64).sqrt() * 1.5;
+        for (xdt, out) in [
+            (DType::F32, DType::F32),
+            (DType::F64, DType::F64),
+            (DType::F16, DType::F16),
+            (DType::BF16, DType::BF16),
+            (DType::F32, DType::F16),
+            (DType::F32, DType::BF16),
+        ] {
+            for with_table in [true, false] {
+                let what = format!("({b}, {t}, {d}) offset {off} p {p} training {training} {xdt:?} to {out:?} table {with_table}");
+                let round = |v: &[f64]| common::tensor(v, &[v.len()], xdt, &Device::Cpu).to_f64_vec().unwrap();
+                let (xr, pr) = (round(&xv), round(&pv));
+                let gv = common::tensor(&r.normal(n), &[n], out, &Device::Cpu).to_f64_vec().unwrap();
+                // (output, input gradient, generator offset after) on `d`; the CPU computes half inputs in f32.
+                let run = |dv: &Device, fused: bool| {
+                    let half_in = matches!(xdt, DType::F16 | DType::BF16);
+                    let (tx, to) = if *dv == Device::Cpu && half_in { (DType::F32, DType::F32) } else { (xdt, out) };
+                    let x = common::tensor(&xr, &[b, t, d], tx, &Device::Cpu).to_device(dv).unwrap().requires_grad_();
+                    let pe = common::tensor(&pr, &[1, max_len, d], tx, &Device::Cpu).to_device(dv).unwrap();
+                    let g = common::tensor(&gv, &[b, t, d], to, &Device::Cpu).to_device(dv).unwrap();
+                    rng::manual_seed(seed);
+                    let table = with_table.then_some((&pe, off));
+                    let y = if fused {
+                        ops::pos_enc_dropout(&x, s, table, to, p, training).unwrap()
+                    } else {
+                        let mut y = ops::mul_scalar(&x, s).unwrap();
+                        if with_table {
+                            y = ops::add(&y, &ops::narrow(&pe, 1, off, t).unwrap()).unwrap();
+                        }
+                        if y.dtype() != to {
+                            y = ops::to_dtype(&y, to).unwrap();
+                        }
+                        ops::dropout(&y, p, training).unwrap()
+                    };
+                    assert_eq!(y.dtype(), to, "{what}: the output dtype");
+                    let after = rng::with_default(|g| g.offset);
+                    asrforge::autograd::backward_with(&[(y.clone(), g)]).unwrap();
+                    let gx = x.grad().unwrap();
+                    assert_eq!(gx.dtype(), tx, "{what}: the gradient's dtype");
+                    (y.to_f64_vec().unwrap(), gx.to_f64_vec().unwrap(), after)
+                };
+                let fused = run(&dev, true);
+                let composed = run(&dev, false);
+                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fused.0), bits(&composed.0), "{what}: the output (seed {seed})");
+                assert_eq!(bits(&fused.1), bits(&composed.1), "{what}: the gradient (seed {seed})");
+                assert_eq!(fused.2, composed.2, "{what}: the generator moved the same (seed {seed})");
+                let cpu = run(&Device::Cpu, true);
+                let tol = |dt: DType| match dt {
+                    DType::F64 => gpu::F64,
+                    DType::F32 => gpu::F32,
+                    h => gpu::tol(h),
+                };
+                close(&format!("{what} output against the CPU"), &fused.0, &cpu.0, tol(out), seed);
+                close(&format!("{what} gradient against the CPU"), &fused.1, &cpu.1, tol(out), seed);
+                if p == 1.0 && training {
+                    assert!(fused.0.iter().chain(&fused.1).all(|v| *v == 0.0), "{what}: p = 1 drops everything (seed {seed})");
+                } else if training {
+                    let kept = fused.0.iter().filter(|v| **v != 0.0).count();
+                    assert!(kept > n / 5 && kept < n, "{what}: some elements kept, some dropped: {kept} of {n} (seed {seed})");
+                } else {
+                    assert!(fused.0.iter().all(|v| *v != 0.0), "{what}: eval drops nothing (seed {seed})");
+                }
+            }
+        }
+    }
+}
+
 fn stats_like(v: f64, x: &Tensor, c: usize) -> Tensor {
     let t = Tensor::full([c], v, x.dtype(), &Device::Cpu).unwrap();
     t.to_device(&x.device()).unwrap()

@@ -391,6 +391,67 @@ fn ffn_fusion_runs_the_feed_forward_block_the_same_in_two_launches_fewer() {
     }
 }
 
+/// The positional encoding with the `posenc` fusion (its scale, table rows,
+/// cast and dropout in one launch each way): the same output, rows and
+/// input gradient bit for bit, and the launches the composition's narrow,
+/// affine, add, cast and dropout took, fewer: the encoder's `forward_at`
+/// (absolute, with and without autocast to bf16, and relative) and the
+/// decoder's `encode_at` (no rows returned, so no narrow either).
+#[test]
+fn posenc_fusion_encodes_the_same_in_fewer_launches() {
+    use asrforge::models::config::PosEncType;
+    use asrforge::models::pos_enc::PositionalEncoding;
+    use asrforge::ops::fusion::{self, Fusion};
+    use asrforge::{autograd, ops};
+    let Some(dev) = common::gpu::gpu("posenc_fusion_encodes_the_same_in_fewer_launches") else { return };
+    let Device::Cuda(ord) = dev else { return };
+    let _s = serial();
+    let s = seed();
+    let mut rng = Rng::new(s);
+    let (b, t, d, off) = (2, 9, 8, 3);
+    // (kind, autocast, rows returned, launches saved: forward + backward).
+    let cases = [
+        (PosEncType::Abs, None, true, 2 + 1),
+        (PosEncType::Abs, Some(DType::BF16), true, 3 + 2),
+        (PosEncType::Rel, None, true, 1 + 1),
+        (PosEncType::Abs, None, false, 3 + 1),
+        (PosEncType::Abs, Some(DType::BF16), false, 4 + 2),
+    ];
+    for (kind, half, with_rows, saved) in cases {
+        let what = format!("{kind:?} autocast {half:?} rows {with_rows}");
+        let pe = PositionalEncoding::new(kind, d, 0.25, DType::F32).unwrap();
+        if let Some(tab) = &pe.pe {
+            tab.move_to_device(&dev).unwrap();
+        }
+        let x = Tensor::randn(vec![b, t, d], 0.0, 1.0, DType::F32, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap().requires_grad_();
+        let w = Tensor::randn(vec![b, t, d], 0.0, 1.0, DType::F32, &mut rng, &Device::Cpu).unwrap();
+        let run = |on: bool| {
+            fusion::set_enabled(if on { &[Fusion::PosEnc] } else { &[] });
+            asrforge::tensor::rng::manual_seed(s ^ 5);
+            let before = cuda::counters(ord).unwrap();
+            let out =
+                ops::autocast(half, || if with_rows { pe.forward_at(&x, off).map(|(y, p)| (y, Some(p))) } else { pe.encode_at(&x, off).map(|y| (y, None)) });
+            fusion::set_enabled(&[]);
+            let (y, rows) = out.unwrap();
+            let wy = ops::to_dtype(&w, y.dtype()).unwrap().to_device(&dev).unwrap();
+            autograd::backward(&ops::sum_all(&ops::mul(&y, &wy).unwrap()).unwrap()).unwrap();
+            let launches = cuda::counters(ord).unwrap().since(&before).launches;
+            let mut v = vec![y.to_f64_vec().unwrap(), x.grad().expect("a gradient").to_f64_vec().unwrap()];
+            v.extend(rows.map(|r| r.to_f64_vec().unwrap()));
+            x.zero_grad();
+            (v, launches, y.dtype())
+        };
+        let (composed, lc, dc) = run(false);
+        let (fused, lf, df) = run(true);
+        assert_eq!((df, dc), (half.unwrap_or(DType::F32), half.unwrap_or(DType::F32)), "{what}: the output dtype");
+        let bits = |v: &[Vec<f64>]| v.iter().map(|t| t.iter().map(|x| x.to_bits()).collect::<Vec<_>>()).collect::<Vec<_>>();
+        assert_eq!(bits(&fused), bits(&composed), "{what}: output, input gradient and rows (seed {s})");
+        assert!(fused[0].iter().any(|v| *v == 0.0) && fused[0].iter().any(|v| *v != 0.0), "{what}: the dropout dropped some (seed {s})");
+        assert_eq!(lf + saved, lc, "{what}: {lf} launches fused vs {lc} composed");
+        eprintln!("positional encoding {what}: forward + backward {lc} launches composed, {lf} with the posenc fusion");
+    }
+}
+
 /// Layer norm's backward, plain and with the residual add (and its
 /// dropout), by warp rows and by block rows, is one launch and asks for no
 /// memset: the last block folds the weight and bias gradients on the

@@ -251,6 +251,16 @@ grad!(activation_dropout_silu, [([4, 6], Normal, true)], |x| {
     rng::manual_seed(9);
     ops::activation_dropout(&x[0], asrforge::backend::cpu::elementwise::Unary::Silu, 0.3, true)
 });
+// The positional encoding and its dropout (the `posenc` fusion's op): rows
+// 2..7 of a table of 9 (a constant), and the scale alone (relative positions).
+grad!(pos_enc_dropout_table, [([2, 5, 6], Normal, true), ([1, 9, 6], Normal, false)], |x| {
+    rng::manual_seed(11);
+    ops::pos_enc_dropout(&x[0], 2.5, Some((&x[1], 2)), x[0].dtype(), 0.3, true)
+});
+grad!(pos_enc_dropout_scale_only, [([3, 4, 5], Normal, true)], |x| {
+    rng::manual_seed(12);
+    ops::pos_enc_dropout(&x[0], 8f64.sqrt(), None, x[0].dtype(), 0.2, true)
+});
 grad!(dropout, [([4, 6], Normal, true)], |x| {
     rng::manual_seed(7);
     ops::dropout(&x[0], 0.3, true)

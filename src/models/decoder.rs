@@ -163,7 +163,7 @@ impl TransformerDecoder {
         let l = ys_in.dims()[1];
         let tgt_mask = AttentionMask::causal_padding(ys_lens, l)?;
         let mem_mask = AttentionMask::key_padding(mem_lens, memory.dims()[1])?;
-        let (mut x, _) = self.pos_enc.forward(&self.embed.forward(ys_in)?)?;
+        let mut x = self.pos_enc.encode_at(&self.embed.forward(ys_in)?, 0)?;
         // `h`: the next layer's norm1(x) (or after_norm(x) after the last),
         // when the layer before formed it in its last add's launch.
         let mut h: Option<Tensor> = None;

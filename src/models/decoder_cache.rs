@@ -141,7 +141,7 @@ impl TransformerDecoder {
         }
         let n = tokens.len();
         let ys = Tensor::from_vec(tokens.to_vec(), [n, 1], &cache.mem_mask.0.device())?;
-        let (mut x, _) = self.pos_enc.forward_at(&self.embed.forward(&ys)?, cache.len)?;
+        let mut x = self.pos_enc.encode_at(&self.embed.forward(&ys)?, cache.len)?;
         for (i, layer) in self.decoders.iter().enumerate() {
             x = layer.forward_step(&x, &mut cache.self_kv[i], &cache.src_kv[i], &cache.mem_mask)?;
         }

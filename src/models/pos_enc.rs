@@ -3,11 +3,13 @@
 //! `pos_enc.pe`). Absolute: `x·√d + pe[:T]`. Relative (WeNet's
 //! RelPositionalEncoding): `x·√d`, and the rows `pe[0..T]` are handed to
 //! relative attention. Both outputs get dropout. `no_pos` leaves x as is.
+//! With the `posenc` fusion on, the output's scale, rows, cast and dropout
+//! are one `ops::pos_enc_dropout` (one launch each way on a GPU).
 
 use super::config::PosEncType;
 use crate::error::{Error, Result};
 use crate::nn::{Dropout, Module, TensorKind};
-use crate::ops;
+use crate::ops::{self, fusion, fusion::Fusion};
 use crate::tensor::{DType, Device, Tensor};
 
 /// WeNet's default table length.
@@ -61,13 +63,18 @@ impl PositionalEncoding {
         match &self.pe {
             None => Tensor::zeros([1, t, self.d], like.dtype(), &like.device()),
             Some(pe) => {
-                let max = pe.dims()[1];
-                if offset + t > max {
-                    return Err(Error::invalid("PositionalEncoding", format!("frames up to {} exceed the positional table of {max}", offset + t)));
-                }
+                self.check_rows(pe, offset, t)?;
                 ops::narrow(pe, 1, offset, t)
             }
         }
+    }
+
+    fn check_rows(&self, pe: &Tensor, offset: usize, t: usize) -> Result<()> {
+        let max = pe.dims()[1];
+        if offset + t > max {
+            return Err(Error::invalid("PositionalEncoding", format!("frames up to {} exceed the positional table of {max}", offset + t)));
+        }
+        Ok(())
     }
 
     /// Encodes x (B, T, D): returns the layer output and the positional rows (1, T, D).
@@ -77,34 +84,74 @@ impl PositionalEncoding {
 
     /// Encodes x (B, T, D) whose first frame is frame `offset` of a stream.
     pub fn forward_at(&self, x: &Tensor, offset: usize) -> Result<(Tensor, Tensor)> {
-        if x.rank() != 3 {
-            return Err(Error::ShapeMismatch { op: "PositionalEncoding", expected: "an input (B, T, D)".into(), got: format!("{}", x.shape()) });
-        }
-        let t = x.dims()[1];
+        let t = Self::frames(x)?;
         let pos = self.rows_at(offset, t, x)?;
+        // The rows' dropout draws before the output's, as WeNet's forward.
+        let pos = if self.kind == PosEncType::Rel { self.dropout.forward(&pos)? } else { pos };
+        let rows = (self.kind == PosEncType::Abs).then_some(&pos);
+        Ok((self.encode(x, offset, rows)?, pos))
+    }
+
+    /// The layer output alone for x (B, T, D) whose first frame is frame
+    /// `offset`, where the positional rows are not needed (the decoder's
+    /// embedding). With the `posenc` fusion on, one `ops::pos_enc_dropout`
+    /// (one launch each way on a GPU) replaces the composition below.
+    pub fn encode_at(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
+        self.encode(x, offset, None)
+    }
+
+    /// [`Self::encode_at`] with the rows offset..offset+T when the caller
+    /// has them (the composition adds them instead of narrowing again).
+    fn encode(&self, x: &Tensor, offset: usize, rows: Option<&Tensor>) -> Result<Tensor> {
+        let t = Self::frames(x)?;
         let scale = (self.d as f64).sqrt();
+        // Under autocast an f32 input (the decoder's token embedding)
+        // becomes the half type here, once, so the residual stream it
+        // starts is half like the encoder's (whose convolutions give
+        // half outputs). A deviation from PyTorch, where this sum stays
+        // f32 and every later residual add promotes to f32: here the
+        // stream is rounded to half once, and the layers' casts of
+        // their f32 input to half (~100 launches a step) disappear.
+        // On the CPU half activations are computed widened to f32
+        // (its elementwise ops have no half kernels): the stream stays f32.
+        let out = match (self.kind, ops::autocast_dtype()) {
+            (PosEncType::Abs, Some(h)) if x.dtype() == DType::F32 && x.device() != Device::Cpu => h,
+            _ => x.dtype(),
+        };
+        let table = match (&self.pe, self.kind) {
+            (Some(pe), PosEncType::Abs) => {
+                self.check_rows(pe, offset, t)?;
+                Some((pe, offset))
+            }
+            _ => None,
+        };
+        let (p, training) = (self.dropout.p, self.dropout.training);
+        if self.kind != PosEncType::None && fusion::enabled(Fusion::PosEnc) {
+            return ops::pos_enc_dropout(x, scale, table, out, p, training);
+        }
         let y = match self.kind {
             PosEncType::Abs => {
-                let y = ops::add(&ops::mul_scalar(x, scale)?, &pos)?;
-                // Under autocast an f32 input (the decoder's token embedding)
-                // becomes the half type here, once, so the residual stream it
-                // starts is half like the encoder's (whose convolutions give
-                // half outputs). A deviation from PyTorch, where this sum stays
-                // f32 and every later residual add promotes to f32: here the
-                // stream is rounded to half once, and the layers' casts of
-                // their f32 input to half (~100 launches a step) disappear.
-                // On the CPU half activations are computed widened to f32
-                // (its elementwise ops have no half kernels): the stream stays f32.
-                match ops::autocast_dtype() {
-                    Some(h) if x.dtype() == DType::F32 && x.device() != Device::Cpu => ops::to_dtype(&y, h)?,
-                    _ => y,
+                let y = match rows {
+                    Some(r) => ops::add(&ops::mul_scalar(x, scale)?, r)?,
+                    None => ops::add(&ops::mul_scalar(x, scale)?, &self.rows_at(offset, t, x)?)?,
+                };
+                if y.dtype() == out {
+                    y
+                } else {
+                    ops::to_dtype(&y, out)?
                 }
             }
             PosEncType::Rel => ops::mul_scalar(x, scale)?,
             PosEncType::None => x.clone(),
         };
-        let pos = if self.kind == PosEncType::Rel { self.dropout.forward(&pos)? } else { pos };
-        Ok((self.dropout.forward(&y)?, pos))
+        self.dropout.forward(&y)
+    }
+
+    fn frames(x: &Tensor) -> Result<usize> {
+        if x.rank() != 3 {
+            return Err(Error::ShapeMismatch { op: "PositionalEncoding", expected: "an input (B, T, D)".into(), got: format!("{}", x.shape()) });
+        }
+        Ok(x.dims()[1])
     }
 }
 

@@ -121,3 +121,73 @@ pub fn activation_dropout(x: &Tensor, f: Unary, p: f64, training: bool) -> Resul
         Ok(vec![Some(out_storage(Storage::Cuda(gx), xs.shape().clone()))])
     }))
 }
+
+/// WeNet's positional encoding with its dropout (fusion family `posenc`):
+/// `dropout(x·scale + pe[offset .. offset + T])` of x (B, T, D), the sum
+/// rounded to `out` before the dropout (x's dtype, or under autocast the
+/// half type where x is f32). `table` is the (1, max_len, D) or
+/// (max_len, D) table and the first row to add, or None (relative
+/// positions: `dropout(x·scale)`). On a GPU, one launch each way
+/// (`cuda/dropout.cu`'s `pos_enc_dropout_fwd/_bwd`) instead of the narrow,
+/// affine, add, cast and dropout, with the mask drawn from the words
+/// `ops::dropout` reserves at this point: the composition's bits. On the
+/// CPU, for a table that needs a gradient, or for dtypes the kernels lack,
+/// it is the composition.
+pub fn pos_enc_dropout(x: &Tensor, scale: f64, table: Option<(&Tensor, usize)>, out: DType, p: f64, training: bool) -> Result<Tensor> {
+    let op = "pos_enc_dropout";
+    if x.rank() != 3 {
+        return Err(Error::ShapeMismatch { op, expected: "an input (B, T, D)".into(), got: format!("{}", x.shape()) });
+    }
+    if !(0.0..=1.0).contains(&p) {
+        return Err(Error::invalid(op, format!("expected 0 <= p <= 1, got {p}")));
+    }
+    let (t, d) = (x.dims()[1], x.dims()[2]);
+    if let Some((pe, offset)) = table {
+        let pd = pe.dims();
+        let ok = matches!(pe.rank(), 2 | 3) && (pe.rank() == 2 || pd[0] == 1) && pd[pe.rank() - 1] == d && offset + t <= pd[pe.rank() - 2];
+        if !ok {
+            return Err(Error::ShapeMismatch {
+                op,
+                expected: format!("a table (1, max_len, {d}) or (max_len, {d}) holding rows {offset}..{}", offset + t),
+                got: format!("{}", pe.shape()),
+            });
+        }
+    }
+    let fused = matches!(&*x.storage(), Storage::Cuda(_))
+        && gpu::pos_enc_dtypes_supported(x.dtype(), out)
+        && table.is_none_or(|(pe, _)| pe.dtype() == x.dtype() && pe.device() == x.device() && !pe.requires_grad());
+    if !fused {
+        let mut y = super::mul_scalar(x, scale)?;
+        if let Some((pe, offset)) = table {
+            y = super::add(&y, &super::narrow(pe, pe.rank() as isize - 2, offset, t)?)?;
+        }
+        if y.dtype() != out {
+            y = super::to_dtype(&y, out)?;
+        }
+        return dropout(&y, p, training);
+    }
+    let draw = (training && p > 0.0).then(|| {
+        let (seed, offset) = reserve(x.elem_count());
+        gpu::DropoutDraw { seed, offset, p }
+    });
+    let y = {
+        let pe_storage = table.map(|(pe, _)| pe.storage());
+        match (&*x.storage(), pe_storage.as_deref()) {
+            (Storage::Cuda(xc), None) => gpu::pos_enc_dropout(xc, t, d, scale, None, out, draw)?,
+            (Storage::Cuda(xc), Some(Storage::Cuda(pc))) => {
+                let rows = gpu::PosRows { table: pc, offset: table.map_or(0, |(_, o)| o) };
+                gpu::pos_enc_dropout(xc, t, d, scale, Some(rows), out, draw)?
+            }
+            _ => return Err(super::mixed(op)),
+        }
+    };
+    let y = out_storage(Storage::Cuda(y), x.shape().clone());
+    let x_dtype = x.dtype();
+    Ok(record(op, &[x], y, vec![], move |g, _| {
+        let gx = match &*g.storage() {
+            Storage::Cuda(gc) => gpu::pos_enc_dropout_backward(gc, x_dtype, scale, draw)?,
+            Storage::Cpu(_) => return Err(super::mixed("pos_enc_dropout backward")),
+        };
+        Ok(vec![Some(out_storage(Storage::Cuda(gx), g.shape().clone()))])
+    }))
+}

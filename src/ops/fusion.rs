@@ -4,7 +4,7 @@
 //! Every fused op is registered here under one [`Fusion`] family and sits
 //! beside the composition it replaces; the composition stays the reference
 //! (tests run both and compare outputs and gradients). The families are
-//! chosen by `ASRFORGE_FUSION=all|none|attention,convmodule,norm,loss,ffn` or
+//! chosen by `ASRFORGE_FUSION=all|none|attention,convmodule,norm,loss,ffn,posenc` or
 //! the config key `fusion:` (the same words; the environment wins, as for
 //! every `ASRFORGE_*` switch). The default is `none`: a fused kernel becomes
 //! the default only once it has passed on a real GPU and is faster there
@@ -27,11 +27,13 @@ pub enum Fusion {
     Loss,
     /// The feed-forward block's activation fused with the dropout after it.
     Ffn,
+    /// The positional encoding (scale, table rows, cast) fused with its dropout.
+    PosEnc,
 }
 
 impl Fusion {
     /// Every family, in the order of [`Fusion::name`]'s words.
-    pub const ALL: [Fusion; 5] = [Fusion::Attention, Fusion::ConvModule, Fusion::Norm, Fusion::Loss, Fusion::Ffn];
+    pub const ALL: [Fusion; 6] = [Fusion::Attention, Fusion::ConvModule, Fusion::Norm, Fusion::Loss, Fusion::Ffn, Fusion::PosEnc];
 
     /// The family's word in `ASRFORGE_FUSION` and `fusion:`.
     pub fn name(self) -> &'static str {
@@ -41,6 +43,7 @@ impl Fusion {
             Fusion::Norm => "norm",
             Fusion::Loss => "loss",
             Fusion::Ffn => "ffn",
+            Fusion::PosEnc => "posenc",
         }
     }
 
@@ -143,13 +146,14 @@ mod tests {
 
     #[test]
     fn parses_all_none_and_lists_and_names_a_bad_word() {
-        assert_eq!(parse("k", "all").unwrap(), 0b11111);
+        assert_eq!(parse("k", "all").unwrap(), 0b111111);
         assert_eq!(parse("k", "ffn").unwrap(), Fusion::Ffn.bit());
+        assert_eq!(parse("k", "posenc").unwrap(), Fusion::PosEnc.bit());
         assert_eq!(parse("k", "none").unwrap(), 0);
         assert_eq!(parse("k", " ").unwrap(), 0);
         assert_eq!(parse("k", "attention, loss").unwrap(), Fusion::Attention.bit() | Fusion::Loss.bit());
         assert_eq!(parse("k", "convmodule,norm").unwrap(), Fusion::ConvModule.bit() | Fusion::Norm.bit());
         let e = parse("fusion", "attention,flash").unwrap_err().to_string();
-        assert!(e.contains("fusion") && e.contains("\"flash\"") && e.contains("convmodule") && e.contains("ffn"), "{e}");
+        assert!(e.contains("fusion") && e.contains("\"flash\"") && e.contains("convmodule") && e.contains("ffn") && e.contains("posenc"), "{e}");
     }
 }

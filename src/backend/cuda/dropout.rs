@@ -9,6 +9,7 @@ use super::nn_common::{elems, expect_dtype, expect_len, same, FLOATS};
 use super::{kernels, CudaStorage};
 use crate::backend::cpu::elementwise::Unary;
 use crate::error::{Error, Result};
+use crate::tensor::DType;
 
 /// One dropout draw: the generator words reserved at `(seed, offset)` (one
 /// per element, `Rng::advance`) and the drop probability `p`, for kernels
@@ -105,4 +106,100 @@ fn act_check(name: &'static str, op: Unary, x: &CudaStorage, draw: DropoutDraw) 
         return Err(Error::invalid(name, format!("expected relu, silu, gelu or tanh, found {}", op.name())));
     }
     draw.keep_scale(name)
+}
+
+/// The positional table a [`pos_enc_dropout`] adds: rows `offset ..` of a
+/// (max_len, D) table, of the input's dtype.
+#[derive(Clone, Copy)]
+pub struct PosRows<'a> {
+    pub table: &'a CudaStorage,
+    pub offset: usize,
+}
+
+/// The pairs of (input, output) dtypes the fused positional encoding has
+/// kernels for: each float type to itself, f32 to f16 and bf16 (autocast).
+pub fn pos_enc_dtypes_supported(x: DType, out: DType) -> bool {
+    FLOATS.0.contains(&x) && (x == out || (x == DType::F32 && matches!(out, DType::F16 | DType::BF16)))
+}
+
+/// `dropout(x·s + pe[offset + t])` of x (B, T, D) in one launch
+/// (`pos_enc_dropout_fwd`), the sum rounded to `out` before the dropout;
+/// `rows` None adds no table, `draw` None drops nothing. The same bits as
+/// the composition affine, add, cast, [`dropout_apply`].
+pub fn pos_enc_dropout(x: &CudaStorage, t: usize, d: usize, s: f64, rows: Option<PosRows>, out: DType, draw: Option<DropoutDraw>) -> Result<CudaStorage> {
+    let op = "positional encoding dropout";
+    if !pos_enc_dtypes_supported(x.dtype(), out) {
+        return Err(Error::invalid(op, format!("expected each float dtype to itself or f32 to f16/bf16, found {:?} to {out:?}", x.dtype())));
+    }
+    let (n, dev) = (x.len(), x.device());
+    let td = t * d;
+    if td == 0 || n % td != 0 {
+        return Err(Error::ShapeMismatch { op, expected: format!("an input (B, {t}, {d})"), got: format!("{n} elements") });
+    }
+    let (pe, pe_off) = match rows {
+        Some(r) => {
+            same(op, x, r.table)?;
+            if r.table.len() % d != 0 || (r.offset + t) * d > r.table.len() {
+                return Err(Error::ShapeMismatch {
+                    op,
+                    expected: format!("a table of rows of {d} holding rows {}..{}", r.offset, r.offset + t),
+                    got: format!("{} elements", r.table.len()),
+                });
+            }
+            (r.table, r.offset * d)
+        }
+        None => (x, 0),
+    };
+    let (drop, seed, offset, keep, scale) = draw_words(op, draw)?;
+    let y = dev.alloc(out, n)?;
+    if n > 0 {
+        kernels::dropout::pos_enc_dropout_fwd(
+            dev,
+            x.dtype(),
+            out,
+            elems(n.div_ceil(4)),
+            x,
+            pe,
+            &y,
+            n as u64,
+            td as u64,
+            pe_off as u64,
+            u32::from(rows.is_some()),
+            s,
+            drop,
+            seed,
+            offset,
+            keep,
+            scale,
+        )?;
+    }
+    Ok(y)
+}
+
+/// The backward of [`pos_enc_dropout`] from the output gradient g (of the
+/// output dtype) to x's dtype `x_dtype` (`pos_enc_dropout_bwd`): g times
+/// the mask rounded, widened, times s rounded; the composition's bits.
+pub fn pos_enc_dropout_backward(g: &CudaStorage, x_dtype: DType, s: f64, draw: Option<DropoutDraw>) -> Result<CudaStorage> {
+    let op = "positional encoding dropout backward";
+    if !pos_enc_dtypes_supported(x_dtype, g.dtype()) {
+        return Err(Error::invalid(op, format!("expected each float dtype to itself or f32 to f16/bf16, found {x_dtype:?} to {:?}", g.dtype())));
+    }
+    let (drop, seed, offset, keep, scale) = draw_words(op, draw)?;
+    let (n, dev) = (g.len(), g.device());
+    let gx = dev.alloc(x_dtype, n)?;
+    if n > 0 {
+        kernels::dropout::pos_enc_dropout_bwd(dev, x_dtype, g.dtype(), elems(n.div_ceil(4)), g, &gx, n as u64, s, drop, seed, offset, keep, scale)?;
+    }
+    Ok(gx)
+}
+
+/// The kernels' (drop, seed, offset, keep, scale) of an optional draw.
+fn draw_words(op: &'static str, draw: Option<DropoutDraw>) -> Result<(u32, u64, u64, f64, f64)> {
+    match draw {
+        Some(dw) => {
+            let (keep, scale) = dw.keep_scale(op)?;
+            Ok((1, dw.seed, dw.offset, keep, scale))
+        }
+        None => Ok((0, 0, 0, 1.0, 1.0)),
+    }
 }
