@@ -6,7 +6,7 @@
 // (the projections' layout, no head permutes); p (PB, T2, H, d) with PB 1
 // (one table for every sequence) or B; u, vb (H, d) in the compute type;
 // lse, dsum (B, H, T1) and sk (B, T2, H) in the compute type; dp (B, T2, H, d)
-// in the compute type (summed over b on the host when PB is 1).
+// in the compute type (summed over b by attention_pos_grads when PB is 1).
 //
 //   s_ij  = ((q_i + u)·k_j + (q_i + vb)·p_j) · scale        (scale = 1/sqrt(d))
 //         = (q_i·(k_j + p_j) + c_j) · scale,   c_j = u·k_j + vb·p_j
@@ -29,7 +29,7 @@
 //   dv_j  = sum_i P_ij Z_ij dout_i
 //   G_j   = sum_i dS_ij q_i,   s_j = sum_i dS_ij
 //   dk_j  = scale (G_j + u s_j),   dp_j = scale (G_j + vb s_j)
-//   du    = sum_{b,j} scale s_j k_j,   dvb = sum_{b,j} scale s_j p_j   (host, from sk)
+//   du    = sum_{b,j} scale s_j k_j,   dvb = sum_{b,j} scale s_j p_j   (attention_pos_grads, from sk)
 //
 // Shape: a block of ATT_THREADS threads per (b, h, tile of TL rows), the
 // units grid-strided so any grid covers them. Forward and dq: a query tile,
@@ -59,8 +59,9 @@
 // dq) or 32 keys (dk/dv); static shared memory 29 KiB (fwd), 37 KiB (dq),
 // 45 KiB (dk/dv); ptxas sm_90: 168 / 216 (f16) or 255 (bf16, 16 bytes
 // spilled) / 126 registers. Launches per forward and backward as the
-// scalar set (1 + 2). Status: tested on the emulator only; it has NOT run
-// on a real GPU, and its speed there is unmeasured.
+// scalar set (1 + 2, and attention_pos_grads with positions). Status:
+// tested on the emulator only; it has NOT run on a real GPU, and its speed
+// there is unmeasured.
 #include "nn_common.cuh"
 
 #include "philox.cuh"
@@ -957,3 +958,74 @@ __device__ void attention_bwd_dkv_wmma_arch(ATT_PARAMS(T, float), const T* dout,
     }
 ATTENTION_WMMA_KERNELS(f16, __half)
 ATTENTION_WMMA_KERNELS(bf16, __nv_bfloat16)
+
+// The relative-position gradients from attention_bwd_dkv's per-sequence
+// results (dp (B, T2, H, d), sk (B, T2, H), in the compute type A), in one
+// launch where the host's composition took eight (a batch sum and a cast of
+// dp, and per bias a widening cast of k or p, a product and a two-dim sum):
+//   dpo[r, h, i] = sum_b dp[b, j, h, i] (shared table: r = j) or dp[r, h, i]
+//                  (a table per sequence), rounded to T
+//   du[h, i]     = sum_{b, j} sk[b, j, h] k[b, j, h, i]
+//   dvb[h, i]    = sum_{b, j} sk[b, j, h] p[pb, j, h, i]   (pb = b, or 0 when shared)
+// in A. The B·T2 rows are cut into chunks of `chunk` rows, one chunk per
+// block (grid-stride over chunks): thread `col` of (h, i) columns sums the
+// chunk's rows in row order into partial row c of `part` (chunks, 2, H·d);
+// the blocks then write dpo (grid-stride, each element summing b in order);
+// the last block to arrive (common.cuh last_tile_arrived on `arrivals`, a
+// counter 0 at the launch and 0 after it) adds the partial rows in chunk
+// order into du and dvb. Every sum in a fixed order: the same bits every run.
+template <typename T>
+__device__ void attention_pos_grads(const acc_t<T>* __restrict__ dp, const acc_t<T>* __restrict__ sk, const T* __restrict__ k,
+                                    const T* __restrict__ p, T* __restrict__ dpo, acc_t<T>* part, acc_t<T>* __restrict__ du,
+                                    acc_t<T>* __restrict__ dvb, unsigned long long* arrivals, uint64_t B, uint64_t T2, uint32_t H,
+                                    uint32_t d, uint32_t shared_table, uint64_t chunk) {
+    typedef acc_t<T> A;
+    const uint64_t rows = B * T2, hd = (uint64_t)H * d, chunks = (rows + chunk - 1) / chunk;
+    for (uint64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+        const uint64_t r0 = c * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+        for (uint64_t col = threadIdx.x; col < hd; col += blockDim.x) {
+            const uint64_t h = col / d;
+            A su = 0, sv = 0;
+            for (uint64_t r = r0; r < r1; ++r) {
+                const A s = sk[r * H + h];
+                const uint64_t pr = shared_table ? r % T2 : r;
+                su += s * to_acc(k[r * hd + col]);
+                sv += s * to_acc(p[pr * hd + col]);
+            }
+            part[(c * 2) * hd + col] = su;
+            part[(c * 2 + 1) * hd + col] = sv;
+        }
+    }
+    const uint64_t nout = (shared_table ? T2 : rows) * hd;
+    for (uint64_t e = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; e < nout; e += (uint64_t)gridDim.x * blockDim.x) {
+        A s = dp[e];
+        if (shared_table)
+            for (uint64_t b = 1; b < B; ++b) s += dp[b * T2 * hd + e];
+        dpo[e] = from_acc<T>(s);
+    }
+    __shared__ int is_last;
+    __threadfence();
+    if (last_tile_arrived(arrivals, gridDim.x, &is_last)) {
+        __threadfence();
+        const volatile A* q = part;
+        for (uint64_t col = threadIdx.x; col < hd; col += blockDim.x) {
+            A su = 0, sv = 0;
+            for (uint64_t c = 0; c < chunks; ++c) {
+                su += q[(c * 2) * hd + col];
+                sv += q[(c * 2 + 1) * hd + col];
+            }
+            du[col] = su;
+            dvb[col] = sv;
+        }
+    }
+}
+
+#define ATTENTION_POS_GRADS_KERNELS(SUF, T)                                                                             \
+    extern "C" __global__ void attention_pos_grads_##SUF(const acc_t<T>* dp, const acc_t<T>* sk, const T* k, const T* p, \
+                                                         T* dpo, acc_t<T>* part, acc_t<T>* du, acc_t<T>* dvb,            \
+                                                         unsigned long long* arrivals, uint64_t B, uint64_t T2,          \
+                                                         uint32_t H, uint32_t d, uint32_t shared_table,                  \
+                                                         uint64_t chunk) {                                               \
+        attention_pos_grads<T>(dp, sk, k, p, dpo, part, du, dvb, arrivals, B, T2, H, d, shared_table, chunk);           \
+    }
+NN_FLOAT_DTYPES(ATTENTION_POS_GRADS_KERNELS)

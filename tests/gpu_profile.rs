@@ -199,13 +199,15 @@ fn fusion_all_runs_the_same_step_in_fewer_launches() {
 }
 
 /// The attention's kernel sets launch alike: one kernel forward, two
-/// backward, no host synchronisation, for the scalar and the wmma set
-/// (bf16, rel-pos, key lengths), each named in the profile.
+/// backward and, with relative positions, `attention_pos_grads` for the
+/// gradients of the table and the two biases (it replaced eight launches
+/// of a composition), no host synchronisation, for the scalar and the wmma
+/// set (bf16, rel-pos, key lengths), each named in the profile.
 #[test]
-fn attention_kernel_sets_launch_one_kernel_forward_and_two_backward() {
+fn attention_kernel_sets_launch_one_kernel_forward_and_three_backward_with_positions() {
     use asrforge::backend::cpu::attention::{AttentionDims, AttentionDropout, AttentionRule};
     use asrforge::backend::cuda::attention::{flash_attention, flash_attention_backward, set_kernel_override, AttentionKernel, MaskGpu};
-    let Some(Device::Cuda(ord)) = common::gpu::gpu("attention_kernel_sets_launch_one_kernel_forward_and_two_backward") else { return };
+    let Some(Device::Cuda(ord)) = common::gpu::gpu("attention_kernel_sets_launch_one_kernel_forward_and_three_backward_with_positions") else { return };
     let _s = serial();
     let dev = cuda::device(ord).unwrap();
     let mut rng = Rng::new(seed());
@@ -219,8 +221,12 @@ fn attention_kernel_sets_launch_one_kernel_forward_and_two_backward() {
     let rule = AttentionRule::default();
     let m = MaskGpu { lens: Some(&lens), mask: None };
     for (set, fwd, bwd) in [
-        (AttentionKernel::Scalar, "attention/attention_fwd", ["attention/attention_bwd_dq", "attention/attention_bwd_dkv"]),
-        (AttentionKernel::Wmma, "attention/attention_fwd_wmma", ["attention/attention_bwd_dq_wmma", "attention/attention_bwd_dkv_wmma"]),
+        (AttentionKernel::Scalar, "attention/attention_fwd", ["attention/attention_bwd_dq", "attention/attention_bwd_dkv", "attention/attention_pos_grads"]),
+        (
+            AttentionKernel::Wmma,
+            "attention/attention_fwd_wmma",
+            ["attention/attention_bwd_dq_wmma", "attention/attention_bwd_dkv_wmma", "attention/attention_pos_grads"],
+        ),
     ] {
         set_kernel_override(Some(set));
         let before = cuda::counters(ord).unwrap();
@@ -236,11 +242,13 @@ fn attention_kernel_sets_launch_one_kernel_forward_and_two_backward() {
         set_kernel_override(None);
         assert_eq!((cf.launches, cf.host_syncs), (1, 0), "{set:?} forward\n{}", pf.table());
         assert_eq!(pf.row(fwd).map(|r| r.launches), Some(1), "{set:?} forward runs {fwd}\n{}", pf.table());
-        assert_eq!((cb.launches, cb.host_syncs), (2, 0), "{set:?} backward\n{}", pb.table());
+        assert_eq!((cb.launches, cb.host_syncs), (3, 0), "{set:?} backward\n{}", pb.table());
         for b in bwd {
             assert_eq!(pb.row(b).map(|r| r.launches), Some(1), "{set:?} backward runs {b}\n{}", pb.table());
         }
         assert!(g.pos.is_some());
+        let kept = cuda::kept_arrivals(ord).unwrap().expect("attention_pos_grads made the counters");
+        assert!(kept.iter().all(|&c| c == 0), "{set:?}: the arrival counters are left at 0: {kept:?}");
     }
 }
 

@@ -290,19 +290,13 @@ fn backward(s: &Saved, g: &Tensor, bias_dtypes: &[DType]) -> Result<Vec<Option<T
                 Some(out_storage(Storage::Cuda(gr.dk), kshape.clone())),
                 Some(out_storage(Storage::Cuda(gr.dv), kshape.clone())),
             ];
-            if let (Some((dp, sk)), Some((p, _, _))) = (gr.pos, &s.pos) {
-                // dp per sequence, summed over the batch for a shared table;
-                // du = Σ s·k, dvb = Σ s·p over sequences and keys.
-                let dp = out_storage(Storage::Cuda(dp), kshape.clone());
-                let sk = out_storage(Storage::Cuda(sk), [n.batch, n.t2, n.heads, 1]);
-                let acc = sk.dtype();
-                let (dp, du, dvb) = no_grad(|| -> Result<_> {
-                    let dp = if n.pos_batch == 1 && n.batch > 1 { super::sum(&dp, &[0], true)? } else { dp };
-                    let du = super::sum(&super::mul(&sk, &to_dtype(&s.k, acc)?)?, &[0, 1], false)?;
-                    let dvb = super::sum(&super::mul(&sk, &to_dtype(p, acc)?)?, &[0, 1], false)?;
-                    Ok((to_dtype(&dp, p.dtype())?, to_dtype(&du, bias_dtypes[0])?, to_dtype(&dvb, bias_dtypes[1])?))
-                })?;
-                out.extend([Some(dp), Some(du), Some(dvb)]);
+            if let (Some((dp, du, dvb)), Some((p, _, _))) = (gr.pos, &s.pos) {
+                // attention_pos_grads summed dp over the batch for a shared
+                // table and gave du = Σ s·k, dvb = Σ s·p in the compute type.
+                let hd = [n.heads, n.d_k];
+                let (du, dvb) = (out_storage(Storage::Cuda(du), hd), out_storage(Storage::Cuda(dvb), hd));
+                let (du, dvb) = no_grad(|| -> Result<_> { Ok((to_dtype(&du, bias_dtypes[0])?, to_dtype(&dvb, bias_dtypes[1])?)) })?;
+                out.extend([Some(out_storage(Storage::Cuda(dp), p.shape().clone())), Some(du), Some(dvb)]);
             }
             Ok(out)
         }

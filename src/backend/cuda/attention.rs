@@ -297,8 +297,9 @@ pub struct AttentionGradsGpu {
     pub dk: CudaStorage,
     /// Gradient of v.
     pub dv: CudaStorage,
-    /// dp per sequence and s, with positions.
-    pub pos: Option<(CudaStorage, CudaStorage)>,
+    /// With positions: the gradients of p (p's shape, q's dtype), u and vb
+    /// ((heads, d_k) each, in the compute type).
+    pub pos: Option<(CudaStorage, CudaStorage, CudaStorage)>,
 }
 
 /// The gradients of [`flash_attention`] from its output `o`, log-sum-exp
@@ -350,5 +351,57 @@ pub fn flash_attention_backward(
             }
         }
     }
-    Ok(AttentionGradsGpu { dq, dk, dv, pos: extra })
+    let pos = match (pos, extra) {
+        (Some((p, _, _)), Some((dp, sk))) => Some(pos_grads(&dp, &sk, k, p, n)?),
+        _ => None,
+    };
+    Ok(AttentionGradsGpu { dq, dk, dv, pos })
+}
+
+/// Rows of (b, key) per block of [`pos_grads`]: the B·T2 rows in at most
+/// about 256 chunks, so the last block folds at most that many partial rows.
+fn pos_grads_chunk(rows: usize) -> usize {
+    rows.div_ceil(256).max(1)
+}
+
+/// The gradients of the positional table p, of u and of vb from the dk/dv
+/// kernel's per-sequence dp and sk (`attention_pos_grads`, one launch): dp
+/// summed over the batch for a shared table and rounded to q's dtype, and
+/// du = Σ sk·k, dvb = Σ sk·p over sequences and keys in the compute type.
+fn pos_grads(dp: &CudaStorage, sk: &CudaStorage, k: &CudaStorage, p: &CudaStorage, n: &AttentionDims) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+    let dev = k.device();
+    let acc = acc_dtype(k.dtype());
+    let rows = n.batch * n.t2;
+    let hd = n.heads * n.d_k;
+    let dpo = dev.alloc(k.dtype(), n.pos_batch * n.t2 * hd)?;
+    if rows == 0 || hd == 0 {
+        return Ok((dev.zeros(k.dtype(), n.pos_batch * n.t2 * hd)?, dev.zeros(acc, hd)?, dev.zeros(acc, hd)?));
+    }
+    let chunk = pos_grads_chunk(rows);
+    let chunks = rows.div_ceil(chunk);
+    let part = dev.alloc(acc, chunks * 2 * hd)?;
+    let (du, dvb) = (dev.alloc(acc, hd)?, dev.alloc(acc, hd)?);
+    let arrivals = dev.arrivals(1)?;
+    let shared = u32::from(n.pos_batch == 1 && n.batch > 1);
+    kernels::attention::attention_pos_grads(
+        dev,
+        k.dtype(),
+        super::nn_common::rows(chunks),
+        dp,
+        sk,
+        k,
+        p,
+        &dpo,
+        &part,
+        &du,
+        &dvb,
+        &arrivals,
+        n.batch as u64,
+        n.t2 as u64,
+        n.heads as u32,
+        n.d_k as u32,
+        shared,
+        chunk as u64,
+    )?;
+    Ok((dpo, du, dvb))
 }
