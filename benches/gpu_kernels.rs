@@ -121,6 +121,29 @@ fn gpu_kernels(c: &mut Criterion) {
                 })
             });
         }
+        // The subsampling's first convolution and ReLU (fusion family
+        // `subsampling`), AISHELL's shapes: 16 utterances of 400 frames of
+        // 80 features into 256 channels of 199 x 39, 3x3 stride 2 (a small
+        // product, the largest activations of the step): the bias and the
+        // ReLU in one launch each way (the bias's gradient summed in the
+        // backward's) against the add, relu and their backwards.
+        let xs = ops::to_dtype(&Tensor::randn([16, 1, 400, 80], 0.0, 1.0, DType::F32, &mut rng, &gpu).unwrap(), dt).unwrap().requires_grad_();
+        let ws = ops::to_dtype(&Tensor::randn([256, 1, 3, 3], 0.0, 0.3, DType::F32, &mut rng, &gpu).unwrap(), dt).unwrap().requires_grad_();
+        let bs = ops::to_dtype(&Tensor::randn([256], 0.0, 0.1, DType::F32, &mut rng, &gpu).unwrap(), dt).unwrap().requires_grad_();
+        for fused in [false, true] {
+            let name = if fused { "conv2d_relu_fused_fwd_bwd_16x1x400x80_to_256" } else { "conv2d_relu_composition_fwd_bwd_16x1x400x80_to_256" };
+            group.bench_function(format!("{name}_{}", dt.as_str()), |bn| {
+                bn.iter(|| {
+                    let y = if fused {
+                        ops::conv2d_relu(&xs, &ws, Some(&bs), 2, 0).unwrap()
+                    } else {
+                        ops::relu(&ops::conv2d(&xs, &ws, Some(&bs), 2, 0).unwrap()).unwrap()
+                    };
+                    backward(&ops::sum_all(&ops::to_dtype(&y, DType::F32).unwrap()).unwrap()).unwrap();
+                    gpu_sync(&w)
+                })
+            });
+        }
         // The convolution module, channels last: batch norm over (B·T, C)
         // with f32 statistics (training: the running update in the stats
         // launch), the depthwise conv (k = 15) and GLU, forward + backward.

@@ -20,6 +20,7 @@
 //   gx[b, ci, y, x] = sum_{i,j : (y+p-i) % s == 0, (x+p-j) % s == 0, in range} gcols[b, r, (y+p-i)/s, (x+p-j)/s]
 // The GEMMs (y = w · cols, gw = gy · colsᵀ, gcols = wᵀ · gy) run in cuBLAS.
 #include "conv.cuh"
+#include "unary.cuh"
 
 template <typename T>
 __device__ void conv1d_depthwise_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
@@ -151,3 +152,65 @@ __device__ void col2im(const T* __restrict__ cols, T* __restrict__ gx, Conv2dGeo
     IMAGE_COPIES(u32_, SUF, T, uint32_t)
 // Convolutions run in half precision under mixed precision, so f16/bf16 too.
 NN_FLOAT_DTYPES(CONV_KERNELS)
+
+// The conv2d subsampling's per-channel bias and ReLU after its product
+// (fusion family `subsampling`), z (B, C, L) = W·cols and bias (C):
+//   forward   y = relu(z + bias[c])       the sum rounded to T first, as
+//                                         the add stores it, then relu
+//   backward  gz = g · relu'(y)           y > 0 exactly where the sum was
+//             gbias[c] = sum_{b, l} gz[b, c, l]   in A, rounded to T
+// The composition's add, relu, relu's backward and the bias's reduction
+// (two sums and, for a half bias, a cast): two launches instead of six,
+// and neither the sum nor gz's reduction read twice. Backward: one block
+// per row (b, c) (grid-stride over rows) writes the row's gz and its sum
+// (block_reduce, a fixed order) into part[row]; the last block to arrive
+// (common.cuh last_tile_arrived on `arrivals`, 0 at the launch and 0 after
+// it) adds part over b in order into gbias: the same bits every run.
+template <typename T>
+__device__ void bias_relu_fwd(const T* __restrict__ z, const T* __restrict__ bias, T* __restrict__ y, uint64_t n, uint32_t c,
+                              uint64_t l) {
+    NN_GRID_STRIDE(e, n) {
+        const acc_t<T> s = to_acc(from_acc<T>(to_acc(z[e]) + to_acc(bias[(e / l) % c])));
+        y[e] = from_acc<T>(Relu::f(s));
+    }
+}
+
+template <typename T>
+__device__ void bias_relu_bwd(const T* __restrict__ y, const T* __restrict__ g, T* __restrict__ gz, acc_t<T>* part,
+                              T* __restrict__ gbias, unsigned long long* arrivals, uint64_t b, uint32_t c, uint64_t l) {
+    typedef acc_t<T> A;
+    __shared__ A red[32];
+    for (uint64_t r = blockIdx.x; r < b * c; r += gridDim.x) {
+        A s = 0;
+        for (uint64_t i = threadIdx.x; i < l; i += blockDim.x) {
+            const uint64_t e = r * l + i;
+            const A yv = to_acc(y[e]);
+            const T v = from_acc<T>(to_acc(g[e]) * Relu::d(yv, yv));
+            gz[e] = v;
+            s += to_acc(v);
+        }
+        s = block_sum(s, red);
+        if (threadIdx.x == 0) part[r] = s;
+    }
+    __shared__ int is_last;
+    __threadfence();
+    if (last_tile_arrived(arrivals, gridDim.x, &is_last)) {
+        __threadfence();
+        const volatile A* q = part;
+        for (uint32_t ch = threadIdx.x; ch < c; ch += blockDim.x) {
+            A s = 0;
+            for (uint64_t bi = 0; bi < b; ++bi) s += q[bi * c + ch];
+            gbias[ch] = from_acc<T>(s);
+        }
+    }
+}
+
+#define BIAS_RELU_KERNELS(SUF, T)                                                                                        \
+    extern "C" __global__ void bias_relu_fwd_##SUF(const T* z, const T* bias, T* y, uint64_t n, uint32_t c, uint64_t l) { \
+        bias_relu_fwd<T>(z, bias, y, n, c, l);                                                                           \
+    }                                                                                                                    \
+    extern "C" __global__ void bias_relu_bwd_##SUF(const T* y, const T* g, T* gz, acc_t<T>* part, T* gbias,              \
+                                                   unsigned long long* arrivals, uint64_t b, uint32_t c, uint64_t l) {   \
+        bias_relu_bwd<T>(y, g, gz, part, gbias, arrivals, b, c, l);                                                      \
+    }
+NN_FLOAT_DTYPES(BIAS_RELU_KERNELS)

@@ -317,7 +317,7 @@ fi
 declare -a BROWS
 if want bisect; then
     TINY=$DEV/conf/tiny.yaml
-    for f in none none attention loss norm convmodule ffn posenc all all; do
+    for f in none none attention loss norm convmodule ffn posenc subsampling all all; do
         if [ "$(left)" -lt 20 ]; then BROWS+=("$f NOT RUN (out of time)"); continue; fi
         line=$(ASRFORGE_FUSION=$f timeout 60 "$BIN" bench-train --config "$TINY" --steps 3 --warmup 1 --device cuda --dtype fp32 \
             --batch_size 2 --frames 64 --seed 7 2> "$LOG/bisect-$f.log" | grep '^bench-train' | tail -1)

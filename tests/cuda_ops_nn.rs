@@ -930,6 +930,52 @@ fn conv2d_matches_the_cpu() {
     });
 }
 
+/// The subsampling's convolution and ReLU (`ops::conv2d_relu`, fusion
+/// family `subsampling`: the bias and the ReLU after the product in one
+/// launch each way, the bias's gradient summed in the backward's launch)
+/// against the CPU's composition in f32 and f64 (rows of more than a block,
+/// more (batch, channel) rows than the capped grid), and against the GPU
+/// composition `relu(conv2d(..))` in every float dtype: the output and the
+/// input and weight gradients bit for bit, the bias's gradient (summed in
+/// another order) within the dtype's tolerance.
+#[test]
+fn conv2d_relu_matches_the_composition_and_the_cpu() {
+    let Some(dev) = gpu("conv2d_relu_matches_the_composition_and_the_cpu") else { return };
+    both("conv2d_relu stride 2", &dev, &[(&[2, 1, 37, 80], Normal, true), (&[4, 1, 3, 3], Normal, true), (&[4], Normal, true)], &move |x| {
+        ops::conv2d_relu(&x[0], &x[1], Some(&x[2]), 2, 0)
+    });
+    both("conv2d_relu 16 channels", &dev, &[(&[3, 4, 18, 39], Normal, true), (&[16, 4, 3, 3], Normal, true), (&[16], Normal, true)], &move |x| {
+        ops::conv2d_relu(&x[0], &x[1], Some(&x[2]), 2, 0)
+    });
+    both("conv2d_relu no bias", &dev, &[(&[1, 3, 9, 7], Normal, true), (&[2, 3, 3, 3], Normal, true)], &move |x| ops::conv2d_relu(&x[0], &x[1], None, 1, 1));
+    let seed = fresh_seed();
+    let mut r = Rng::new(seed);
+    let (xs, ws, bs) = ([3usize, 4, 18, 39], [16usize, 4, 3, 3], [16usize]);
+    let (xv, wv, bv) = (r.normal(xs.iter().product()), r.normal(ws.iter().product()), r.normal(16));
+    let gv = r.normal(3 * 16 * 8 * 19);
+    for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+        let run = |fused: bool| {
+            let t = |v: &[f64], s: &[usize]| common::tensor(v, s, dt, &Device::Cpu).to_device(&dev).unwrap();
+            let (x, w, b) = (t(&xv, &xs).requires_grad_(), t(&wv, &ws).requires_grad_(), t(&bv, &bs).requires_grad_());
+            let y = if fused { ops::conv2d_relu(&x, &w, Some(&b), 2, 0) } else { ops::relu(&ops::conv2d(&x, &w, Some(&b), 2, 0).unwrap()) }.unwrap();
+            asrforge::autograd::backward_with(&[(y.clone(), t(&gv, y.dims()))]).unwrap();
+            [y, x.grad().unwrap(), w.grad().unwrap(), b.grad().unwrap()].map(|v| v.to_f64_vec().unwrap())
+        };
+        let (f, c) = (run(true), run(false));
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (i, what) in ["output", "input gradient", "weight gradient"].iter().enumerate() {
+            assert_eq!(bits(&f[i]), bits(&c[i]), "conv2d_relu {dt:?}: the {what} (seed {seed})");
+        }
+        assert!(f[0].iter().any(|v| *v == 0.0) && f[0].iter().any(|v| *v > 0.0), "conv2d_relu {dt:?}: some outputs clipped, some not");
+        let tol = match dt {
+            DType::F64 => gpu::F64,
+            DType::F32 => gpu::F32,
+            h => gpu::tol(h),
+        };
+        close(&format!("conv2d_relu {dt:?}: the bias gradient against the composition's"), &f[3], &c[3], tol, seed);
+    }
+}
+
 #[test]
 fn pointwise_conv1d_matches_the_cpu() {
     let Some(dev) = gpu("pointwise_conv1d_matches_the_cpu") else { return };

@@ -460,6 +460,66 @@ fn posenc_fusion_encodes_the_same_in_fewer_launches() {
     }
 }
 
+/// The conv2d subsampling with the `subsampling` fusion (each conv's bias
+/// and ReLU in one launch each way, the bias's gradient summed in the
+/// backward's launch): the same output and input and weight gradients bit
+/// for bit, the biases' gradients within f32 rounding of the composition's
+/// (another summation order), three launches fewer per conv in f32 and four
+/// under autocast to bf16 (where the composition also casts the bias's
+/// summed gradient to the half copy's type).
+#[test]
+fn subsampling_fusion_runs_the_convolutions_the_same_in_fewer_launches() {
+    use asrforge::models::config::{InputLayer, PosEncType};
+    use asrforge::models::subsampling::Subsampling;
+    use asrforge::nn::Module;
+    use asrforge::ops::fusion::{self, Fusion};
+    use asrforge::{autograd, ops};
+    let Some(dev) = common::gpu::gpu("subsampling_fusion_runs_the_convolutions_the_same_in_fewer_launches") else { return };
+    let Device::Cuda(ord) = dev else { return };
+    let _s = serial();
+    let s = seed();
+    let mut rng = Rng::new(s);
+    let sub = Subsampling::new(InputLayer::Conv2d, 20, 8, 0.1, (PosEncType::Rel, 0.1), DType::F32, &mut rng).unwrap();
+    for (_, p) in sub.named_parameters() {
+        p.move_to_device(&dev).unwrap();
+    }
+    if let Some(t) = &sub.pos_enc.pe {
+        t.move_to_device(&dev).unwrap();
+    }
+    let x = Tensor::randn(vec![2, 31, 20], 0.0, 1.0, DType::F32, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap().requires_grad_();
+    for (half, saved) in [(None, 2 * 3), (Some(DType::BF16), 2 * 4)] {
+        let run = |on: bool| {
+            fusion::set_enabled(if on { &[Fusion::Subsampling] } else { &[] });
+            asrforge::tensor::rng::manual_seed(s ^ 9);
+            let before = cuda::counters(ord).unwrap();
+            let y = ops::autocast(half, || sub.forward(&x, &[31, 24]).map(|r| r.0));
+            fusion::set_enabled(&[]);
+            let y = y.unwrap();
+            let w = ops::to_dtype(&Tensor::randn(y.dims().to_vec(), 0.0, 1.0, DType::F32, &mut Rng::new(s ^ 2), &Device::Cpu).unwrap(), y.dtype()).unwrap();
+            autograd::backward(&ops::sum_all(&ops::mul(&y, &w.to_device(&dev).unwrap()).unwrap()).unwrap()).unwrap();
+            let launches = cuda::counters(ord).unwrap().since(&before).launches;
+            let mut out = vec![("output".to_string(), y.to_f64_vec().unwrap())];
+            for (n, p) in sub.named_parameters().into_iter().chain([("input".to_string(), x.clone())]) {
+                out.push((n, p.grad().expect("a gradient").to_f64_vec().unwrap()));
+                p.zero_grad();
+            }
+            (out, launches)
+        };
+        let (composed, lc) = run(false);
+        let (fused, lf) = run(true);
+        for ((name, f), (_, c)) in fused.iter().zip(&composed) {
+            if name.starts_with("conv.") && name.ends_with(".bias") {
+                common::gpu::assert_close(&format!("{half:?} gradient of {name}"), f, c, common::gpu::F32, s);
+            } else {
+                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(f), bits(c), "{half:?}: {name} (seed {s})");
+            }
+        }
+        assert_eq!(lf + saved, lc, "{half:?}: {lf} launches fused vs {lc} composed");
+        eprintln!("conv2d subsampling, autocast {half:?}: forward + backward {lc} launches composed, {lf} with the subsampling fusion");
+    }
+}
+
 /// Layer norm's backward, plain and with the residual add (and its
 /// dropout), by warp rows and by block rows, is one launch and asks for no
 /// memset: the last block folds the weight and bias gradients on the

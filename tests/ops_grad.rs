@@ -280,6 +280,14 @@ grad!(conv1d_pointwise_channels_last, [([2, 5, 3], Normal, true), ([4, 3, 1], No
     ops::conv1d_pointwise_channels_last(&x[0], &x[1], Some(&x[2]))
 });
 grad!(conv2d_stride2, [([2, 1, 9, 8], Normal, true), ([3, 1, 3, 3], Normal, true), ([3], Normal, true)], |x| ops::conv2d(&x[0], &x[1], Some(&x[2]), 2, 0));
+// The subsampling's convolution and ReLU (the `subsampling` fusion's op).
+grad!(conv2d_relu_stride2, [([2, 2, 9, 8], Normal, true), ([3, 2, 3, 3], Normal, true), ([3], Normal, true)], |x| ops::conv2d_relu(
+    &x[0],
+    &x[1],
+    Some(&x[2]),
+    2,
+    0
+));
 grad!(conv2d_pad1, [([1, 2, 6, 5], Normal, true), ([3, 2, 3, 3], Normal, true)], |x| ops::conv2d(&x[0], &x[1], None, 1, 1));
 // Stride and padding together: the padded ends of the strided column walks.
 grad!(conv2d_stride2_pad2, [([2, 2, 7, 6], Normal, true), ([2, 2, 3, 3], Normal, true)], |x| ops::conv2d(&x[0], &x[1], None, 2, 2));

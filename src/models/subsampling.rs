@@ -102,7 +102,7 @@ impl Subsampling {
         } else {
             let mut h = ops::unsqueeze(x, 1)?;
             for c in &self.convs {
-                h = ops::relu(&c.forward(&h)?)?;
+                h = c.forward_relu(&h)?;
             }
             let (b, ch, t, f) = (h.dims()[0], h.dims()[1], h.dims()[2], h.dims()[3]);
             let h = ops::reshape(&ops::permute(&h, &[0, 2, 1, 3])?, [b, t, ch * f])?;

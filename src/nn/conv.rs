@@ -125,6 +125,16 @@ impl Conv2d {
         ops::conv2d(x, &self.weight, self.bias.as_ref(), self.stride, self.padding)
     }
 
+    /// `relu(self.forward(x))`: with the `subsampling` fusion on, the bias and
+    /// the ReLU after the product in one launch each way (`ops::conv2d_relu`).
+    pub fn forward_relu(&self, x: &Tensor) -> Result<Tensor> {
+        if ops::fusion::enabled(ops::fusion::Fusion::Subsampling) {
+            ops::conv2d_relu(x, &self.weight, self.bias.as_ref(), self.stride, self.padding)
+        } else {
+            ops::relu(&self.forward(x)?)
+        }
+    }
+
     /// The kernel size.
     pub fn kernel(&self) -> usize {
         self.weight.dims()[2]

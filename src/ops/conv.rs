@@ -87,6 +87,56 @@ pub fn conv2d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, stride: usize, padd
     if let Some(y) = super::autocast::conv(x, w, bias, |x, w, b| conv2d(x, w, b, stride, padding))? {
         return Ok(y);
     }
+    let g = conv2d_geometry(x, w, bias, stride, padding)?;
+    let (ho, wo) = g.out_hw();
+    if let Device::Cuda(_) = x.device() {
+        return conv2d_gpu(x, w, bias, &g, false);
+    }
+    let op = "conv2d";
+    let y = {
+        let (xg, wg, bg) = (x.storage(), w.storage(), bias.map(|t| t.storage()));
+        let bc = bg.as_deref().map(|s| as_cpu(op, s)).transpose()?;
+        out_storage(Storage::Cpu(k::conv2d(as_cpu(op, &xg)?, as_cpu(op, &wg)?, bc, &g)?), [g.b, g.co, ho, wo])
+    };
+    let (xs, ws) = (x.detach(), w.detach());
+    let has_b = bias.is_some();
+    Ok(record("conv2d", &inputs(x, w, bias), y, vec![xs.clone(), ws.clone()], move |gy, needs| {
+        let (gx, gw, gb) = {
+            let (xg, wg, gg) = (xs.storage(), ws.storage(), gy.storage());
+            k::conv2d_backward(as_cpu(op, &xg)?, as_cpu(op, &wg)?, as_cpu(op, &gg)?, &g, needs[0])?
+        };
+        let gx = needs[0].then(|| out_storage(Storage::Cpu(gx), xs.shape().clone()));
+        let mut v = vec![gx, Some(out_storage(Storage::Cpu(gw), ws.shape().clone()))];
+        if has_b {
+            v.push(Some(out_storage(Storage::Cpu(gb), [g.co])));
+        }
+        Ok(v)
+    }))
+}
+
+/// `relu(conv2d(x, w, bias))`, the conv2d subsampling's convolution and
+/// its ReLU (fusion family `subsampling`). On a GPU with a bias, the bias
+/// and the ReLU after the product are one launch each way (`cuda/conv.cu`
+/// `bias_relu_fwd/_bwd`, whose backward also sums the bias's gradient)
+/// where the composition's add, relu and their backwards took six; the
+/// same output and input gradient bits, the bias's gradient summed in
+/// another order. On the CPU, or without a bias, the composition. Under
+/// autocast it runs in the half type and gives a half result.
+pub fn conv2d_relu(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, stride: usize, padding: usize) -> Result<Tensor> {
+    if let Some(y) = super::autocast::conv(x, w, bias, |x, w, b| conv2d_relu(x, w, b, stride, padding))? {
+        return Ok(y);
+    }
+    match (x.device(), bias) {
+        (Device::Cuda(_), Some(_)) => {
+            let g = conv2d_geometry(x, w, bias, stride, padding)?;
+            conv2d_gpu(x, w, bias, &g, true)
+        }
+        _ => super::relu(&conv2d(x, w, bias, stride, padding)?),
+    }
+}
+
+/// The checks of a conv2d's operands and its geometry.
+fn conv2d_geometry(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, stride: usize, padding: usize) -> Result<Conv2d> {
     expect_rank("conv2d", "input (B, Ci, H, W)", x, &[4])?;
     expect_rank("conv2d", "weight (Co, Ci, kh, kw)", w, &[4])?;
     same_kind("conv2d", x, w)?;
@@ -112,29 +162,7 @@ pub fn conv2d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, stride: usize, padd
     if let Some(bb) = bias {
         same_kind("conv2d", x, bb)?;
     }
-    if let Device::Cuda(_) = x.device() {
-        return conv2d_gpu(x, w, bias, &g);
-    }
-    let op = "conv2d";
-    let y = {
-        let (xg, wg, bg) = (x.storage(), w.storage(), bias.map(|t| t.storage()));
-        let bc = bg.as_deref().map(|s| as_cpu(op, s)).transpose()?;
-        out_storage(Storage::Cpu(k::conv2d(as_cpu(op, &xg)?, as_cpu(op, &wg)?, bc, &g)?), [g.b, g.co, ho, wo])
-    };
-    let (xs, ws) = (x.detach(), w.detach());
-    let has_b = bias.is_some();
-    Ok(record("conv2d", &inputs(x, w, bias), y, vec![xs.clone(), ws.clone()], move |gy, needs| {
-        let (gx, gw, gb) = {
-            let (xg, wg, gg) = (xs.storage(), ws.storage(), gy.storage());
-            k::conv2d_backward(as_cpu(op, &xg)?, as_cpu(op, &wg)?, as_cpu(op, &gg)?, &g, needs[0])?
-        };
-        let gx = needs[0].then(|| out_storage(Storage::Cpu(gx), xs.shape().clone()));
-        let mut v = vec![gx, Some(out_storage(Storage::Cpu(gw), ws.shape().clone()))];
-        if has_b {
-            v.push(Some(out_storage(Storage::Cpu(gb), [g.co])));
-        }
-        Ok(v)
-    }))
+    Ok(g)
 }
 
 /// The columns (B, Ci·kh·kw, Ho·Wo) of a GPU conv2d, recorded so that the
@@ -157,16 +185,41 @@ fn im2col_gpu(x: &Tensor, g: &Conv2d) -> Result<Tensor> {
     }))
 }
 
-/// Conv2d on the GPU: y_b = W (Co, Ci·kh·kw) · cols_b, plus the bias per output channel.
-fn conv2d_gpu(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, g: &Conv2d) -> Result<Tensor> {
+/// Conv2d on the GPU: y_b = W (Co, Ci·kh·kw) · cols_b, plus the bias per
+/// output channel; with `relu`, the bias and the ReLU in [`bias_relu_gpu`].
+fn conv2d_gpu(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, g: &Conv2d, relu: bool) -> Result<Tensor> {
     let (ho, wo) = g.out_hw();
     let cols = im2col_gpu(x, g)?;
     let w2 = super::reshape(w, [g.co, g.ci * g.kh * g.kw])?;
     let mut y = super::matmul(&w2, &cols)?;
-    if let Some(b) = bias {
-        y = super::add(&y, &super::reshape(b, [g.co, 1])?)?;
+    match bias {
+        Some(b) if relu => y = bias_relu_gpu(&y, b)?,
+        Some(b) => y = super::add(&y, &super::reshape(b, [g.co, 1])?)?,
+        None if relu => y = super::relu(&y)?,
+        None => {}
     }
     super::reshape(&y, [g.b, g.co, ho, wo])
+}
+
+/// `relu(z + bias[c])` of z (B, C, L) on the GPU, one launch each way; the
+/// backward gives z's gradient and the bias's (see [`conv2d_relu`]).
+fn bias_relu_gpu(z: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    let op = "bias_relu";
+    let (c, l) = (z.dims()[1], z.dims()[2]);
+    let y = match (&*z.storage(), &*bias.storage()) {
+        (Storage::Cuda(zc), Storage::Cuda(bc)) => gpu::bias_relu(zc, bc, c, l)?,
+        _ => return Err(super::mixed(op)),
+    };
+    let y = out_storage(Storage::Cuda(y), z.shape().clone());
+    let ys = y.detach();
+    let bshape = bias.shape().clone();
+    Ok(record(op, &[z, bias], y, vec![ys.clone()], move |g, needs| {
+        let (gz, gb) = match (&*ys.storage(), &*g.storage()) {
+            (Storage::Cuda(yc), Storage::Cuda(gc)) => gpu::bias_relu_backward(yc, gc, c, l)?,
+            _ => return Err(super::mixed("bias_relu backward")),
+        };
+        Ok(vec![Some(out_storage(Storage::Cuda(gz), ys.shape().clone())), needs[1].then(|| out_storage(Storage::Cuda(gb), bshape.clone()))])
+    }))
 }
 
 /// Pointwise conv1d as a product: x (B, Ci, T), w (Co, Ci, 1), bias (Co) → (B, Co, T).

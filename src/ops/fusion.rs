@@ -4,7 +4,7 @@
 //! Every fused op is registered here under one [`Fusion`] family and sits
 //! beside the composition it replaces; the composition stays the reference
 //! (tests run both and compare outputs and gradients). The families are
-//! chosen by `ASRFORGE_FUSION=all|none|attention,convmodule,norm,loss,ffn,posenc` or
+//! chosen by `ASRFORGE_FUSION=all|none|attention,convmodule,norm,loss,ffn,posenc,subsampling` or
 //! the config key `fusion:` (the same words; the environment wins, as for
 //! every `ASRFORGE_*` switch). The default is `none`: a fused kernel becomes
 //! the default only once it has passed on a real GPU and is faster there
@@ -29,11 +29,13 @@ pub enum Fusion {
     Ffn,
     /// The positional encoding (scale, table rows, cast) fused with its dropout.
     PosEnc,
+    /// The conv2d subsampling's bias and ReLU after each product.
+    Subsampling,
 }
 
 impl Fusion {
     /// Every family, in the order of [`Fusion::name`]'s words.
-    pub const ALL: [Fusion; 6] = [Fusion::Attention, Fusion::ConvModule, Fusion::Norm, Fusion::Loss, Fusion::Ffn, Fusion::PosEnc];
+    pub const ALL: [Fusion; 7] = [Fusion::Attention, Fusion::ConvModule, Fusion::Norm, Fusion::Loss, Fusion::Ffn, Fusion::PosEnc, Fusion::Subsampling];
 
     /// The family's word in `ASRFORGE_FUSION` and `fusion:`.
     pub fn name(self) -> &'static str {
@@ -44,6 +46,7 @@ impl Fusion {
             Fusion::Loss => "loss",
             Fusion::Ffn => "ffn",
             Fusion::PosEnc => "posenc",
+            Fusion::Subsampling => "subsampling",
         }
     }
 
@@ -146,9 +149,10 @@ mod tests {
 
     #[test]
     fn parses_all_none_and_lists_and_names_a_bad_word() {
-        assert_eq!(parse("k", "all").unwrap(), 0b111111);
+        assert_eq!(parse("k", "all").unwrap(), 0b1111111);
         assert_eq!(parse("k", "ffn").unwrap(), Fusion::Ffn.bit());
         assert_eq!(parse("k", "posenc").unwrap(), Fusion::PosEnc.bit());
+        assert_eq!(parse("k", "subsampling,posenc").unwrap(), Fusion::Subsampling.bit() | Fusion::PosEnc.bit());
         assert_eq!(parse("k", "none").unwrap(), 0);
         assert_eq!(parse("k", " ").unwrap(), 0);
         assert_eq!(parse("k", "attention, loss").unwrap(), Fusion::Attention.bit() | Fusion::Loss.bit());

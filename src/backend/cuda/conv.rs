@@ -135,3 +135,44 @@ pub fn col2im_with(cols: &CudaStorage, g: &Conv2d, width: IndexWidth) -> Result<
     }
     Ok(gx)
 }
+
+/// `relu(z + bias[c])` of z (B, C, L) in one launch (`bias_relu_fwd`): the
+/// sum rounded to the dtype, then relu, as the add and relu kernels give it.
+pub fn bias_relu(z: &CudaStorage, bias: &CudaStorage, c: usize, l: usize) -> Result<CudaStorage> {
+    let op = "bias_relu";
+    expect_dtype(op, z, FLOATS)?;
+    same(op, z, bias)?;
+    expect_len(op, "the bias (C)", bias, c)?;
+    if c * l == 0 || z.len() % (c * l) != 0 {
+        return Err(crate::error::Error::ShapeMismatch { op, expected: format!("an input (B, {c}, {l})"), got: format!("{} elements", z.len()) });
+    }
+    let dev = z.device();
+    let y = dev.alloc(z.dtype(), z.len())?;
+    kc::bias_relu_fwd(dev, z.dtype(), elems(z.len()), z, bias, &y, z.len() as u64, u32_arg(op, "channels", c)?, l as u64)?;
+    Ok(y)
+}
+
+/// The backward of [`bias_relu`] from its output y and the output gradient
+/// g in one launch (`bias_relu_bwd`): gz = g where y > 0 (else g·0), and
+/// gbias[c] = Σ gz over the batch and L, summed in f32 (f64 for f64) and
+/// rounded once. Returns (gz, gbias).
+pub fn bias_relu_backward(y: &CudaStorage, g: &CudaStorage, c: usize, l: usize) -> Result<(CudaStorage, CudaStorage)> {
+    let op = "bias_relu backward";
+    expect_dtype(op, y, FLOATS)?;
+    same(op, y, g)?;
+    expect_len(op, "the output gradient", g, y.len())?;
+    if c * l == 0 || y.len() % (c * l) != 0 {
+        return Err(crate::error::Error::ShapeMismatch { op, expected: format!("an output (B, {c}, {l})"), got: format!("{} elements", y.len()) });
+    }
+    let b = y.len() / (c * l);
+    let dev = y.device();
+    let acc = super::attention::acc_dtype(y.dtype());
+    let gz = dev.alloc(y.dtype(), y.len())?;
+    if b == 0 {
+        return Ok((gz, dev.zeros(y.dtype(), c)?));
+    }
+    let (part, gb) = (dev.alloc(acc, b * c)?, dev.alloc(y.dtype(), c)?);
+    let arrivals = dev.arrivals(1)?;
+    kc::bias_relu_bwd(dev, y.dtype(), rows(b * c), y, g, &gz, &part, &gb, &arrivals, b as u64, u32_arg(op, "channels", c)?, l as u64)?;
+    Ok((gz, gb))
+}
