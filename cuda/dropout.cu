@@ -108,6 +108,22 @@ NN_FLOAT_DTYPES(ACT_DROPOUT_KERNELS)
 // launch each way instead of up to five (narrow, affine, add, cast,
 // dropout) and three. Element e of x (B, T, D) reads pe[pe_off + e % td]:
 // td = T·D, pe_off = offset·D into the (max_len, D) table, no narrowed copy.
+// Calls f(i, kept) for every element i < n, kept its draw (always true
+// without `drop`); one thread per Philox block of four elements.
+template <typename F>
+__device__ __forceinline__ void pos_enc_each(uint64_t n, uint32_t drop, uint64_t seed, uint64_t offset, double keep, F f) {
+    NN_GRID_STRIDE(q, (n + 3) / 4) {
+        uint4 w = make_uint4(0, 0, 0, 0);
+        if (drop) w = philox_block(seed, offset + q);
+        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const size_t i = q * 4 + l;
+            if (i < n) f(i, !drop || philox_keeps(words[l], keep));
+        }
+    }
+}
+
 template <typename T, typename O>
 __device__ void pos_enc_dropout_fwd(const T* __restrict__ x, const T* __restrict__ pe, O* __restrict__ y, uint64_t n, uint64_t td,
                                     uint64_t pe_off, uint32_t has_pe, double s, uint32_t drop, uint64_t seed, uint64_t offset,
@@ -116,20 +132,12 @@ __device__ void pos_enc_dropout_fwd(const T* __restrict__ x, const T* __restrict
     typedef typename Num<O>::acc B;
     const A sc = (A)s;
     const B on = Num<O>::to(Num<O>::from_f64(scale)), off = B(0);
-    NN_GRID_STRIDE(q, (n + 3) / 4) {
-        uint4 w = make_uint4(0, 0, 0, 0);
-        if (drop) w = philox_block(seed, offset + q);
-        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int l = 0; l < 4; ++l) {
-            const size_t i = q * 4 + l;
-            if (i >= n) continue;
-            A a = Num<T>::to(Num<T>::from(Num<T>::to(x[i]) * sc + A(0)));
-            if (has_pe) a = Num<T>::to(Num<T>::from(a + Num<T>::to(pe[pe_off + i % td])));
-            const O c = Num<O>::from_f64((double)a);
-            y[i] = drop ? Num<O>::from(Num<O>::to(c) * (philox_keeps(words[l], keep) ? on : off)) : c;
-        }
-    }
+    pos_enc_each(n, drop, seed, offset, keep, [&](size_t i, bool kept) {
+        A a = Num<T>::to(Num<T>::from(Num<T>::to(x[i]) * sc + A(0)));
+        if (has_pe) a = Num<T>::to(Num<T>::from(a + Num<T>::to(pe[pe_off + i % td])));
+        const O c = Num<O>::from_f64((double)a);
+        y[i] = drop ? Num<O>::from(Num<O>::to(c) * (kept ? on : off)) : c;
+    });
 }
 
 template <typename T, typename O>
@@ -139,19 +147,11 @@ __device__ void pos_enc_dropout_bwd(const O* __restrict__ g, T* __restrict__ gx,
     typedef typename Num<O>::acc B;
     const A sc = (A)s;
     const B on = Num<O>::to(Num<O>::from_f64(scale)), off = B(0);
-    NN_GRID_STRIDE(q, (n + 3) / 4) {
-        uint4 w = make_uint4(0, 0, 0, 0);
-        if (drop) w = philox_block(seed, offset + q);
-        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int l = 0; l < 4; ++l) {
-            const size_t i = q * 4 + l;
-            if (i >= n) continue;
-            const O h = drop ? Num<O>::from(Num<O>::to(g[i]) * (philox_keeps(words[l], keep) ? on : off)) : g[i];
-            const T ht = Num<T>::from_f64((double)Num<O>::to(h));
-            gx[i] = Num<T>::from(Num<T>::to(ht) * sc + A(0));
-        }
-    }
+    pos_enc_each(n, drop, seed, offset, keep, [&](size_t i, bool kept) {
+        const O h = drop ? Num<O>::from(Num<O>::to(g[i]) * (kept ? on : off)) : g[i];
+        const T ht = Num<T>::from_f64((double)Num<O>::to(h));
+        gx[i] = Num<T>::from(Num<T>::to(ht) * sc + A(0));
+    });
 }
 
 #define POS_ENC_DROPOUT(TS, T, OS, O)                                                                                   \
