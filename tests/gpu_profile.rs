@@ -42,6 +42,46 @@ fn profiled_bench(dtype: &str, tf32: bool) -> BenchTrainArgs {
     }
 }
 
+/// What [`fusion_step`] gives: the output, what the forward gave beside
+/// it, the named gradients (taken and zeroed) and the launches.
+type FusionStep<X> = (Tensor, X, Vec<(String, Vec<f64>)>, u64);
+
+/// One forward with only the fusion `family` switched on (when `on`; every
+/// family off otherwise and after), the generator reseeded to `seed` first,
+/// and the backward of Σ y·w (w drawn from `seed` in y's shape and dtype):
+/// the output, what `forward` gave beside it, the gradients of `params` in
+/// order (each taken and zeroed) and the launches on `ord` of both passes.
+fn fusion_step<X>(
+    ord: usize,
+    family: asrforge::ops::fusion::Fusion,
+    on: bool,
+    seed: u64,
+    params: &[(String, Tensor)],
+    forward: impl FnOnce() -> asrforge::Result<(Tensor, X)>,
+) -> FusionStep<X> {
+    use asrforge::ops::{self, fusion};
+    let only = [family];
+    fusion::set_enabled(if on { &only } else { &[] });
+    asrforge::tensor::rng::manual_seed(seed);
+    let before = cuda::counters(ord).unwrap();
+    let out = forward();
+    fusion::set_enabled(&[]);
+    let (y, extra) = out.unwrap();
+    let w = Tensor::randn(y.dims().to_vec(), 0.0, 1.0, DType::F32, &mut Rng::new(seed ^ 0x5eed), &Device::Cpu).unwrap();
+    let w = ops::to_dtype(&w, y.dtype()).unwrap().to_device(&y.device()).unwrap();
+    asrforge::autograd::backward(&ops::sum_all(&ops::mul(&y, &w).unwrap()).unwrap()).unwrap();
+    let launches = cuda::counters(ord).unwrap().since(&before).launches;
+    let grads = params
+        .iter()
+        .map(|(name, p)| {
+            let g = p.grad().unwrap_or_else(|| panic!("{name} has no gradient")).to_f64_vec().unwrap();
+            p.zero_grad();
+            (name.clone(), g)
+        })
+        .collect();
+    (y, extra, grads, launches)
+}
+
 #[test]
 fn the_profile_of_a_bench_step_counts_every_launch_the_seam_counted() {
     let Some(_) = common::gpu::gpu("the_profile_of_a_bench_step_counts_every_launch_the_seam_counted") else { return };
@@ -268,8 +308,7 @@ fn norm_fusion_runs_the_blocks_the_same_in_fewer_launches() {
     use asrforge::models::encoder_layer::EncoderLayer;
     use asrforge::models::ffn::FeedForward;
     use asrforge::nn::{AttentionMask, Dropout, LayerNorm, Module, MultiHeadedAttention};
-    use asrforge::ops::fusion::{self, Fusion};
-    use asrforge::{autograd, ops};
+    use asrforge::ops::fusion::Fusion;
     let Some(dev) = common::gpu::gpu("norm_fusion_runs_encoder_layers_the_same_in_fewer_launches") else { return };
     let Device::Cuda(ord) = dev else { return };
     let _s = serial();
@@ -291,7 +330,6 @@ fn norm_fusion_runs_the_blocks_the_same_in_fewer_launches() {
     let post_norm = EncoderLayer::new(&plain, false, dt, &mut rng).unwrap();
     let x = Tensor::randn(vec![b, t, d], 0.0, 1.0, dt, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap().requires_grad_();
     let pos = Tensor::randn(vec![1, t, d], 0.0, 1.0, dt, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap();
-    let w = Tensor::randn(vec![b, t, d], 0.0, 1.0, dt, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap();
     let mask = AttentionMask::key_padding(&[t, 8], t).unwrap();
     let pad = frame_pad_mask(&[t, 8], t).unwrap().to_device(&dev).unwrap();
     let decoder = DecoderLayer {
@@ -317,20 +355,9 @@ fn norm_fusion_runs_the_blocks_the_same_in_fewer_launches() {
             p.move_to_device(&dev).unwrap();
         }
         // Output, gradients (parameters in order, then x) and launches.
+        let params: Vec<(String, Tensor)> = layer.named_parameters().into_iter().chain([("input".to_string(), x.clone())]).collect();
         let run = |on: bool| {
-            fusion::set_enabled(if on { &[Fusion::Norm] } else { &[] });
-            asrforge::tensor::rng::manual_seed(s ^ 7);
-            let before = cuda::counters(ord).unwrap();
-            let y = forward();
-            fusion::set_enabled(&[]);
-            let y = y.unwrap();
-            autograd::backward(&ops::sum_all(&ops::mul(&y, &w).unwrap()).unwrap()).unwrap();
-            let launches = cuda::counters(ord).unwrap().since(&before).launches;
-            let mut grads = Vec::new();
-            for (name, p) in layer.named_parameters().into_iter().chain([("input".to_string(), x.clone())]) {
-                grads.push((name.clone(), p.grad().unwrap_or_else(|| panic!("{what}: {name} has no gradient")).to_f64_vec().unwrap()));
-                p.zero_grad();
-            }
+            let (y, _, grads, launches) = fusion_step(ord, Fusion::Norm, on, s ^ 7, &params, || forward().map(|y| (y, ())));
             (y.to_f64_vec().unwrap(), grads, launches)
         };
         let (yc, gc, lc) = run(false);
@@ -359,8 +386,7 @@ fn ffn_fusion_runs_the_feed_forward_block_the_same_in_two_launches_fewer() {
     use asrforge::models::config::Activation;
     use asrforge::models::ffn::FeedForward;
     use asrforge::nn::Module;
-    use asrforge::ops::fusion::{self, Fusion};
-    use asrforge::{autograd, ops};
+    use asrforge::ops::fusion::Fusion;
     let Some(dev) = common::gpu::gpu("ffn_fusion_runs_the_feed_forward_block_the_same_in_two_launches_fewer") else { return };
     let Device::Cuda(ord) = dev else { return };
     let _s = serial();
@@ -373,22 +399,10 @@ fn ffn_fusion_runs_the_feed_forward_block_the_same_in_two_launches_fewer() {
             p.move_to_device(&dev).unwrap();
         }
         let x = Tensor::randn(vec![b, t, d], 0.0, 1.0, DType::F32, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap().requires_grad_();
-        let w = Tensor::randn(vec![b, t, d], 0.0, 1.0, DType::F32, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap();
+        let params: Vec<(String, Tensor)> = ffn.named_parameters().into_iter().chain([("input".to_string(), x.clone())]).collect();
         let run = |on: bool| {
-            fusion::set_enabled(if on { &[Fusion::Ffn] } else { &[] });
-            asrforge::tensor::rng::manual_seed(s ^ 3);
-            let before = cuda::counters(ord).unwrap();
-            let y = ffn.forward(&x);
-            fusion::set_enabled(&[]);
-            let y = y.unwrap();
-            autograd::backward(&ops::sum_all(&ops::mul(&y, &w).unwrap()).unwrap()).unwrap();
-            let launches = cuda::counters(ord).unwrap().since(&before).launches;
-            let mut out = vec![y.to_f64_vec().unwrap()];
-            for (_, p) in ffn.named_parameters().into_iter().chain([("input".to_string(), x.clone())]) {
-                out.push(p.grad().expect("a gradient").to_f64_vec().unwrap());
-                p.zero_grad();
-            }
-            (out, launches)
+            let (y, _, grads, launches) = fusion_step(ord, Fusion::Ffn, on, s ^ 3, &params, || ffn.forward(&x).map(|y| (y, ())));
+            (std::iter::once(y.to_f64_vec().unwrap()).chain(grads.into_iter().map(|g| g.1)).collect::<Vec<_>>(), launches)
         };
         let (composed, lc) = run(false);
         let (fused, lf) = run(true);
@@ -409,8 +423,8 @@ fn ffn_fusion_runs_the_feed_forward_block_the_same_in_two_launches_fewer() {
 fn posenc_fusion_encodes_the_same_in_fewer_launches() {
     use asrforge::models::config::PosEncType;
     use asrforge::models::pos_enc::PositionalEncoding;
-    use asrforge::ops::fusion::{self, Fusion};
-    use asrforge::{autograd, ops};
+    use asrforge::ops;
+    use asrforge::ops::fusion::Fusion;
     let Some(dev) = common::gpu::gpu("posenc_fusion_encodes_the_same_in_fewer_launches") else { return };
     let Device::Cuda(ord) = dev else { return };
     let _s = serial();
@@ -432,21 +446,13 @@ fn posenc_fusion_encodes_the_same_in_fewer_launches() {
             tab.move_to_device(&dev).unwrap();
         }
         let x = Tensor::randn(vec![b, t, d], 0.0, 1.0, DType::F32, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap().requires_grad_();
-        let w = Tensor::randn(vec![b, t, d], 0.0, 1.0, DType::F32, &mut rng, &Device::Cpu).unwrap();
+        let params = [("input".to_string(), x.clone())];
         let run = |on: bool| {
-            fusion::set_enabled(if on { &[Fusion::PosEnc] } else { &[] });
-            asrforge::tensor::rng::manual_seed(s ^ 5);
-            let before = cuda::counters(ord).unwrap();
-            let out =
-                ops::autocast(half, || if with_rows { pe.forward_at(&x, off).map(|(y, p)| (y, Some(p))) } else { pe.encode_at(&x, off).map(|y| (y, None)) });
-            fusion::set_enabled(&[]);
-            let (y, rows) = out.unwrap();
-            let wy = ops::to_dtype(&w, y.dtype()).unwrap().to_device(&dev).unwrap();
-            autograd::backward(&ops::sum_all(&ops::mul(&y, &wy).unwrap()).unwrap()).unwrap();
-            let launches = cuda::counters(ord).unwrap().since(&before).launches;
-            let mut v = vec![y.to_f64_vec().unwrap(), x.grad().expect("a gradient").to_f64_vec().unwrap()];
+            let (y, rows, grads, launches) = fusion_step(ord, Fusion::PosEnc, on, s ^ 5, &params, || {
+                ops::autocast(half, || if with_rows { pe.forward_at(&x, off).map(|(y, p)| (y, Some(p))) } else { pe.encode_at(&x, off).map(|y| (y, None)) })
+            });
+            let mut v = vec![y.to_f64_vec().unwrap(), grads[0].1.clone()];
             v.extend(rows.map(|r| r.to_f64_vec().unwrap()));
-            x.zero_grad();
             (v, launches, y.dtype())
         };
         let (composed, lc, dc) = run(false);
@@ -472,8 +478,8 @@ fn subsampling_fusion_runs_the_convolutions_the_same_in_fewer_launches() {
     use asrforge::models::config::{InputLayer, PosEncType};
     use asrforge::models::subsampling::Subsampling;
     use asrforge::nn::Module;
-    use asrforge::ops::fusion::{self, Fusion};
-    use asrforge::{autograd, ops};
+    use asrforge::ops;
+    use asrforge::ops::fusion::Fusion;
     let Some(dev) = common::gpu::gpu("subsampling_fusion_runs_the_convolutions_the_same_in_fewer_launches") else { return };
     let Device::Cuda(ord) = dev else { return };
     let _s = serial();
@@ -488,22 +494,11 @@ fn subsampling_fusion_runs_the_convolutions_the_same_in_fewer_launches() {
     }
     let x = Tensor::randn(vec![2, 31, 20], 0.0, 1.0, DType::F32, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap().requires_grad_();
     for (half, saved) in [(None, 2 * 3), (Some(DType::BF16), 2 * 4)] {
+        let params: Vec<(String, Tensor)> = sub.named_parameters().into_iter().chain([("input".to_string(), x.clone())]).collect();
         let run = |on: bool| {
-            fusion::set_enabled(if on { &[Fusion::Subsampling] } else { &[] });
-            asrforge::tensor::rng::manual_seed(s ^ 9);
-            let before = cuda::counters(ord).unwrap();
-            let y = ops::autocast(half, || sub.forward(&x, &[31, 24]).map(|r| r.0));
-            fusion::set_enabled(&[]);
-            let y = y.unwrap();
-            let w = ops::to_dtype(&Tensor::randn(y.dims().to_vec(), 0.0, 1.0, DType::F32, &mut Rng::new(s ^ 2), &Device::Cpu).unwrap(), y.dtype()).unwrap();
-            autograd::backward(&ops::sum_all(&ops::mul(&y, &w.to_device(&dev).unwrap()).unwrap()).unwrap()).unwrap();
-            let launches = cuda::counters(ord).unwrap().since(&before).launches;
-            let mut out = vec![("output".to_string(), y.to_f64_vec().unwrap())];
-            for (n, p) in sub.named_parameters().into_iter().chain([("input".to_string(), x.clone())]) {
-                out.push((n, p.grad().expect("a gradient").to_f64_vec().unwrap()));
-                p.zero_grad();
-            }
-            (out, launches)
+            let (y, _, grads, launches) =
+                fusion_step(ord, Fusion::Subsampling, on, s ^ 9, &params, || ops::autocast(half, || sub.forward(&x, &[31, 24]).map(|r| (r.0, ()))));
+            (std::iter::once(("output".to_string(), y.to_f64_vec().unwrap())).chain(grads).collect::<Vec<_>>(), launches)
         };
         let (composed, lc) = run(false);
         let (fused, lf) = run(true);
