@@ -914,40 +914,46 @@ fn conv1d_depthwise_gradients_are_reproducible() {
     assert_eq!(grad(), grad(), "two runs of the same backward give the same bits");
 }
 
+/// conv2d, and conv2d_relu (the `subsampling` fusion's op: the bias and
+/// the ReLU after the product in one launch each way), against the CPU.
 #[test]
 fn conv2d_matches_the_cpu() {
     let Some(dev) = gpu("conv2d_matches_the_cpu") else { return };
-    // The subsampling front end: 3x3 stride 2 on (B, 1, T, 80) features, then on its channels.
-    both("conv2d stride 2", &dev, &[(&[2, 1, 37, 80], Normal, true), (&[4, 1, 3, 3], Normal, true), (&[4], Normal, true)], &move |x| {
-        ops::conv2d(&x[0], &x[1], Some(&x[2]), 2, 0)
-    });
-    both("conv2d 4 channels stride 2", &dev, &[(&[2, 4, 18, 39], Normal, true), (&[3, 4, 3, 3], Normal, true), (&[3], Normal, true)], &move |x| {
-        ops::conv2d(&x[0], &x[1], Some(&x[2]), 2, 0)
-    });
-    both("conv2d pad 1 no bias", &dev, &[(&[1, 3, 9, 7], Normal, true), (&[2, 3, 3, 3], Normal, true)], &move |x| ops::conv2d(&x[0], &x[1], None, 1, 1));
-    both("conv2d 5x5 stride 3", &dev, &[(&[2, 2, 23, 17], Normal, true), (&[3, 2, 5, 5], Normal, true), (&[3], Normal, true)], &move |x| {
-        ops::conv2d(&x[0], &x[1], Some(&x[2]), 3, 1)
-    });
+    for relu in [false, true] {
+        let conv = move |x: &Tensor, w: &Tensor, b: Option<&Tensor>, stride: usize, pad: usize| {
+            if relu {
+                ops::conv2d_relu(x, w, b, stride, pad)
+            } else {
+                ops::conv2d(x, w, b, stride, pad)
+            }
+        };
+        let name = |what: &str| format!("{} {what}", if relu { "conv2d_relu" } else { "conv2d" });
+        // The subsampling front end: 3x3 stride 2 on (B, 1, T, 80) features
+        // (rows of more than a block), then on its channels (more (batch,
+        // channel) rows than the capped grid).
+        both(&name("stride 2"), &dev, &[(&[2, 1, 37, 80], Normal, true), (&[4, 1, 3, 3], Normal, true), (&[4], Normal, true)], &move |x| {
+            conv(&x[0], &x[1], Some(&x[2]), 2, 0)
+        });
+        both(&name("16 channels stride 2"), &dev, &[(&[3, 4, 18, 39], Normal, true), (&[16, 4, 3, 3], Normal, true), (&[16], Normal, true)], &move |x| {
+            conv(&x[0], &x[1], Some(&x[2]), 2, 0)
+        });
+        both(&name("pad 1 no bias"), &dev, &[(&[1, 3, 9, 7], Normal, true), (&[2, 3, 3, 3], Normal, true)], &move |x| conv(&x[0], &x[1], None, 1, 1));
+        both(&name("5x5 stride 3"), &dev, &[(&[2, 2, 23, 17], Normal, true), (&[3, 2, 5, 5], Normal, true), (&[3], Normal, true)], &move |x| {
+            conv(&x[0], &x[1], Some(&x[2]), 3, 1)
+        });
+    }
 }
 
 /// The subsampling's convolution and ReLU (`ops::conv2d_relu`, fusion
 /// family `subsampling`: the bias and the ReLU after the product in one
-/// launch each way, the bias's gradient summed in the backward's launch)
-/// against the CPU's composition in f32 and f64 (rows of more than a block,
-/// more (batch, channel) rows than the capped grid), and against the GPU
+/// launch each way, the bias's gradient summed in the backward's launch;
+/// `conv2d_matches_the_cpu` checks it against the CPU) against the GPU
 /// composition `relu(conv2d(..))` in every float dtype: the output and the
 /// input and weight gradients bit for bit, the bias's gradient (summed in
 /// another order) within the dtype's tolerance.
 #[test]
-fn conv2d_relu_matches_the_composition_and_the_cpu() {
-    let Some(dev) = gpu("conv2d_relu_matches_the_composition_and_the_cpu") else { return };
-    both("conv2d_relu stride 2", &dev, &[(&[2, 1, 37, 80], Normal, true), (&[4, 1, 3, 3], Normal, true), (&[4], Normal, true)], &move |x| {
-        ops::conv2d_relu(&x[0], &x[1], Some(&x[2]), 2, 0)
-    });
-    both("conv2d_relu 16 channels", &dev, &[(&[3, 4, 18, 39], Normal, true), (&[16, 4, 3, 3], Normal, true), (&[16], Normal, true)], &move |x| {
-        ops::conv2d_relu(&x[0], &x[1], Some(&x[2]), 2, 0)
-    });
-    both("conv2d_relu no bias", &dev, &[(&[1, 3, 9, 7], Normal, true), (&[2, 3, 3, 3], Normal, true)], &move |x| ops::conv2d_relu(&x[0], &x[1], None, 1, 1));
+fn conv2d_relu_matches_the_composition() {
+    let Some(dev) = gpu("conv2d_relu_matches_the_composition") else { return };
     let seed = fresh_seed();
     let mut r = Rng::new(seed);
     let (xs, ws, bs) = ([3usize, 4, 18, 39], [16usize, 4, 3, 3], [16usize]);
