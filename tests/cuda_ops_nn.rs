@@ -379,6 +379,16 @@ fn add_layer_norm_dropout_draws_the_words_ops_dropout_draws() {
     }
 }
 
+/// A fused dropout op's (output, input gradient, generator offset after)
+/// against its composition's on the same device: the same bits, the
+/// generator moved the same.
+fn assert_same_draw_and_bits(what: &str, fused: &(Vec<f64>, Vec<f64>, u64), composed: &(Vec<f64>, Vec<f64>, u64), seed: u64) {
+    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&fused.0), bits(&composed.0), "{what}: the output (seed {seed})");
+    assert_eq!(bits(&fused.1), bits(&composed.1), "{what}: the gradient (seed {seed})");
+    assert_eq!(fused.2, composed.2, "{what}: the generator moved the same (seed {seed})");
+}
+
 /// The feed-forward block's activation fused with its dropout
 /// (`ops::activation_dropout`, one launch each way) is the composition
 /// `dropout(f(x))` on the same device bit for bit (output and gradient, the
@@ -422,11 +432,7 @@ fn activation_dropout_is_the_composition_bit_for_bit() {
                     (y.to_f64_vec().unwrap(), x.grad().unwrap().to_f64_vec().unwrap(), after)
                 };
                 let fused = run(&dev, true);
-                let composed = run(&dev, false);
-                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&fused.0), bits(&composed.0), "{what}: the output (seed {seed})");
-                assert_eq!(bits(&fused.1), bits(&composed.1), "{what}: the gradient (seed {seed})");
-                assert_eq!(fused.2, composed.2, "{what}: the generator moved the same (seed {seed})");
+                assert_same_draw_and_bits(&what, &fused, &run(&dev, false), seed);
                 let cpu = run(&Device::Cpu, true);
                 let tol = if dt == DType::F64 {
                     gpu::F64
@@ -514,11 +520,7 @@ fn pos_enc_dropout_is_the_composition_bit_for_bit() {
                     (y.to_f64_vec().unwrap(), gx.to_f64_vec().unwrap(), after)
                 };
                 let fused = run(&dev, true);
-                let composed = run(&dev, false);
-                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&fused.0), bits(&composed.0), "{what}: the output (seed {seed})");
-                assert_eq!(bits(&fused.1), bits(&composed.1), "{what}: the gradient (seed {seed})");
-                assert_eq!(fused.2, composed.2, "{what}: the generator moved the same (seed {seed})");
+                assert_same_draw_and_bits(&what, &fused, &run(&dev, false), seed);
                 let cpu = run(&Device::Cpu, true);
                 let tol = |dt: DType| match dt {
                     DType::F64 => gpu::F64,
