@@ -154,6 +154,23 @@ __device__ void pos_enc_dropout_bwd(const O* __restrict__ g, T* __restrict__ gx,
     });
 }
 
+// The relative positional encoding's rows (fusion family `posenc`):
+// y[i] = dropout(pe[pe_off + i]) in T, then rounded to O (the autocast half
+// type, where the first attention layer's projection would cast the rows),
+// for i < n = T·D: the narrow, dropout and cast of the composition in one
+// launch, the same bits. The table is a constant: no backward.
+template <typename T, typename O>
+__device__ void pos_rows_dropout(const T* __restrict__ pe, O* __restrict__ y, uint64_t n, uint64_t pe_off, uint32_t drop, uint64_t seed,
+                                 uint64_t offset, double keep, double scale) {
+    typedef typename Num<T>::acc A;
+    const A on = Num<T>::to(Num<T>::from_f64(scale)), off = A(0);
+    pos_enc_each(n, drop, seed, offset, keep, [&](size_t i, bool kept) {
+        const T r = pe[pe_off + i];
+        const T d = drop ? Num<T>::from(Num<T>::to(r) * (kept ? on : off)) : r;
+        y[i] = Num<O>::from_f64((double)Num<T>::to(d));
+    });
+}
+
 #define POS_ENC_DROPOUT(TS, T, OS, O)                                                                                   \
     extern "C" __global__ void pos_enc_dropout_fwd_##TS##_##OS(const T* x, const T* pe, O* y, uint64_t n, uint64_t td, \
                                                                uint64_t pe_off, uint32_t has_pe, double s,           \
@@ -165,6 +182,11 @@ __device__ void pos_enc_dropout_bwd(const O* __restrict__ g, T* __restrict__ gx,
                                                                uint64_t seed, uint64_t offset, double keep,          \
                                                                double scale) {                                       \
         pos_enc_dropout_bwd<T, O>(g, gx, n, s, drop, seed, offset, keep, scale);                                     \
+    }                                                                                                                 \
+    extern "C" __global__ void pos_rows_dropout_##TS##_##OS(const T* pe, O* y, uint64_t n, uint64_t pe_off,             \
+                                                            uint32_t drop, uint64_t seed, uint64_t offset, double keep, \
+                                                            double scale) {                                           \
+        pos_rows_dropout<T, O>(pe, y, n, pe_off, drop, seed, offset, keep, scale);                                    \
     }
 // Each type to itself, and f32 to the two half types (autocast).
 POS_ENC_DROPOUT(f32, float, f32, float)

@@ -542,6 +542,66 @@ fn pos_enc_dropout_is_the_composition_bit_for_bit() {
     }
 }
 
+/// The relative positional encoding's rows with their dropout
+/// (`ops::pos_rows_dropout`, one launch) are the composition
+/// `cast(dropout(narrow(pe)))` on the same device bit for bit (the
+/// generator moved the same), and the CPU's within the output dtype's
+/// tolerance: each float type to itself and f32 to f16/bf16, a (1, L, D)
+/// and an (L, D) table, rows at an offset whose count is not a multiple of
+/// the Philox block of 4, p = 1, and eval.
+#[test]
+fn pos_rows_dropout_is_the_composition_bit_for_bit() {
+    let Some(dev) = gpu("pos_rows_dropout_is_the_composition_bit_for_bit") else { return };
+    let seed = fresh_seed();
+    let mut r = Rng::new(seed);
+    for (t, d, off, p, training, rank3) in [(7, 6, 3, 0.3, true, true), (5, 9, 0, 0.5, true, false), (3, 5, 1, 1.0, true, true), (4, 3, 2, 0.3, false, true)] {
+        let max_len = off + t + 2;
+        let pv = r.normal(max_len * d);
+        let shape = if rank3 { vec![1, max_len, d] } else { vec![max_len, d] };
+        for (tdt, out) in [
+            (DType::F32, DType::F32),
+            (DType::F64, DType::F64),
+            (DType::F16, DType::F16),
+            (DType::BF16, DType::BF16),
+            (DType::F32, DType::F16),
+            (DType::F32, DType::BF16),
+        ] {
+            let what = format!("{t} rows of {d} at {off}, p {p}, training {training}, table {shape:?} {tdt:?} to {out:?}");
+            let pr = common::tensor(&pv, &[pv.len()], tdt, &Device::Cpu).to_f64_vec().unwrap();
+            let run = |dv: &Device, fused: bool| {
+                let half_in = matches!(tdt, DType::F16 | DType::BF16);
+                let (tt, to) = if *dv == Device::Cpu && half_in { (DType::F32, DType::F32) } else { (tdt, out) };
+                let pe = common::tensor(&pr, &shape, tt, &Device::Cpu).to_device(dv).unwrap();
+                rng::manual_seed(seed);
+                let y = if fused {
+                    ops::pos_rows_dropout(&pe, off, t, to, p, training).unwrap()
+                } else {
+                    let y = ops::dropout(&ops::narrow(&pe, shape.len() as isize - 2, off, t).unwrap(), p, training).unwrap();
+                    ops::to_dtype(&y, to).unwrap()
+                };
+                assert_eq!((y.dtype(), y.rank()), (to, shape.len()), "{what}: the output's dtype and rank");
+                (y.to_f64_vec().unwrap(), rng::with_default(|g| g.offset))
+            };
+            let (fused, composed) = (run(&dev, true), run(&dev, false));
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fused.0), bits(&composed.0), "{what}: the rows (seed {seed})");
+            assert_eq!(fused.1, composed.1, "{what}: the generator moved the same (seed {seed})");
+            let tol = match out {
+                DType::F64 => gpu::F64,
+                DType::F32 => gpu::F32,
+                h => gpu::tol(h),
+            };
+            close(&format!("{what} against the CPU"), &fused.0, &run(&Device::Cpu, true).0, tol, seed);
+            let zeros = fused.0.iter().filter(|v| **v == 0.0).count();
+            match (training, p == 1.0) {
+                (true, true) => assert_eq!(zeros, t * d, "{what}: p = 1 drops everything"),
+                (true, false) => assert!(zeros > 0 && zeros < t * d, "{what}: some dropped, some kept: {zeros} (seed {seed})"),
+                (false, _) => assert_eq!(zeros, 0, "{what}: eval drops nothing"),
+            }
+        }
+    }
+}
+
 fn stats_like(v: f64, x: &Tensor, c: usize) -> Tensor {
     let t = Tensor::full([c], v, x.dtype(), &Device::Cpu).unwrap();
     t.to_device(&x.device()).unwrap()

@@ -414,11 +414,12 @@ fn ffn_fusion_runs_the_feed_forward_block_the_same_in_two_launches_fewer() {
 }
 
 /// The positional encoding with the `posenc` fusion (its scale, table rows,
-/// cast and dropout in one launch each way): the same output, rows and
-/// input gradient bit for bit, and the launches the composition's narrow,
-/// affine, add, cast and dropout took, fewer: the encoder's `forward_at`
-/// (absolute, with and without autocast to bf16, and relative) and the
-/// decoder's `encode_at` (no rows returned, so no narrow either).
+/// cast and dropout in one launch each way; the relative rows' narrow,
+/// dropout and cast in one): the same output, rows and input gradient bit
+/// for bit, and the launches the composition's narrow, affine, add, cast
+/// and dropout took, fewer: the encoder's `forward_at` (absolute and
+/// relative, with and without autocast to bf16) and the decoder's
+/// `encode_at` (no rows returned, so no narrow either).
 #[test]
 fn posenc_fusion_encodes_the_same_in_fewer_launches() {
     use asrforge::models::config::PosEncType;
@@ -435,7 +436,8 @@ fn posenc_fusion_encodes_the_same_in_fewer_launches() {
     let cases = [
         (PosEncType::Abs, None, true, 2 + 1),
         (PosEncType::Abs, Some(DType::BF16), true, 3 + 2),
-        (PosEncType::Rel, None, true, 1 + 1),
+        (PosEncType::Rel, None, true, 2 + 1),
+        (PosEncType::Rel, Some(DType::BF16), true, 2 + 1),
         (PosEncType::Abs, None, false, 3 + 1),
         (PosEncType::Abs, Some(DType::BF16), false, 4 + 2),
     ];
@@ -452,12 +454,17 @@ fn posenc_fusion_encodes_the_same_in_fewer_launches() {
                 ops::autocast(half, || if with_rows { pe.forward_at(&x, off).map(|(y, p)| (y, Some(p))) } else { pe.encode_at(&x, off).map(|y| (y, None)) })
             });
             let mut v = vec![y.to_f64_vec().unwrap(), grads[0].1.clone()];
-            v.extend(rows.map(|r| r.to_f64_vec().unwrap()));
+            // Relative rows come in the autocast type with the fusion on; the
+            // composition's are cast to it where the attention would.
+            let row_dtype = if kind == PosEncType::Rel { half.unwrap_or(DType::F32) } else { DType::F32 };
+            v.extend(rows.map(|r| ops::to_dtype(&r, row_dtype).unwrap().to_f64_vec().unwrap()));
             (v, launches, y.dtype())
         };
         let (composed, lc, dc) = run(false);
         let (fused, lf, df) = run(true);
-        assert_eq!((df, dc), (half.unwrap_or(DType::F32), half.unwrap_or(DType::F32)), "{what}: the output dtype");
+        // Autocast casts the absolute encoding's f32 sum (the decoder's embedding); a relative one keeps x's type.
+        let want = if kind == PosEncType::Abs { half.unwrap_or(DType::F32) } else { DType::F32 };
+        assert_eq!((df, dc), (want, want), "{what}: the output dtype");
         let bits = |v: &[Vec<f64>]| v.iter().map(|t| t.iter().map(|x| x.to_bits()).collect::<Vec<_>>()).collect::<Vec<_>>();
         assert_eq!(bits(&fused), bits(&composed), "{what}: output, input gradient and rows (seed {s})");
         assert!(fused[0].iter().any(|v| *v == 0.0) && fused[0].iter().any(|v| *v != 0.0), "{what}: the dropout dropped some (seed {s})");

@@ -4,7 +4,8 @@
 //! RelPositionalEncoding): `x·√d`, and the rows `pe[0..T]` are handed to
 //! relative attention. Both outputs get dropout. `no_pos` leaves x as is.
 //! With the `posenc` fusion on, the output's scale, rows, cast and dropout
-//! are one `ops::pos_enc_dropout` (one launch each way on a GPU).
+//! are one `ops::pos_enc_dropout` (one launch each way on a GPU), and the
+//! relative rows' narrow, dropout and cast one `ops::pos_rows_dropout`.
 
 use super::config::PosEncType;
 use crate::error::{Error, Result};
@@ -85,9 +86,21 @@ impl PositionalEncoding {
     /// Encodes x (B, T, D) whose first frame is frame `offset` of a stream.
     pub fn forward_at(&self, x: &Tensor, offset: usize) -> Result<(Tensor, Tensor)> {
         let t = Self::frames(x)?;
-        let pos = self.rows_at(offset, t, x)?;
         // The rows' dropout draws before the output's, as WeNet's forward.
-        let pos = if self.kind == PosEncType::Rel { self.dropout.forward(&pos)? } else { pos };
+        let pos = match (&self.pe, self.kind) {
+            (Some(pe), PosEncType::Rel) if fusion::enabled(Fusion::PosEnc) => {
+                self.check_rows(pe, offset, t)?;
+                // Under autocast on a GPU the rows come in the half type the
+                // first attention layer's projection would cast them to.
+                let out = match ops::autocast_dtype() {
+                    Some(h) if pe.dtype() == DType::F32 && pe.device() != Device::Cpu => h,
+                    _ => pe.dtype(),
+                };
+                ops::pos_rows_dropout(pe, offset, t, out, self.dropout.p, self.dropout.training)?
+            }
+            (_, PosEncType::Rel) => self.dropout.forward(&self.rows_at(offset, t, x)?)?,
+            _ => self.rows_at(offset, t, x)?,
+        };
         let rows = (self.kind == PosEncType::Abs).then_some(&pos);
         Ok((self.encode(x, offset, rows)?, pos))
     }

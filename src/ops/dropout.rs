@@ -191,3 +191,45 @@ pub fn pos_enc_dropout(x: &Tensor, scale: f64, table: Option<(&Tensor, usize)>, 
         Ok(vec![Some(out_storage(Storage::Cuda(gx), g.shape().clone()))])
     }))
 }
+
+/// The relative positional encoding's rows with their dropout (fusion
+/// family `posenc`): `dropout(pe[offset .. offset + t])` of the
+/// (1, max_len, D) or (max_len, D) table, of the table's rank, rounded to
+/// `out` after the dropout (under autocast, the half type the first
+/// attention layer's projection would cast the rows to). On a GPU, one
+/// launch (`cuda/dropout.cu`'s `pos_rows_dropout`) instead of the narrow,
+/// the dropout and the cast, with the mask drawn from the words
+/// `ops::dropout` reserves at this point: the composition's bits. On the
+/// CPU, for a table that needs a gradient, or for dtypes the kernel lacks,
+/// it is the composition.
+pub fn pos_rows_dropout(table: &Tensor, offset: usize, t: usize, out: DType, p: f64, training: bool) -> Result<Tensor> {
+    let op = "pos_rows_dropout";
+    if !(0.0..=1.0).contains(&p) {
+        return Err(Error::invalid(op, format!("expected 0 <= p <= 1, got {p}")));
+    }
+    let pd = table.dims();
+    let rank = table.rank();
+    if !matches!(rank, 2 | 3) || (rank == 3 && pd[0] != 1) || offset + t > pd[rank - 2] {
+        return Err(Error::ShapeMismatch {
+            op,
+            expected: format!("a table (1, max_len, D) or (max_len, D) holding rows {offset}..{}", offset + t),
+            got: format!("{}", table.shape()),
+        });
+    }
+    let d = pd[rank - 1];
+    let fused = matches!(&*table.storage(), Storage::Cuda(_)) && gpu::pos_enc_dtypes_supported(table.dtype(), out) && !table.requires_grad();
+    if !fused {
+        let rows = dropout(&super::narrow(table, rank as isize - 2, offset, t)?, p, training)?;
+        return if rows.dtype() == out { Ok(rows) } else { super::to_dtype(&rows, out) };
+    }
+    let draw = (training && p > 0.0).then(|| {
+        let (seed, offset) = reserve(t * d);
+        gpu::DropoutDraw { seed, offset, p }
+    });
+    let y = match &*table.storage() {
+        Storage::Cuda(c) => gpu::pos_rows_dropout(c, offset, t, d, out, draw)?,
+        Storage::Cpu(_) => return Err(super::mixed(op)),
+    };
+    let shape: Vec<usize> = if rank == 3 { vec![1, t, d] } else { vec![t, d] };
+    Ok(out_storage(Storage::Cuda(y), shape))
+}

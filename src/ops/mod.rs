@@ -33,7 +33,7 @@ pub use cast::{to_dtype, to_dtype_many, widen_half};
 pub use conv::{conv1d_depthwise, conv1d_pointwise, conv1d_pointwise_channels_last, conv2d, conv2d_relu};
 pub use conv_module::{conv_module_core, ConvCoreNorm};
 pub use ctc::{ctc_loss, ctc_loss_fused, Reduction};
-pub use dropout::{activation_dropout, dropout, pos_enc_dropout};
+pub use dropout::{activation_dropout, dropout, pos_enc_dropout, pos_rows_dropout};
 pub use index::{embedding, gather, index_select, masked_fill, where_cond};
 pub use label_smoothing::{label_smoothing_loss, label_smoothing_loss_fused, label_smoothing_loss_reference};
 pub use layout::{cat, flatten, narrow, pad, permute, reshape, squeeze, stack, transpose, unsqueeze};

@@ -203,3 +203,42 @@ fn draw_words(op: &'static str, draw: Option<DropoutDraw>) -> Result<(u32, u64, 
         None => Ok((0, 0, 0, 1.0, 1.0)),
     }
 }
+
+/// Rows `offset .. offset + t` of a (max_len, D) table times the mask of
+/// `draw` (None: as they are), rounded to `out` after it, in one launch
+/// (`pos_rows_dropout`): the composition's narrow, [`dropout_apply`] and
+/// cast, the same bits.
+pub fn pos_rows_dropout(table: &CudaStorage, offset: usize, t: usize, d: usize, out: DType, draw: Option<DropoutDraw>) -> Result<CudaStorage> {
+    let op = "positional rows dropout";
+    if !pos_enc_dtypes_supported(table.dtype(), out) {
+        return Err(Error::invalid(op, format!("expected each float dtype to itself or f32 to f16/bf16, found {:?} to {out:?}", table.dtype())));
+    }
+    if d == 0 || table.len() % d != 0 || (offset + t) * d > table.len() {
+        return Err(Error::ShapeMismatch {
+            op,
+            expected: format!("a table of rows of {d} holding rows {offset}..{}", offset + t),
+            got: format!("{} elements", table.len()),
+        });
+    }
+    let (drop, seed, off, keep, scale) = draw_words(op, draw)?;
+    let (n, dev) = (t * d, table.device());
+    let y = dev.alloc(out, n)?;
+    if n > 0 {
+        kernels::dropout::pos_rows_dropout(
+            dev,
+            table.dtype(),
+            out,
+            elems(n.div_ceil(4)),
+            table,
+            &y,
+            n as u64,
+            (offset * d) as u64,
+            drop,
+            seed,
+            off,
+            keep,
+            scale,
+        )?;
+    }
+    Ok(y)
+}
