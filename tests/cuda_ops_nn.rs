@@ -434,13 +434,7 @@ fn activation_dropout_is_the_composition_bit_for_bit() {
                 let fused = run(&dev, true);
                 assert_same_draw_and_bits(&what, &fused, &run(&dev, false), seed);
                 let cpu = run(&Device::Cpu, true);
-                let tol = if dt == DType::F64 {
-                    gpu::F64
-                } else if dt == DType::F32 {
-                    gpu::F32
-                } else {
-                    gpu::tol(dt)
-                };
+                let tol = out_tol(dt);
                 close(&format!("{what} output against the CPU"), &fused.0, &cpu.0, tol, seed);
                 // Half tanh's derivative 1 − y² reads y rounded to half (as
                 // the unfused kernels store it), which cancels near |y| = 1:
@@ -457,6 +451,26 @@ fn activation_dropout_is_the_composition_bit_for_bit() {
                 }
             }
         }
+    }
+}
+
+/// The (input, output) dtypes of the positional-encoding kernels: each
+/// float type to itself, and f32 to the two half types (autocast).
+const POS_ENC_DTYPES: [(DType, DType); 6] = [
+    (DType::F32, DType::F32),
+    (DType::F64, DType::F64),
+    (DType::F16, DType::F16),
+    (DType::BF16, DType::BF16),
+    (DType::F32, DType::F16),
+    (DType::F32, DType::BF16),
+];
+
+/// The harness's tolerance for a result of dtype `dt` against the CPU.
+fn out_tol(dt: DType) -> f64 {
+    match dt {
+        DType::F64 => gpu::F64,
+        DType::F32 => gpu::F32,
+        h => gpu::tol(h),
     }
 }
 
@@ -478,14 +492,7 @@ fn pos_enc_dropout_is_the_composition_bit_for_bit() {
         let max_len = off + t + 2;
         let (xv, pv) = (r.normal(n), r.normal(max_len * d));
         let s = (d as f64).sqrt() * 1.5;
-        for (xdt, out) in [
-            (DType::F32, DType::F32),
-            (DType::F64, DType::F64),
-            (DType::F16, DType::F16),
-            (DType::BF16, DType::BF16),
-            (DType::F32, DType::F16),
-            (DType::F32, DType::BF16),
-        ] {
+        for (xdt, out) in POS_ENC_DTYPES {
             for with_table in [true, false] {
                 let what = format!("({b}, {t}, {d}) offset {off} p {p} training {training} {xdt:?} to {out:?} table {with_table}");
                 let round = |v: &[f64]| common::tensor(v, &[v.len()], xdt, &Device::Cpu).to_f64_vec().unwrap();
@@ -522,13 +529,8 @@ fn pos_enc_dropout_is_the_composition_bit_for_bit() {
                 let fused = run(&dev, true);
                 assert_same_draw_and_bits(&what, &fused, &run(&dev, false), seed);
                 let cpu = run(&Device::Cpu, true);
-                let tol = |dt: DType| match dt {
-                    DType::F64 => gpu::F64,
-                    DType::F32 => gpu::F32,
-                    h => gpu::tol(h),
-                };
-                close(&format!("{what} output against the CPU"), &fused.0, &cpu.0, tol(out), seed);
-                close(&format!("{what} gradient against the CPU"), &fused.1, &cpu.1, tol(out), seed);
+                close(&format!("{what} output against the CPU"), &fused.0, &cpu.0, out_tol(out), seed);
+                close(&format!("{what} gradient against the CPU"), &fused.1, &cpu.1, out_tol(out), seed);
                 if p == 1.0 && training {
                     assert!(fused.0.iter().chain(&fused.1).all(|v| *v == 0.0), "{what}: p = 1 drops everything (seed {seed})");
                 } else if training {
@@ -558,14 +560,7 @@ fn pos_rows_dropout_is_the_composition_bit_for_bit() {
         let max_len = off + t + 2;
         let pv = r.normal(max_len * d);
         let shape = if rank3 { vec![1, max_len, d] } else { vec![max_len, d] };
-        for (tdt, out) in [
-            (DType::F32, DType::F32),
-            (DType::F64, DType::F64),
-            (DType::F16, DType::F16),
-            (DType::BF16, DType::BF16),
-            (DType::F32, DType::F16),
-            (DType::F32, DType::BF16),
-        ] {
+        for (tdt, out) in POS_ENC_DTYPES {
             let what = format!("{t} rows of {d} at {off}, p {p}, training {training}, table {shape:?} {tdt:?} to {out:?}");
             let pr = common::tensor(&pv, &[pv.len()], tdt, &Device::Cpu).to_f64_vec().unwrap();
             let run = |dv: &Device, fused: bool| {
@@ -586,12 +581,7 @@ fn pos_rows_dropout_is_the_composition_bit_for_bit() {
             let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&fused.0), bits(&composed.0), "{what}: the rows (seed {seed})");
             assert_eq!(fused.1, composed.1, "{what}: the generator moved the same (seed {seed})");
-            let tol = match out {
-                DType::F64 => gpu::F64,
-                DType::F32 => gpu::F32,
-                h => gpu::tol(h),
-            };
-            close(&format!("{what} against the CPU"), &fused.0, &run(&Device::Cpu, true).0, tol, seed);
+            close(&format!("{what} against the CPU"), &fused.0, &run(&Device::Cpu, true).0, out_tol(out), seed);
             let zeros = fused.0.iter().filter(|v| **v == 0.0).count();
             match (training, p == 1.0) {
                 (true, true) => assert_eq!(zeros, t * d, "{what}: p = 1 drops everything"),
@@ -1035,12 +1025,7 @@ fn conv2d_relu_matches_the_composition() {
             assert_eq!(bits(&f[i]), bits(&c[i]), "conv2d_relu {dt:?}: the {what} (seed {seed})");
         }
         assert!(f[0].iter().any(|v| *v == 0.0) && f[0].iter().any(|v| *v > 0.0), "conv2d_relu {dt:?}: some outputs clipped, some not");
-        let tol = match dt {
-            DType::F64 => gpu::F64,
-            DType::F32 => gpu::F32,
-            h => gpu::tol(h),
-        };
-        close(&format!("conv2d_relu {dt:?}: the bias gradient against the composition's"), &f[3], &c[3], tol, seed);
+        close(&format!("conv2d_relu {dt:?}: the bias gradient against the composition's"), &f[3], &c[3], out_tol(dt), seed);
     }
 }
 
