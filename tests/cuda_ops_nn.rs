@@ -756,7 +756,15 @@ fn batch_norm_channels_last_tiled_matches_the_cpu_and_is_reproducible() {
                 let what = format!("batch_norm channels-last ({n}, {c}) {dt:?} {name}");
                 // The running statistics are f32 sums of the same half values for half x.
                 let tol = if k >= 4 && matches!(dt, DType::F16 | DType::BF16) { gpu::F32 } else { gpu::tol(dt) };
-                close(&what, &got[k], &want[k], tol, seed);
+                // y = w·x̂ + b: its error is that of the f32 statistics (sums
+                // over the rows of x with a mean of 3) times |w·x̂|, which in
+                // a channel of large |w| is several times y's rms while y
+                // itself may be near 0: the scale is the largest |w| (x̂ has
+                // unit rms) where that exceeds y's rms (seed
+                // 1796530076764095829 at (2051, 40) was 1.25 × a tolerance
+                // scaled by y's rms).
+                let floor = if k == 0 { wv.iter().fold(0.0f64, |m, w| m.max(w.abs())) } else { 0.0 };
+                gpu::assert_close_floor(&what, &got[k], &want[k], tol, floor, seed);
                 let same_bits = got[k].iter().zip(&again[k]).all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(same_bits, "{what}: two GPU runs differ (seed {seed})");
             }
