@@ -46,7 +46,7 @@ impl DecoderLayer {
     /// layer before formed it, and with `next_norm` (the next layer's
     /// `norm1`, or the decoder's `after_norm`) the last residual add may go
     /// into that norm, whose output comes back beside the sum
-    /// (`residual::chain_into`).
+    /// (`residual::Block::chain_into`).
     pub fn forward_into(
         &self,
         x: &Tensor,
@@ -61,7 +61,8 @@ impl DecoderLayer {
             (&self.norm2, 1.0, Box::new(|h| self.src_attn.forward(h, memory, memory, Some(mem_mask)))),
             (&self.norm3, 1.0, Box::new(|h| self.feed_forward.forward(h))),
         ];
-        residual::chain_into(x, h, &branches, self.normalize_before, &self.dropout, None, next_norm)
+        let block = residual::Block { branches: &branches, normalize_before: self.normalize_before, dropout: &self.dropout, final_norm: None };
+        block.chain_into(x, h, next_norm)
     }
 }
 
@@ -163,28 +164,23 @@ impl TransformerDecoder {
         let l = ys_in.dims()[1];
         let tgt_mask = AttentionMask::causal_padding(ys_lens, l)?;
         let mem_mask = AttentionMask::key_padding(mem_lens, memory.dims()[1])?;
-        let mut x = self.pos_enc.encode_at(&self.embed.forward(ys_in)?, 0)?;
-        // `h`: the next layer's norm1(x) (or after_norm(x) after the last),
-        // when the layer before formed it in its last add's launch.
-        let mut h: Option<Tensor> = None;
-        for (i, layer) in self.decoders.iter().enumerate() {
-            let next = match self.decoders.get(i + 1) {
-                Some(l) => Some(&l.norm1),
-                None => self.normalize_before.then_some(&self.after_norm),
-            };
-            (x, h) = if self.gradient_checkpointing && self.training && autograd::is_grad_enabled() {
-                let (ly, tm, mm, nn) = (layer.clone(), tgt_mask.clone(), mem_mask.clone(), next.cloned());
-                residual::checkpointed_block(x, memory, h, move |x, h, memory| ly.forward_into(x, h, &tm, memory, &mm, nn.as_ref()))?
-            } else {
-                layer.forward_into(&x, h.as_ref(), &tgt_mask, memory, &mem_mask, next)?
-            };
-        }
-        if self.normalize_before {
-            x = match h {
-                Some(h) => h,
-                None => self.after_norm.forward(&x)?,
-            };
-        }
+        let x = self.pos_enc.encode_at(&self.embed.forward(ys_in)?, 0)?;
+        let checkpointing = self.gradient_checkpointing && self.training && autograd::is_grad_enabled();
+        let final_norm = self.normalize_before.then_some(&self.after_norm);
+        let x = residual::run_stack(
+            x,
+            &self.decoders,
+            |l| &l.norm1,
+            final_norm,
+            |layer, x, h, next| {
+                if checkpointing {
+                    let (ly, tm, mm, nn) = (layer.clone(), tgt_mask.clone(), mem_mask.clone(), next.cloned());
+                    residual::checkpointed_block(x, memory, h, move |x, h, memory| ly.forward_into(x, h, &tm, memory, &mm, nn.as_ref()))
+                } else {
+                    layer.forward_into(&x, h.as_ref(), &tgt_mask, memory, &mem_mask, next)
+                }
+            },
+        )?;
         self.output_layer.forward(&x)
     }
 }

@@ -106,31 +106,20 @@ impl Encoder {
             Some(c) => c.forward(feats)?,
             None => feats.clone(),
         };
-        let (mut x, pos, out_lens) = self.embed.forward(&x, lens)?;
+        let (x, pos, out_lens) = self.embed.forward(&x, lens)?;
         let t = x.dims()[1];
         let (chunk, mask) = add_optional_chunk_mask(&self.chunk, req, &out_lens, t)?;
         let pad = frame_pad_mask(&out_lens, t)?;
-        // `h`: the next layer's first norm of x (or after_norm(x) after the
-        // last), when the layer before formed it in its last add's launch.
-        let mut h: Option<Tensor> = None;
-        for (i, layer) in self.encoders.iter().enumerate() {
-            let next = match self.encoders.get(i + 1) {
-                Some(l) => Some(l.first_norm()),
-                None => (self.normalize_before && self.final_norm).then_some(&self.after_norm),
-            };
-            (x, h) = if self.gradient_checkpointing && self.training && autograd::is_grad_enabled() {
+        let checkpointing = self.gradient_checkpointing && self.training && autograd::is_grad_enabled();
+        let final_norm = (self.normalize_before && self.final_norm).then_some(&self.after_norm);
+        let x = residual::run_stack(x, &self.encoders, EncoderLayer::first_norm, final_norm, |layer, x, h, next| {
+            if checkpointing {
                 let (l, m, p, nn) = (layer.clone(), mask.clone(), pad.clone(), next.cloned());
-                residual::checkpointed_block(x, &pos, h, move |x, h, pos| l.forward_into(x, h, Some(&m), pos, Some(&p), nn.as_ref()))?
+                residual::checkpointed_block(x, &pos, h, move |x, h, pos| l.forward_into(x, h, Some(&m), pos, Some(&p), nn.as_ref()))
             } else {
-                layer.forward_into(&x, h.as_ref(), Some(&mask), &pos, Some(&pad), next)?
-            };
-        }
-        if self.normalize_before && self.final_norm {
-            x = match h {
-                Some(h) => h,
-                None => self.after_norm.forward(&x)?,
-            };
-        }
+                layer.forward_into(&x, h.as_ref(), Some(&mask), &pos, Some(&pad), next)
+            }
+        })?;
         Ok((x, out_lens, chunk))
     }
 }

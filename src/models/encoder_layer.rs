@@ -142,7 +142,7 @@ impl EncoderLayer {
     /// the layer before formed it, and with `next_norm` (the next layer's
     /// first norm, or the encoder's `after_norm`) a layer without a final
     /// norm may put its last residual add into that norm, whose output
-    /// comes back beside the sum (`residual::chain_into`).
+    /// comes back beside the sum (`residual::Block::chain_into`).
     pub fn forward_into(
         &self,
         x: &Tensor,
@@ -162,7 +162,9 @@ impl EncoderLayer {
             branches.push((n, 1.0, Box::new(move |h| conv.forward(h, pad))));
         }
         branches.push((&self.norm_ff, ff_scale, Box::new(|h| self.feed_forward.forward(h))));
-        residual::chain_into(x, h, &branches, self.normalize_before, &self.dropout, self.norm_final.as_ref(), next_norm)
+        let block =
+            residual::Block { branches: &branches, normalize_before: self.normalize_before, dropout: &self.dropout, final_norm: self.norm_final.as_ref() };
+        block.chain_into(x, h, next_norm)
     }
 
     /// One chunk of a stream (WeNet's layer call with `att_cache` and
@@ -203,7 +205,9 @@ impl EncoderLayer {
             ));
         }
         branches.push((&self.norm_ff, ff_scale, Box::new(|h| self.feed_forward.forward(h))));
-        let x = residual::chain(x, &branches, self.normalize_before, &self.dropout, self.norm_final.as_ref())?;
+        let block =
+            residual::Block { branches: &branches, normalize_before: self.normalize_before, dropout: &self.dropout, final_norm: self.norm_final.as_ref() };
+        let x = block.chain(x)?;
         drop(branches);
         let kv = kv.into_inner().ok_or_else(|| crate::error::Error::invalid("EncoderLayer", "self-attention returned no cache"))?;
         let next_cnn = next_cnn.into_inner();

@@ -92,11 +92,7 @@ impl PositionalEncoding {
                 self.check_rows(pe, offset, t)?;
                 // Under autocast on a GPU the rows come in the half type the
                 // first attention layer's projection would cast them to.
-                let out = match ops::autocast_dtype() {
-                    Some(h) if pe.dtype() == DType::F32 && pe.device() != Device::Cpu => h,
-                    _ => pe.dtype(),
-                };
-                ops::pos_rows_dropout(pe, offset, t, out, self.dropout.p, self.dropout.training)?
+                ops::pos_rows_dropout(pe, offset, t, autocast_out(pe), self.dropout.p, self.dropout.training)?
             }
             (_, PosEncType::Rel) => self.dropout.forward(&self.rows_at(offset, t, x)?)?,
             _ => self.rows_at(offset, t, x)?,
@@ -127,20 +123,16 @@ impl PositionalEncoding {
         // their f32 input to half (~100 launches a step) disappear.
         // On the CPU half activations are computed widened to f32
         // (its elementwise ops have no half kernels): the stream stays f32.
-        let out = match (self.kind, ops::autocast_dtype()) {
-            (PosEncType::Abs, Some(h)) if x.dtype() == DType::F32 && x.device() != Device::Cpu => h,
-            _ => x.dtype(),
-        };
-        let table = match (&self.pe, self.kind) {
-            (Some(pe), PosEncType::Abs) => {
-                self.check_rows(pe, offset, t)?;
-                Some((pe, offset))
-            }
-            _ => None,
-        };
-        let (p, training) = (self.dropout.p, self.dropout.training);
+        let out = if self.kind == PosEncType::Abs { autocast_out(x) } else { x.dtype() };
         if self.kind != PosEncType::None && fusion::enabled(Fusion::PosEnc) {
-            return ops::pos_enc_dropout(x, scale, table, out, p, training);
+            let table = match (&self.pe, self.kind) {
+                (Some(pe), PosEncType::Abs) => {
+                    self.check_rows(pe, offset, t)?;
+                    Some((pe, offset))
+                }
+                _ => None,
+            };
+            return ops::pos_enc_dropout(x, scale, table, out, self.dropout.p, self.dropout.training);
         }
         let y = match self.kind {
             PosEncType::Abs => {
@@ -165,6 +157,15 @@ impl PositionalEncoding {
             return Err(Error::ShapeMismatch { op: "PositionalEncoding", expected: "an input (B, T, D)".into(), got: format!("{}", x.shape()) });
         }
         Ok(x.dims()[1])
+    }
+}
+
+/// The type an f32 tensor on a GPU takes under autocast (the half type),
+/// else its own.
+fn autocast_out(t: &Tensor) -> DType {
+    match ops::autocast_dtype() {
+        Some(h) if t.dtype() == DType::F32 && t.device() != Device::Cpu => h,
+        _ => t.dtype(),
     }
 }
 

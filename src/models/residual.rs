@@ -9,7 +9,7 @@
 //! drawn there from the same generator words, so the same elements drop).
 //! In a stack of blocks without final norms (the decoder, the transformer
 //! encoder) the last add of a block goes into the next block's first norm
-//! ([`chain_into`]). The composition is the reference; both give the same
+//! ([`Block::chain_into`], [`run_stack`]). The composition is the reference; both give the same
 //! values up to the rounding of the gradients' sums.
 
 use crate::autograd;
@@ -31,41 +31,82 @@ fn add(x: &Tensor, y: &Tensor, scale: f64) -> Result<Tensor> {
     }
 }
 
-/// Runs `branches` on `x` in order, then `final_norm`.
-pub(crate) fn chain(x: &Tensor, branches: &[Branch], normalize_before: bool, dropout: &Dropout, final_norm: Option<&LayerNorm>) -> Result<Tensor> {
-    Ok(chain_into(x, None, branches, normalize_before, dropout, final_norm, None)?.0)
+/// A block's residual chain: its branches in order, pre-norm or post-norm,
+/// the dropout on each branch's output and the block's final norm.
+pub(crate) struct Block<'a> {
+    pub branches: &'a [Branch<'a>],
+    pub normalize_before: bool,
+    pub dropout: &'a Dropout,
+    pub final_norm: Option<&'a LayerNorm>,
 }
 
-/// [`chain`] inside a stack of blocks: `h`, when given, is the first
-/// branch's norm of `x` that the block before formed; `next_norm` is the
-/// next block's first norm (or the stack's final one). With the norm
-/// fusion on, pre-norm and no final norm of its own, the block's last add
-/// goes into `next_norm` (one launch each way where the add, its dropout
-/// and that norm took three forward and two backward) and its output comes
-/// back beside the sum: `(x, Some(next_norm(x)))`. Otherwise `(x, None)`.
-pub(crate) fn chain_into(
-    x: &Tensor,
-    h: Option<&Tensor>,
-    branches: &[Branch],
-    normalize_before: bool,
-    dropout: &Dropout,
-    final_norm: Option<&LayerNorm>,
-    next_norm: Option<&LayerNorm>,
-) -> Result<(Tensor, Option<Tensor>)> {
-    if fusion::enabled(fusion::Fusion::Norm) {
-        return chain_fused(x, h, branches, normalize_before, dropout, final_norm, next_norm);
+impl Block<'_> {
+    /// Runs the branches on `x` in order, then the final norm.
+    pub(crate) fn chain(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(self.chain_into(x, None, None)?.0)
     }
-    let mut x = x.clone();
-    for (norm, scale, f) in branches {
-        if normalize_before {
-            let y = dropout.forward(&f(&norm.forward(&x)?)?)?;
-            x = add(&x, &y, *scale)?;
-        } else {
-            let y = dropout.forward(&f(&x)?)?;
-            x = norm.forward(&add(&x, &y, *scale)?)?;
+
+    /// [`Block::chain`] inside a stack of blocks: `h`, when given, is the
+    /// first branch's norm of `x` that the block before formed; `next_norm`
+    /// is the next block's first norm (or the stack's final one). With the
+    /// norm fusion on, pre-norm and no final norm of its own, the block's
+    /// last add goes into `next_norm` (one launch each way where the add,
+    /// its dropout and that norm took three forward and two backward) and
+    /// its output comes back beside the sum: `(x, Some(next_norm(x)))`.
+    /// Otherwise `(x, None)`.
+    pub(crate) fn chain_into(&self, x: &Tensor, h: Option<&Tensor>, next_norm: Option<&LayerNorm>) -> Result<(Tensor, Option<Tensor>)> {
+        if fusion::enabled(fusion::Fusion::Norm) {
+            return self.chain_fused(x, h, next_norm);
         }
+        let mut x = x.clone();
+        for (norm, scale, f) in self.branches {
+            if self.normalize_before {
+                let y = self.dropout.forward(&f(&norm.forward(&x)?)?)?;
+                x = add(&x, &y, *scale)?;
+            } else {
+                let y = self.dropout.forward(&f(&x)?)?;
+                x = norm.forward(&add(&x, &y, *scale)?)?;
+            }
+        }
+        finish(x, self.final_norm)
     }
-    finish(x, final_norm)
+
+    /// [`Block::chain_into`] with each add fused into the norm that reads its sum.
+    fn chain_fused(&self, x: &Tensor, h: Option<&Tensor>, next_norm: Option<&LayerNorm>) -> Result<(Tensor, Option<Tensor>)> {
+        let (branches, dropout) = (self.branches, self.dropout);
+        if !self.normalize_before {
+            let mut x = x.clone();
+            for (norm, scale, f) in branches {
+                let y = f(&x)?;
+                x = norm.add_forward(&x, &y, *scale, dropout)?.1;
+            }
+            return finish(x, self.final_norm);
+        }
+        let Some((first, _, _)) = branches.first() else {
+            return finish(x.clone(), self.final_norm);
+        };
+        let (mut x, mut h) = match h {
+            Some(h) => (x.clone(), h.clone()),
+            None => (x.clone(), first.forward(x)?),
+        };
+        for (i, (_, scale, f)) in branches.iter().enumerate() {
+            let y = f(&h)?;
+            let last = i + 1 == branches.len();
+            match branches.get(i + 1).map(|b| b.0).or(self.final_norm) {
+                Some(n) => (x, h) = n.add_forward(&x, &y, *scale, dropout)?,
+                None => match next_norm {
+                    // The next block's first norm reads this sum: hand it both.
+                    Some(n) if last => {
+                        let (x, h) = n.add_forward(&x, &y, *scale, dropout)?;
+                        return Ok((x, Some(h)));
+                    }
+                    _ => return Ok((add(&x, &dropout.forward(&y)?, *scale)?, None)),
+                },
+            }
+        }
+        // The last add went into the final norm: its output is the block's.
+        Ok((h, None))
+    }
 }
 
 /// The block's output after its last add: `final_norm(x)`, or x.
@@ -76,52 +117,8 @@ fn finish(x: Tensor, final_norm: Option<&LayerNorm>) -> Result<(Tensor, Option<T
     }
 }
 
-/// [`chain_into`] with each add fused into the norm that reads its sum.
-fn chain_fused(
-    x: &Tensor,
-    h: Option<&Tensor>,
-    branches: &[Branch],
-    normalize_before: bool,
-    dropout: &Dropout,
-    final_norm: Option<&LayerNorm>,
-    next_norm: Option<&LayerNorm>,
-) -> Result<(Tensor, Option<Tensor>)> {
-    if !normalize_before {
-        let mut x = x.clone();
-        for (norm, scale, f) in branches {
-            let y = f(&x)?;
-            x = norm.add_forward(&x, &y, *scale, dropout)?.1;
-        }
-        return finish(x, final_norm);
-    }
-    let Some((first, _, _)) = branches.first() else {
-        return finish(x.clone(), final_norm);
-    };
-    let (mut x, mut h) = match h {
-        Some(h) => (x.clone(), h.clone()),
-        None => (x.clone(), first.forward(x)?),
-    };
-    for (i, (_, scale, f)) in branches.iter().enumerate() {
-        let y = f(&h)?;
-        let last = i + 1 == branches.len();
-        match branches.get(i + 1).map(|b| b.0).or(final_norm) {
-            Some(n) => (x, h) = n.add_forward(&x, &y, *scale, dropout)?,
-            None => match next_norm {
-                // The next block's first norm reads this sum: hand it both.
-                Some(n) if last => {
-                    let (x, h) = n.add_forward(&x, &y, *scale, dropout)?;
-                    return Ok((x, Some(h)));
-                }
-                _ => return Ok((add(&x, &dropout.forward(&y)?, *scale)?, None)),
-            },
-        }
-    }
-    // The last add went into the final norm: its output is the block's.
-    Ok((h, None))
-}
-
 /// A block of a stack run as one activation-checkpointed segment:
-/// `f(x, h, other)` as in [`chain_into`]'s callers, over the segment's
+/// `f(x, h, other)` as in [`Block::chain_into`]'s callers, over the segment's
 /// inputs x, `other` (the memory or the positional rows) and h when given;
 /// its sum and next-norm output come back as the block's.
 pub(crate) fn checkpointed_block(
@@ -142,4 +139,32 @@ pub(crate) fn checkpointed_block(
     )?;
     let mut outs = outs.into_iter();
     Ok((outs.next().ok_or_else(|| Error::Autograd("checkpoint returned no output".into()))?, outs.next()))
+}
+
+/// A stack of blocks, each run by `block(layer, x, h, next_norm)` (through
+/// [`Block::chain_into`], checkpointed or not), then `final_norm`: each
+/// block gets the next block's first norm (`first_norm`), the last one
+/// `final_norm`, so that with the norm fusion a block's last add goes into
+/// the norm after it, and the norm output it hands on (`h`) is the next
+/// block's input norm or the stack's output.
+pub(crate) fn run_stack<L>(
+    mut x: Tensor,
+    layers: &[L],
+    first_norm: impl Fn(&L) -> &LayerNorm,
+    final_norm: Option<&LayerNorm>,
+    mut block: impl FnMut(&L, Tensor, Option<Tensor>, Option<&LayerNorm>) -> Result<(Tensor, Option<Tensor>)>,
+) -> Result<Tensor> {
+    let mut h: Option<Tensor> = None;
+    for (i, layer) in layers.iter().enumerate() {
+        let next = match layers.get(i + 1) {
+            Some(l) => Some(first_norm(l)),
+            None => final_norm,
+        };
+        (x, h) = block(layer, x, h, next)?;
+    }
+    match (final_norm, h) {
+        (Some(_), Some(h)) => Ok(h),
+        (Some(n), None) => n.forward(&x),
+        (None, _) => Ok(x),
+    }
 }

@@ -36,6 +36,44 @@ pub(super) fn reserve(n: usize) -> (u64, u64) {
     rng::with_default(|r| (r.seed, r.advance(n)))
 }
 
+/// A draw of probability `p` over `n` elements for a kernel that applies
+/// the mask inside another op: its generator words reserved now, as
+/// [`dropout`] reserves them at this point.
+pub(super) fn draw(n: usize, p: f64) -> gpu::DropoutDraw {
+    let (seed, offset) = reserve(n);
+    gpu::DropoutDraw { seed, offset, p }
+}
+
+/// [`draw`] when a dropout of `p` applies (`training` and p > 0), else None.
+fn draw_if(n: usize, p: f64, training: bool) -> Option<gpu::DropoutDraw> {
+    (training && p > 0.0).then(|| draw(n, p))
+}
+
+/// Checks a dropout probability: 0 <= p <= 1.
+fn check_p(op: &'static str, p: f64) -> Result<()> {
+    if (0.0..=1.0).contains(&p) {
+        Ok(())
+    } else {
+        Err(Error::invalid(op, format!("expected 0 <= p <= 1, got {p}")))
+    }
+}
+
+/// Checks a positional table, (1, max_len, D) or (max_len, D) with D = `d`
+/// where given, holding rows `offset .. offset + t`; returns its D.
+fn table_width(op: &'static str, pe: &Tensor, offset: usize, t: usize, d: Option<usize>) -> Result<usize> {
+    let (pd, rank) = (pe.dims(), pe.rank());
+    let ok = matches!(rank, 2 | 3) && (rank == 2 || pd[0] == 1) && d.is_none_or(|d| pd[rank - 1] == d) && offset + t <= pd[rank - 2];
+    if !ok {
+        let dd = d.map_or("D".to_string(), |d| d.to_string());
+        return Err(Error::ShapeMismatch {
+            op,
+            expected: format!("a table (1, max_len, {dd}) or (max_len, {dd}) holding rows {offset}..{}", offset + t),
+            got: format!("{}", pe.shape()),
+        });
+    }
+    Ok(pd[rank - 1])
+}
+
 /// `x` (the input, or the output gradient in backward) times the mask of
 /// the draw at `(seed, offset)`, on x's device.
 pub(super) fn apply(x: &Tensor, seed: u64, offset: u64, p: f64) -> Result<Tensor> {
@@ -63,9 +101,7 @@ pub(super) fn apply(x: &Tensor, seed: u64, offset: u64, p: f64) -> Result<Tensor
 
 /// Dropout with probability `p`; the identity when not `training` or p = 0.
 pub fn dropout(x: &Tensor, p: f64, training: bool) -> Result<Tensor> {
-    if !(0.0..=1.0).contains(&p) {
-        return Err(Error::invalid("dropout", format!("expected 0 <= p <= 1, got {p}")));
-    }
+    check_p("dropout", p)?;
     if !training || p == 0.0 {
         return Ok(x.clone());
     }
@@ -95,9 +131,7 @@ pub fn activation_dropout(x: &Tensor, f: Unary, p: f64, training: bool) -> Resul
         Unary::Tanh => super::tanh,
         other => return Err(Error::invalid(op, format!("expected relu, silu, gelu or tanh, found {}", other.name()))),
     };
-    if !(0.0..=1.0).contains(&p) {
-        return Err(Error::invalid(op, format!("expected 0 <= p <= 1, got {p}")));
-    }
+    check_p(op, p)?;
     let on_gpu = matches!(&*x.storage(), Storage::Cuda(_));
     if !on_gpu || !training || p == 0.0 {
         return dropout(&act(x)?, p, training);
@@ -105,8 +139,7 @@ pub fn activation_dropout(x: &Tensor, f: Unary, p: f64, training: bool) -> Resul
     if !x.dtype().is_float() {
         return Err(Error::UnsupportedDType { op, dtype: x.dtype(), supported: "f32, f64, f16, bf16" });
     }
-    let (seed, offset) = reserve(x.elem_count());
-    let draw = gpu::DropoutDraw { seed, offset, p };
+    let draw = draw(x.elem_count(), p);
     let y = match &*x.storage() {
         Storage::Cuda(c) => gpu::act_dropout(f, c, draw)?,
         Storage::Cpu(_) => return Err(Error::invalid(op, "expected a GPU tensor")),
@@ -138,20 +171,10 @@ pub fn pos_enc_dropout(x: &Tensor, scale: f64, table: Option<(&Tensor, usize)>, 
     if x.rank() != 3 {
         return Err(Error::ShapeMismatch { op, expected: "an input (B, T, D)".into(), got: format!("{}", x.shape()) });
     }
-    if !(0.0..=1.0).contains(&p) {
-        return Err(Error::invalid(op, format!("expected 0 <= p <= 1, got {p}")));
-    }
+    check_p(op, p)?;
     let (t, d) = (x.dims()[1], x.dims()[2]);
     if let Some((pe, offset)) = table {
-        let pd = pe.dims();
-        let ok = matches!(pe.rank(), 2 | 3) && (pe.rank() == 2 || pd[0] == 1) && pd[pe.rank() - 1] == d && offset + t <= pd[pe.rank() - 2];
-        if !ok {
-            return Err(Error::ShapeMismatch {
-                op,
-                expected: format!("a table (1, max_len, {d}) or (max_len, {d}) holding rows {offset}..{}", offset + t),
-                got: format!("{}", pe.shape()),
-            });
-        }
+        table_width(op, pe, offset, t, Some(d))?;
     }
     let fused = matches!(&*x.storage(), Storage::Cuda(_))
         && gpu::pos_enc_dtypes_supported(x.dtype(), out)
@@ -166,10 +189,7 @@ pub fn pos_enc_dropout(x: &Tensor, scale: f64, table: Option<(&Tensor, usize)>, 
         }
         return dropout(&y, p, training);
     }
-    let draw = (training && p > 0.0).then(|| {
-        let (seed, offset) = reserve(x.elem_count());
-        gpu::DropoutDraw { seed, offset, p }
-    });
+    let draw = draw_if(x.elem_count(), p, training);
     let y = {
         let pe_storage = table.map(|(pe, _)| pe.storage());
         match (&*x.storage(), pe_storage.as_deref()) {
@@ -204,28 +224,15 @@ pub fn pos_enc_dropout(x: &Tensor, scale: f64, table: Option<(&Tensor, usize)>, 
 /// it is the composition.
 pub fn pos_rows_dropout(table: &Tensor, offset: usize, t: usize, out: DType, p: f64, training: bool) -> Result<Tensor> {
     let op = "pos_rows_dropout";
-    if !(0.0..=1.0).contains(&p) {
-        return Err(Error::invalid(op, format!("expected 0 <= p <= 1, got {p}")));
-    }
-    let pd = table.dims();
+    check_p(op, p)?;
+    let d = table_width(op, table, offset, t, None)?;
     let rank = table.rank();
-    if !matches!(rank, 2 | 3) || (rank == 3 && pd[0] != 1) || offset + t > pd[rank - 2] {
-        return Err(Error::ShapeMismatch {
-            op,
-            expected: format!("a table (1, max_len, D) or (max_len, D) holding rows {offset}..{}", offset + t),
-            got: format!("{}", table.shape()),
-        });
-    }
-    let d = pd[rank - 1];
     let fused = matches!(&*table.storage(), Storage::Cuda(_)) && gpu::pos_enc_dtypes_supported(table.dtype(), out) && !table.requires_grad();
     if !fused {
         let rows = dropout(&super::narrow(table, rank as isize - 2, offset, t)?, p, training)?;
         return if rows.dtype() == out { Ok(rows) } else { super::to_dtype(&rows, out) };
     }
-    let draw = (training && p > 0.0).then(|| {
-        let (seed, offset) = reserve(t * d);
-        gpu::DropoutDraw { seed, offset, p }
-    });
+    let draw = draw_if(t * d, p, training);
     let y = match &*table.storage() {
         Storage::Cuda(c) => gpu::pos_rows_dropout(c, offset, t, d, out, draw)?,
         Storage::Cpu(_) => return Err(super::mixed(op)),

@@ -7,7 +7,6 @@ use super::out_storage;
 use super::placement::{as_cpu, as_gpu};
 use crate::autograd::{needs_grad, no_grad, push_node, record};
 use crate::backend::cpu::norm as cpu;
-use crate::backend::cuda::dropout::DropoutDraw;
 use crate::backend::cuda::norm as gpu;
 use crate::backend::Storage;
 use crate::error::{Error, Result};
@@ -158,10 +157,7 @@ pub fn add_layer_norm(x: &Tensor, y: &Tensor, alpha: f64, dropout: f64, w: Optio
                 let (wg, bg) = (w.map(|t| t.storage()), b.map(|t| t.storage()));
                 let wc = wg.as_deref().map(|s| as_gpu(op, s, xc)).transpose()?;
                 let bc = bg.as_deref().map(|s| as_gpu(op, s, xc)).transpose()?;
-                let drop = (dropout > 0.0).then(|| {
-                    let (seed, offset) = super::dropout::reserve(y.elem_count());
-                    DropoutDraw { seed, offset, p: dropout }
-                });
+                let drop = (dropout > 0.0).then(|| super::dropout::draw(y.elem_count(), dropout));
                 Some((gpu::add_layer_norm(xc, yc, alpha, drop, wc, bc, n, eps)?, drop))
             }
             _ => None,

@@ -122,15 +122,35 @@ pub fn pos_enc_dtypes_supported(x: DType, out: DType) -> bool {
     FLOATS.0.contains(&x) && (x == out || (x == DType::F32 && matches!(out, DType::F16 | DType::BF16)))
 }
 
+/// [`pos_enc_dtypes_supported`] as a check naming `op`.
+fn expect_pos_enc_dtypes(op: &'static str, x: DType, out: DType) -> Result<()> {
+    if pos_enc_dtypes_supported(x, out) {
+        Ok(())
+    } else {
+        Err(Error::invalid(op, format!("expected each float dtype to itself or f32 to f16/bf16, found {x:?} to {out:?}")))
+    }
+}
+
+/// Checks that `table` holds rows `offset .. offset + t` of `d` elements;
+/// returns the first row's element offset.
+fn table_rows(op: &'static str, table: &CudaStorage, offset: usize, t: usize, d: usize) -> Result<usize> {
+    if d == 0 || table.len() % d != 0 || (offset + t) * d > table.len() {
+        return Err(Error::ShapeMismatch {
+            op,
+            expected: format!("a table of rows of {d} holding rows {offset}..{}", offset + t),
+            got: format!("{} elements", table.len()),
+        });
+    }
+    Ok(offset * d)
+}
+
 /// `dropout(x·s + pe[offset + t])` of x (B, T, D) in one launch
 /// (`pos_enc_dropout_fwd`), the sum rounded to `out` before the dropout;
 /// `rows` None adds no table, `draw` None drops nothing. The same bits as
 /// the composition affine, add, cast, [`dropout_apply`].
 pub fn pos_enc_dropout(x: &CudaStorage, t: usize, d: usize, s: f64, rows: Option<PosRows>, out: DType, draw: Option<DropoutDraw>) -> Result<CudaStorage> {
     let op = "positional encoding dropout";
-    if !pos_enc_dtypes_supported(x.dtype(), out) {
-        return Err(Error::invalid(op, format!("expected each float dtype to itself or f32 to f16/bf16, found {:?} to {out:?}", x.dtype())));
-    }
+    expect_pos_enc_dtypes(op, x.dtype(), out)?;
     let (n, dev) = (x.len(), x.device());
     let td = t * d;
     if td == 0 || n % td != 0 {
@@ -139,14 +159,7 @@ pub fn pos_enc_dropout(x: &CudaStorage, t: usize, d: usize, s: f64, rows: Option
     let (pe, pe_off) = match rows {
         Some(r) => {
             same(op, x, r.table)?;
-            if r.table.len() % d != 0 || (r.offset + t) * d > r.table.len() {
-                return Err(Error::ShapeMismatch {
-                    op,
-                    expected: format!("a table of rows of {d} holding rows {}..{}", r.offset, r.offset + t),
-                    got: format!("{} elements", r.table.len()),
-                });
-            }
-            (r.table, r.offset * d)
+            (r.table, table_rows(op, r.table, r.offset, t, d)?)
         }
         None => (x, 0),
     };
@@ -181,9 +194,7 @@ pub fn pos_enc_dropout(x: &CudaStorage, t: usize, d: usize, s: f64, rows: Option
 /// the mask rounded, widened, times s rounded; the composition's bits.
 pub fn pos_enc_dropout_backward(g: &CudaStorage, x_dtype: DType, s: f64, draw: Option<DropoutDraw>) -> Result<CudaStorage> {
     let op = "positional encoding dropout backward";
-    if !pos_enc_dtypes_supported(x_dtype, g.dtype()) {
-        return Err(Error::invalid(op, format!("expected each float dtype to itself or f32 to f16/bf16, found {x_dtype:?} to {:?}", g.dtype())));
-    }
+    expect_pos_enc_dtypes(op, x_dtype, g.dtype())?;
     let (drop, seed, offset, keep, scale) = draw_words(op, draw)?;
     let (n, dev) = (g.len(), g.device());
     let gx = dev.alloc(x_dtype, n)?;
@@ -210,35 +221,13 @@ fn draw_words(op: &'static str, draw: Option<DropoutDraw>) -> Result<(u32, u64, 
 /// cast, the same bits.
 pub fn pos_rows_dropout(table: &CudaStorage, offset: usize, t: usize, d: usize, out: DType, draw: Option<DropoutDraw>) -> Result<CudaStorage> {
     let op = "positional rows dropout";
-    if !pos_enc_dtypes_supported(table.dtype(), out) {
-        return Err(Error::invalid(op, format!("expected each float dtype to itself or f32 to f16/bf16, found {:?} to {out:?}", table.dtype())));
-    }
-    if d == 0 || table.len() % d != 0 || (offset + t) * d > table.len() {
-        return Err(Error::ShapeMismatch {
-            op,
-            expected: format!("a table of rows of {d} holding rows {offset}..{}", offset + t),
-            got: format!("{} elements", table.len()),
-        });
-    }
+    expect_pos_enc_dtypes(op, table.dtype(), out)?;
+    let pe_off = table_rows(op, table, offset, t, d)?;
     let (drop, seed, off, keep, scale) = draw_words(op, draw)?;
     let (n, dev) = (t * d, table.device());
     let y = dev.alloc(out, n)?;
     if n > 0 {
-        kernels::dropout::pos_rows_dropout(
-            dev,
-            table.dtype(),
-            out,
-            elems(n.div_ceil(4)),
-            table,
-            &y,
-            n as u64,
-            (offset * d) as u64,
-            drop,
-            seed,
-            off,
-            keep,
-            scale,
-        )?;
+        kernels::dropout::pos_rows_dropout(dev, table.dtype(), out, elems(n.div_ceil(4)), table, &y, n as u64, pe_off as u64, drop, seed, off, keep, scale)?;
     }
     Ok(y)
 }
