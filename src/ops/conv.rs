@@ -120,18 +120,16 @@ pub fn conv2d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, stride: usize, padd
 /// `bias_relu_fwd/_bwd`, whose backward also sums the bias's gradient)
 /// where the composition's add, relu and their backwards took six; the
 /// same output and input gradient bits, the bias's gradient summed in
-/// another order. On the CPU, or without a bias, the composition. Under
-/// autocast it runs in the half type and gives a half result.
+/// another order (without a bias: the product, then `relu`). On the CPU,
+/// the composition. Under autocast it runs in the half type and gives a
+/// half result.
 pub fn conv2d_relu(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, stride: usize, padding: usize) -> Result<Tensor> {
     if let Some(y) = super::autocast::conv(x, w, bias, |x, w, b| conv2d_relu(x, w, b, stride, padding))? {
         return Ok(y);
     }
-    match (x.device(), bias) {
-        (Device::Cuda(_), Some(_)) => {
-            let g = conv2d_geometry(x, w, bias, stride, padding)?;
-            conv2d_gpu(x, w, bias, &g, true)
-        }
-        _ => super::relu(&conv2d(x, w, bias, stride, padding)?),
+    match x.device() {
+        Device::Cuda(_) => conv2d_gpu(x, w, bias, &conv2d_geometry(x, w, bias, stride, padding)?, true),
+        Device::Cpu => super::relu(&conv2d(x, w, bias, stride, padding)?),
     }
 }
 
