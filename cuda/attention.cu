@@ -111,9 +111,20 @@ template <typename A> struct AttDrop {
 #define ATT_PARAMS(T, A)                                                                                                 \
     const T *q, const T *k, const T *v, const T *p_, uint32_t flags, const A *u_, const A *vb_, uint32_t B, uint32_t T1,   \
         uint32_t T2, uint32_t H, uint32_t d, A scale, const long long *lens_, uint32_t chunk, int32_t left, uint32_t causal, \
-        const uint8_t *mask_, uint64_t mb, uint64_t mi, uint64_t mj, uint64_t seed, uint64_t offset, double keep, double dscale
-#define ATT_ARGS q, k, v, p_, flags, u_, vb_, B, T1, T2, H, d, scale, lens_, chunk, left, causal, mask_, mb, mi, mj, seed, offset, keep, dscale
+        const uint8_t *mask_, uint64_t mb, uint64_t mi, uint64_t mj, uint64_t seed, uint64_t offset, double keep, double dscale,      \
+        uint64_t q_ld, uint64_t kv_ld, uint64_t q_off, uint64_t k_off, uint64_t v_off
+#define ATT_ARGS \
+    q, k, v, p_, flags, u_, vb_, B, T1, T2, H, d, scale, lens_, chunk, left, causal, mask_, mb, mi, mj, seed, offset, keep, dscale, q_ld, kv_ld, q_off, k_off, v_off
 
+// Operand layouts: row (b, i) of q (and dq) starts at (b·T1 + i)·q_ld + q_off,
+// row (b, j) of k and dk at (b·T2 + j)·kv_ld + k_off, of v and dv at
+// (b·T2 + j)·kv_ld + v_off; head h's d columns follow at h·d. The
+// projections' own layout is ld = H·d, offsets 0; a packed projection
+// (B, T, 3·H·d) of q, k and v (self-attention) or (B, T2, 2·H·d) of k and v
+// (cross-attention) is read, and its gradient written, in place with
+// ld = 3·H·d or 2·H·d and offsets 0, H·d, 2·H·d. o, dout, p and dp are
+// always (·, T, H, d) contiguous.
+//
 // `flags`: which optional inputs are real (the others' pointers are any
 // valid buffer, never read): ATT_POS p, u and vb; ATT_POS_PER_SEQ p has B
 // tables; ATT_LENS key lengths; ATT_MASK the mask tensor.
@@ -125,6 +136,12 @@ template <typename A> struct AttDrop {
 // Work unit `un` of a grid-stride loop over (batch, head, tile): the
 // tile's first row (tiles of `len` rows, `tiles` of them per head), its head
 // and its batch index; every attention kernel walks its units this way.
+// Index of element (h, 0) of row (b, i) of a (B, T, ...) operand laid out
+// with row stride ld and column offset off (see the layouts above).
+__device__ __forceinline__ uint64_t att_at(uint32_t b, uint32_t T, uint32_t i, uint64_t ld, uint64_t off, uint32_t h, uint32_t d) {
+    return ((uint64_t)b * T + i) * ld + off + (uint64_t)h * d;
+}
+
 struct AttUnit {
     uint32_t r0, h, b;
 };
@@ -148,17 +165,17 @@ __device__ __forceinline__ AttUnit att_unit(uint64_t un, uint32_t tiles, uint32_
 template <typename T, typename A, int TL>
 __device__ __forceinline__ void att_load_keys(const T* k, const T* v, const T* p, uint32_t p_per_seq, const A* u, const A* vb,
                                               uint32_t b, uint32_t h, uint32_t j0, uint32_t T2, uint32_t H, uint32_t d,
-                                              A (*kps)[ATT_DMAX], A (*vs)[ATT_DMAX], A* cb) {
+                                              uint64_t kv_ld, uint64_t k_off, uint64_t v_off, A (*kps)[ATT_DMAX], A (*vs)[ATT_DMAX],
+                                              A* cb) {
     const uint32_t tid = threadIdx.x, nt = blockDim.x;
     const uint32_t pbb = p_per_seq ? b : 0;
     for (uint32_t e = tid; e < TL * d; e += nt) {
         const uint32_t r = e / d, c = e % d, j = j0 + r;
         A kv = 0, vv = 0;
         if (j < T2) {
-            const uint64_t at = (((uint64_t)b * T2 + j) * H + h) * d + c;
-            kv = Num<T>::to(k[at]);
+            kv = Num<T>::to(k[att_at(b, T2, j, kv_ld, k_off, h, d) + c]);
             if (p) kv += Num<T>::to(p[(((uint64_t)pbb * T2 + j) * H + h) * d + c]);
-            vv = Num<T>::to(v[at]);
+            vv = Num<T>::to(v[att_at(b, T2, j, kv_ld, v_off, h, d) + c]);
         }
         kps[r][c] = kv;
         vs[r][c] = vv;
@@ -168,20 +185,21 @@ __device__ __forceinline__ void att_load_keys(const T* k, const T* v, const T* p
         A s = 0;
         if (p && j < T2) {
             for (uint32_t c = 0; c < d; ++c)
-                s += u[h * d + c] * Num<T>::to(k[(((uint64_t)b * T2 + j) * H + h) * d + c]) +
+                s += u[h * d + c] * Num<T>::to(k[att_at(b, T2, j, kv_ld, k_off, h, d) + c]) +
                      vb[h * d + c] * Num<T>::to(p[(((uint64_t)pbb * T2 + j) * H + h) * d + c]);
         }
         cb[tid] = s;
     }
 }
 
-// Loads rows i0.. of (b, h) of x (B, T1, H, d) into xs; zeros past T1.
+// Loads rows i0.. of (b, h) of x (B, T1, ·) (row stride ld, column offset
+// off) into xs; zeros past T1.
 template <typename T, typename A, int TL>
-__device__ __forceinline__ void att_load_rows(const T* x, uint32_t b, uint32_t h, uint32_t i0, uint32_t T1, uint32_t H, uint32_t d,
-                                              A (*xs)[ATT_DMAX]) {
+__device__ __forceinline__ void att_load_rows(const T* x, uint32_t b, uint32_t h, uint32_t i0, uint32_t T1, uint32_t d, uint64_t ld,
+                                              uint64_t off, A (*xs)[ATT_DMAX]) {
     for (uint32_t e = threadIdx.x; e < TL * d; e += blockDim.x) {
         const uint32_t r = e / d, c = e % d, i = i0 + r;
-        xs[r][c] = i < T1 ? Num<T>::to(x[(((uint64_t)b * T1 + i) * H + h) * d + c]) : A(0);
+        xs[r][c] = i < T1 ? Num<T>::to(x[att_at(b, T1, i, ld, off, h, d) + c]) : A(0);
     }
 }
 
@@ -204,7 +222,7 @@ __device__ void attention_fwd(ATT_PARAMS(T, acc_t<T>), T* __restrict__ o, acc_t<
     for (uint64_t un = blockIdx.x; un < units; un += gridDim.x) {
         const AttUnit unit = att_unit(un, tiles, H, TL);
         const uint32_t i0 = unit.r0, h = unit.h, b = unit.b;
-        att_load_rows<T, A, TL>(q, b, h, i0, T1, H, d, qs);
+        att_load_rows<T, A, TL>(q, b, h, i0, T1, d, q_ld, q_off, qs);
         for (uint32_t e = tid; e < TL * d; e += nt) os[e / d][e % d] = 0;
         if (tid < TL) {
             mrow[tid] = A(-INFINITY);
@@ -212,7 +230,7 @@ __device__ void attention_fwd(ATT_PARAMS(T, acc_t<T>), T* __restrict__ o, acc_t<
         }
         __syncthreads();
         for (uint32_t j0 = 0; j0 < T2; j0 += TL) {
-            att_load_keys<T, A, TL>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, kps, vs, cb);
+            att_load_keys<T, A, TL>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, kv_ld, k_off, v_off, kps, vs, cb);
             __syncthreads();
             for (uint32_t e = tid; e < TL * TL; e += nt) {
                 const uint32_t r = e / TL, jj = e % TL, i = i0 + r, j = j0 + jj;
@@ -298,8 +316,8 @@ __device__ void attention_bwd_dq(ATT_PARAMS(T, acc_t<T>), const T* __restrict__ 
     for (uint64_t un = blockIdx.x; un < units; un += gridDim.x) {
         const AttUnit unit = att_unit(un, tiles, H, TL);
         const uint32_t i0 = unit.r0, h = unit.h, b = unit.b;
-        att_load_rows<T, A, TL>(q, b, h, i0, T1, H, d, qs);
-        att_load_rows<T, A, TL>(dout, b, h, i0, T1, H, d, dos);
+        att_load_rows<T, A, TL>(q, b, h, i0, T1, d, q_ld, q_off, qs);
+        att_load_rows<T, A, TL>(dout, b, h, i0, T1, d, (uint64_t)H * d, 0, dos);
         for (uint32_t e = tid; e < TL * d; e += nt) dqs[e / d][e % d] = 0;
         if (tid < TL) dh[tid] = 0;
         if (tid < TL) {
@@ -318,7 +336,7 @@ __device__ void attention_bwd_dq(ATT_PARAMS(T, acc_t<T>), const T* __restrict__ 
         // recomputed scores, one more pass over the keys (dS with D = 0).
         if (HALF) {
             for (uint32_t j0 = 0; j0 < T2; j0 += TL) {
-                att_load_keys<T, A, TL>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, kps, vs, cb);
+                att_load_keys<T, A, TL>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, kv_ld, k_off, v_off, kps, vs, cb);
                 __syncthreads();
                 att_ds_tile<A, TL>(mk, dr, b, h, i0, j0, T1, T2, H, d, scale, qs, dos, kps, vs, cb, lr, dd, ds, (A(*)[TL]) nullptr);
                 __syncthreads();
@@ -334,7 +352,7 @@ __device__ void attention_bwd_dq(ATT_PARAMS(T, acc_t<T>), const T* __restrict__ 
         }
         if (tid < TL && i0 + tid < T1) dsum[((uint64_t)b * H + h) * T1 + i0 + tid] = dd[tid];
         for (uint32_t j0 = 0; j0 < T2; j0 += TL) {
-            att_load_keys<T, A, TL>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, kps, vs, cb);
+            att_load_keys<T, A, TL>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, kv_ld, k_off, v_off, kps, vs, cb);
             __syncthreads();
             att_ds_tile<A, TL>(mk, dr, b, h, i0, j0, T1, T2, H, d, scale, qs, dos, kps, vs, cb, lr, dd, ds, (A(*)[TL]) nullptr);
             __syncthreads();
@@ -348,7 +366,7 @@ __device__ void attention_bwd_dq(ATT_PARAMS(T, acc_t<T>), const T* __restrict__ 
         }
         for (uint32_t e = tid; e < TL * d; e += nt) {
             const uint32_t r = e / d, c = e % d, i = i0 + r;
-            if (i < T1) dq[(((uint64_t)b * T1 + i) * H + h) * d + c] = Num<T>::from(dqs[r][c] * scale);
+            if (i < T1) dq[att_at(b, T1, i, q_ld, q_off, h, d) + c] = Num<T>::from(dqs[r][c] * scale);
         }
         __syncthreads();
     }
@@ -370,15 +388,15 @@ __device__ void attention_bwd_dkv(ATT_PARAMS(T, acc_t<T>), const T* __restrict__
     for (uint64_t un = blockIdx.x; un < units; un += gridDim.x) {
         const AttUnit unit = att_unit(un, tiles, H, TL);
         const uint32_t j0 = unit.r0, h = unit.h, b = unit.b;
-        att_load_keys<T, A, TL>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, kps, vs, cb);
+        att_load_keys<T, A, TL>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, kv_ld, k_off, v_off, kps, vs, cb);
         A gacc[NACC], vacc[NACC];
 #pragma unroll
         for (int a = 0; a < NACC; ++a) gacc[a] = vacc[a] = 0;
         if (tid < TL) ssum[tid] = 0;
         __syncthreads();
         for (uint32_t i0 = 0; i0 < T1; i0 += TL) {
-            att_load_rows<T, A, TL>(q, b, h, i0, T1, H, d, qs);
-            att_load_rows<T, A, TL>(dout, b, h, i0, T1, H, d, dos);
+            att_load_rows<T, A, TL>(q, b, h, i0, T1, d, q_ld, q_off, qs);
+            att_load_rows<T, A, TL>(dout, b, h, i0, T1, d, (uint64_t)H * d, 0, dos);
             if (tid < TL) {
                 const uint32_t i = i0 + tid;
                 lr[tid] = i < T1 ? lse[((uint64_t)b * H + h) * T1 + i] : A(INFINITY);
@@ -414,10 +432,9 @@ __device__ void attention_bwd_dkv(ATT_PARAMS(T, acc_t<T>), const T* __restrict__
             if (e < TL * d) {
                 const uint32_t jj = e / d, c = e % d, j = j0 + jj;
                 if (j < T2) {
-                    const uint64_t at = (((uint64_t)b * T2 + j) * H + h) * d + c;
-                    dv[at] = Num<T>::from(vacc[a]);
-                    dk[at] = Num<T>::from((gacc[a] + (u ? u[h * d + c] * ssum[jj] : A(0))) * scale);
-                    if (p) dp[at] = (gacc[a] + vb[h * d + c] * ssum[jj]) * scale;
+                    dv[att_at(b, T2, j, kv_ld, v_off, h, d) + c] = Num<T>::from(vacc[a]);
+                    dk[att_at(b, T2, j, kv_ld, k_off, h, d) + c] = Num<T>::from((gacc[a] + (u ? u[h * d + c] * ssum[jj] : A(0))) * scale);
+                    if (p) dp[(((uint64_t)b * T2 + j) * H + h) * d + c] = (gacc[a] + vb[h * d + c] * ssum[jj]) * scale;
                 }
             }
         }
@@ -484,14 +501,14 @@ template <> struct AtwArch<__half> { static constexpr bool ok = false; };
 // of 8 as wmma's ldm must be.
 __device__ __forceinline__ uint32_t atw_ld(uint32_t d) { return d + 8 <= ATT_DMAX ? d + 8 : d; }
 
-// Rows r0.. (n of them) of (b, h) of x (B, T, H, d) into xs (row stride
-// ld), copied in the input type; zeros past T.
+// Rows r0.. (n of them) of (b, h) of x (B, T, ·) (row stride xld, column
+// offset off) into xs (row stride ld), copied in the input type; zeros past T.
 template <typename T>
-__device__ __forceinline__ void atw_load_rows(const T* x, uint32_t b, uint32_t h, uint32_t r0, uint32_t n, uint32_t Tn, uint32_t H,
-                                              uint32_t d, uint32_t ld, T* xs) {
+__device__ __forceinline__ void atw_load_rows(const T* x, uint32_t b, uint32_t h, uint32_t r0, uint32_t n, uint32_t Tn, uint64_t xld,
+                                              uint64_t off, uint32_t d, uint32_t ld, T* xs) {
     for (uint32_t e = threadIdx.x; e < n * d; e += blockDim.x) {
         const uint32_t r = e / d, c = e % d, i = r0 + r;
-        xs[r * ld + c] = i < Tn ? x[(((uint64_t)b * Tn + i) * H + h) * d + c] : Num<T>::from(0.0f);
+        xs[r * ld + c] = i < Tn ? x[att_at(b, Tn, i, xld, off, h, d) + c] : Num<T>::from(0.0f);
     }
 }
 
@@ -500,8 +517,8 @@ __device__ __forceinline__ void atw_load_rows(const T* x, uint32_t b, uint32_t h
 // f32 (0 without positions); zeros past T2.
 template <typename T>
 __device__ __forceinline__ void atw_load_keys(const T* k, const T* v, const T* p, uint32_t p_per_seq, const float* u, const float* vb,
-                                              uint32_t b, uint32_t h, uint32_t j0, uint32_t T2, uint32_t H, uint32_t d, uint32_t ld,
-                                              T* kps, T* vs, float* cb) {
+                                              uint32_t b, uint32_t h, uint32_t j0, uint32_t T2, uint32_t H, uint32_t d, uint64_t kv_ld,
+                                              uint64_t k_off, uint64_t v_off, uint32_t ld, T* kps, T* vs, float* cb) {
     const uint32_t tid = threadIdx.x, nt = blockDim.x;
     const uint32_t pbb = p_per_seq ? b : 0;
     for (uint32_t e = tid; e < ATW_KT * d; e += nt) {
@@ -509,10 +526,9 @@ __device__ __forceinline__ void atw_load_keys(const T* k, const T* v, const T* p
         float kv = 0;
         T vv = Num<T>::from(0.0f);
         if (j < T2) {
-            const uint64_t at = (((uint64_t)b * T2 + j) * H + h) * d + c;
-            kv = Num<T>::to(k[at]);
+            kv = Num<T>::to(k[att_at(b, T2, j, kv_ld, k_off, h, d) + c]);
             if (p) kv += Num<T>::to(p[(((uint64_t)pbb * T2 + j) * H + h) * d + c]);
-            vv = v[at];
+            if (vs) vv = v[att_at(b, T2, j, kv_ld, v_off, h, d) + c];
         }
         kps[r * ld + c] = Num<T>::from(kv);
         if (vs) vs[r * ld + c] = vv;
@@ -522,7 +538,7 @@ __device__ __forceinline__ void atw_load_keys(const T* k, const T* v, const T* p
         float s = 0;
         if (p && j < T2) {
             for (uint32_t c = 0; c < d; ++c)
-                s += u[h * d + c] * Num<T>::to(k[(((uint64_t)b * T2 + j) * H + h) * d + c]) +
+                s += u[h * d + c] * Num<T>::to(k[att_at(b, T2, j, kv_ld, k_off, h, d) + c]) +
                      vb[h * d + c] * Num<T>::to(p[(((uint64_t)pbb * T2 + j) * H + h) * d + c]);
         }
         cb[tid] = s;
@@ -566,15 +582,16 @@ __device__ __forceinline__ void atw_scores(const AttMask& mk, uint32_t b, uint32
 }
 
 // Copies a 16 x 16 accumulator to rows r0.. (below T1) and columns c0.. of
-// (b, h) of y (B, T1, H, d), times `mul`, through the warp's scratch S.
+// (b, h) of y (B, T1, ·) (row stride yld, column offset off), times `mul`,
+// through the warp's scratch S.
 template <typename T>
 __device__ __forceinline__ void atw_store_rows(const AtwC& acc, float mul, T* y, uint32_t b, uint32_t h, uint32_t r0, uint32_t c0, uint32_t T1,
-                                               uint32_t H, uint32_t d, float* S, uint32_t lane) {
+                                               uint64_t yld, uint64_t off, uint32_t d, float* S, uint32_t lane) {
     nvcuda::wmma::store_matrix_sync(S, acc, 16, nvcuda::wmma::mem_row_major);
     __syncwarp();
     for (uint32_t e = lane; e < 256; e += 32) {
         const uint32_t r = e / 16, c = e % 16, i = r0 + r;
-        if (i < T1) y[(((uint64_t)b * T1 + i) * H + h) * d + c0 + c] = Num<T>::from(S[e] * mul);
+        if (i < T1) y[att_at(b, T1, i, yld, off, h, d) + c0 + c] = Num<T>::from(S[e] * mul);
     }
     __syncwarp();
 }
@@ -600,7 +617,7 @@ __device__ void attention_fwd_wmma(ATT_PARAMS(T, float), T* __restrict__ o, floa
         const AttUnit unit = att_unit(un, tiles, H, ATW_QT);
         const uint32_t i0 = unit.r0, h = unit.h, b = unit.b;
         const uint32_t r0 = i0 + warp * 16;
-        atw_load_rows<T>(q, b, h, i0, ATW_QT, T1, H, d, ld, xs);
+        atw_load_rows<T>(q, b, h, i0, ATW_QT, T1, q_ld, q_off, d, ld, xs);
         __syncthreads();
         AtwA<T> qf[ATW_NT];
 #pragma unroll
@@ -610,7 +627,7 @@ __device__ void attention_fwd_wmma(ATT_PARAMS(T, float), T* __restrict__ o, floa
         // Pass 1: each row's running max and sum (lane r < 16: row r0 + r).
         A mx = -INFINITY, sum = 0;
         for (uint32_t j0 = 0; j0 < T2; j0 += ATW_KT) {
-            atw_load_keys<T>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, ld, kps, (T*)nullptr, cb);
+            atw_load_keys<T>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, kv_ld, k_off, v_off, ld, kps, (T*)nullptr, cb);
             __syncthreads();
             atw_rows_by_keys<T>(qf, kps, ld, dn, S);
             __syncwarp();
@@ -640,7 +657,7 @@ __device__ void attention_fwd_wmma(ATT_PARAMS(T, float), T* __restrict__ o, floa
 #pragma unroll
         for (int c = 0; c < ATW_NT; ++c) wmma::fill_fragment(of[c], 0.0f);
         for (uint32_t j0 = 0; j0 < T2; j0 += ATW_KT) {
-            atw_load_keys<T>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, ld, kps, vs, cb);
+            atw_load_keys<T>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, kv_ld, k_off, v_off, ld, kps, vs, cb);
             __syncthreads();
             atw_rows_by_keys<T>(qf, kps, ld, dn, S);
             __syncwarp();
@@ -674,7 +691,7 @@ __device__ void attention_fwd_wmma(ATT_PARAMS(T, float), T* __restrict__ o, floa
         }
 #pragma unroll
         for (int c = 0; c < ATW_NT; ++c)
-            if (c < (int)dn) atw_store_rows<T>(of[c], 1.0f, o, b, h, r0, c * 16, T1, H, d, S, lane);
+            if (c < (int)dn) atw_store_rows<T>(of[c], 1.0f, o, b, h, r0, c * 16, T1, (uint64_t)H * d, 0, d, S, lane);
         __syncthreads();
     }
 }
@@ -710,13 +727,13 @@ __device__ void attention_bwd_dq_wmma(ATT_PARAMS(T, float), const T* __restrict_
         const uint32_t i0 = unit.r0, h = unit.h, b = unit.b;
         const uint32_t r0 = i0 + warp * 16;
         AtwA<T> qf[ATW_NT], df[ATW_NT];
-        atw_load_rows<T>(q, b, h, i0, ATW_QT, T1, H, d, ld, xs);
+        atw_load_rows<T>(q, b, h, i0, ATW_QT, T1, q_ld, q_off, d, ld, xs);
         __syncthreads();
 #pragma unroll
         for (int c = 0; c < ATW_NT; ++c)
             if (c < (int)dn) wmma::load_matrix_sync(qf[c], xs + warp * 16 * ld + c * 16, ld);
         __syncthreads();
-        atw_load_rows<T>(dout, b, h, i0, ATW_QT, T1, H, d, ld, xs);
+        atw_load_rows<T>(dout, b, h, i0, ATW_QT, T1, (uint64_t)H * d, 0, d, ld, xs);
         if (tid < ATW_QT) {
             const uint32_t i = i0 + tid;
             lr[tid] = i < T1 ? lse[((uint64_t)b * H + h) * T1 + i] : A(INFINITY);
@@ -733,7 +750,7 @@ __device__ void attention_bwd_dq_wmma(ATT_PARAMS(T, float), const T* __restrict_
         A dh = 0;
         for (int pass = 0; pass < 2; ++pass) {
             for (uint32_t j0 = 0; j0 < T2; j0 += ATW_KT) {
-                atw_load_keys<T>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, ld, kps, vs, cb);
+                atw_load_keys<T>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, kv_ld, k_off, v_off, ld, kps, vs, cb);
                 __syncthreads();
                 atw_rows_by_keys<T>(qf, kps, ld, dn, S);
                 atw_rows_by_keys<T>(df, vs, ld, dn, G);
@@ -785,7 +802,7 @@ __device__ void attention_bwd_dq_wmma(ATT_PARAMS(T, float), const T* __restrict_
         }
 #pragma unroll
         for (int c = 0; c < ATW_NT; ++c)
-            if (c < (int)dn) atw_store_rows<T>(gf[c], scale, dq, b, h, r0, c * 16, T1, H, d, S, lane);
+            if (c < (int)dn) atw_store_rows<T>(gf[c], scale, dq, b, h, r0, c * 16, T1, q_ld, q_off, d, S, lane);
         __syncthreads();
     }
 }
@@ -815,7 +832,7 @@ __device__ void attention_bwd_dkv_wmma(ATT_PARAMS(T, float), const T* __restrict
     for (uint64_t un = blockIdx.x; un < units; un += gridDim.x) {
         const AttUnit unit = att_unit(un, tiles, H, KT);
         const uint32_t j0 = unit.r0, h = unit.h, b = unit.b;
-        atw_load_keys<T>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, ld, kps, vs, cb);
+        atw_load_keys<T>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, kv_ld, k_off, v_off, ld, kps, vs, cb);
         if (tid < KT) ssum[tid] = 0;
         AtwC vf[ATW_NT / 2], gf[ATW_NT / 2];
 #pragma unroll
@@ -824,8 +841,8 @@ __device__ void attention_bwd_dkv_wmma(ATT_PARAMS(T, float), const T* __restrict
             wmma::fill_fragment(gf[c], 0.0f);
         }
         for (uint32_t i0 = 0; i0 < T1; i0 += QT) {
-            atw_load_rows<T>(q, b, h, i0, QT, T1, H, d, ld, qs);
-            atw_load_rows<T>(dout, b, h, i0, QT, T1, H, d, ld, dos);
+            atw_load_rows<T>(q, b, h, i0, QT, T1, q_ld, q_off, d, ld, qs);
+            atw_load_rows<T>(dout, b, h, i0, QT, T1, (uint64_t)H * d, 0, d, ld, dos);
             if (tid < QT) {
                 const uint32_t i = i0 + tid;
                 lr[tid] = i < T1 ? lse[((uint64_t)b * H + h) * T1 + i] : A(INFINITY);
@@ -903,9 +920,8 @@ __device__ void attention_bwd_dkv_wmma(ATT_PARAMS(T, float), const T* __restrict
                 for (uint32_t e = lane; e < 256; e += 32) {
                     const uint32_t jj = kt * 16 + e / 16, cc = c * 16 + e % 16, j = j0 + jj;
                     if (j < T2) {
-                        const uint64_t at = (((uint64_t)b * T2 + j) * H + h) * d + cc;
-                        dk[at] = Num<T>::from((W[e] + (u ? u[h * d + cc] * ssum[jj] : A(0))) * scale);
-                        if (p) dp[at] = (W[e] + vb[h * d + cc] * ssum[jj]) * scale;
+                        dk[att_at(b, T2, j, kv_ld, k_off, h, d) + cc] = Num<T>::from((W[e] + (u ? u[h * d + cc] * ssum[jj] : A(0))) * scale);
+                        if (p) dp[(((uint64_t)b * T2 + j) * H + h) * d + cc] = (W[e] + vb[h * d + cc] * ssum[jj]) * scale;
                     }
                 }
                 __syncwarp();
@@ -913,7 +929,7 @@ __device__ void attention_bwd_dkv_wmma(ATT_PARAMS(T, float), const T* __restrict
                 __syncwarp();
                 for (uint32_t e = lane; e < 256; e += 32) {
                     const uint32_t jj = kt * 16 + e / 16, cc = c * 16 + e % 16, j = j0 + jj;
-                    if (j < T2) dv[(((uint64_t)b * T2 + j) * H + h) * d + cc] = Num<T>::from(W[e]);
+                    if (j < T2) dv[att_at(b, T2, j, kv_ld, v_off, h, d) + cc] = Num<T>::from(W[e]);
                 }
                 __syncwarp();
             }
@@ -978,7 +994,7 @@ template <typename T>
 __device__ void attention_pos_grads(const acc_t<T>* __restrict__ dp, const acc_t<T>* __restrict__ sk, const T* __restrict__ k,
                                     const T* __restrict__ p, T* __restrict__ dpo, acc_t<T>* part, acc_t<T>* __restrict__ du,
                                     acc_t<T>* __restrict__ dvb, unsigned long long* arrivals, uint64_t B, uint64_t T2, uint32_t H,
-                                    uint32_t d, uint32_t shared_table, uint64_t chunk) {
+                                    uint32_t d, uint32_t shared_table, uint64_t chunk, uint64_t kv_ld, uint64_t k_off) {
     typedef acc_t<T> A;
     const uint64_t rows = B * T2, hd = (uint64_t)H * d, chunks = (rows + chunk - 1) / chunk;
     for (uint64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
@@ -989,7 +1005,7 @@ __device__ void attention_pos_grads(const acc_t<T>* __restrict__ dp, const acc_t
             for (uint64_t r = r0; r < r1; ++r) {
                 const A s = sk[r * H + h];
                 const uint64_t pr = shared_table ? r % T2 : r;
-                su += s * to_acc(k[r * hd + col]);
+                su += s * to_acc(k[r * kv_ld + k_off + col]);
                 sv += s * to_acc(p[pr * hd + col]);
             }
             part[(c * 2) * hd + col] = su;
@@ -1025,7 +1041,7 @@ __device__ void attention_pos_grads(const acc_t<T>* __restrict__ dp, const acc_t
                                                          T* dpo, acc_t<T>* part, acc_t<T>* du, acc_t<T>* dvb,            \
                                                          unsigned long long* arrivals, uint64_t B, uint64_t T2,          \
                                                          uint32_t H, uint32_t d, uint32_t shared_table,                  \
-                                                         uint64_t chunk) {                                               \
-        attention_pos_grads<T>(dp, sk, k, p, dpo, part, du, dvb, arrivals, B, T2, H, d, shared_table, chunk);           \
+                                                         uint64_t chunk, uint64_t kv_ld, uint64_t k_off) {               \
+        attention_pos_grads<T>(dp, sk, k, p, dpo, part, du, dvb, arrivals, B, T2, H, d, shared_table, chunk, kv_ld, k_off); \
     }
 NN_FLOAT_DTYPES(ATTENTION_POS_GRADS_KERNELS)

@@ -493,3 +493,87 @@ fn attention_wmma_kernels_match_the_cpu_op_and_the_scalar_kernels() {
         }
     }
 }
+
+// ---- packed operands: q, k, v as column blocks of one projection ----
+
+/// The fused op with q, k and v packed into one (B, T, 3·H·d) projection
+/// (`qkv`, self-attention: T1 = T2) or k and v into one (B, T2, 2·H·d)
+/// (`kv`), from the same dense inputs as [`fused`]: the concatenation's
+/// backward hands each block's gradient back to q, k, v.
+fn packed(c: &Case, seed: u64, qkv: bool) -> Rc<OpFn> {
+    let (c, m) = (c.clone(), c.flash_mask(seed));
+    Rc::new(move |x: &[Tensor]| {
+        rng::manual_seed(seed);
+        let pos = c.pos.map(|_| RelPos { p: &x[3], u: &x[4], vb: &x[5] });
+        let flat = |t: &Tensor| ops::reshape(t, [t.dims()[0], t.dims()[1], c.h * c.d]);
+        if qkv {
+            let all = ops::cat(&[&flat(&x[0])?, &flat(&x[1])?, &flat(&x[2])?], 2)?;
+            ops::flash_attention_qkv(&all, c.h, pos, &m, c.dropout, c.dropout > 0.0)
+        } else {
+            let kv = ops::cat(&[&flat(&x[1])?, &flat(&x[2])?], 2)?;
+            ops::flash_attention_q_kv(&x[0], &kv, pos, &m, c.dropout, c.dropout > 0.0)
+        }
+    })
+}
+
+/// The packed ops read and write the same numbers as the dense op: the
+/// output and every gradient bit for bit, on the CPU (the narrows) and on
+/// the GPU (the kernels in place, each kernel set, f32, f16 and bf16).
+#[test]
+fn packed_qkv_and_kv_operands_give_the_dense_op_bit_for_bit() {
+    let mut runs = vec![(Device::Cpu, DType::F64, None), (Device::Cpu, DType::F32, None)];
+    if let Some(dev) = gpu("packed_qkv_and_kv_operands_give_the_dense_op_bit_for_bit") {
+        runs.push((dev.clone(), DType::F32, Some(AttentionKernel::Scalar)));
+        for dt in [DType::F16, DType::BF16] {
+            for k in [AttentionKernel::Scalar, AttentionKernel::Wmma] {
+                runs.push((dev.clone(), dt, Some(k)));
+            }
+        }
+    }
+    let mut cs = cases(16);
+    cs.push(Case { pos: Some(1), lens: Some(vec![70, 41]), dropout: 0.1, ..case(2, 70, 70, 3, 32) });
+    for c in cs {
+        let seed = fresh_seed();
+        for (dev, dt, k) in &runs {
+            set_kernel_override(*k);
+            let (vals, weights) = inputs(&c, *dt, seed);
+            let dense = results(&*fused(&c, seed), &vals, &weights, *dt, dev);
+            let mut packings = vec![false];
+            if c.t1 == c.t2 {
+                packings.push(true);
+            }
+            for qkv in packings {
+                let got = results(&*packed(&c, seed, qkv), &vals, &weights, *dt, dev);
+                for i in 0..dense.len() {
+                    let bad = got[i].iter().zip(&dense[i]).position(|(a, b)| a.to_bits() != b.to_bits());
+                    assert!(
+                        bad.is_none() && got[i].len() == dense[i].len(),
+                        "{} {dev:?} {dt:?} {k:?} {c:?} {}: element {bad:?} differs from the dense op's (seed {seed})",
+                        if qkv { "qkv" } else { "kv" },
+                        label(i)
+                    );
+                }
+            }
+        }
+        set_kernel_override(None);
+    }
+}
+
+#[test]
+fn packed_operands_are_checked() {
+    let cpu = Device::Cpu;
+    let x = |s: &[usize]| Tensor::zeros(s, DType::F32, &cpu).unwrap();
+    let m = FlashMask::default();
+    // 3·H·d_k must divide the width.
+    let err = ops::flash_attention_qkv(&x(&[2, 5, 20]), 3, None, &m, 0.0, false).unwrap_err().to_string();
+    assert!(err.contains("qkv") && err.contains("3·3·d_k"), "{err}");
+    let err = ops::flash_attention_qkv(&x(&[2, 5, 3, 4]), 1, None, &m, 0.0, false).unwrap_err().to_string();
+    assert!(err.contains("(B, T, 3·1·d_k)"), "{err}");
+    // kv: 2·H·d_k columns and q's batch.
+    let err = ops::flash_attention_q_kv(&x(&[2, 5, 2, 4]), &x(&[2, 7, 8]), None, &m, 0.0, false).unwrap_err().to_string();
+    assert!(err.contains("kv") && err.contains("(2, T2, 16)"), "{err}");
+    let err = ops::flash_attention_q_kv(&x(&[2, 5, 2, 4]), &x(&[3, 7, 16]), None, &m, 0.0, false).unwrap_err().to_string();
+    assert!(err.contains("(2, T2, 16)"), "{err}");
+    assert_eq!(ops::flash_attention_q_kv(&x(&[2, 5, 2, 4]), &x(&[2, 7, 16]), None, &m, 0.0, false).unwrap().dims(), &[2, 5, 2, 4]);
+    assert_eq!(ops::flash_attention_qkv(&x(&[2, 5, 24]), 2, None, &m, 0.0, false).unwrap().dims(), &[2, 5, 2, 4]);
+}

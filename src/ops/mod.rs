@@ -26,7 +26,7 @@ mod softmax;
 mod unary;
 
 pub use accuracy::token_accuracy;
-pub use attention::{flash_attention, FlashMask, RelPos};
+pub use attention::{flash_attention, flash_attention_q_kv, flash_attention_qkv, FlashMask, RelPos};
 pub use autocast::{autocast, autocast_dtype, autocast_params, set_autocast, AutocastGuard};
 pub use binary::{add, add_scalar, add_scaled, div, mul, mul_scalar, sub, sum_to_shape};
 pub use cast::{to_dtype, to_dtype_many, widen_half};

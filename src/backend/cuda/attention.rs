@@ -106,6 +106,56 @@ pub struct MaskGpu<'a> {
     pub mask: Option<&'a CudaStorage>,
 }
 
+/// Where q, k and v sit in their buffers (`cuda/attention.cu`'s operand
+/// layouts, in elements): row (b, i) of q at `(b·T1 + i)·q_ld + q_off`, row
+/// (b, j) of k at `(b·T2 + j)·kv_ld + k_off` and of v at `... + v_off`; the
+/// gradients dq, dk, dv are written with the same layouts. The buffers may
+/// be one: a packed projection (B, T, 3·H·d) holds q, k and v side by side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QkvLayout {
+    /// Row stride of q (and dq).
+    pub q_ld: usize,
+    /// Row stride of k and v (and dk, dv).
+    pub kv_ld: usize,
+    /// Column offset of q in its rows.
+    pub q_off: usize,
+    /// Column offset of k in its rows.
+    pub k_off: usize,
+    /// Column offset of v in its rows.
+    pub v_off: usize,
+}
+
+impl QkvLayout {
+    /// Separate (B, T, H, d) buffers: rows of H·d, no offsets.
+    pub fn dense(n: &AttentionDims) -> QkvLayout {
+        let hd = n.heads * n.d_k;
+        QkvLayout { q_ld: hd, kv_ld: hd, q_off: 0, k_off: 0, v_off: 0 }
+    }
+    /// One self-attention projection (B, T, 3·H·d): q, k, v side by side.
+    pub fn packed_qkv(n: &AttentionDims) -> QkvLayout {
+        let hd = n.heads * n.d_k;
+        QkvLayout { q_ld: 3 * hd, kv_ld: 3 * hd, q_off: 0, k_off: hd, v_off: 2 * hd }
+    }
+    /// q (B, T1, H·d) alone and one key/value projection (B, T2, 2·H·d).
+    pub fn packed_kv(n: &AttentionDims) -> QkvLayout {
+        let hd = n.heads * n.d_k;
+        QkvLayout { q_ld: hd, kv_ld: 2 * hd, q_off: 0, k_off: 0, v_off: hd }
+    }
+    /// Checks that each operand's H·d columns fit its row and that its
+    /// buffer holds exactly its rows.
+    fn check(&self, op: &'static str, n: &AttentionDims, q: &CudaStorage, k: &CudaStorage, v: &CudaStorage) -> Result<()> {
+        let hd = n.heads * n.d_k;
+        let (qr, kr) = (n.batch * n.t1, n.batch * n.t2);
+        for (what, buf, rows, ld, off) in [("q", q, qr, self.q_ld, self.q_off), ("k", k, kr, self.kv_ld, self.k_off), ("v", v, kr, self.kv_ld, self.v_off)] {
+            if off + hd > ld {
+                return Err(Error::invalid(op, format!("expected {what}'s {hd} columns at offset {off} to fit its row stride {ld}")));
+            }
+            expect_len(op, what, buf, rows * ld)?;
+        }
+        Ok(())
+    }
+}
+
 fn units(n: &AttentionDims, rows: usize, dt: DType) -> usize {
     n.batch * n.heads * rows.div_ceil(tile(dt))
 }
@@ -141,6 +191,7 @@ struct Common<'a> {
     offset: u64,
     keep: f64,
     dscale: f64,
+    layout: [u64; 5],
 }
 
 /// Stand-ins for absent optional inputs: one element of the compute type
@@ -165,6 +216,7 @@ fn common<'a>(
     q: &'a CudaStorage,
     k: &'a CudaStorage,
     v: &'a CudaStorage,
+    layout: &QkvLayout,
     pos: Option<RelPosGpu<'a>>,
     n: &AttentionDims,
     rule: &AttentionRule,
@@ -175,9 +227,7 @@ fn common<'a>(
     expect_dtype(op, q, FLOATS)?;
     same(op, q, k)?;
     same(op, q, v)?;
-    expect_len(op, "q", q, n.q_len())?;
-    expect_len(op, "k", k, n.k_len())?;
-    expect_len(op, "v", v, n.k_len())?;
+    layout.check(op, n, q, k, v)?;
     if n.d_k == 0 || n.d_k > MAX_D_K {
         return Err(Error::invalid(op, format!("expected a head dim in 1..={MAX_D_K} (the CUDA kernel's tiles), found {}", n.d_k)));
     }
@@ -237,6 +287,7 @@ fn common<'a>(
         offset: drop.offset,
         keep: 1.0 - drop.p,
         dscale: if drop.p < 1.0 { 1.0 / (1.0 - drop.p) } else { 0.0 },
+        layout: [layout.q_ld as u64, layout.kv_ld as u64, layout.q_off as u64, layout.k_off as u64, layout.v_off as u64],
     })
 }
 
@@ -247,20 +298,23 @@ macro_rules! launch_att {
         let c = &$c;
         let [b, t1, t2, h, d] = c.dims;
         let [mb, mi, mj] = c.strides;
+        let [q_ld, kv_ld, q_off, k_off, v_off] = c.layout;
         kernels::attention::$kernel(
             $dev, $dt, $cfg, c.q, c.k, c.v, c.p, c.flags, c.u, c.vb, b, t1, t2, h, d, c.scale, c.lens, c.chunk, c.left, c.causal, c.mask, mb, mi, mj,
-            c.seed, c.offset, c.keep, c.dscale, $($rest),+
+            c.seed, c.offset, c.keep, c.dscale, q_ld, kv_ld, q_off, k_off, v_off, $($rest),+
         )
     }};
 }
 
 /// The output (batch, t1, heads, d_k) in q's dtype and the log-sum-exp
-/// (batch, heads, t1) in the compute type (+inf for a fully masked row).
+/// (batch, heads, t1) in the compute type (+inf for a fully masked row);
+/// q, k and v are read where `layout` says.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attention(
     q: &CudaStorage,
     k: &CudaStorage,
     v: &CudaStorage,
+    layout: &QkvLayout,
     pos: Option<RelPosGpu>,
     n: &AttentionDims,
     rule: &AttentionRule,
@@ -269,7 +323,7 @@ pub fn flash_attention(
 ) -> Result<(CudaStorage, CudaStorage)> {
     let op = "flash_attention";
     let dummies = Dummies::new(q)?;
-    let c = common(op, q, k, v, pos, n, rule, m, drop, &dummies)?;
+    let c = common(op, q, k, v, layout, pos, n, rule, m, drop, &dummies)?;
     let dev = q.device();
     let dt = q.dtype();
     let o = dev.alloc(dt, n.q_len())?;
@@ -286,29 +340,33 @@ pub fn flash_attention(
     Ok((o, lse))
 }
 
-/// The backward's results: dq, dk, dv in q's dtype; with positions, dp per
-/// sequence (batch, t2, heads, d_k) and s (batch, t2, heads), the scaled
-/// row sums of dS over the queries, both in the compute type (du and dvb
-/// are Σ s·k and Σ s·p, reduced by the caller).
-pub struct AttentionGradsGpu {
-    /// Gradient of q.
-    pub dq: CudaStorage,
-    /// Gradient of k.
-    pub dk: CudaStorage,
-    /// Gradient of v.
-    pub dv: CudaStorage,
-    /// With positions: the gradients of p (p's shape, q's dtype), u and vb
-    /// ((heads, d_k) each, in the compute type).
-    pub pos: Option<(CudaStorage, CudaStorage, CudaStorage)>,
+/// Where the backward writes dq, dk and dv: buffers shaped as q's, k's and
+/// v's (with the forward's [`QkvLayout`]); for a packed projection they are
+/// one buffer, every element of which the kernels write (no fill needed).
+#[derive(Clone, Copy)]
+pub struct QkvGrads<'a> {
+    /// Receives dq.
+    pub dq: &'a CudaStorage,
+    /// Receives dk.
+    pub dk: &'a CudaStorage,
+    /// Receives dv.
+    pub dv: &'a CudaStorage,
 }
 
+/// The gradients of p (p's shape, q's dtype), u and vb ((heads, d_k) each,
+/// in the compute type) that the backward gives with positions.
+pub type PosGradsGpu = (CudaStorage, CudaStorage, CudaStorage);
+
 /// The gradients of [`flash_attention`] from its output `o`, log-sum-exp
-/// `lse` and output gradient `dout`.
+/// `lse` and output gradient `dout`: dq, dk, dv into `out` (q's dtype,
+/// `layout`'s places), and with positions those of p, u and vb.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attention_backward(
     q: &CudaStorage,
     k: &CudaStorage,
     v: &CudaStorage,
+    layout: &QkvLayout,
+    out: QkvGrads,
     pos: Option<RelPosGpu>,
     o: &CudaStorage,
     lse: &CudaStorage,
@@ -317,21 +375,23 @@ pub fn flash_attention_backward(
     rule: &AttentionRule,
     m: MaskGpu,
     drop: &AttentionDropout,
-) -> Result<AttentionGradsGpu> {
+) -> Result<Option<PosGradsGpu>> {
     let op = "flash_attention_backward";
     let dummies = Dummies::new(q)?;
-    let c = common(op, q, k, v, pos, n, rule, m, drop, &dummies)?;
+    let c = common(op, q, k, v, layout, pos, n, rule, m, drop, &dummies)?;
     same(op, q, o)?;
     same(op, q, dout)?;
+    same(op, q, out.dq)?;
+    same(op, q, out.dk)?;
+    same(op, q, out.dv)?;
+    layout.check(op, n, out.dq, out.dk, out.dv)?;
     expect_len(op, "the output", o, n.q_len())?;
     expect_len(op, "the output gradient", dout, n.q_len())?;
     let dev = q.device();
     let (dt, acc) = (q.dtype(), acc_dtype(q.dtype()));
     expect_len(op, "the log-sum-exp", lse, n.batch * n.heads * n.t1)?;
     let dsum = dev.alloc(acc, n.batch * n.heads * n.t1)?;
-    let dq = dev.alloc(dt, n.q_len())?;
-    let dk = dev.alloc(dt, n.k_len())?;
-    let dv = dev.alloc(dt, n.k_len())?;
+    let QkvGrads { dq, dk, dv } = out;
     let extra = if pos.is_some() { Some((dev.alloc(acc, n.k_len())?, dev.alloc(acc, n.batch * n.t2 * n.heads)?)) } else { None };
     if n.q_len() > 0 && n.t2 > 0 {
         // Never written without positions: any buffer of the compute type.
@@ -342,20 +402,19 @@ pub fn flash_attention_backward(
         // The same set as the forward that gave `lse` (its scores' roundings).
         match kernel_for(dt, n.d_k) {
             AttentionKernel::Wmma => {
-                launch_att!(attention_bwd_dq_wmma, dev, dt, cfg(units_of(n, n.t1, WMMA_QUERY_TILE)), c, dout, lse, &dsum, &dq)?;
-                launch_att!(attention_bwd_dkv_wmma, dev, dt, cfg(units_of(n, n.t2, WMMA_KEY_TILE)), c, dout, lse, &dsum, &dk, &dv, dp, sk)?;
+                launch_att!(attention_bwd_dq_wmma, dev, dt, cfg(units_of(n, n.t1, WMMA_QUERY_TILE)), c, dout, lse, &dsum, dq)?;
+                launch_att!(attention_bwd_dkv_wmma, dev, dt, cfg(units_of(n, n.t2, WMMA_KEY_TILE)), c, dout, lse, &dsum, dk, dv, dp, sk)?;
             }
             AttentionKernel::Scalar => {
-                launch_att!(attention_bwd_dq, dev, dt, cfg(units(n, n.t1, dt)), c, o, dout, lse, &dsum, &dq)?;
-                launch_att!(attention_bwd_dkv, dev, dt, cfg(units(n, n.t2, dt)), c, dout, lse, &dsum, &dk, &dv, dp, sk)?;
+                launch_att!(attention_bwd_dq, dev, dt, cfg(units(n, n.t1, dt)), c, o, dout, lse, &dsum, dq)?;
+                launch_att!(attention_bwd_dkv, dev, dt, cfg(units(n, n.t2, dt)), c, dout, lse, &dsum, dk, dv, dp, sk)?;
             }
         }
     }
-    let pos = match (pos, extra) {
-        (Some((p, _, _)), Some((dp, sk))) => Some(pos_grads(&dp, &sk, k, p, n)?),
-        _ => None,
-    };
-    Ok(AttentionGradsGpu { dq, dk, dv, pos })
+    match (pos, extra) {
+        (Some((p, _, _)), Some((dp, sk))) => Ok(Some(pos_grads(&dp, &sk, k, layout, p, n)?)),
+        _ => Ok(None),
+    }
 }
 
 /// Rows of (b, key) per block of [`pos_grads`]: the B·T2 rows in at most
@@ -368,7 +427,7 @@ fn pos_grads_chunk(rows: usize) -> usize {
 /// kernel's per-sequence dp and sk (`attention_pos_grads`, one launch): dp
 /// summed over the batch for a shared table and rounded to q's dtype, and
 /// du = Σ sk·k, dvb = Σ sk·p over sequences and keys in the compute type.
-fn pos_grads(dp: &CudaStorage, sk: &CudaStorage, k: &CudaStorage, p: &CudaStorage, n: &AttentionDims) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+fn pos_grads(dp: &CudaStorage, sk: &CudaStorage, k: &CudaStorage, layout: &QkvLayout, p: &CudaStorage, n: &AttentionDims) -> Result<PosGradsGpu> {
     let dev = k.device();
     let acc = acc_dtype(k.dtype());
     let rows = n.batch * n.t2;
@@ -402,6 +461,8 @@ fn pos_grads(dp: &CudaStorage, sk: &CudaStorage, k: &CudaStorage, p: &CudaStorag
         n.d_k as u32,
         shared,
         chunk as u64,
+        layout.kv_ld as u64,
+        layout.k_off as u64,
     )?;
     Ok((dpo, du, dvb))
 }
