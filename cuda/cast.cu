@@ -86,6 +86,12 @@ CAST_MANY(f32, float, f16, f16)
 CAST_MANY(f32, float, bf16, bf16)
 CAST_MANY(f16, f16, f32, float)
 CAST_MANY(bf16, bf16, f32, float)
+// Copies in place of a conversion: a concatenation of several tensors into
+// one buffer (each entry's dst an offset inside it) and its split back
+// (`cast_pieces`: the packed q/k/v projection weights of full-precision runs).
+CAST_MANY(f32, float, f32, float)
+CAST_MANY(f16, f16, f16, f16)
+CAST_MANY(bf16, bf16, bf16, bf16)
 // Gathers into f64: one-element tensors (a step's loss values) written to
 // consecutive elements of one f64 buffer (each table entry's dst is that
 // element), so the host reads them with one copy (`gather_scalars_f64`).

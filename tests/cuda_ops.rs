@@ -628,3 +628,49 @@ fn many_tensor_casts_equal_single_casts_bit_for_bit() {
         }
     }
 }
+
+/// `ops::cat_cast_many` on the GPU (the packed projection weights): every
+/// output is the CPU's `to_dtype(cat(parts, 0))` bit for bit, to a half
+/// type and f32 to f32 (a copy), with parts crossing the 16384-element
+/// chunks and rows of other lengths after them; backward, each part gets
+/// its rows of the output's gradient converted back, bit for bit the CPU's
+/// narrow and conversion (one launch each way: tests/gpu_profile.rs).
+#[test]
+fn cat_cast_many_packs_and_splits_like_the_cpu() {
+    let Some(dev) = gpu("cat_cast_many_packs_and_splits_like_the_cpu") else { return };
+    let seed = fresh_seed();
+    let mut rng = Rng::new(seed);
+    let shapes: [&[&[usize]]; 3] = [&[&[70, 300], &[3, 300], &[131, 300]], &[&[70], &[3], &[131]], &[&[5, 7]]];
+    for to in [DType::BF16, DType::F16, DType::F32] {
+        let vals: Vec<Vec<(Vec<f64>, Vec<usize>)>> =
+            shapes.iter().map(|p| p.iter().map(|s| (draw(&mut rng, s, Kind::Normal).iter().map(|x| x * 300.0).collect(), s.to_vec())).collect()).collect();
+        let make =
+            |d: &Device| -> Vec<Vec<Tensor>> { vals.iter().map(|p| p.iter().map(|(v, s)| tensor(v, s, DType::F32, d).requires_grad_()).collect()).collect() };
+        let (gpu_in, cpu_in) = (make(&dev), make(&Device::Cpu));
+        let ys = ops::cat_cast_many(&gpu_in, to).unwrap();
+        // Gradients seeded on outputs 0 and 2 (output 1 unused: its parts get
+        // none); the GPU's backward first (a backward empties the tape).
+        let rs: Vec<Vec<f64>> = [0usize, 2].iter().map(|&o| draw(&mut rng, ys[o].dims(), Kind::Normal)).collect();
+        let seeds = |ys: &[Tensor], d: &Device| -> Vec<(Tensor, Tensor)> {
+            [0usize, 2].iter().zip(&rs).map(|(&o, r)| (ys[o].clone(), tensor(r, ys[o].dims(), to, d))).collect()
+        };
+        asrforge::autograd::backward_with(&seeds(&ys, &dev)).unwrap();
+        let want = ops::cat_cast_many(&cpu_in, to).unwrap();
+        for (o, (y, w)) in ys.iter().zip(&want).enumerate() {
+            assert_eq!(y.dims(), w.dims(), "{to:?} output {o}");
+            assert_eq!(y.to_cpu_storage().unwrap(), w.to_cpu_storage().unwrap(), "{to:?} output {o} (seed {seed})");
+        }
+        asrforge::autograd::backward_with(&seeds(&want, &Device::Cpu)).unwrap();
+        for (o, (pg, pc)) in gpu_in.iter().zip(&cpu_in).enumerate() {
+            for (i, (g, c)) in pg.iter().zip(pc).enumerate() {
+                if o == 1 {
+                    assert!(g.grad().is_none(), "{to:?}: part {i} of the unused output has no gradient");
+                    continue;
+                }
+                let (g, c) = (g.grad().expect("a used part's gradient"), c.grad().expect("a used part's gradient"));
+                assert_eq!(g.dtype(), DType::F32);
+                assert_eq!(g.to_cpu_storage().unwrap(), c.to_cpu_storage().unwrap(), "{to:?} gradient of part {i} of output {o} (seed {seed})");
+            }
+        }
+    }
+}

@@ -108,6 +108,24 @@ grad!(flash_attention_causal_dropout, [([2, 4, 2, 3], Normal, true), ([2, 4, 2, 
     let m = ops::FlashMask { causal: true, mask: Some(u8t(&[0, 0, 0, 1, 0, 0, 1, 1], &[2, 1, 1, 4])), ..Default::default() };
     ops::flash_attention(&x[0], &x[1], &x[2], None, &m, 0.3, true)
 });
+// The packed operands (the `qkv` fusion's ops): one self-attention
+// projection (B, T, 3·H·d) with relative positions and key lengths, and q
+// with one key/value projection (B, T2, 2·H·d), causal and dropout.
+grad!(flash_attention_qkv_rel_pos, [([2, 5, 18], Normal, true), ([1, 5, 2, 3], Normal, true), ([2, 3], Normal, true), ([2, 3], Normal, true)], |x| {
+    let m = ops::FlashMask { key_lengths: Some(vec![5, 3]), ..Default::default() };
+    ops::flash_attention_qkv(&x[0], 2, Some(ops::RelPos { p: &x[1], u: &x[2], vb: &x[3] }), &m, 0.0, false)
+});
+grad!(flash_attention_q_kv_dropout, [([2, 4, 2, 3], Normal, true), ([2, 6, 12], Normal, true)], |x| {
+    rng::manual_seed(13);
+    let m = ops::FlashMask { key_lengths: Some(vec![6, 2]), ..Default::default() };
+    ops::flash_attention_q_kv(&x[0], &x[1], None, &m, 0.3, true)
+});
+// Concatenations along dim 0 converted in one launch (the packed
+// projection weights): two outputs of 2 + 3 rows and of one row, flattened.
+grad!(cat_cast_many, [([2, 4], Normal, true), ([3, 4], Normal, true), ([1, 5], Normal, true)], |x| {
+    let ys = ops::cat_cast_many(&[vec![x[0].clone(), x[1].clone()], vec![x[2].clone()]], x[0].dtype())?;
+    ops::cat(&[&ops::reshape(&ys[0], [20])?, &ops::reshape(&ys[1], [5])?], 0)
+});
 // Products.
 grad!(matmul, [([5, 4], Normal, true), ([4, 3], Normal, true)], |x| ops::matmul(&x[0], &x[1]));
 grad!(matmul_ta, [([4, 5], Normal, true), ([4, 3], Normal, true)], |x| ops::matmul_t(&x[0], &x[1], true, false));

@@ -16,6 +16,12 @@
 //! A tensor outside every group (an activation) is cast where it is first
 //! used, and that copy serves its later uses in the region.
 //!
+//! Packs ([`autocast_params_packed`]): lists of a group's parameters whose
+//! half copies the group's launch writes side by side into one tensor,
+//! concatenated along dim 0 ([`super::cat_cast_many`]): an attention
+//! layer's q/k/v projection weights and biases, which one GEMM then reads
+//! ([`packed_half`]). A packed parameter asked for alone gets a cast of its own.
+//!
 //! The CPU has no half GEMM, so it emulates one: half operands widened to
 //! f32, an f32 product, the result rounded through half — the values a half
 //! GEMM with f32 accumulation gives, kept in f32 storage because the CPU's
@@ -23,7 +29,7 @@
 //! are f32 holding half-rounded products). Convolutions do the same on the
 //! CPU and run their half kernels on the GPU.
 
-use super::{to_dtype, to_dtype_many};
+use super::{cat_cast_many, to_dtype};
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Device, Tensor, TensorId};
 use std::cell::{Cell, RefCell};
@@ -38,6 +44,12 @@ struct WeightCache {
     groups: Vec<Vec<Tensor>>,
     /// Parameter id → its half copy (recorded on the tape when made).
     halves: HashMap<TensorId, Tensor>,
+    /// The packs: parameters cast into one tensor, in order.
+    packs: Vec<Vec<Tensor>>,
+    /// Parameter id → its pack.
+    pack_of: HashMap<TensorId, usize>,
+    /// Pack → its half copy, once its group is cast.
+    packed: HashMap<usize, Tensor>,
     /// Whether an [`autocast_params`] region installed this cache (outside
     /// one, activations' casts are not kept).
     region: bool,
@@ -83,6 +95,15 @@ pub fn autocast<R>(dtype: Option<DType>, f: impl FnOnce() -> Result<R>) -> Resul
 /// launch the first time one of its parameters is used, and the copies are
 /// reused until `f` returns. With `dtype` `None` this is [`autocast`].
 pub fn autocast_params<R>(dtype: Option<DType>, groups: &[Vec<Tensor>], f: impl FnOnce() -> Result<R>) -> Result<R> {
+    autocast_params_packed(dtype, groups, &[], f)
+}
+
+/// [`autocast_params`] with `packs`: lists of parameters of one group (each
+/// parameter in at most one list, every list's tensors with equal dims past
+/// the first) that the group's launch casts into one tensor each, which
+/// [`packed_half`] hands out. A list whose parameters are not all f32 and
+/// in one group is not packed (its parameters are cast one by one).
+pub fn autocast_params_packed<R>(dtype: Option<DType>, groups: &[Vec<Tensor>], packs: &[Vec<Tensor>], f: impl FnOnce() -> Result<R>) -> Result<R> {
     let _g = set_autocast(dtype)?;
     let mut cache = WeightCache { region: true, ..WeightCache::default() };
     if dtype.is_some() {
@@ -92,6 +113,17 @@ pub fn autocast_params<R>(dtype: Option<DType>, groups: &[Vec<Tensor>], f: impl 
             }
         }
         cache.groups = groups.to_vec();
+        for p in packs {
+            let group = p.first().and_then(|t| cache.group_of.get(&t.id()).copied());
+            let one_group = group.is_some() && p.iter().all(|t| t.dtype() == DType::F32 && cache.group_of.get(&t.id()).copied() == group);
+            let fresh = p.iter().all(|t| !cache.pack_of.contains_key(&t.id()));
+            if one_group && fresh {
+                for t in p {
+                    cache.pack_of.insert(t.id(), cache.packs.len());
+                }
+                cache.packs.push(p.clone());
+            }
+        }
     }
     let prev = WEIGHTS.with(|w| w.replace(cache));
     // Restored on every exit: the copies (and the parameters) are not kept
@@ -129,9 +161,9 @@ pub(crate) fn half_of(x: &Tensor, half: DType) -> Result<Tensor> {
         if let Some(h) = w.halves.get(&x.id()) {
             return Ok(h.clone());
         }
-        Err(w.group_of.get(&x.id()).map(|&g| w.groups[g].clone()))
+        Err(w.group_of.get(&x.id()).copied())
     });
-    let members = match group {
+    let g = match group {
         Ok(h) => return Ok(h),
         Err(None) => {
             // An activation: cast once however many products read it (the
@@ -142,24 +174,65 @@ pub(crate) fn half_of(x: &Tensor, half: DType) -> Result<Tensor> {
             }
             return Ok(h);
         }
-        Err(Some(m)) => m,
+        Err(Some(g)) => g,
     };
-    let members: Vec<Tensor> = members.into_iter().filter(|t| t.dtype() == DType::F32).collect();
-    let copies = to_dtype_many(&members, half)?;
-    let mut found = None;
-    WEIGHTS.with(|w| {
-        let mut w = w.borrow_mut();
-        for (m, c) in members.iter().zip(copies) {
-            if m.id() == x.id() {
-                found = Some(c.clone());
-            }
-            w.halves.insert(m.id(), c);
-        }
-    });
-    match found {
+    cast_group(g, half)?;
+    match WEIGHTS.with(|w| w.borrow().halves.get(&x.id()).cloned()) {
         Some(h) => Ok(h),
+        // A packed parameter asked for alone (or one not f32): its own cast.
         None => to_dtype(x, half),
     }
+}
+
+/// Casts group `g`'s f32 parameters to `half` in one launch: each alone
+/// into the cache's copies, each pack of the group into one tensor.
+fn cast_group(g: usize, half: DType) -> Result<()> {
+    let (singles, packs) = WEIGHTS.with(|w| {
+        let w = w.borrow();
+        let members: Vec<Tensor> = w.groups[g].iter().filter(|t| t.dtype() == DType::F32).cloned().collect();
+        let singles: Vec<Tensor> = members.iter().filter(|t| !w.pack_of.contains_key(&t.id())).cloned().collect();
+        let mut packs: Vec<usize> = members.iter().filter_map(|t| w.pack_of.get(&t.id()).copied()).filter(|p| !w.packed.contains_key(p)).collect();
+        packs.sort_unstable();
+        packs.dedup();
+        let packs: Vec<(usize, Vec<Tensor>)> = packs.into_iter().map(|p| (p, w.packs[p].clone())).collect();
+        (singles, packs)
+    });
+    let mut parts: Vec<Vec<Tensor>> = singles.iter().map(|t| vec![t.clone()]).collect();
+    parts.extend(packs.iter().map(|(_, members)| members.clone()));
+    let copies = cat_cast_many(&parts, half)?;
+    WEIGHTS.with(|w| {
+        let mut w = w.borrow_mut();
+        let mut copies = copies.into_iter();
+        for (m, c) in singles.iter().zip(copies.by_ref()) {
+            w.halves.insert(m.id(), c);
+        }
+        for ((p, _), c) in packs.iter().zip(copies) {
+            w.packed.insert(*p, c);
+        }
+    });
+    Ok(())
+}
+
+/// The region's half copy of `params` concatenated along dim 0, when
+/// autocast is on, they are on a GPU and the region declared them as a
+/// pack ([`autocast_params_packed`]): made by their group's one launch (the
+/// first use of any of the group's parameters). `None` otherwise.
+pub fn packed_half(params: &[&Tensor]) -> Result<Option<Tensor>> {
+    let Some(half) = autocast_dtype() else { return Ok(None) };
+    if params.first().is_none_or(|t| t.device() == Device::Cpu) {
+        return Ok(None);
+    }
+    let found = WEIGHTS.with(|w| {
+        let w = w.borrow();
+        let p = w.pack_of.get(&params[0].id()).copied()?;
+        let same = w.packs[p].len() == params.len() && w.packs[p].iter().zip(params).all(|(a, b)| a.id() == b.id());
+        same.then(|| (p, w.group_of.get(&params[0].id()).copied()))
+    });
+    let Some((p, Some(g))) = found else { return Ok(None) };
+    if !WEIGHTS.with(|w| w.borrow().packed.contains_key(&p)) {
+        cast_group(g, half)?;
+    }
+    Ok(WEIGHTS.with(|w| w.borrow().packed.get(&p).cloned()))
 }
 
 /// The region's half copy of `t` when autocast is on and `t` is one of

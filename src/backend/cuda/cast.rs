@@ -44,9 +44,6 @@ impl CastTable {
         words[0] = chunk as u64;
         CastTable { words, tensors: 0, chunks: 0 }
     }
-    fn add_tensor(&mut self, x: &CudaStorage, y: &CudaStorage) -> usize {
-        self.add_range(x.ptr(), y.ptr(), x.len())
-    }
     /// A source of `len` elements at `src` converted to `dst` (an address
     /// inside a live buffer of at least `len` elements of the target dtype).
     fn add_range(&mut self, src: u64, dst: u64, len: usize) -> usize {
@@ -78,13 +75,14 @@ impl CastTable {
     }
 }
 
-/// The tables covering every chunk of every `(x, y)` pair, each within the
-/// launch limits (a tensor's chunks may span tables).
-fn cast_tables(pairs: &[(&CudaStorage, &CudaStorage)], chunk: usize) -> Result<Vec<CastTable>> {
+/// The tables covering every chunk of every `(src, dst, len)` range (device
+/// addresses, elements), each within the launch limits (a range's chunks
+/// may span tables).
+fn cast_tables(ranges: &[(u64, u64, usize)], chunk: usize) -> Result<Vec<CastTable>> {
     let mut tables: Vec<CastTable> = Vec::new();
-    for (x, y) in pairs {
-        let n_chunks = u32::try_from(x.len().div_ceil(chunk)).map_err(|_| {
-            Error::invalid("cast_many", format!("expected at most {} chunks of {chunk} elements per tensor, found {}", u32::MAX, x.len().div_ceil(chunk)))
+    for &(src, dst, len) in ranges {
+        let n_chunks = u32::try_from(len.div_ceil(chunk)).map_err(|_| {
+            Error::invalid("cast_many", format!("expected at most {} chunks of {chunk} elements per tensor, found {}", u32::MAX, len.div_ceil(chunk)))
         })?;
         let mut slot = None;
         for j in 0..n_chunks {
@@ -96,7 +94,7 @@ fn cast_tables(pairs: &[(&CudaStorage, &CudaStorage)], chunk: usize) -> Result<V
             let t = tables.last_mut().ok_or_else(|| Error::Msg("cast_many: no table".into()))?;
             let k = match slot {
                 Some(k) => k,
-                None => t.add_tensor(x, y),
+                None => t.add_range(src, dst, len),
             };
             slot = Some(k);
             t.add_chunk(k, j);
@@ -160,31 +158,79 @@ pub fn to_dtype_many(xs: &[&CudaStorage], dtype: DType) -> Result<Vec<CudaStorag
 /// so that tensors span chunks and tables).
 pub fn to_dtype_many_chunked(xs: &[&CudaStorage], dtype: DType, chunk: usize) -> Result<Vec<CudaStorage>> {
     let Some(first) = xs.first() else { return Ok(Vec::new()) };
+    let dev = first.device();
+    let ys = xs.iter().map(|x| dev.alloc(dtype, x.len())).collect::<Result<Vec<_>>>()?;
+    let pieces: Vec<CastPiece> = xs.iter().zip(&ys).map(|(x, y)| CastPiece { src: x, src_at: 0, dst: y, dst_at: 0, len: x.len() }).collect();
+    cast_pieces_chunked(&pieces, chunk)?;
+    Ok(ys)
+}
+
+/// `len` elements of `src` from element `src_at`, converted to `dst`'s
+/// dtype, written to `dst` from element `dst_at`.
+#[derive(Clone, Copy)]
+pub struct CastPiece<'a> {
+    /// The source buffer.
+    pub src: &'a CudaStorage,
+    /// The first source element.
+    pub src_at: usize,
+    /// The destination buffer.
+    pub dst: &'a CudaStorage,
+    /// The first destination element.
+    pub dst_at: usize,
+    /// Elements.
+    pub len: usize,
+}
+
+/// Every piece converted (or copied, for one dtype) in one launch per
+/// table of up to [`CAST_TENSORS`] pieces and [`CAST_CHUNKS`] chunks: the
+/// pieces of a concatenation into one buffer (a packed projection weight)
+/// and of its split back. Every source one dtype, every destination one
+/// dtype: f32 to f16/bf16 and back, or a copy of f32, f16 or bf16.
+pub fn cast_pieces(pieces: &[CastPiece]) -> Result<()> {
+    cast_pieces_chunked(pieces, CAST_CHUNK)
+}
+
+/// Whether [`cast_pieces`] converts `from` to `to`: f32 to f16/bf16 and
+/// back, or a copy of f32, f16 or bf16.
+pub fn many_supported(from: DType, to: DType) -> bool {
+    matches!((from, to), (DType::F32, DType::F16 | DType::BF16) | (DType::F16 | DType::BF16, DType::F32))
+        || (from == to && matches!(from, DType::F32 | DType::F16 | DType::BF16))
+}
+
+fn cast_pieces_chunked(pieces: &[CastPiece], chunk: usize) -> Result<()> {
+    let Some(first) = pieces.first() else { return Ok(()) };
     if chunk == 0 {
         return Err(Error::invalid("cast_many", "expected a chunk of at least one element, found 0"));
     }
-    let from = first.dtype();
-    let supported = matches!((from, dtype), (DType::F32, DType::F16 | DType::BF16) | (DType::F16 | DType::BF16, DType::F32));
-    if !supported {
-        return Err(Error::invalid("cast_many", format!("expected f32 -> f16/bf16 or f16/bf16 -> f32, got {from:?} -> {dtype:?}")));
+    let (from, dtype) = (first.src.dtype(), first.dst.dtype());
+    if !many_supported(from, dtype) {
+        return Err(Error::invalid("cast_many", format!("expected f32 -> f16/bf16, f16/bf16 -> f32 or a copy of f32/f16/bf16, got {from:?} -> {dtype:?}")));
     }
-    for x in xs {
-        if x.dtype() != from || x.ordinal() != first.ordinal() {
-            return Err(Error::invalid(
-                "cast_many",
-                format!("expected every tensor {from:?} on cuda:{}, found {:?} on cuda:{}", first.ordinal(), x.dtype(), x.ordinal()),
-            ));
+    for p in pieces {
+        for (what, b, at, want) in [("source", p.src, p.src_at, from), ("destination", p.dst, p.dst_at, dtype)] {
+            if b.dtype() != want || b.ordinal() != first.src.ordinal() {
+                return Err(Error::invalid(
+                    "cast_many",
+                    format!("expected every {what} {want:?} on cuda:{}, found {:?} on cuda:{}", first.src.ordinal(), b.dtype(), b.ordinal()),
+                ));
+            }
+            if at + p.len > b.len() {
+                return Err(Error::invalid("cast_many", format!("expected elements {at}..{} inside the {what}'s {}", at + p.len, b.len())));
+            }
         }
     }
-    let dev = first.device();
-    let ys = xs.iter().map(|x| dev.alloc(dtype, x.len())).collect::<Result<Vec<_>>>()?;
-    let pairs: Vec<(&CudaStorage, &CudaStorage)> = xs.iter().copied().zip(ys.iter()).filter(|(x, _)| !x.is_empty()).collect();
-    for t in cast_tables(&pairs, chunk)? {
+    let dev = first.src.device();
+    let ranges: Vec<(u64, u64, usize)> = pieces
+        .iter()
+        .filter(|p| p.len > 0)
+        .map(|p| (p.src.ptr() + (p.src_at * from.size_in_bytes()) as u64, p.dst.ptr() + (p.dst_at * dtype.size_in_bytes()) as u64, p.len))
+        .collect();
+    for t in cast_tables(&ranges, chunk)? {
         let cfg = LaunchConfig { grid: (t.chunks.min(super::launch::max_grid() as usize) as u32, 1, 1), block: (CAST_THREADS, 1, 1), shared_bytes: 0 };
         // The bytes of this table's chunks (the profile cannot see inside it).
         let elems: u64 = (0..t.chunks).map(|c| t.chunk_len(c)).sum();
         let moved = (elems * from.size_in_bytes() as u64, elems * dtype.size_in_bytes() as u64);
         k::cast_many(dev, from, dtype, cfg, &t.words, moved)?;
     }
-    Ok(ys)
+    Ok(())
 }
