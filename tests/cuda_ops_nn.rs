@@ -537,7 +537,10 @@ fn pos_enc_dropout_is_the_composition_bit_for_bit() {
                     let kept = fused.0.iter().filter(|v| **v != 0.0).count();
                     assert!(kept > n / 5 && kept < n, "{what}: some elements kept, some dropped: {kept} of {n} (seed {seed})");
                 } else {
-                    assert!(fused.0.iter().all(|v| *v != 0.0), "{what}: eval drops nothing (seed {seed})");
+                    // The input gradient s·g is 0 only where dropped (g is
+                    // never 0); the output can be, where x·s cancels a row
+                    // of the table in the output's rounding (seen in bf16).
+                    assert!(fused.1.iter().all(|v| *v != 0.0), "{what}: eval drops nothing (seed {seed})");
                 }
             }
         }
