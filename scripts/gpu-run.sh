@@ -311,13 +311,14 @@ if want sweep; then
 fi
 
 # --- 7. fusion bisection -----------------------------------------------------
-# The tiny config in f32 with each fused family alone, and all twice (a
-# race moves the loss between two identical runs): which family moves the
-# loss from the composition's, and by how much.
+# The tiny config in f32 with each fused family alone (qkv with attention,
+# which it needs), and all twice (a race moves the loss between two
+# identical runs): which family moves the loss from the composition's, and
+# by how much.
 declare -a BROWS
 if want bisect; then
     TINY=$DEV/conf/tiny.yaml
-    for f in none none attention loss norm convmodule ffn posenc subsampling all all; do
+    for f in none none attention attention,qkv loss norm convmodule ffn posenc subsampling all all; do
         if [ "$(left)" -lt 20 ]; then BROWS+=("$f NOT RUN (out of time)"); continue; fi
         line=$(ASRFORGE_FUSION=$f timeout 60 "$BIN" bench-train --config "$TINY" --steps 3 --warmup 1 --device cuda --dtype fp32 \
             --batch_size 2 --frames 64 --seed 7 2> "$LOG/bisect-$f.log" | grep '^bench-train' | tail -1)

@@ -318,10 +318,10 @@ use asrforge::nn::{AttentionMask, Module, MultiHeadedAttention, RelPositionMulti
 use asrforge::ops::fusion::{self, Fusion};
 
 /// Output and gradients (every parameter in `named_parameters` order, then
-/// the inputs) of `run` with the attention fusion `on`, the generator
+/// the inputs) of `run` with the fusion families `on`, the generator
 /// reseeded so dropout draws the same words either way.
-fn layer_run(m: &dyn Module, inputs: &[Tensor], on: bool, seed: u64, run: &dyn Fn() -> Result<Tensor>) -> (Vec<f64>, Vec<(String, Vec<f64>)>) {
-    fusion::set_enabled(if on { &[Fusion::Attention] } else { &[] });
+fn layer_run(m: &dyn Module, inputs: &[Tensor], on: &[Fusion], seed: u64, run: &dyn Fn() -> Result<Tensor>) -> (Vec<f64>, Vec<(String, Vec<f64>)>) {
+    fusion::set_enabled(on);
     rng::manual_seed(seed);
     let y = run().unwrap();
     fusion::set_enabled(&[]);
@@ -349,12 +349,20 @@ fn move_layer(m: &dyn Module, dev: &Device) {
     }
 }
 
+/// The layer with the attention fusion on, and with the `qkv` fusion too
+/// (one packed projection), against the composition (every fusion off).
 fn layer_compare(what: &str, m: &dyn Module, inputs: &[Tensor], seed: u64, run: &dyn Fn() -> Result<Tensor>) {
-    let (yc, gc) = layer_run(m, inputs, false, seed, run);
-    let (yf, gf) = layer_run(m, inputs, true, seed, run);
-    close(&format!("{what} output"), &yf, &yc, kernel_tol(DType::F32), seed);
+    let (yc, gc) = layer_run(m, inputs, &[], seed, run);
+    for on in [&[Fusion::Attention][..], &[Fusion::Attention, Fusion::Qkv]] {
+        let (yf, gf) = layer_run(m, inputs, on, seed, run);
+        layer_close(&format!("{what} with {on:?}"), (&yf, &gf), (&yc, &gc), seed);
+    }
+}
+
+fn layer_close(what: &str, (yf, gf): (&[f64], &[(String, Vec<f64>)]), (yc, gc): (&[f64], &[(String, Vec<f64>)]), seed: u64) {
+    close(&format!("{what} output"), yf, yc, kernel_tol(DType::F32), seed);
     let rms = |v: &[f64]| (v.iter().map(|x| x * x).sum::<f64>() / v.len().max(1) as f64).sqrt();
-    for ((name, a), (_, b)) in gf.iter().zip(&gc) {
+    for ((name, a), (_, b)) in gf.iter().zip(gc) {
         // A bias gradient is Σ over the B·T rows of the layer's output
         // gradient, and linear_k's is 0 in exact arithmetic (softmax ignores
         // a constant added to every score of a row): its rounding scales
@@ -371,7 +379,8 @@ fn layer_compare(what: &str, m: &dyn Module, inputs: &[Tensor], seed: u64, run: 
 /// The encoder's rel-pos self-attention (key padding), the decoder's causal
 /// self-attention and its cross attention (T1 != T2), d = 128 with 2 heads
 /// (d_k 64), dropout 0.1, in f32 on the CPU and on the GPU: the fusion
-/// switch changes outputs and gradients by no more than f32 rounding.
+/// switch (attention, and attention with qkv) changes outputs and
+/// gradients by no more than f32 rounding.
 #[test]
 fn attention_layers_match_with_the_fusion_on_and_off() {
     let mut devs = vec![Device::Cpu];

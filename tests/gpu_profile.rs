@@ -246,7 +246,7 @@ fn fusion_all_runs_the_same_step_in_fewer_launches() {
 #[test]
 fn attention_kernel_sets_launch_one_kernel_forward_and_three_backward_with_positions() {
     use asrforge::backend::cpu::attention::{AttentionDims, AttentionDropout, AttentionRule};
-    use asrforge::backend::cuda::attention::{flash_attention, flash_attention_backward, set_kernel_override, AttentionKernel, MaskGpu};
+    use asrforge::backend::cuda::attention::{flash_attention, flash_attention_backward, set_kernel_override, AttentionKernel, MaskGpu, QkvGrads, QkvLayout};
     let Some(Device::Cuda(ord)) = common::gpu::gpu("attention_kernel_sets_launch_one_kernel_forward_and_three_backward_with_positions") else { return };
     let _s = serial();
     let dev = cuda::device(ord).unwrap();
@@ -271,12 +271,15 @@ fn attention_kernel_sets_launch_one_kernel_forward_and_three_backward_with_posit
         set_kernel_override(Some(set));
         let before = cuda::counters(ord).unwrap();
         cuda::start_profile(ord).unwrap();
-        let (o, lse) = flash_attention(&q, &k, &v, Some((&p, &u, &vb)), &n, &rule, m, &AttentionDropout::NONE).unwrap();
+        let layout = QkvLayout::dense(&n);
+        let (o, lse) = flash_attention(&q, &k, &v, &layout, Some((&p, &u, &vb)), &n, &rule, m, &AttentionDropout::NONE).unwrap();
         let pf = cuda::stop_profile(ord).unwrap();
         let cf = cuda::counters(ord).unwrap().since(&before);
         let before = cuda::counters(ord).unwrap();
         cuda::start_profile(ord).unwrap();
-        let g = flash_attention_backward(&q, &k, &v, Some((&p, &u, &vb)), &o, &lse, &dout, &n, &rule, m, &AttentionDropout::NONE).unwrap();
+        let (dq, dk, dv) = (dev.alloc(DType::BF16, n.q_len()).unwrap(), dev.alloc(DType::BF16, n.k_len()).unwrap(), dev.alloc(DType::BF16, n.k_len()).unwrap());
+        let out = QkvGrads { dq: &dq, dk: &dk, dv: &dv };
+        let g = flash_attention_backward(&q, &k, &v, &layout, out, Some((&p, &u, &vb)), &o, &lse, &dout, &n, &rule, m, &AttentionDropout::NONE).unwrap();
         let pb = cuda::stop_profile(ord).unwrap();
         let cb = cuda::counters(ord).unwrap().since(&before);
         set_kernel_override(None);
@@ -286,7 +289,7 @@ fn attention_kernel_sets_launch_one_kernel_forward_and_three_backward_with_posit
         for b in bwd {
             assert_eq!(pb.row(b).map(|r| r.launches), Some(1), "{set:?} backward runs {b}\n{}", pb.table());
         }
-        assert!(g.pos.is_some());
+        assert!(g.is_some());
         let kept = cuda::kept_arrivals(ord).unwrap().expect("attention_pos_grads made the counters");
         assert!(kept.iter().all(|&c| c == 0), "{set:?}: the arrival counters are left at 0: {kept:?}");
     }
@@ -755,5 +758,148 @@ fn layer_norm_backward_adds_the_skip_gradient_in_its_launch() {
             common::gpu::assert_close(&format!("{dt:?}: gradient of {what}"), a, b, tol, s);
         }
         assert_eq!((adds, norms), (0, 1), "{dt:?}: add launches and layer-norm backward launches\n{table}");
+    }
+}
+
+/// `ops::cat_cast_many` (the packed projection weights): one `cast_many`
+/// launch forward for every output however many parts, and one backward
+/// for every part's gradient, f32 to bf16 and f32 to f32 (a copy).
+#[test]
+fn cat_cast_many_launches_once_each_way() {
+    use asrforge::ops;
+    let Some(dev) = common::gpu::gpu("cat_cast_many_launches_once_each_way") else { return };
+    let Device::Cuda(ord) = dev else { return };
+    let _s = serial();
+    let mut rng = Rng::new(seed());
+    for to in [DType::BF16, DType::F32] {
+        let mut t =
+            |shape: &[usize]| Tensor::randn(shape.to_vec(), 0.0, 1.0, DType::F32, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap().requires_grad_();
+        let parts = vec![vec![t(&[300, 64]), t(&[3, 64]), t(&[64, 64])], vec![t(&[300]), t(&[3]), t(&[64])], vec![t(&[5, 7])]];
+        let before = cuda::counters(ord).unwrap();
+        let ys = ops::cat_cast_many(&parts, to).unwrap();
+        assert_eq!(cuda::counters(ord).unwrap().since(&before).launches, 1, "{to:?}: one launch forward");
+        let seeds: Vec<(Tensor, Tensor)> = ys.iter().map(|y| (y.clone(), ops::to_dtype(&y.detach(), to).unwrap())).collect();
+        let before = cuda::counters(ord).unwrap();
+        asrforge::autograd::backward_with(&seeds).unwrap();
+        assert_eq!(cuda::counters(ord).unwrap().since(&before).launches, 1, "{to:?}: one launch backward");
+        for (i, p) in parts.iter().flatten().enumerate() {
+            assert_eq!(
+                p.grad().expect("every part has a gradient").to_f64_vec().unwrap(),
+                ops::to_dtype(&ops::to_dtype(p, to).unwrap(), DType::F32).unwrap().to_f64_vec().unwrap(),
+                "{to:?} part {i}"
+            );
+        }
+    }
+}
+
+/// The `qkv` fusion (with `attention`): self-attention (plain and rel-pos)
+/// projects q, k, v in one GEMM and cross-attention k, v in one, read in
+/// place by the fused kernel. In f32 the packed weights and biases cost one
+/// `cat_cast_many` launch each way: 4 launches fewer per self-attention
+/// (forward 3 products → 1 + the pack; backward 6 → 2 + the split) and 1
+/// per cross-attention. Under autocast with the packs declared the layer's
+/// one weight cast makes them: 6 and 3 fewer. Outputs and gradients within
+/// the dtype's tolerance of the attention fusion alone (the input's
+/// gradient sums the three products in one GEMM).
+#[test]
+fn qkv_fusion_projects_attention_inputs_in_one_gemm_with_fewer_launches() {
+    use asrforge::nn::{AttentionMask, Module, MultiHeadedAttention, RelPositionMultiHeadedAttention};
+    use asrforge::ops::{self, fusion, fusion::Fusion};
+    let Some(dev) = common::gpu::gpu("qkv_fusion_projects_attention_inputs_in_one_gemm_with_fewer_launches") else { return };
+    let Device::Cuda(ord) = dev else { return };
+    let _s = serial();
+    let s = seed();
+    let mut rng = Rng::new(s);
+    let (b, t, ts, d, h) = (2, 21, 13, 64, 4);
+    let plain = MultiHeadedAttention::new(h, d, 0.1, DType::F32, &mut rng).unwrap();
+    let rel = RelPositionMultiHeadedAttention::new(h, d, 0.1, DType::F32, &mut rng).unwrap();
+    for (_, p) in plain.named_parameters().into_iter().chain(rel.named_parameters()) {
+        p.move_to_device(&dev).unwrap();
+    }
+    let input = |shape: &[usize], rng: &mut Rng| {
+        Tensor::randn(shape.to_vec(), 0.0, 1.0, DType::F32, rng, &Device::Cpu).unwrap().to_device(&dev).unwrap().requires_grad_()
+    };
+    let (x, mem, pos) = (input(&[b, t, d], &mut rng), input(&[b, ts, d], &mut rng), input(&[1, t, d], &mut rng));
+    let causal = AttentionMask::causal_padding(&[t, 9], t).unwrap();
+    let pad = AttentionMask::key_padding(&[ts, 4], ts).unwrap();
+    let rel_pad = AttentionMask::key_padding(&[t, 12], t).unwrap();
+    type Run<'a> = Box<dyn Fn() -> asrforge::Result<Tensor> + 'a>;
+    type Packs<'a> = Box<dyn Fn() -> Vec<Vec<Tensor>> + 'a>;
+    // The layers' inputs as in a model: outputs of an op (their gradients
+    // gathered by the tape, not accumulated into leaves launch by launch).
+    let inner = |t: &Tensor| ops::mul_scalar(t, 1.0);
+    // (what, layer, the packs it declares, inputs, run, launches saved in f32, under bf16)
+    let cases: Vec<(&str, &dyn Module, Packs, Vec<Tensor>, Run, u64, u64)> = vec![
+        (
+            "self-attention",
+            &plain,
+            Box::new(|| plain.packs(true)),
+            vec![x.clone()],
+            Box::new(|| {
+                let h = inner(&x)?;
+                plain.forward(&h, &h, &h, Some(&causal))
+            }),
+            4,
+            6,
+        ),
+        (
+            "cross-attention",
+            &plain,
+            Box::new(|| plain.packs(false)),
+            vec![x.clone(), mem.clone()],
+            Box::new(|| {
+                let (h, m) = (inner(&x)?, inner(&mem)?);
+                plain.forward(&h, &m, &m, Some(&pad))
+            }),
+            1,
+            3,
+        ),
+        (
+            "rel-pos self-attention",
+            &rel,
+            Box::new(|| rel.base.packs(true)),
+            vec![x.clone(), pos.clone()],
+            Box::new(|| {
+                let h = inner(&x)?;
+                rel.forward(&h, &h, &h, Some(&rel_pad), &pos)
+            }),
+            4,
+            6,
+        ),
+    ];
+    for (what, layer, packs, inputs, run, saved_f32, saved_half) in &cases {
+        for half in [None, Some(DType::BF16)] {
+            let params: Vec<(String, Tensor)> =
+                layer.named_parameters().into_iter().chain(inputs.iter().enumerate().map(|(i, t)| (format!("input {i}"), t.clone()))).collect();
+            let group = vec![layer.parameters()];
+            let step = |on: &[Fusion]| {
+                fusion::set_enabled(on);
+                // The packs the layer declares with these families on (none without qkv).
+                let packs = packs();
+                asrforge::tensor::rng::manual_seed(s ^ 3);
+                let before = cuda::counters(ord).unwrap();
+                let y = ops::autocast_params_packed(half, &group, &packs, run).unwrap();
+                fusion::set_enabled(&[]);
+                let w = Tensor::randn(y.dims().to_vec(), 0.0, 1.0, DType::F32, &mut Rng::new(s ^ 5), &Device::Cpu).unwrap();
+                let w = ops::to_dtype(&w, y.dtype()).unwrap().to_device(&dev).unwrap();
+                asrforge::autograd::backward(&ops::sum_all(&ops::mul(&y, &w).unwrap()).unwrap()).unwrap();
+                let launches = cuda::counters(ord).unwrap().since(&before).launches;
+                let mut out = vec![("output".to_string(), y.to_f64_vec().unwrap())];
+                for (name, p) in &params {
+                    out.push((name.clone(), p.grad().unwrap_or_else(|| panic!("{name} has no gradient")).to_f64_vec().unwrap()));
+                    p.zero_grad();
+                }
+                (out, launches)
+            };
+            let (apart, la) = step(&[Fusion::Attention]);
+            let (packed, lp) = step(&[Fusion::Attention, Fusion::Qkv]);
+            let tol = half.map_or(common::gpu::F32, common::gpu::tol);
+            for ((name, p), (_, a)) in packed.iter().zip(&apart) {
+                common::gpu::assert_close(&format!("{what} {half:?}: {name}"), p, a, tol, s);
+            }
+            let saved = if half.is_some() { *saved_half } else { *saved_f32 };
+            assert_eq!(lp + saved, la, "{what} {half:?}: {lp} launches with qkv vs {la} without");
+            eprintln!("{what}, autocast {half:?}: forward + backward {la} launches with the attention fusion, {lp} with qkv too");
+        }
     }
 }

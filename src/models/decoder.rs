@@ -70,6 +70,11 @@ impl Module for DecoderLayer {
     fn describe(&self) -> String {
         "DecoderLayer".into()
     }
+    fn weight_packs(&self) -> Vec<Vec<Tensor>> {
+        let mut v = self.self_attn.packs(true);
+        v.extend(self.src_attn.packs(false));
+        v
+    }
     fn children(&self) -> Vec<(String, &dyn Module)> {
         vec![
             ("self_attn".into(), &self.self_attn as &dyn Module),

@@ -223,6 +223,12 @@ impl Module for EncoderLayer {
             "ConformerEncoderLayer".into()
         }
     }
+    fn weight_packs(&self) -> Vec<Vec<Tensor>> {
+        match &self.self_attn {
+            SelfAttention::Plain(a) => a.packs(true),
+            SelfAttention::Rel(a) => a.base.packs(true),
+        }
+    }
     fn children(&self) -> Vec<(String, &dyn Module)> {
         let mut v: Vec<(String, &dyn Module)> = vec![("self_attn".into(), self.self_attn.module()), ("feed_forward".into(), &self.feed_forward)];
         if self.transformer_names {

@@ -13,6 +13,14 @@
 //! projections instead: one kernel each way, no T1×T2 scores stored. The
 //! cached and streaming paths (`forward_kv`, `forward_cached`) keep the
 //! composition.
+//!
+//! With the `qkv` fusion on as well, self-attention projects q, k and v in
+//! one GEMM against the packed weights (B, T, 3·D) and cross-attention k
+//! and v in one (B, T2, 2·D), which the kernels read in place
+//! (`ops::flash_attention_qkv`, `ops::flash_attention_q_kv`); the packed
+//! weights are the layer's own (`linear_q/k/v` keep their names and
+//! checkpoints), concatenated per step by one launch, or under autocast by
+//! the layer's weight cast ([`MultiHeadedAttention::packs`]).
 
 use super::dropout::Dropout;
 use super::init::{uniform_param, xavier_uniform_bound};
@@ -122,6 +130,9 @@ impl MultiHeadedAttention {
     /// Attention of `query` (B, T1, D) over `key`/`value` (B, T2, D): the
     /// fused kernel when the attention fusion is on, else the composition.
     pub fn forward(&self, query: &Tensor, key: &Tensor, value: &Tensor, mask: Option<&AttentionMask>) -> Result<Tensor> {
+        if let Some(y) = self.attend_packed(query, key, value, None, mask)? {
+            return Ok(y);
+        }
         if fusion::enabled(Fusion::Attention) {
             let q = self.split(&self.linear_q.forward(query)?)?;
             let k = self.split(&self.linear_k.forward(key)?)?;
@@ -150,6 +161,107 @@ impl MultiHeadedAttention {
         let (b, t1) = (x.dims()[0], x.dims()[1]);
         let x = ops::reshape(&x, [b, t1, self.heads * self.d_k()])?;
         self.linear_out.forward(&x)
+    }
+
+    /// The parameter lists the `qkv` fusion packs: q, k, v weights and
+    /// biases for self-attention (`self_attention`), k and v ones for
+    /// cross-attention; none with the fusion off. Declared to autocast
+    /// (`ops::autocast_params_packed`), the layer's one weight cast makes
+    /// them.
+    pub fn packs(&self, self_attention: bool) -> Vec<Vec<Tensor>> {
+        if !(fusion::enabled(Fusion::Attention) && fusion::enabled(Fusion::Qkv)) {
+            return Vec::new();
+        }
+        let ls = self.projections(self_attention);
+        let ws = ls.iter().map(|l| l.weight.clone()).collect();
+        let bs: Option<Vec<Tensor>> = ls.iter().map(|l| l.bias.clone()).collect();
+        std::iter::once(ws).chain(bs).collect()
+    }
+
+    fn projections(&self, self_attention: bool) -> Vec<&Linear> {
+        if self_attention {
+            vec![&self.linear_q, &self.linear_k, &self.linear_v]
+        } else {
+            vec![&self.linear_k, &self.linear_v]
+        }
+    }
+
+    /// `x` projected by `linears` at once: (B, T, n·D) with their outputs
+    /// side by side, in one GEMM against their packed weights (the region's
+    /// half copy under autocast when declared, else one `cat_cast_many`).
+    fn project_packed(x: &Tensor, linears: &[&Linear]) -> Result<Tensor> {
+        let ws: Vec<&Tensor> = linears.iter().map(|l| &l.weight).collect();
+        let bs: Vec<&Tensor> = linears.iter().filter_map(|l| l.bias.as_ref()).collect();
+        let biased = bs.len() == ws.len();
+        let declared = (ops::packed_half(&ws)?, if biased { ops::packed_half(&bs)? } else { None });
+        let (w, b) = match declared {
+            (Some(w), Some(b)) if biased => (w, Some(b)),
+            (Some(w), None) if !biased => (w, None),
+            _ => {
+                let mut parts = vec![ws.iter().map(|&t| t.clone()).collect::<Vec<_>>()];
+                if biased {
+                    parts.push(bs.iter().map(|&t| t.clone()).collect());
+                } else if !bs.is_empty() {
+                    return Err(Error::invalid("MultiHeadedAttention", "expected every projection with a bias or none"));
+                }
+                let mut packed = ops::cat_cast_many(&parts, ws[0].dtype())?.into_iter();
+                let w = packed.next().ok_or_else(|| Error::invalid("MultiHeadedAttention", "expected a packed weight"))?;
+                (w, packed.next())
+            }
+        };
+        ops::linear(x, &w, b.as_ref())
+    }
+
+    /// The `qkv` fusion's path (with the attention fusion): one projection
+    /// for q, k and v when `query`, `key` and `value` are one tensor, one
+    /// for k and v when `key` and `value` are, read in place by the fused
+    /// kernel. `None` when the fusion is off or does not apply.
+    fn attend_packed(
+        &self,
+        query: &Tensor,
+        key: &Tensor,
+        value: &Tensor,
+        pos: Option<(&Tensor, &Tensor, &Tensor)>,
+        mask: Option<&AttentionMask>,
+    ) -> Result<Option<Tensor>> {
+        if !(fusion::enabled(Fusion::Attention) && fusion::enabled(Fusion::Qkv)) || key.id() != value.id() {
+            return Ok(None);
+        }
+        if query.rank() != 3 || key.rank() != 3 {
+            return Err(Error::ShapeMismatch {
+                op: "MultiHeadedAttention",
+                expected: "inputs (B, T, D)".into(),
+                got: format!("{} and {}", query.shape(), key.shape()),
+            });
+        }
+        if query.device() != Device::Cpu && self.d_k() > crate::backend::cuda::attention::MAX_D_K {
+            return Ok(None);
+        }
+        let m = ops::FlashMask { mask: mask.map(|m| m.0.clone()), ..Default::default() };
+        let p = pos.map(|(table, _, _)| self.split(table)).transpose()?;
+        let rel = match (pos, &p) {
+            (Some((_, u, vb)), Some(p)) => Some(ops::RelPos { p, u, vb }),
+            _ => None,
+        };
+        // The fused op takes one dtype (the products under one autocast give it).
+        let same = |t: &Tensor| p.as_ref().is_none_or(|p| p.dtype() == t.dtype());
+        let x = if query.id() == key.id() {
+            let qkv = Self::project_packed(query, &self.projections(true))?;
+            if !same(&qkv) {
+                return Ok(None);
+            }
+            ops::flash_attention_qkv(&qkv, self.heads, rel, &m, self.dropout.p, self.dropout.training)?
+        } else {
+            let q = self.split(&self.linear_q.forward(query)?)?;
+            let kv = Self::project_packed(key, &self.projections(false))?;
+            if !same(&kv) || q.dtype() != kv.dtype() {
+                return Ok(None);
+            }
+            ops::flash_attention_q_kv(&q, &kv, rel, &m, self.dropout.p, self.dropout.training)?
+        };
+        let (b, t1) = (x.dims()[0], x.dims()[1]);
+        let x = ops::reshape(&x, [b, t1, self.heads * self.d_k()])?;
+        self.linear_out.forward(&x).map(Some)
     }
 
     /// The projected keys and values of `key`/`value` (B, T, D), heads first:
@@ -245,6 +357,12 @@ impl RelPositionMultiHeadedAttention {
     /// the composition.
     pub fn forward(&self, query: &Tensor, key: &Tensor, value: &Tensor, mask: Option<&AttentionMask>, pos_emb: &Tensor) -> Result<Tensor> {
         let a = &self.base;
+        if fusion::enabled(Fusion::Attention) && fusion::enabled(Fusion::Qkv) && key.id() == value.id() {
+            let p = self.linear_pos.forward(pos_emb)?;
+            if let Some(y) = a.attend_packed(query, key, value, Some((&p, &self.pos_bias_u, &self.pos_bias_v)), mask)? {
+                return Ok(y);
+            }
+        }
         if fusion::enabled(Fusion::Attention) {
             let q = a.split(&a.linear_q.forward(query)?)?;
             let k = a.split(&a.linear_k.forward(key)?)?;

@@ -84,6 +84,14 @@ pub trait Module {
         self.state_dict().into_iter().filter(|e| e.kind != TensorKind::Param).map(|e| (e.name, e.tensor)).collect()
     }
 
+    /// Lists of parameters that autocast casts into one tensor each
+    /// ([`crate::ops::autocast_params_packed`]): the `qkv` fusion's packed
+    /// attention projections, empty with it off. By default the children's;
+    /// a layer holding attention says which projections it packs.
+    fn weight_packs(&self) -> Vec<Vec<Tensor>> {
+        self.children().into_iter().flat_map(|(_, c)| c.weight_packs()).collect()
+    }
+
     /// The trainable leaves in groups of one layer each, for autocast's
     /// weight casts ([`crate::ops::autocast_params`]): a parameter belongs
     /// to the path up to its first numbered component (`encoder.encoders.3`),

@@ -4,7 +4,7 @@
 //! Every fused op is registered here under one [`Fusion`] family and sits
 //! beside the composition it replaces; the composition stays the reference
 //! (tests run both and compare outputs and gradients). The families are
-//! chosen by `ASRFORGE_FUSION=all|none|attention,convmodule,norm,loss,ffn,posenc,subsampling` or
+//! chosen by `ASRFORGE_FUSION=all|none|attention,convmodule,norm,loss,ffn,posenc,subsampling,qkv` or
 //! the config key `fusion:` (the same words; the environment wins, as for
 //! every `ASRFORGE_*` switch). The default is `none`: a fused kernel becomes
 //! the default only once it has passed on a real GPU and is faster there
@@ -31,11 +31,16 @@ pub enum Fusion {
     PosEnc,
     /// The conv2d subsampling's bias and ReLU after each product.
     Subsampling,
+    /// One GEMM for an attention layer's q, k and v projections (k and v
+    /// for cross-attention), read in place by flash attention: acts only
+    /// with `attention` on.
+    Qkv,
 }
 
 impl Fusion {
     /// Every family, in the order of [`Fusion::name`]'s words.
-    pub const ALL: [Fusion; 7] = [Fusion::Attention, Fusion::ConvModule, Fusion::Norm, Fusion::Loss, Fusion::Ffn, Fusion::PosEnc, Fusion::Subsampling];
+    pub const ALL: [Fusion; 8] =
+        [Fusion::Attention, Fusion::ConvModule, Fusion::Norm, Fusion::Loss, Fusion::Ffn, Fusion::PosEnc, Fusion::Subsampling, Fusion::Qkv];
 
     /// The family's word in `ASRFORGE_FUSION` and `fusion:`.
     pub fn name(self) -> &'static str {
@@ -47,6 +52,7 @@ impl Fusion {
             Fusion::Ffn => "ffn",
             Fusion::PosEnc => "posenc",
             Fusion::Subsampling => "subsampling",
+            Fusion::Qkv => "qkv",
         }
     }
 
@@ -149,15 +155,19 @@ mod tests {
 
     #[test]
     fn parses_all_none_and_lists_and_names_a_bad_word() {
-        assert_eq!(parse("k", "all").unwrap(), 0b1111111);
+        assert_eq!(parse("k", "all").unwrap(), 0b1111_1111);
         assert_eq!(parse("k", "ffn").unwrap(), Fusion::Ffn.bit());
         assert_eq!(parse("k", "posenc").unwrap(), Fusion::PosEnc.bit());
         assert_eq!(parse("k", "subsampling,posenc").unwrap(), Fusion::Subsampling.bit() | Fusion::PosEnc.bit());
+        assert_eq!(parse("k", "attention,qkv").unwrap(), Fusion::Attention.bit() | Fusion::Qkv.bit());
         assert_eq!(parse("k", "none").unwrap(), 0);
         assert_eq!(parse("k", " ").unwrap(), 0);
         assert_eq!(parse("k", "attention, loss").unwrap(), Fusion::Attention.bit() | Fusion::Loss.bit());
         assert_eq!(parse("k", "convmodule,norm").unwrap(), Fusion::ConvModule.bit() | Fusion::Norm.bit());
         let e = parse("fusion", "attention,flash").unwrap_err().to_string();
-        assert!(e.contains("fusion") && e.contains("\"flash\"") && e.contains("convmodule") && e.contains("ffn") && e.contains("posenc"), "{e}");
+        assert!(
+            e.contains("fusion") && e.contains("\"flash\"") && e.contains("convmodule") && e.contains("ffn") && e.contains("posenc") && e.contains("qkv"),
+            "{e}"
+        );
     }
 }

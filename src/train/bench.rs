@@ -179,7 +179,9 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
     crate::tensor::rng::manual_seed(a.seed);
     model.train(false);
     let init_loss = no_grad(|| {
-        crate::ops::autocast_params(autocast, &model.layer_groups(), || model.forward(&batch.feats, &batch.feats_lengths, &batch.target, &batch.target_lengths))
+        crate::ops::autocast_params_packed(autocast, &model.layer_groups(), &model.weight_packs(), || {
+            model.forward(&batch.feats, &batch.feats_lengths, &batch.target, &batch.target_lengths)
+        })
     })?
     .loss
     .to_scalar()?;

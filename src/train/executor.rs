@@ -260,8 +260,8 @@ impl Executor {
             moved = b.to_device(&self.device)?;
             &moved
         };
-        let groups = if self.autocast.is_some() { self.model.layer_groups() } else { Vec::new() };
-        crate::ops::autocast_params(self.autocast, &groups, || self.model.forward(&b.feats, &b.feats_lengths, &b.target, &b.target_lengths))
+        let (groups, packs) = if self.autocast.is_some() { (self.model.layer_groups(), self.model.weight_packs()) } else { (Vec::new(), Vec::new()) };
+        crate::ops::autocast_params_packed(self.autocast, &groups, &packs, || self.model.forward(&b.feats, &b.feats_lengths, &b.target, &b.target_lengths))
     }
 
     fn forward_backward(&mut self, b: &Batch) -> Result<BatchLoss> {
