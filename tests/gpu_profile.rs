@@ -903,3 +903,68 @@ fn qkv_fusion_projects_attention_inputs_in_one_gemm_with_fewer_launches() {
         }
     }
 }
+
+/// Autocast converts every group's weights in one launch at the first use
+/// and records each group's tape node where the group is first used: a
+/// stack of three linear layers (a group each) launches one `cast_many`
+/// forward (and the input's cast and the three products), each layer's
+/// gradients are final (the leaf hook) as soon as that layer's backward is
+/// done, the last layer first, and they equal a run whose weights are
+/// converted one group at a time (`ops::to_dtype_many` per layer, by hand).
+#[test]
+fn autocast_converts_every_layer_in_one_launch_and_keeps_gradients_final_per_layer() {
+    use asrforge::nn::{Linear, Module};
+    use asrforge::ops;
+    let Some(dev) = common::gpu::gpu("autocast_converts_every_layer_in_one_launch_and_keeps_gradients_final_per_layer") else { return };
+    let Device::Cuda(ord) = dev else { return };
+    let _s = serial();
+    let s = seed();
+    let mut rng = Rng::new(s);
+    let layers: Vec<Linear> = (0..3).map(|_| Linear::new(24, 24, true, DType::F32, &mut rng).unwrap()).collect();
+    for l in &layers {
+        for (_, p) in l.named_parameters() {
+            p.move_to_device(&dev).unwrap();
+        }
+    }
+    let x = Tensor::randn(vec![5, 24], 0.0, 1.0, DType::F32, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap();
+    let groups: Vec<Vec<Tensor>> = layers.iter().map(|l| l.parameters()).collect();
+    let half = Some(DType::BF16);
+    // The region: one launch for every group.
+    let before = cuda::counters(ord).unwrap();
+    let y = ops::autocast_params(half, &groups, || layers.iter().try_fold(x.clone(), |h, l| l.forward(&h))).unwrap();
+    assert_eq!(cuda::counters(ord).unwrap().since(&before).launches, 1 + 1 + 3, "one weight conversion, the input's cast, three products");
+    assert_eq!(asrforge::autograd::tape_ops().iter().filter(|&&n| n == "cat_cast_many").count(), 3, "a node per group: {:?}", asrforge::autograd::tape_ops());
+    let loss = ops::sum_all(&ops::to_dtype(&y, DType::F32).unwrap()).unwrap();
+    let ids: Vec<Vec<_>> = groups.iter().map(|g| g.iter().map(|t| t.id()).collect()).collect();
+    // (group, launches of the backward so far) as each parameter's gradient becomes final.
+    let mut order = Vec::new();
+    let start = cuda::counters(ord).unwrap();
+    asrforge::autograd::backward_with_hooks(&loss, &mut |t: &Tensor| {
+        if let Some(g) = ids.iter().position(|g| g.contains(&t.id())) {
+            order.push((g, cuda::counters(ord).unwrap().since(&start).launches));
+        }
+        Ok(())
+    })
+    .unwrap();
+    let groups_in_order: Vec<usize> = order.iter().map(|o| o.0).collect();
+    assert_eq!(groups_in_order, vec![2, 2, 1, 1, 0, 0], "each layer's gradients final after its own backward, the last layer first");
+    // Between the last and the first layer's gradients becoming final, the
+    // two earlier layers' backward ran (a product each at least, and their
+    // conversions): with every node recorded up front only the conversions would.
+    assert!(order[4].1 >= order[0].1 + 4, "the layers' products run between their gradients becoming final: {order:?}");
+    let got: Vec<Vec<f64>> = groups.iter().flatten().map(|p| p.grad().unwrap().to_f64_vec().unwrap()).collect();
+    groups.iter().flatten().for_each(|p| p.zero_grad());
+    // The reference: each layer's weights converted by their own node.
+    let y = ops::autocast(half, || {
+        layers.iter().try_fold(x.clone(), |h, l| {
+            let c = ops::to_dtype_many(&l.parameters(), DType::BF16)?;
+            ops::linear(&h, &c[0], Some(&c[1]))
+        })
+    })
+    .unwrap();
+    asrforge::autograd::backward(&ops::sum_all(&ops::to_dtype(&y, DType::F32).unwrap()).unwrap()).unwrap();
+    for (i, (p, g)) in groups.iter().flatten().zip(&got).enumerate() {
+        assert_eq!(&p.grad().unwrap().to_f64_vec().unwrap(), g, "parameter {i} (seed {s})");
+        p.zero_grad();
+    }
+}

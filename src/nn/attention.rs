@@ -20,7 +20,7 @@
 //! (`ops::flash_attention_qkv`, `ops::flash_attention_q_kv`); the packed
 //! weights are the layer's own (`linear_q/k/v` keep their names and
 //! checkpoints), concatenated per step by one launch, or under autocast by
-//! the layer's weight cast ([`MultiHeadedAttention::packs`]).
+//! the weight conversion ([`MultiHeadedAttention::packs`]).
 
 use super::dropout::Dropout;
 use super::init::{uniform_param, xavier_uniform_bound};
@@ -166,7 +166,7 @@ impl MultiHeadedAttention {
     /// The parameter lists the `qkv` fusion packs: q, k, v weights and
     /// biases for self-attention (`self_attention`), k and v ones for
     /// cross-attention; none with the fusion off. Declared to autocast
-    /// (`ops::autocast_params_packed`), the layer's one weight cast makes
+    /// (`ops::autocast_params_packed`), autocast's weight conversion makes
     /// them.
     pub fn packs(&self, self_attention: bool) -> Vec<Vec<Tensor>> {
         if !(fusion::enabled(Fusion::Attention) && fusion::enabled(Fusion::Qkv)) {

@@ -7,17 +7,20 @@
 //! type promotion does. Losses cast their logits to f32.
 //!
 //! Weights: [`autocast_params`] names the model's parameters in groups (one
-//! per layer). The first product that needs a half copy of a parameter casts
-//! its whole group in one multi-tensor launch ([`super::to_dtype_many`], one
-//! tape node whose backward converts the group's gradients back to f32 in
-//! one launch) and keeps the copies for the rest of the region: every weight
-//! is cast once per step, not at every use, and a layer's gradients are
-//! final as soon as its backward is done (DDP's bucket hooks still overlap).
+//! per layer). The first product that needs a half copy of a parameter
+//! casts every group's parameters in one multi-tensor launch (a few on a
+//! large model: a launch's table holds 64 tensors and 4 Mi elements) and
+//! keeps the copies for the rest of the region; each group's tape node (one
+//! per group, [`super::cat_cast_many`]'s, whose backward converts the
+//! group's gradients back to f32 in one launch) is recorded where the group
+//! is first used. So every weight is cast once per step, not at every use,
+//! and a layer's gradients are final as soon as its backward is done (DDP's
+//! bucket hooks still overlap).
 //! A tensor outside every group (an activation) is cast where it is first
 //! used, and that copy serves its later uses in the region.
 //!
 //! Packs ([`autocast_params_packed`]): lists of a group's parameters whose
-//! half copies the group's launch writes side by side into one tensor,
+//! half copies the weight conversion writes side by side into one tensor,
 //! concatenated along dim 0 ([`super::cat_cast_many`]): an attention
 //! layer's q/k/v projection weights and biases, which one GEMM then reads
 //! ([`packed_half`]). A packed parameter asked for alone gets a cast of its own.
@@ -29,7 +32,8 @@
 //! are f32 holding half-rounded products). Convolutions do the same on the
 //! CPU and run their half kernels on the GPU.
 
-use super::{cat_cast_many, to_dtype};
+use super::cast::{cat_cast_many_untracked, record_cat_cast};
+use super::to_dtype;
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Device, Tensor, TensorId};
 use std::cell::{Cell, RefCell};
@@ -50,9 +54,24 @@ struct WeightCache {
     pack_of: HashMap<TensorId, usize>,
     /// Pack → its half copy, once its group is cast.
     packed: HashMap<usize, Tensor>,
+    /// The region's one conversion of every group (`None` until the first
+    /// use): each group's parts and untracked copies, until the group's
+    /// first use records its node.
+    staged: Option<HashMap<usize, Staged>>,
     /// Whether an [`autocast_params`] region installed this cache (outside
     /// one, activations' casts are not kept).
     region: bool,
+}
+
+/// One group's share of the region's conversion: its parts (each f32
+/// parameter alone, then each of its packs) and their half copies, not yet
+/// on the tape.
+struct Staged {
+    parts: Vec<Vec<Tensor>>,
+    copies: Vec<Tensor>,
+    /// How many of `parts` are single parameters (the rest are `packs`, in order).
+    singles: usize,
+    packs: Vec<usize>,
 }
 
 thread_local! {
@@ -100,7 +119,7 @@ pub fn autocast_params<R>(dtype: Option<DType>, groups: &[Vec<Tensor>], f: impl 
 
 /// [`autocast_params`] with `packs`: lists of parameters of one group (each
 /// parameter in at most one list, every list's tensors with equal dims past
-/// the first) that the group's launch casts into one tensor each, which
+/// the first) that the weight conversion casts into one tensor each, which
 /// [`packed_half`] hands out. A list whose parameters are not all f32 and
 /// in one group is not packed (its parameters are cast one by one).
 pub fn autocast_params_packed<R>(dtype: Option<DType>, groups: &[Vec<Tensor>], packs: &[Vec<Tensor>], f: impl FnOnce() -> Result<R>) -> Result<R> {
@@ -184,39 +203,68 @@ pub(crate) fn half_of(x: &Tensor, half: DType) -> Result<Tensor> {
     }
 }
 
-/// Casts group `g`'s f32 parameters to `half` in one launch: each alone
-/// into the cache's copies, each pack of the group into one tensor.
+/// Group `g`'s half copies in the cache: its node recorded from the
+/// region's one conversion (made now if this is the region's first cast).
 fn cast_group(g: usize, half: DType) -> Result<()> {
-    let (singles, packs) = WEIGHTS.with(|w| {
-        let w = w.borrow();
-        let members: Vec<Tensor> = w.groups[g].iter().filter(|t| t.dtype() == DType::F32).cloned().collect();
-        let singles: Vec<Tensor> = members.iter().filter(|t| !w.pack_of.contains_key(&t.id())).cloned().collect();
-        let mut packs: Vec<usize> = members.iter().filter_map(|t| w.pack_of.get(&t.id()).copied()).filter(|p| !w.packed.contains_key(p)).collect();
-        packs.sort_unstable();
-        packs.dedup();
-        let packs: Vec<(usize, Vec<Tensor>)> = packs.into_iter().map(|p| (p, w.packs[p].clone())).collect();
-        (singles, packs)
-    });
-    let mut parts: Vec<Vec<Tensor>> = singles.iter().map(|t| vec![t.clone()]).collect();
-    parts.extend(packs.iter().map(|(_, members)| members.clone()));
-    let copies = cat_cast_many(&parts, half)?;
+    if WEIGHTS.with(|w| w.borrow().staged.is_none()) {
+        stage_all(half)?;
+    }
+    let Some(st) = WEIGHTS.with(|w| w.borrow_mut().staged.as_mut().and_then(|m| m.remove(&g))) else { return Ok(()) };
+    let copies = record_cat_cast("cat_cast_many", &st.parts, st.copies)?;
     WEIGHTS.with(|w| {
         let mut w = w.borrow_mut();
-        let mut copies = copies.into_iter();
-        for (m, c) in singles.iter().zip(copies.by_ref()) {
-            w.halves.insert(m.id(), c);
-        }
-        for ((p, _), c) in packs.iter().zip(copies) {
-            w.packed.insert(*p, c);
+        for (k, (part, c)) in st.parts.iter().zip(copies).enumerate() {
+            match k.checked_sub(st.singles) {
+                None => {
+                    w.halves.insert(part[0].id(), c);
+                }
+                Some(j) => {
+                    w.packed.insert(st.packs[j], c);
+                }
+            }
         }
     });
     Ok(())
 }
 
+/// Converts every group's f32 parameters to `half` at once (each alone,
+/// each pack into one tensor) and stages each group's share for
+/// [`cast_group`].
+fn stage_all(half: DType) -> Result<()> {
+    let plan: Vec<(usize, Vec<Vec<Tensor>>, usize, Vec<usize>)> = WEIGHTS.with(|w| {
+        let w = w.borrow();
+        (0..w.groups.len())
+            .map(|g| {
+                let members: Vec<&Tensor> = w.groups[g].iter().filter(|t| t.dtype() == DType::F32).collect();
+                let mut parts: Vec<Vec<Tensor>> = members.iter().filter(|t| !w.pack_of.contains_key(&t.id())).map(|&t| vec![t.clone()]).collect();
+                let singles = parts.len();
+                let mut packs: Vec<usize> = members.iter().filter_map(|t| w.pack_of.get(&t.id()).copied()).collect();
+                packs.sort_unstable();
+                packs.dedup();
+                parts.extend(packs.iter().map(|&p| w.packs[p].clone()));
+                (g, parts, singles, packs)
+            })
+            .filter(|(_, parts, _, _)| !parts.is_empty())
+            .collect()
+    });
+    let all: Vec<Vec<Tensor>> = plan.iter().flat_map(|(_, parts, _, _)| parts.iter().cloned()).collect();
+    let mut copies = cat_cast_many_untracked("cat_cast_many", &all, half)?.into_iter();
+    let staged: HashMap<usize, Staged> = plan
+        .into_iter()
+        .map(|(g, parts, singles, packs)| {
+            let copies: Vec<Tensor> = copies.by_ref().take(parts.len()).collect();
+            (g, Staged { parts, copies, singles, packs })
+        })
+        .collect();
+    WEIGHTS.with(|w| w.borrow_mut().staged = Some(staged));
+    Ok(())
+}
+
 /// The region's half copy of `params` concatenated along dim 0, when
 /// autocast is on, they are on a GPU and the region declared them as a
-/// pack ([`autocast_params_packed`]): made by their group's one launch (the
-/// first use of any of the group's parameters). `None` otherwise.
+/// pack ([`autocast_params_packed`]): made by the region's weight
+/// conversion, its tape node recorded with its group's (at the first use
+/// of any of the group's parameters). `None` otherwise.
 pub fn packed_half(params: &[&Tensor]) -> Result<Option<Tensor>> {
     let Some(half) = autocast_dtype() else { return Ok(None) };
     if params.first().is_none_or(|t| t.device() == Device::Cpu) {

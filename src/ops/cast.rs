@@ -50,11 +50,19 @@ pub fn cat_cast_many(parts: &[Vec<Tensor>], dtype: DType) -> Result<Vec<Tensor>>
 }
 
 fn cast_parts(name: &'static str, parts: &[Vec<Tensor>], dtype: DType) -> Result<Vec<Tensor>> {
+    let ys = cat_cast_many_untracked(name, parts, dtype)?;
+    record_cat_cast(name, parts, ys)
+}
+
+/// [`cat_cast_many`]'s outputs without its tape node: autocast converts
+/// every layer's weights in one launch this way and records each layer's
+/// node ([`record_cat_cast`]) where the layer first uses them, so that each
+/// layer's gradients are final as soon as its backward is done.
+pub(crate) fn cat_cast_many_untracked(name: &'static str, parts: &[Vec<Tensor>], dtype: DType) -> Result<Vec<Tensor>> {
     if parts.is_empty() {
         return Ok(Vec::new());
     }
-    let members: Vec<&Tensor> = parts.iter().flatten().collect();
-    let first = members[0];
+    let first = parts.iter().flatten().next().ok_or_else(|| Error::invalid(name, "expected at least one tensor in part 0, found none"))?;
     for (o, part) in parts.iter().enumerate() {
         let Some(p0) = part.first() else { return Err(Error::invalid(name, format!("expected at least one tensor in part {o}, found none"))) };
         for t in part {
@@ -76,7 +84,17 @@ fn cast_parts(name: &'static str, parts: &[Vec<Tensor>], dtype: DType) -> Result
             Shape::from(d)
         })
         .collect();
-    let ys = no_grad(|| pack(parts, &shapes, dtype))?;
+    no_grad(|| pack(parts, &shapes, dtype))
+}
+
+/// The tape node of [`cat_cast_many`] for `parts` and their untracked
+/// outputs `ys` (from [`cat_cast_many_untracked`]): the tracked outputs,
+/// or `ys` themselves when no part needs a gradient.
+pub(crate) fn record_cat_cast(name: &'static str, parts: &[Vec<Tensor>], ys: Vec<Tensor>) -> Result<Vec<Tensor>> {
+    let members: Vec<&Tensor> = parts.iter().flatten().collect();
+    if ys.len() != parts.len() {
+        return Err(Error::invalid(name, format!("expected {} outputs, found {}", parts.len(), ys.len())));
+    }
     if !needs_grad(&members) {
         return Ok(ys);
     }
