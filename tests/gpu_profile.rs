@@ -968,3 +968,53 @@ fn autocast_converts_every_layer_in_one_launch_and_keeps_gradients_final_per_lay
         p.zero_grad();
     }
 }
+
+/// Without autocast a region with packs copies only the packs, every
+/// layer's in one launch, and records each layer's node at its first use:
+/// three linear layers whose weight and bias are each declared a pack (as
+/// the qkv fusion declares its projections) launch one conversion and three
+/// products forward, their gradients are final per layer, last layer first,
+/// and equal plain f32 linear layers' bit for bit (the copies are exact).
+#[test]
+fn full_precision_regions_copy_every_layers_packs_in_one_launch() {
+    use asrforge::nn::{Linear, Module};
+    use asrforge::ops;
+    let Some(dev) = common::gpu::gpu("full_precision_regions_copy_every_layers_packs_in_one_launch") else { return };
+    let Device::Cuda(ord) = dev else { return };
+    let _s = serial();
+    let s = seed();
+    let mut rng = Rng::new(s);
+    let layers: Vec<Linear> = (0..3).map(|_| Linear::new(24, 24, true, DType::F32, &mut rng).unwrap()).collect();
+    for (_, p) in layers.iter().flat_map(|l| l.named_parameters()) {
+        p.move_to_device(&dev).unwrap();
+    }
+    let x = Tensor::randn(vec![5, 24], 0.0, 1.0, DType::F32, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap();
+    let groups: Vec<Vec<Tensor>> = layers.iter().map(|l| l.parameters()).collect();
+    let packs: Vec<Vec<Tensor>> = groups.iter().flat_map(|g| g.iter().map(|t| vec![t.clone()])).collect();
+    let before = cuda::counters(ord).unwrap();
+    let y = ops::autocast_params_packed(None, &groups, &packs, || {
+        layers.iter().try_fold(x.clone(), |h, l| {
+            let w = ops::packed_params(&[&l.weight])?.expect("a declared pack on the GPU");
+            let b = ops::packed_params(&[l.bias.as_ref().expect("a bias")])?.expect("a declared pack on the GPU");
+            ops::linear(&h, &w, Some(&b))
+        })
+    })
+    .unwrap();
+    assert_eq!(cuda::counters(ord).unwrap().since(&before).launches, 1 + 3, "one copy of every pack, three products");
+    let ids: Vec<Vec<_>> = groups.iter().map(|g| g.iter().map(|t| t.id()).collect()).collect();
+    let mut order = Vec::new();
+    asrforge::autograd::backward_with_hooks(&ops::sum_all(&y).unwrap(), &mut |t: &Tensor| {
+        order.extend(ids.iter().position(|g| g.contains(&t.id())));
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(order, vec![2, 2, 1, 1, 0, 0], "each layer's gradients final after its own backward, the last layer first");
+    let got: Vec<Vec<f64>> = groups.iter().flatten().map(|p| p.grad().unwrap().to_f64_vec().unwrap()).collect();
+    groups.iter().flatten().for_each(|p| p.zero_grad());
+    let y = layers.iter().try_fold(x.clone(), |h, l| l.forward(&h)).unwrap();
+    asrforge::autograd::backward(&ops::sum_all(&y).unwrap()).unwrap();
+    for (i, (p, g)) in groups.iter().flatten().zip(&got).enumerate() {
+        assert_eq!(&p.grad().unwrap().to_f64_vec().unwrap(), g, "parameter {i} (seed {s})");
+        p.zero_grad();
+    }
+}

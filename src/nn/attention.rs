@@ -19,8 +19,9 @@
 //! and v in one (B, T2, 2·D), which the kernels read in place
 //! (`ops::flash_attention_qkv`, `ops::flash_attention_q_kv`); the packed
 //! weights are the layer's own (`linear_q/k/v` keep their names and
-//! checkpoints), concatenated per step by one launch, or under autocast by
-//! the weight conversion ([`MultiHeadedAttention::packs`]).
+//! checkpoints), concatenated per step by the weight conversion of the
+//! trainer's region, one launch for every layer
+//! ([`MultiHeadedAttention::packs`]), else by one launch per layer.
 
 use super::dropout::Dropout;
 use super::init::{uniform_param, xavier_uniform_bound};
@@ -188,12 +189,12 @@ impl MultiHeadedAttention {
 
     /// `x` projected by `linears` at once: (B, T, n·D) with their outputs
     /// side by side, in one GEMM against their packed weights (the region's
-    /// half copy under autocast when declared, else one `cat_cast_many`).
+    /// copy when declared, else one `cat_cast_many`).
     fn project_packed(x: &Tensor, linears: &[&Linear]) -> Result<Tensor> {
         let ws: Vec<&Tensor> = linears.iter().map(|l| &l.weight).collect();
         let bs: Vec<&Tensor> = linears.iter().filter_map(|l| l.bias.as_ref()).collect();
         let biased = bs.len() == ws.len();
-        let declared = (ops::packed_half(&ws)?, if biased { ops::packed_half(&bs)? } else { None });
+        let declared = (ops::packed_params(&ws)?, if biased { ops::packed_params(&bs)? } else { None });
         let (w, b) = match declared {
             (Some(w), Some(b)) if biased => (w, Some(b)),
             (Some(w), None) if !biased => (w, None),

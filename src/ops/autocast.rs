@@ -23,7 +23,10 @@
 //! half copies the weight conversion writes side by side into one tensor,
 //! concatenated along dim 0 ([`super::cat_cast_many`]): an attention
 //! layer's q/k/v projection weights and biases, which one GEMM then reads
-//! ([`packed_half`]). A packed parameter asked for alone gets a cast of its own.
+//! ([`packed_params`]). A packed parameter asked for alone gets a cast of its own.
+//! Without autocast a region with packs converts (copies) only the packs,
+//! every layer's in one launch, each layer's node recorded at its first use
+//! as above: full-precision runs pack their projections that way.
 //!
 //! The CPU has no half GEMM, so it emulates one: half operands widened to
 //! f32, an f32 product, the result rounded through half — the values a half
@@ -61,6 +64,8 @@ struct WeightCache {
     /// Whether an [`autocast_params`] region installed this cache (outside
     /// one, activations' casts are not kept).
     region: bool,
+    /// The region's autocast type (`None`: full precision, packs only).
+    half: Option<DType>,
 }
 
 /// One group's share of the region's conversion: its parts (each f32
@@ -120,12 +125,13 @@ pub fn autocast_params<R>(dtype: Option<DType>, groups: &[Vec<Tensor>], f: impl 
 /// [`autocast_params`] with `packs`: lists of parameters of one group (each
 /// parameter in at most one list, every list's tensors with equal dims past
 /// the first) that the weight conversion casts into one tensor each, which
-/// [`packed_half`] hands out. A list whose parameters are not all f32 and
-/// in one group is not packed (its parameters are cast one by one).
+/// [`packed_params`] hands out (with `dtype` `None`, f32 copies of the
+/// packs alone). A list whose parameters are not all f32 and in one group
+/// is not packed (its parameters are cast one by one).
 pub fn autocast_params_packed<R>(dtype: Option<DType>, groups: &[Vec<Tensor>], packs: &[Vec<Tensor>], f: impl FnOnce() -> Result<R>) -> Result<R> {
     let _g = set_autocast(dtype)?;
-    let mut cache = WeightCache { region: true, ..WeightCache::default() };
-    if dtype.is_some() {
+    let mut cache = WeightCache { region: true, half: dtype, ..WeightCache::default() };
+    if dtype.is_some() || !packs.is_empty() {
         for (gi, g) in groups.iter().enumerate() {
             for t in g {
                 cache.group_of.insert(t.id(), gi);
@@ -203,11 +209,11 @@ pub(crate) fn half_of(x: &Tensor, half: DType) -> Result<Tensor> {
     }
 }
 
-/// Group `g`'s half copies in the cache: its node recorded from the
-/// region's one conversion (made now if this is the region's first cast).
-fn cast_group(g: usize, half: DType) -> Result<()> {
+/// Group `g`'s copies in the cache (in `to`): its node recorded from the
+/// region's one conversion (made now if this is the region's first).
+fn cast_group(g: usize, to: DType) -> Result<()> {
     if WEIGHTS.with(|w| w.borrow().staged.is_none()) {
-        stage_all(half)?;
+        stage_all(to)?;
     }
     let Some(st) = WEIGHTS.with(|w| w.borrow_mut().staged.as_mut().and_then(|m| m.remove(&g))) else { return Ok(()) };
     let copies = record_cat_cast("cat_cast_many", &st.parts, st.copies)?;
@@ -227,16 +233,20 @@ fn cast_group(g: usize, half: DType) -> Result<()> {
     Ok(())
 }
 
-/// Converts every group's f32 parameters to `half` at once (each alone,
-/// each pack into one tensor) and stages each group's share for
-/// [`cast_group`].
-fn stage_all(half: DType) -> Result<()> {
+/// Converts every group's f32 parameters to `to` at once (each alone under
+/// autocast, each pack into one tensor) and stages each group's share for
+/// [`cast_group`]. Without autocast only the packs are converted.
+fn stage_all(to: DType) -> Result<()> {
+    // The region's type, not autocast's mode now (the products turn it off
+    // around their operands' conversion).
+    let singles_too = WEIGHTS.with(|w| w.borrow().half.is_some());
     let plan: Vec<(usize, Vec<Vec<Tensor>>, usize, Vec<usize>)> = WEIGHTS.with(|w| {
         let w = w.borrow();
         (0..w.groups.len())
             .map(|g| {
                 let members: Vec<&Tensor> = w.groups[g].iter().filter(|t| t.dtype() == DType::F32).collect();
-                let mut parts: Vec<Vec<Tensor>> = members.iter().filter(|t| !w.pack_of.contains_key(&t.id())).map(|&t| vec![t.clone()]).collect();
+                let mut parts: Vec<Vec<Tensor>> =
+                    members.iter().filter(|t| singles_too && !w.pack_of.contains_key(&t.id())).map(|&t| vec![t.clone()]).collect();
                 let singles = parts.len();
                 let mut packs: Vec<usize> = members.iter().filter_map(|t| w.pack_of.get(&t.id()).copied()).collect();
                 packs.sort_unstable();
@@ -248,7 +258,7 @@ fn stage_all(half: DType) -> Result<()> {
             .collect()
     });
     let all: Vec<Vec<Tensor>> = plan.iter().flat_map(|(_, parts, _, _)| parts.iter().cloned()).collect();
-    let mut copies = cat_cast_many_untracked("cat_cast_many", &all, half)?.into_iter();
+    let mut copies = cat_cast_many_untracked("cat_cast_many", &all, to)?.into_iter();
     let staged: HashMap<usize, Staged> = plan
         .into_iter()
         .map(|(g, parts, singles, packs)| {
@@ -260,13 +270,13 @@ fn stage_all(half: DType) -> Result<()> {
     Ok(())
 }
 
-/// The region's half copy of `params` concatenated along dim 0, when
-/// autocast is on, they are on a GPU and the region declared them as a
-/// pack ([`autocast_params_packed`]): made by the region's weight
-/// conversion, its tape node recorded with its group's (at the first use
-/// of any of the group's parameters). `None` otherwise.
-pub fn packed_half(params: &[&Tensor]) -> Result<Option<Tensor>> {
-    let Some(half) = autocast_dtype() else { return Ok(None) };
+/// The region's copy of `params` concatenated along dim 0 (in the autocast
+/// half type, or f32 without autocast), when they are on a GPU and the
+/// region declared them as a pack ([`autocast_params_packed`]): made by the
+/// region's weight conversion, its tape node recorded with its group's (at
+/// the first use of any of the group's parameters). `None` otherwise.
+pub fn packed_params(params: &[&Tensor]) -> Result<Option<Tensor>> {
+    let to = WEIGHTS.with(|w| w.borrow().half).unwrap_or(DType::F32);
     if params.first().is_none_or(|t| t.device() == Device::Cpu) {
         return Ok(None);
     }
@@ -278,7 +288,7 @@ pub fn packed_half(params: &[&Tensor]) -> Result<Option<Tensor>> {
     });
     let Some((p, Some(g))) = found else { return Ok(None) };
     if !WEIGHTS.with(|w| w.borrow().packed.contains_key(&p)) {
-        cast_group(g, half)?;
+        cast_group(g, to)?;
     }
     Ok(WEIGHTS.with(|w| w.borrow().packed.get(&p).cloned()))
 }

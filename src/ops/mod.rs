@@ -27,7 +27,7 @@ mod unary;
 
 pub use accuracy::token_accuracy;
 pub use attention::{flash_attention, flash_attention_q_kv, flash_attention_qkv, FlashMask, RelPos};
-pub use autocast::{autocast, autocast_dtype, autocast_params, autocast_params_packed, packed_half, set_autocast, AutocastGuard};
+pub use autocast::{autocast, autocast_dtype, autocast_params, autocast_params_packed, packed_params, set_autocast, AutocastGuard};
 pub use binary::{add, add_scalar, add_scaled, div, mul, mul_scalar, sub, sum_to_shape};
 pub use cast::{cat_cast_many, to_dtype, to_dtype_many, widen_half};
 pub use conv::{conv1d_depthwise, conv1d_pointwise, conv1d_pointwise_channels_last, conv2d, conv2d_relu};

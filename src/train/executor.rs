@@ -260,7 +260,9 @@ impl Executor {
             moved = b.to_device(&self.device)?;
             &moved
         };
-        let (groups, packs) = if self.autocast.is_some() { (self.model.layer_groups(), self.model.weight_packs()) } else { (Vec::new(), Vec::new()) };
+        // Full precision too: the region packs the qkv fusion's projections.
+        let packs = self.model.weight_packs();
+        let groups = if self.autocast.is_some() || !packs.is_empty() { self.model.layer_groups() } else { Vec::new() };
         crate::ops::autocast_params_packed(self.autocast, &groups, &packs, || self.model.forward(&b.feats, &b.feats_lengths, &b.target, &b.target_lengths))
     }
 
