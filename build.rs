@@ -597,7 +597,7 @@ const STRUCTS: &[(&str, usize, bool)] = &[
     ("Bcast32", 25, false),
     ("CastTable", 450, true),
     ("FastDiv", 2, false),
-    ("MtTable", 435, true),
+    ("MtHead", 5, true),
     ("Strided", 17, false),
     ("Strided32", 21, false),
 ];

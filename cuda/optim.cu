@@ -25,25 +25,35 @@
 // out may alias g.
 //
 // The fused multi-tensor step (mt_*): the same unscale → norm → clip →
-// Adam sequence over every parameter in a few launches. The parameters are
+// Adam sequence over every parameter in two launches. The parameters are
 // cut into chunks of `chunk` elements (the last chunk of a tensor may be
-// shorter); a launch takes an MtTable by value (at most MT_TENSORS tensors
-// and MT_CHUNKS chunks, 3480 bytes of the 4 KiB parameter space; the host
-// fills as many tables as it needs), one block per chunk, grid-stride over
-// chunks:
+// shorter). The step's table lives in device memory (one asynchronous copy
+// from pinned memory per step, so a launch takes any number of tensors and
+// chunks): per chunk one word, its tensor's slot (low 32 bits) and its
+// index within that tensor (high 32 bits), then per tensor its p, g, m, v
+// addresses and its length (MtHead says where each array starts). One
+// block per chunk, grid-stride over chunks; each thread visits its strided
+// elements of a chunk in ascending order, MT_UNROLL of them loaded before
+// any is used, so a thread keeps several loads in flight (the reason the
+// earlier kernels, one load per thread in flight over at most 192 blocks,
+// ran at a fraction of the memory's bandwidth):
 //   mt_norm_{dt}    pass A: u = g·T(inv_scale) (when amp), and per chunk
 //                   (global index j = first_chunk + c) the f64 sum of u²
-//                   (each thread's strided share, then the block tree) in
-//                   partials[2j] and whether any u is inf/NaN in
-//                   partials[2j+1] (0 or 1). Every slot is written: no
-//                   memset, no atomics; a chunk's value does not depend on
-//                   the grid, so the norm is the same for any grid cap.
-//   mt_finish       pass B, one block: S = Σ partials[2j] in a fixed order,
-//                   norm = √S, found = any flag, skip = found or norm not
-//                   finite, clip = !skip and max_norm > 0 and norm >
-//                   max_norm, coef = max_norm / (norm + 1e-6) (f64, as
-//                   clip.rs computes it); state = [norm, found, skip, clip,
-//                   coef]. Nothing returns to the host but this buffer.
+//                   (each thread's strided share in ascending order, then
+//                   the block tree) in partials[2j] and whether any u is
+//                   inf/NaN in partials[2j+1] (0 or 1). Every slot is
+//                   written: no memset, no atomics on values; a chunk's
+//                   value does not depend on the grid. With `fold` set (the
+//                   step's last norm launch), the block that finishes last
+//                   (common.cuh's last_tile_arrived on a kept counter) then
+//                   runs pass B.
+//   pass B          S = Σ partials[2j] over all `total` chunks in a fixed
+//                   order (a block tree), norm = √S, found = any flag,
+//                   skip = found or norm not finite, clip = !skip and
+//                   max_norm > 0 and norm > max_norm, coef = max_norm /
+//                   (norm + 1e-6) (f64, as clip.rs computes it); state =
+//                   [norm, found, skip, clip, coef]. Nothing returns to the
+//                   host but this buffer. (mt_finish is pass B alone.)
 //   mt_adam_{dt}    pass C: nothing when state[2] (skip); else per element
 //                   g' = g·T(inv_scale) (when amp), then g' = g'·T(coef) + 0
 //                   (when clip: today's affine kernel, x·mul + add, with the
@@ -75,12 +85,12 @@ __device__ __forceinline__ double sub(double a, double b) { return __dsub_rn(a, 
 __device__ __forceinline__ double quo(double a, double b) { return __ddiv_rn(a, b); }
 __device__ __forceinline__ double root(double a) { return __dsqrt_rn(a); }
 
-// One Adam(W) update of element i from its (already unscaled and clipped) gradient gi.
+// One Adam(W) update of a parameter value pi with moments mi, vi from its
+// (already unscaled and clipped) gradient gi, in registers.
 template <typename T>
-__device__ __forceinline__ void adam_elem(T* p, T* m, T* v, uint64_t i, T gi, T lr, T b1, T b2, T eps, T wd, T ibc1, T isbc2,
+__device__ __forceinline__ void adam_vals(T& pi, T& mi, T& vi, T gi, T lr, T b1, T b2, T eps, T wd, T ibc1, T isbc2,
                                           bool l2, int decoupled) {
     const T one = T(1);
-    T pi = p[i];
     // The CPU's expressions, evaluated left to right:
     //   p − (lr·wd)·p;  g + wd·p;  β1·m + (1−β1)·g;  β2·v + ((1−β2)·g)·g;
     //   p − (lr·(m·ibc1)) / (√v·isbc2 + ε)
@@ -89,11 +99,9 @@ __device__ __forceinline__ void adam_elem(T* p, T* m, T* v, uint64_t i, T gi, T 
     } else if (l2) {
         gi = add(gi, mul(wd, pi));
     }
-    const T mi = add(mul(b1, m[i]), mul(sub(one, b1), gi));
-    const T vi = add(mul(b2, v[i]), mul(mul(sub(one, b2), gi), gi));
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = sub(pi, quo(mul(lr, mul(mi, ibc1)), add(mul(root(vi), isbc2), eps)));
+    mi = add(mul(b1, mi), mul(sub(one, b1), gi));
+    vi = add(mul(b2, vi), mul(mul(sub(one, b2), gi), gi));
+    pi = sub(pi, quo(mul(lr, mul(mi, ibc1)), add(mul(root(vi), isbc2), eps)));
 }
 
 template <typename T>
@@ -101,7 +109,11 @@ __device__ void adam_impl(T* p, const T* g, T* m, T* v, uint64_t n, double lr_, 
                           double wd_, double ibc1_, double isbc2_, int decoupled) {
     const T lr = T(lr_), b1 = T(b1_), b2 = T(b2_), eps = T(eps_), wd = T(wd_), ibc1 = T(ibc1_), isbc2 = T(isbc2_);
     for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x) {
-        adam_elem(p, m, v, i, g[i], lr, b1, b2, eps, wd, ibc1, isbc2, wd_ != 0.0, decoupled);
+        T pi = p[i], mi = m[i], vi = v[i];
+        adam_vals(pi, mi, vi, g[i], lr, b1, b2, eps, wd, ibc1, isbc2, wd_ != 0.0, decoupled);
+        p[i] = pi;
+        m[i] = mi;
+        v[i] = vi;
     }
 }
 
@@ -157,92 +169,54 @@ OPTIM_KERNELS(f64, double)
 
 // ---- The fused multi-tensor step (see the file comment). ----
 
-#define MT_TENSORS 48
-#define MT_CHUNKS 192
+// Loads each thread issues before it uses any (memory-level parallelism).
+#define MT_UNROLL 4
 
-// One launch's tensors and chunks, passed by value (host: `mt_table_words`
-// in src/backend/cuda/optim.rs, 64-bit words in this order). Pointers are
-// device addresses; m and v may be 0 in a table only pass A reads.
-struct MtTable {
+// Where the step's table is and what it covers, passed by value (host:
+// `MtHead` in src/backend/cuda/optim.rs, 64-bit words in this order).
+struct MtHead {
+    u64 table;        // device address of the u64 table (see the file comment)
+    u64 n_tensors;    // tensors of this launch (slots 0..n_tensors)
+    u64 n_chunks;     // chunks of this launch
     u64 chunk;        // elements per chunk
-    u64 n_chunks;     // chunks in this table (<= MT_CHUNKS)
-    u64 first_chunk;  // global index of chunk 0 of this table (its partials slot)
-    u64 p[MT_TENSORS];
-    u64 g[MT_TENSORS];
-    u64 m[MT_TENSORS];
-    u64 v[MT_TENSORS];
-    u64 len[MT_TENSORS];
-    uint32_t tensor[MT_CHUNKS];  // chunk c -> its tensor's slot
-    uint32_t index[MT_CHUNKS];   // chunk c -> its index within that tensor
+    u64 first_chunk;  // global index of this launch's chunk 0 (its partials slot)
 };
 
 namespace {
 
-template <typename T>
-__device__ void mt_norm_impl(const MtTable& t, double inv_scale, int amp, double* partials) {
-    __shared__ double sh[OPT_THREADS];
-    const T s = T(inv_scale);
-    for (u64 c = blockIdx.x; c < t.n_chunks; c += gridDim.x) {
-        const uint32_t k = t.tensor[c];
-        const T* g = (const T*)t.g[k];
-        const u64 lo = (u64)t.index[c] * t.chunk;
-        const u64 hi = lo + t.chunk < t.len[k] ? lo + t.chunk : t.len[k];
-        double acc = 0.0, bad = 0.0;
-        for (u64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-            T u = g[i];
-            if (amp) u = mul(u, s);
-            if (!isfinite(u)) bad = 1.0;
-            const double x = (double)u;
-            acc = add(acc, mul(x, x));
-        }
-        const double total = block_sum(acc, sh);
-        const double nbad = block_sum(bad, sh);
-        if (threadIdx.x == 0) {
-            partials[2 * (t.first_chunk + c)] = total;
-            partials[2 * (t.first_chunk + c) + 1] = nbad != 0.0 ? 1.0 : 0.0;
-        }
-    }
+// One chunk's tensor slot and element range [lo, hi).
+struct MtChunk {
+    uint32_t k;
+    u64 lo, hi;
+};
+
+__device__ __forceinline__ MtChunk mt_chunk(const MtHead& h, u64 c) {
+    const u64* t = (const u64*)h.table;
+    const u64 w = t[c];
+    const uint32_t k = (uint32_t)(w & 0xffffffffull);
+    const u64 len = t[h.n_chunks + 4 * h.n_tensors + k];
+    const u64 lo = (w >> 32) * h.chunk;
+    return MtChunk{k, lo, lo + h.chunk < len ? lo + h.chunk : len};
 }
 
+// Slot k's address of array `field` (0 p, 1 g, 2 m, 3 v).
 template <typename T>
-__device__ void mt_adam_impl(const MtTable& t, const double* state, double inv_scale, int amp, double lr_, double b1_,
-                             double b2_, double eps_, double wd_, double ibc1_, double isbc2_, int decoupled) {
-    if (state[2] != 0.0) return;  // skipped: an inf/NaN gradient or a non-finite norm
-    const bool clip = state[3] != 0.0;
-    const T s = T(inv_scale), coef = T(state[4]), zero = T(0);
-    const T lr = T(lr_), b1 = T(b1_), b2 = T(b2_), eps = T(eps_), wd = T(wd_), ibc1 = T(ibc1_), isbc2 = T(isbc2_);
-    for (u64 c = blockIdx.x; c < t.n_chunks; c += gridDim.x) {
-        const uint32_t k = t.tensor[c];
-        T* p = (T*)t.p[k];
-        const T* g = (const T*)t.g[k];
-        T* m = (T*)t.m[k];
-        T* v = (T*)t.v[k];
-        const u64 lo = (u64)t.index[c] * t.chunk;
-        const u64 hi = lo + t.chunk < t.len[k] ? lo + t.chunk : t.len[k];
-        for (u64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-            T gi = g[i];
-            if (amp) gi = mul(gi, s);
-            if (clip) gi = add(mul(gi, coef), zero);
-            adam_elem(p, m, v, i, gi, lr, b1, b2, eps, wd, ibc1, isbc2, wd_ != 0.0, decoupled);
-        }
-    }
+__device__ __forceinline__ T* mt_ptr(const MtHead& h, int field, uint32_t k) {
+    return (T*)((const u64*)h.table)[h.n_chunks + (u64)field * h.n_tensors + k];
 }
 
-}  // namespace
-
-// Pass B, one block: the global norm and the step's decisions from the
-// partials of `n_chunks` chunks, into state[0..5).
-extern "C" __global__ void mt_finish(const double* partials, uint64_t n_chunks, double max_norm, double* state) {
-    __shared__ double sh[OPT_THREADS];
+// Pass B over partials[0..2·total) into state[0..5): every thread of one
+// block calls it; `sh` holds OPT_THREADS doubles.
+__device__ void mt_decide(const double* partials, u64 total, double max_norm, double* state, double* sh) {
     double acc = 0.0, bad = 0.0;
-    for (u64 j = threadIdx.x; j < n_chunks; j += blockDim.x) {
+    for (u64 j = threadIdx.x; j < total; j += blockDim.x) {
         acc = add(acc, partials[2 * j]);
         bad = add(bad, partials[2 * j + 1]);
     }
-    const double total = block_sum(acc, sh);
+    const double sum = block_sum(acc, sh);
     const double nbad = block_sum(bad, sh);
-    if (threadIdx.x == 0 && blockIdx.x == 0) {
-        const double norm = root(total);
+    if (threadIdx.x == 0) {
+        const double norm = root(sum);
         const bool found = nbad != 0.0;
         const bool skip = found || !isfinite(norm);
         const bool clip = !skip && max_norm > 0.0 && norm > max_norm;
@@ -254,14 +228,110 @@ extern "C" __global__ void mt_finish(const double* partials, uint64_t n_chunks, 
     }
 }
 
+template <typename T>
+__device__ void mt_norm_impl(const MtHead& h, double inv_scale, int amp, double* partials, int fold, u64 total,
+                             double max_norm, double* state, unsigned long long* counter) {
+    __shared__ double sh[OPT_THREADS];
+    __shared__ int last;
+    const T s = T(inv_scale);
+    const u64 step = (u64)blockDim.x;
+    for (u64 c = blockIdx.x; c < h.n_chunks; c += gridDim.x) {
+        const MtChunk r = mt_chunk(h, c);
+        const T* g = mt_ptr<T>(h, 1, r.k);
+        double acc = 0.0, bad = 0.0;
+        for (u64 i0 = r.lo + threadIdx.x; i0 < r.hi; i0 += MT_UNROLL * step) {
+            T u[MT_UNROLL];
+#pragma unroll
+            for (int q = 0; q < MT_UNROLL; ++q) {
+                const u64 i = i0 + q * step;
+                u[q] = i < r.hi ? g[i] : T(0);
+            }
+#pragma unroll
+            for (int q = 0; q < MT_UNROLL; ++q) {
+                if (i0 + q * step >= r.hi) break;
+                T x = u[q];
+                if (amp) x = mul(x, s);
+                if (!isfinite(x)) bad = 1.0;
+                const double d = (double)x;
+                acc = add(acc, mul(d, d));
+            }
+        }
+        const double sum = block_sum(acc, sh);
+        const double nbad = block_sum(bad, sh);
+        if (threadIdx.x == 0) {
+            partials[2 * (h.first_chunk + c)] = sum;
+            partials[2 * (h.first_chunk + c) + 1] = nbad != 0.0 ? 1.0 : 0.0;
+        }
+    }
+    if (!fold) return;
+    // Every block's partials visible before its arrival is counted.
+    __threadfence();
+    if (!last_tile_arrived(counter, (unsigned long long)gridDim.x, &last)) return;
+    __threadfence();
+    mt_decide(partials, total, max_norm, state, sh);
+}
+
+template <typename T>
+__device__ void mt_adam_impl(const MtHead& h, const double* state, double inv_scale, int amp, double lr_, double b1_,
+                             double b2_, double eps_, double wd_, double ibc1_, double isbc2_, int decoupled) {
+    if (state[2] != 0.0) return;  // skipped: an inf/NaN gradient or a non-finite norm
+    const bool clip = state[3] != 0.0;
+    const T s = T(inv_scale), coef = T(state[4]), zero = T(0);
+    const T lr = T(lr_), b1 = T(b1_), b2 = T(b2_), eps = T(eps_), wd = T(wd_), ibc1 = T(ibc1_), isbc2 = T(isbc2_);
+    const u64 step = (u64)blockDim.x;
+    for (u64 c = blockIdx.x; c < h.n_chunks; c += gridDim.x) {
+        const MtChunk r = mt_chunk(h, c);
+        T* p = mt_ptr<T>(h, 0, r.k);
+        const T* g = mt_ptr<T>(h, 1, r.k);
+        T* m = mt_ptr<T>(h, 2, r.k);
+        T* v = mt_ptr<T>(h, 3, r.k);
+        for (u64 i0 = r.lo + threadIdx.x; i0 < r.hi; i0 += MT_UNROLL * step) {
+            T pq[MT_UNROLL], gq[MT_UNROLL], mq[MT_UNROLL], vq[MT_UNROLL];
+#pragma unroll
+            for (int q = 0; q < MT_UNROLL; ++q) {
+                const u64 i = i0 + q * step;
+                if (i < r.hi) {
+                    pq[q] = p[i];
+                    gq[q] = g[i];
+                    mq[q] = m[i];
+                    vq[q] = v[i];
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < MT_UNROLL; ++q) {
+                const u64 i = i0 + q * step;
+                if (i >= r.hi) break;
+                T gi = gq[q];
+                if (amp) gi = mul(gi, s);
+                if (clip) gi = add(mul(gi, coef), zero);
+                adam_vals(pq[q], mq[q], vq[q], gi, lr, b1, b2, eps, wd, ibc1, isbc2, wd_ != 0.0, decoupled);
+                p[i] = pq[q];
+                m[i] = mq[q];
+                v[i] = vq[q];
+            }
+        }
+    }
+}
+
+}  // namespace
+
+// Pass B alone, one block: the global norm and the step's decisions from
+// the partials of `n_chunks` chunks, into state[0..5).
+extern "C" __global__ void mt_finish(const double* partials, uint64_t n_chunks, double max_norm, double* state) {
+    __shared__ double sh[OPT_THREADS];
+    if (blockIdx.x == 0) mt_decide(partials, n_chunks, max_norm, state, sh);
+}
+
 #define MT_KERNELS(SUFFIX, T)                                                                                     \
-    extern "C" __global__ void mt_norm_##SUFFIX(MtTable t, double inv_scale, int amp, double* partials) {         \
-        mt_norm_impl<T>(t, inv_scale, amp, partials);                                                             \
+    extern "C" __global__ void mt_norm_##SUFFIX(MtHead h, double inv_scale, int amp, double* partials, int fold, \
+                                                uint64_t total, double max_norm, double* state,                  \
+                                                unsigned long long* counter) {                                    \
+        mt_norm_impl<T>(h, inv_scale, amp, partials, fold, total, max_norm, state, counter);                      \
     }                                                                                                             \
-    extern "C" __global__ void mt_adam_##SUFFIX(MtTable t, const double* state, double inv_scale, int amp,        \
+    extern "C" __global__ void mt_adam_##SUFFIX(MtHead h, const double* state, double inv_scale, int amp,         \
                                                 double lr, double b1, double b2, double eps, double wd,           \
                                                 double ibc1, double isbc2, int decoupled) {                       \
-        mt_adam_impl<T>(t, state, inv_scale, amp, lr, b1, b2, eps, wd, ibc1, isbc2, decoupled);                   \
+        mt_adam_impl<T>(h, state, inv_scale, amp, lr, b1, b2, eps, wd, ibc1, isbc2, decoupled);                   \
     }
 
 MT_KERNELS(f32, float)

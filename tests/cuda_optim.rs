@@ -6,9 +6,12 @@
 //! unscale, clipping active and inactive, Adam's L2 decay and AdamW's
 //! decoupled one; chunk sizes that split tensors and leave tensors smaller
 //! than a chunk, and enough tensors and chunks that the tables overflow into
-//! more launches. The global norm agrees with an f64 norm computed here to
-//! 1e-12 relative; an inf or a NaN skips the step and is reported; one step
-//! costs 2·tables + 1 launches and one host synchronisation.
+//! more chunks than the grid (so every block runs several). The global norm
+//! agrees with an f64 norm computed here to 1e-12 relative; an inf or a NaN
+//! skips the step and is reported; one step costs two launches per dtype
+//! (however many tensors and chunks), one copy of its table to the device
+//! and one host synchronisation; f32 and f64 parameters in one step fold
+//! both launches' partials into one norm.
 //!
 //! The harness of `common::gpu` poisons fresh allocations and caps the 1-D
 //! grid at 37 blocks, so the chunk loops wrap (run the file once more with
@@ -16,7 +19,7 @@
 
 mod common;
 
-use asrforge::backend::cuda::optim::{FUSED_CHUNK, MT_CHUNKS, MT_TENSORS};
+use asrforge::backend::cuda::optim::FUSED_CHUNK;
 use asrforge::engine::update::replicated_step;
 use asrforge::ops;
 use asrforge::optim::{clip_grad_norm, Adam, AdamConfig, FusedOptions, GradScaler, ScalerConfig};
@@ -112,9 +115,10 @@ fn fused_step_equals_the_per_tensor_sequence_bit_for_bit() {
     let Some(gpu) = gpu::gpu("fused_step_equals_the_per_tensor_sequence_bit_for_bit") else { return };
     let seed = common::fresh_seed();
     let mut rng = Rng::new(seed);
-    // 10 + 50 = 60 tensors (> MT_TENSORS), more than 232 chunks of 256 (> MT_CHUNKS).
+    // 10 + 50 = 60 tensors, more than 232 chunks of 256: several chunks per
+    // block of the harness's capped grid (37 blocks).
     let sz = sizes(&mut rng, 50);
-    assert!(sz.len() > MT_TENSORS && sz.iter().map(|n| n.div_ceil(256)).sum::<usize>() > MT_CHUNKS, "the tables overflow");
+    assert!(sz.iter().map(|n| n.div_ceil(256)).sum::<usize>() > 6 * 37, "the chunk loops wrap");
     let cases = [
         // (dtype, amp inverse scale, clip factor of the first norm, decoupled, wd, chunk)
         (DType::F32, None, None, false, 0.0, 256),
@@ -187,8 +191,10 @@ fn norm_clipping_and_counts_of_a_large_step() {
     let before = dev.counters();
     let out = fused.fused_step(1e-3, &FusedOptions { max_norm: Some(want / 2.0), ..Default::default() }).unwrap().unwrap();
     let cost = dev.counters().since(&before);
-    // One table (4 tensors, 7 chunks): a norm launch, the finish, an update launch.
-    assert_eq!((cost.launches, cost.host_syncs), (3, 1), "launches and host waits of one fused step: {cost:?}");
+    // A norm launch (whose last block decides the step), an update launch,
+    // the table's copy up and the outcome's read-back (the harness's poison
+    // fills of the new buffers are memsets, so those are not counted here).
+    assert_eq!((cost.launches, cost.htod_copies, cost.host_syncs), (2, 1, 1), "one fused step: {cost:?}");
     assert!((out.grad_norm - want).abs() <= 1e-12 * want, "norm {} vs f64 {want} (seed {seed})", out.grad_norm);
     // Today's clip_grad_norm computes its own norm (grouped by tensor): the same to rounding.
     let today = clip_grad_norm(&ref_ps, want / 2.0).unwrap();
@@ -200,15 +206,78 @@ fn norm_clipping_and_counts_of_a_large_step() {
     for (i, (g, w)) in got.iter().zip(&want_v).enumerate() {
         assert_eq!(bits(g), bits(w), "tensor {i} (seed {seed})");
     }
-    // Tables split by tensors: 2·ceil(n/MT_TENSORS) + 1 launches.
-    let many: Vec<Vec<f64>> = (0..MT_TENSORS + 3).map(|_| rng.normal(3)).collect();
+    // However many tensors: still two launches and one copy.
+    let many: Vec<Vec<f64>> = (0..700).map(|_| rng.normal(3)).collect();
     let ps = params(&gpu, &many, DType::F32);
     let mut adam = Adam::new(ps.clone(), cfg).unwrap();
     set_grads(&ps, &many, &gpu, DType::F32);
     let before = dev.counters();
     adam.fused_step(1e-3, &FusedOptions::default()).unwrap().unwrap();
     let cost = dev.counters().since(&before);
-    assert_eq!((cost.launches, cost.host_syncs), (5, 1), "{} tensors: two tables: {cost:?}", many.len());
+    assert_eq!((cost.launches, cost.htod_copies, cost.host_syncs), (2, 1, 1), "{} tensors: {cost:?}", many.len());
+    // The kept arrival counter the norm's fold used is back at 0.
+    assert!(asrforge::backend::cuda::kept_arrivals(0).unwrap().is_some_and(|c| c.iter().all(|&x| x == 0)), "the arrival counters are left at 0");
+}
+
+/// f32 and f64 parameters in one step: a norm and an update launch per
+/// dtype, the second norm launch folding both launches' partials into the
+/// one global norm; the parameters and moments equal the per-tensor
+/// sequence's bit for bit, clipping included, with an inf in either dtype
+/// skipping the whole step.
+#[test]
+fn mixed_dtypes_share_one_norm_and_one_decision() {
+    let _serial = serial();
+    let Some(gpu) = gpu::gpu("mixed_dtypes_share_one_norm_and_one_decision") else { return };
+    let seed = common::fresh_seed();
+    let mut rng = Rng::new(seed);
+    let sz = sizes(&mut rng, 8);
+    // Interleaved dtypes: the groups' chunks are numbered group by group, not in slot order.
+    let dts: Vec<DType> = (0..sz.len()).map(|i| if i % 3 == 1 { DType::F64 } else { DType::F32 }).collect();
+    let init: Vec<Vec<f64>> = sz.iter().map(|&n| rng.normal(n)).collect();
+    let mk =
+        || -> Vec<(String, Tensor)> { init.iter().zip(&dts).enumerate().map(|(i, (v, &dt))| (format!("p{i}"), on(&gpu, v, dt).requires_grad_())).collect() };
+    let set = |ps: &[(String, Tensor)], grads: &[Vec<f64>]| {
+        for (((_, p), g), &dt) in ps.iter().zip(grads).zip(&dts) {
+            p.set_grad(Some(on(&gpu, g, dt))).unwrap();
+        }
+    };
+    let cfg = AdamConfig { lr: 1e-2, weight_decay: 0.01, decoupled: true, ..Default::default() };
+    let (fused_ps, ref_ps) = (mk(), mk());
+    let (mut fused, mut reference) = (Adam::new(fused_ps.clone(), cfg).unwrap(), Adam::new(ref_ps.clone(), cfg).unwrap());
+    let dev = asrforge::backend::cuda::device(0).unwrap();
+    for step in 0..3 {
+        let mut grads: Vec<Vec<f64>> = sz.iter().map(|&n| rng.normal(n)).collect();
+        let want: f64 = grads
+            .iter()
+            .zip(&dts)
+            .flat_map(|(g, &dt)| g.iter().map(move |&x| if dt == DType::F32 { x as f32 as f64 } else { x }))
+            .map(|x| x * x)
+            .sum::<f64>()
+            .sqrt();
+        let m = Some(want / 2.0);
+        if step == 2 {
+            // An inf in an f64 tensor (the first launch's) skips everything.
+            grads[1][0] = f64::INFINITY;
+        }
+        set(&fused_ps, &grads);
+        let before = dev.counters();
+        let out = fused.fused_step(1e-3, &FusedOptions { max_norm: m, chunk: 256, ..Default::default() }).unwrap().unwrap();
+        let cost = dev.counters().since(&before);
+        assert_eq!((cost.launches, cost.htod_copies, cost.host_syncs), (4, 1, 1), "step {step}: two dtypes: {cost:?}");
+        fused.zero_grad();
+        if step == 2 {
+            assert!(out.found_inf && out.skipped, "step {step}: {out:?} (seed {seed})");
+        } else {
+            assert!(!out.skipped && (out.grad_norm - want).abs() <= 1e-12 * want, "step {step}: norm {} vs f64 {want} (seed {seed})", out.grad_norm);
+            set(&ref_ps, &grads);
+            per_tensor_step(&ref_ps, &mut reference, 1e-3, None, m, out.grad_norm);
+        }
+        let (got, want_v) = (snapshot(&fused_ps, &fused), snapshot(&ref_ps, &reference));
+        for (i, (g, w)) in got.iter().zip(&want_v).enumerate() {
+            assert_eq!(bits(g), bits(w), "step {step}: tensor {i} (seed {seed})");
+        }
+    }
+    assert_eq!((fused.step, reference.step), (2, 2));
 }
 
 #[test]
@@ -228,8 +297,8 @@ fn an_inf_or_nan_skips_the_step_and_is_reported() {
             adam.fused_step(1e-3, &FusedOptions { chunk: 256, ..Default::default() }).unwrap().unwrap();
             let before = snapshot(&ps, &adam);
             let mut grads: Vec<Vec<f64>> = sz.iter().map(|&n| rng.normal(n)).collect();
-            // In a tensor of the second table (past MT_TENSORS) at a random element.
-            let which = MT_TENSORS + rng.below(sz.len() - MT_TENSORS);
+            // In a random tensor at a random element (chunks of 256: one of a later block's chunks, mostly).
+            let which = rng.below(sz.len());
             let at = rng.below(grads[which].len());
             grads[which][at] = bad;
             set_grads(&ps, &grads, &gpu, dt);

@@ -28,7 +28,7 @@
 //! naming the kernel (a compare per buffer, in release builds too). A
 //! family whose instantiations differ in their parameters gets one function
 //! per kernel, named as the kernel. A kernel whose by-value table carries
-//! buffers (`CastTable`, `MtTable`) takes `moved`: the bytes they read and
+//! buffers (`CastTable`, `MtHead`) takes `moved`: the bytes they read and
 //! write, for the step profile.
 
 use super::{CudaDevice, CudaStorage, LaunchConfig};

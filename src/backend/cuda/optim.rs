@@ -122,15 +122,11 @@ pub fn unscale_and_check(g: &CudaStorage, inv_scale: f64) -> Result<(CudaStorage
     Ok((o, bad))
 }
 
-/// Tensors one fused-step launch takes (`MT_TENSORS` in cuda/optim.cu).
-pub const MT_TENSORS: usize = 48;
-/// Chunks one fused-step launch takes (`MT_CHUNKS` in cuda/optim.cu).
-pub const MT_CHUNKS: usize = 192;
-/// 64-bit words of the `MtTable` struct: chunk, n_chunks, first_chunk,
-/// p/g/m/v/len per tensor, then two u32 per chunk.
-const MT_WORDS: usize = 3 + 5 * MT_TENSORS + MT_CHUNKS;
-/// Elements per chunk of the fused step by default (one block each).
-pub const FUSED_CHUNK: usize = 1 << 16;
+/// Elements per chunk of the fused step by default (one block each): small
+/// enough that the AISHELL conformer's 46 M parameters make a few thousand
+/// blocks (several waves on an H200's 132 SMs), large enough that pass B
+/// sums few partials. `ASRFORGE_MT_CHUNK` sweeps it on a GPU.
+pub const FUSED_CHUNK: usize = 1 << 14;
 
 /// The fused step's chunk: `ASRFORGE_MT_CHUNK` (elements, a positive
 /// number; read once) when set, for measuring other sizes on a GPU
@@ -178,84 +174,80 @@ pub struct FusedOutcome {
     pub skipped: bool,
 }
 
-/// One launch's table: its dtype, its words, its chunk count and the
-/// elements its chunks cover (for the profile's bytes).
-struct MtTable {
+/// 64-bit words of the `MtHead` struct (cuda/optim.cu): the table's
+/// device address, tensors, chunks, the chunk size, the first chunk's
+/// global index.
+const MT_HEAD_WORDS: usize = 5;
+
+/// One launch's share of the step: the slots of one dtype, in order, and
+/// where its chunk words and tensor arrays start in the step's table.
+struct MtGroup {
     dt: DType,
-    words: [u64; MT_WORDS],
-    tensors: usize,
+    slots: Vec<usize>,
+    /// Offset (in words) of this group's part of the table.
+    at: usize,
     chunks: usize,
+    first_chunk: usize,
+    /// Elements its chunks cover (for the profile's bytes).
     elems: u64,
 }
 
-impl MtTable {
-    fn new(dt: DType, chunk: usize, first_chunk: usize) -> MtTable {
-        let mut words = [0u64; MT_WORDS];
-        words[0] = chunk as u64;
-        words[2] = first_chunk as u64;
-        MtTable { dt, words, tensors: 0, chunks: 0, elems: 0 }
-    }
-    fn add_tensor(&mut self, s: &FusedSlot) -> usize {
-        let k = self.tensors;
-        for (field, buf) in [s.p, s.g, s.m, s.v].into_iter().enumerate() {
-            self.words[3 + field * MT_TENSORS + k] = buf.ptr();
-        }
-        self.words[3 + 4 * MT_TENSORS + k] = s.p.len() as u64;
-        self.tensors += 1;
-        k
-    }
-    fn add_chunk(&mut self, slot: usize, index: u32) {
-        let c = self.chunks;
-        // Two little-endian u32 arrays packed into words: tensor[], then index[].
-        let base = 3 + 5 * MT_TENSORS;
-        let half = MT_CHUNKS / 2;
-        let shift = 32 * (c % 2);
-        self.words[base + c / 2] |= (slot as u64) << shift;
-        self.words[base + half + c / 2] |= (index as u64) << shift;
-        let (chunk, len) = (self.words[0], self.words[3 + 4 * MT_TENSORS + slot]);
-        self.elems += len.saturating_sub(index as u64 * chunk).min(chunk);
-        self.chunks += 1;
-        self.words[1] = self.chunks as u64;
-    }
-}
-
-/// The tables covering every chunk of every slot, in order, each within
-/// the launch limits, and the total chunk count.
-fn mt_tables(slots: &[FusedSlot], chunk: usize) -> Result<(Vec<MtTable>, usize)> {
-    let mut tables: Vec<MtTable> = Vec::new();
-    let mut total = 0usize;
-    for s in slots {
+/// The step's table (cuda/optim.cu's file comment: per group, a word per
+/// chunk, its tensor slot and index, then the p, g, m, v addresses and the
+/// lengths of its tensors) and its groups: one per dtype, in the order of
+/// their first slot; the chunks numbered in that order.
+fn mt_table(slots: &[FusedSlot], chunk: usize) -> Result<(Vec<i64>, Vec<MtGroup>, usize)> {
+    let mut groups: Vec<MtGroup> = Vec::new();
+    for (i, s) in slots.iter().enumerate() {
         let dt = s.p.dtype();
-        let n_chunks = s.p.len().div_ceil(chunk);
-        let n_chunks32 = u32::try_from(n_chunks)
-            .map_err(|_| Error::invalid("fused_adam", format!("expected at most {} chunks of {chunk} elements per tensor, found {n_chunks}", u32::MAX)))?;
-        let mut slot: Option<usize> = None;
-        for j in 0..n_chunks32 {
-            let fits = tables.last().is_some_and(|t| t.dt == dt && t.chunks < MT_CHUNKS && (slot.is_some() || t.tensors < MT_TENSORS));
-            if !fits {
-                tables.push(MtTable::new(dt, chunk, total));
-                slot = None;
-            }
-            let t = tables.last_mut().ok_or_else(|| Error::Msg("fused_adam: no table".into()))?;
-            let k = match slot {
-                Some(k) => k,
-                None => *slot.insert(t.add_tensor(s)),
-            };
-            t.add_chunk(k, j);
-            total += 1;
+        match groups.iter_mut().find(|g| g.dt == dt) {
+            Some(g) => g.slots.push(i),
+            None => groups.push(MtGroup { dt, slots: vec![i], at: 0, chunks: 0, first_chunk: 0, elems: 0 }),
         }
     }
-    Ok((tables, total))
+    let mut words: Vec<i64> = Vec::new();
+    let mut total = 0usize;
+    for g in &mut groups {
+        g.at = words.len();
+        g.first_chunk = total;
+        let n = g.slots.len();
+        for (k, &i) in g.slots.iter().enumerate() {
+            let len = slots[i].p.len();
+            let n_chunks = len.div_ceil(chunk);
+            let n_chunks32 = u32::try_from(n_chunks)
+                .map_err(|_| Error::invalid("fused_adam", format!("expected at most {} chunks of {chunk} elements per tensor, found {n_chunks}", u32::MAX)))?;
+            words.extend((0..n_chunks32).map(|j| ((j as u64) << 32 | k as u64) as i64));
+            g.elems += len as u64;
+        }
+        g.chunks = words.len() - g.at;
+        for field in 0..5 {
+            words.extend(g.slots.iter().map(|&i| {
+                let s = &slots[i];
+                (match field {
+                    0 => s.p.ptr(),
+                    1 => s.g.ptr(),
+                    2 => s.m.ptr(),
+                    3 => s.v.ptr(),
+                    _ => s.p.len() as u64,
+                }) as i64
+            }));
+        }
+        debug_assert_eq!(words.len(), g.at + g.chunks + 5 * n);
+        total += g.chunks;
+    }
+    groups.retain(|g| g.chunks > 0);
+    Ok((words, groups, total))
 }
 
 /// Unscale (AMP), check for inf/NaN, take the global gradient norm, clip
-/// and run one Adam(W) step over every slot in a few launches: per table
-/// of up to [`MT_TENSORS`] tensors and [`MT_CHUNKS`] chunks one norm launch
-/// and one update launch, plus one launch deciding the step on the GPU;
-/// then one read-back of the outcome. Bit-identical in f32 and f64 to
-/// `unscale_many`, `sum_squares` + the elementwise scale, and [`adam`] in
-/// turn (the norm agrees to rounding: its sum is ordered by chunks). The
-/// gradients are left as they were; skipped steps leave every buffer as it was.
+/// and run one Adam(W) step over every slot in two launches per dtype
+/// among them (one, f32, in training): a norm launch whose last block
+/// decides the step on the GPU, and an update launch; their table goes up
+/// in one asynchronous copy, and the outcome comes back in one read-back.
+/// Bit-identical in f32 and f64 to `unscale_many`, `sum_squares` + the
+/// elementwise scale, and [`adam`] in turn (the norm agrees to rounding:
+/// its sum is ordered by chunks). The gradients are left as they were;
+/// skipped steps leave every buffer as it was.
 pub fn fused_adam(slots: &[FusedSlot], h: &AdamStep, o: &FusedOptions) -> Result<FusedOutcome> {
     if o.chunk == 0 {
         return Err(Error::invalid("fused_adam", "expected a chunk of at least one element, found 0"));
@@ -280,28 +272,38 @@ pub fn fused_adam(slots: &[FusedSlot], h: &AdamStep, o: &FusedOptions) -> Result
             return Err(Error::invalid("fused_adam", format!("tensor {i}: expected distinct parameters, found one buffer passed twice")));
         }
     }
-    let (tables, total) = mt_tables(slots, o.chunk)?;
+    let (words, groups, total) = mt_table(slots, o.chunk)?;
     if total == 0 {
         return Ok(FusedOutcome { grad_norm: 0.0, found_inf: false, skipped: false });
     }
     let dev = first.p.device().clone();
+    // The kernels read the table through the addresses in their heads: it
+    // lives until this function returns, after every launch is queued (a
+    // later reuse of its block is queued after them on the compute stream).
+    let table = super::upload_words(&dev, words)?;
+    let head = |g: &MtGroup| -> [u64; MT_HEAD_WORDS] {
+        let at = table.ptr() + (g.at * std::mem::size_of::<u64>()) as u64;
+        [at, g.slots.len() as u64, g.chunks as u64, o.chunk as u64, g.first_chunk as u64]
+    };
     let partials = dev.alloc(DType::F64, 2 * total)?;
     let state = dev.alloc(DType::F64, 5)?;
+    let counter = dev.arrivals(1)?;
     let (inv_scale, amp) = (o.inv_scale.unwrap_or(1.0), o.inv_scale.is_some() as i32);
-    let grid = |t: &MtTable| LaunchConfig { grid: (t.chunks.min(super::launch::max_grid() as usize) as u32, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 };
-    // The bytes of each table's chunks (the profile cannot see inside it):
-    // the norm reads g; the update reads p, g, m, v and writes p, m, v.
-    let bytes = |t: &MtTable| t.elems * t.dt.size_in_bytes() as u64;
-    for t in &tables {
-        k::mt_norm(&dev, t.dt, grid(t), &t.words, inv_scale, amp, &partials, (bytes(t), 0))?;
-    }
-    let one = LaunchConfig { grid: (1, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 };
+    let grid = |g: &MtGroup| LaunchConfig { grid: (g.chunks.min(super::launch::max_grid() as usize) as u32, 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 };
+    // The bytes of each group's chunks (the profile cannot see inside the
+    // table): the norm reads g; the update reads p, g, m, v and writes p, m, v.
+    let bytes = |g: &MtGroup| g.elems * g.dt.size_in_bytes() as u64;
     let max_norm = o.max_norm.filter(|&m| m > 0.0).unwrap_or(0.0);
-    k::mt_finish(&dev, one, &partials, total as u64, max_norm, &state)?;
+    for (i, g) in groups.iter().enumerate() {
+        // The last norm launch folds every group's partials (the earlier
+        // ones have run by then: one stream).
+        let fold = (i + 1 == groups.len()) as i32;
+        k::mt_norm(&dev, g.dt, grid(g), &head(g), inv_scale, amp, &partials, fold, total as u64, max_norm, &state, &counter, (bytes(g), 0))?;
+    }
     let (lr, b1, b2, eps, wd, ibc1, isbc2, dec) = hyper_args(h);
-    for t in &tables {
-        let moved = (4 * bytes(t), 3 * bytes(t));
-        k::mt_adam(&dev, t.dt, grid(t), &t.words, &state, inv_scale, amp, lr, b1, b2, eps, wd, ibc1, isbc2, dec, moved)?;
+    for g in &groups {
+        let moved = (4 * bytes(g), 3 * bytes(g));
+        k::mt_adam(&dev, g.dt, grid(g), &head(g), &state, inv_scale, amp, lr, b1, b2, eps, wd, ibc1, isbc2, dec, moved)?;
     }
     match state.to_cpu()? {
         CpuStorage::F64(v) if v.len() == 5 => Ok(FusedOutcome { grad_norm: v[0], found_inf: v[1] != 0.0, skipped: v[2] != 0.0 }),

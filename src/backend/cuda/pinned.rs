@@ -219,6 +219,33 @@ pub fn upload_staged(dev: &Arc<CudaDevice>, c: &CpuStorage) -> Result<CudaStorag
     })
 }
 
+thread_local! {
+    /// The pinned buffer of `upload_words`, one per GPU.
+    static WORDS: std::cell::RefCell<Vec<(usize, PinnedBuffer)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A small table of 64-bit words (a kernel's launch table: addresses and
+/// sizes) to a fresh I64 device buffer, for the kernels queued after it on
+/// the compute stream: the words go into a pinned buffer kept per GPU and
+/// the copy is queued on the compute stream. The host waits only when the
+/// previous table's copy has not run yet; the buffer grows to the next
+/// power of two when a table does not fit.
+pub fn upload_words(dev: &Arc<CudaDevice>, words: Vec<i64>) -> Result<CudaStorage> {
+    WORDS.with(|cell| {
+        let mut all = cell.borrow_mut();
+        let i = match all.iter().position(|(o, b)| *o == dev.ordinal() && b.len() >= words.len()) {
+            Some(i) => i,
+            None => {
+                // A smaller buffer of this GPU drops here (after its last copy has run).
+                all.retain(|(o, _)| *o != dev.ordinal());
+                all.push((dev.ordinal(), PinnedBuffer::new(dev, DType::I64, words.len().max(1).next_power_of_two())?));
+                all.len() - 1
+            }
+        };
+        all[i].1.upload(&CpuStorage::I64(words))
+    })
+}
+
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
         if self.bytes == 0 {
