@@ -53,7 +53,7 @@
 //                   max_norm > 0 and norm > max_norm, coef = max_norm /
 //                   (norm + 1e-6) (f64, as clip.rs computes it); state =
 //                   [norm, found, skip, clip, coef]. Nothing returns to the
-//                   host but this buffer. (mt_finish is pass B alone.)
+//                   host but this buffer.
 //   mt_adam_{dt}    pass C: nothing when state[2] (skip); else per element
 //                   g' = g·T(inv_scale) (when amp), then g' = g'·T(coef) + 0
 //                   (when clip: today's affine kernel, x·mul + add, with the
@@ -314,13 +314,6 @@ __device__ void mt_adam_impl(const MtHead& h, const double* state, double inv_sc
 }
 
 }  // namespace
-
-// Pass B alone, one block: the global norm and the step's decisions from
-// the partials of `n_chunks` chunks, into state[0..5).
-extern "C" __global__ void mt_finish(const double* partials, uint64_t n_chunks, double max_norm, double* state) {
-    __shared__ double sh[OPT_THREADS];
-    if (blockIdx.x == 0) mt_decide(partials, n_chunks, max_norm, state, sh);
-}
 
 #define MT_KERNELS(SUFFIX, T)                                                                                     \
     extern "C" __global__ void mt_norm_##SUFFIX(MtHead h, double inv_scale, int amp, double* partials, int fold, \

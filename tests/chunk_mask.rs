@@ -39,14 +39,14 @@ fn subsequent_chunk_mask_matches_hand_written_masks() {
 fn batch_mask_is_the_chunk_mask_and_the_padding_mask() {
     // Lengths 5 and 3 over 5 frames, chunk 2, all left: WeNet's masks & chunk_masks.
     let m = chunk_attention_mask(&[5, 3], 5, Some(Chunk { size: 2, num_left_chunks: -1 })).unwrap();
-    assert_eq!(m.0.dims(), &[2, 1, 5, 5]);
-    let allowed: Vec<bool> = m.0.to_vec::<u8>().unwrap().iter().map(|&x| x == 0).collect();
+    assert_eq!(m.tensor().unwrap().dims(), &[2, 1, 5, 5]);
+    let allowed: Vec<bool> = m.tensor().unwrap().to_vec::<u8>().unwrap().iter().map(|&x| x == 0).collect();
     let want = [rows(&["11000", "11000", "11110", "11110", "11111"]), rows(&["11000", "11000", "11100", "11100", "11100"])].concat();
     assert_eq!(allowed, want);
     // No chunk: the key padding mask alone (B, 1, 1, T).
     let m = chunk_attention_mask(&[5, 3], 5, None).unwrap();
-    assert_eq!(m.0.dims(), &[2, 1, 1, 5]);
-    assert_eq!(m.0.to_vec::<u8>().unwrap(), vec![0, 0, 0, 0, 0, 0, 0, 0, 1, 1]);
+    assert_eq!(m.tensor().unwrap().dims(), &[2, 1, 1, 5]);
+    assert_eq!(m.tensor().unwrap().to_vec::<u8>().unwrap(), vec![0, 0, 0, 0, 0, 0, 0, 0, 1, 1]);
 }
 
 #[test]
@@ -120,4 +120,46 @@ fn the_batch_draw_uses_the_default_generator_reproducibly() {
     let b: Vec<_> = (0..20).map(|_| add_optional_chunk_mask(&cfg, ChunkRequest::TRAIN, &[30, 20], 30).unwrap().0).collect();
     assert_eq!(a, b);
     assert!(a.iter().any(Option::is_none) && a.iter().any(Option::is_some), "{a:?}");
+}
+
+/// Every mask kind the model builds carries the fused kernels' rule for the
+/// same mask (so the fused path reads no tensor): attention through the
+/// rule equals attention through the tensor (the CPU reference of both) for
+/// key padding, the decoder's causal padding and WeNet's chunk masks (all,
+/// some and no left chunks, a partial last chunk, a sequence of length 1),
+/// on random q, k, v where one changed mask element would move the output.
+#[test]
+fn every_mask_kinds_rule_is_its_tensor() {
+    use asrforge::nn::AttentionMask;
+    use asrforge::ops::{self, FlashMask};
+    use asrforge::tensor::{DType, Device, Tensor};
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let mut rng = Rng::new(seed);
+    let (b, t, h, d) = (3, 11, 2, 4);
+    let lens = [11usize, 6, 1];
+    let mut kinds: Vec<(String, AttentionMask)> = vec![
+        ("key padding".into(), AttentionMask::key_padding(&lens, t).unwrap()),
+        ("causal padding".into(), AttentionMask::causal_padding(&lens, t).unwrap()),
+    ];
+    for (size, left) in [(4, -1), (4, 1), (3, 0), (1, -1), (20, -1)] {
+        kinds.push((format!("chunk {size} left {left}"), chunk_attention_mask(&lens, t, Some(Chunk { size, num_left_chunks: left })).unwrap()));
+    }
+    let mut x = || Tensor::randn([b, t, h, d], 0.0, 1.0, DType::F64, &mut rng, &Device::Cpu).unwrap();
+    let (q, k, v) = (x(), x(), x());
+    for (what, m) in &kinds {
+        let rule = m.rule().cloned().unwrap_or_else(|| panic!("{what}: a mask kind of the model without a rule"));
+        assert!(rule.mask.is_none(), "{what}: the rule carries no tensor");
+        let by_rule = ops::flash_attention(&q, &k, &v, None, &rule, 0.0, false).unwrap().to_f64_vec().unwrap();
+        let dense = FlashMask { mask: Some(m.tensor().unwrap()), ..Default::default() };
+        let by_tensor = ops::flash_attention(&q, &k, &v, None, &dense, 0.0, false).unwrap().to_f64_vec().unwrap();
+        for (i, (a, w)) in by_rule.iter().zip(&by_tensor).enumerate() {
+            assert!(!a.is_nan() && (a - w).abs() <= 1e-12 * w.abs().max(1.0), "{what}: element {i}: {a} by the rule vs {w} by the tensor (seed {seed})");
+        }
+        // The fused path's view of the mask is the rule on the CPU.
+        let flash = m.flash_on(&Device::Cpu).unwrap();
+        assert!(flash.mask.is_none() && flash.key_lengths == rule.key_lengths && flash.chunk == rule.chunk && flash.causal == rule.causal, "{what}");
+    }
+    // A mask given as a tensor has no rule: the fused path reads the tensor.
+    let given = AttentionMask::new(kinds[0].1.tensor().unwrap());
+    assert!(given.rule().is_none() && given.flash_on(&Device::Cpu).unwrap().mask.is_some());
 }

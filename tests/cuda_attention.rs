@@ -87,6 +87,7 @@ impl Case {
             chunk: self.chunk,
             causal: self.causal,
             mask: self.tensor_mask.then(|| Tensor::from_vec(self.random_mask(seed), [self.b, 1, self.t1, self.t2], &Device::Cpu).unwrap()),
+            ..Default::default()
         }
     }
 }

@@ -1018,3 +1018,50 @@ fn full_precision_regions_copy_every_layers_packs_in_one_launch() {
         p.zero_grad();
     }
 }
+
+/// The masks go up to the GPU once per forward, not once per layer that
+/// reads them: the encoder's frame padding mask is moved there before the
+/// blocks, an attention mask keeps one copy of its tensor (the composition)
+/// and of its key lengths (the fused kernels, which take the padding, the
+/// causal rule and WeNet's chunks from the rule and never read the (B, 1,
+/// T, T) tensor). So a steady step's host→device copies do not grow with
+/// depth: the tiny config with 2 and 4 encoder blocks (and 2 and 3 decoder
+/// blocks) copies as often, with the fusion off and on, for a plain
+/// conformer and a causal one trained with dynamic chunks (whose
+/// convolution modules widen the mask on the device).
+#[test]
+fn host_to_device_copies_of_a_step_do_not_grow_with_depth() {
+    use serde_yaml_ng::Value;
+    let Some(_) = common::gpu::gpu("host_to_device_copies_of_a_step_do_not_grow_with_depth") else { return };
+    let _s = serial();
+    let text = std::fs::read_to_string(tiny_config()).expect("conf/tiny.yaml");
+    let dir = std::env::temp_dir().join(format!("asrforge-htod-depth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for causal in [false, true] {
+        for fusion in ["none", "all"] {
+            let copies: Vec<u64> = [(2u64, 2u64), (4, 3)]
+                .iter()
+                .map(|&(enc, dec)| {
+                    let mut root: Value = serde_yaml_ng::from_str(&text).unwrap();
+                    let set = |root: &mut Value, section: &str, key: &str, v: Value| {
+                        root.get_mut(section).and_then(Value::as_mapping_mut).expect("a section of conf/tiny.yaml").insert(key.into(), v);
+                    };
+                    set(&mut root, "encoder_conf", "num_blocks", enc.into());
+                    set(&mut root, "decoder_conf", "num_blocks", dec.into());
+                    set(&mut root, "encoder_conf", "causal", causal.into());
+                    set(&mut root, "encoder_conf", "use_dynamic_chunk", causal.into());
+                    root.as_mapping_mut().unwrap().insert("fusion".into(), fusion.into());
+                    let config = dir.join(format!("tiny_{causal}_{fusion}_{enc}.yaml"));
+                    std::fs::write(&config, serde_yaml_ng::to_string(&root).unwrap()).unwrap();
+                    let r = run_bench_train(&BenchTrainArgs { config, steps: 3, warmup: 2, ..profiled_bench("fp32", false) });
+                    asrforge::ops::fusion::set_enabled(&[]);
+                    let (_, step) = r.expect("bench-train --device cuda --profile").kernel_profile.expect("a kernel profile");
+                    step.htod_copies
+                })
+                .collect();
+            assert_eq!(copies[0], copies[1], "causal {causal}, fusion {fusion}: copies up per step at 2 and at 4 encoder blocks");
+            eprintln!("causal {causal}, fusion {fusion}: {} copies up per step at either depth", copies[0]);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -35,15 +35,15 @@ fn close(a: &[f64], b: &[f64], what: &str) {
 #[test]
 fn masks_equal_wenets_pad_and_subsequent_masks_written_out() {
     use asrforge::nn::AttentionMask;
-    let bits = |m: AttentionMask| m.0.to_vec::<u8>().unwrap();
+    let bits = |m: AttentionMask| m.tensor().unwrap().to_vec::<u8>().unwrap();
     // make_pad_mask(lens): key j of sequence b is masked when j >= lens[b]; (B, 1, 1, T).
     let m = AttentionMask::key_padding(&[0, 2, 3], 3).unwrap();
-    assert_eq!(m.0.dims(), &[3, 1, 1, 3]);
+    assert_eq!(m.tensor().unwrap().dims(), &[3, 1, 1, 3]);
     assert_eq!(bits(m), [1, 1, 1, 0, 0, 1, 0, 0, 0]);
     // ~(~make_pad_mask(lens).unsqueeze(1) & subsequent_mask(T)): masked when j > i or j >= lens[b],
     // in every query row, the padded ones (i >= lens[b]) too; (B, 1, T, T).
     let m = AttentionMask::causal_padding(&[1, 3], 3).unwrap();
-    assert_eq!(m.0.dims(), &[2, 1, 3, 3]);
+    assert_eq!(m.tensor().unwrap().dims(), &[2, 1, 3, 3]);
     #[rustfmt::skip]
     let want = [
         0, 1, 1,  0, 1, 1,  0, 1, 1, // length 1: rows 1 and 2 are padding and still mask keys 1 and 2

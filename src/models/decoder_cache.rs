@@ -19,7 +19,7 @@ use super::decoder::{DecoderLayer, TransformerDecoder};
 use crate::error::{Error, Result};
 use crate::nn::{AttentionMask, LayerNorm};
 use crate::ops;
-use crate::tensor::Tensor;
+use crate::tensor::{Device, Tensor};
 
 /// One block's cached keys and values, (N, H, len, d_k) each.
 #[derive(Clone, Debug)]
@@ -64,14 +64,14 @@ impl DecoderCache {
         if rows.is_empty() || rows.iter().any(|&r| r >= self.rows) {
             return Err(Error::invalid("DecoderCache::select", format!("expected 1 or more row indices below {}, found {rows:?}", self.rows)));
         }
-        let idx = Tensor::from_vec(rows.iter().map(|&r| r as i64).collect::<Vec<_>>(), [rows.len()], &self.mem_mask.0.device())?;
+        let idx = Tensor::from_vec(rows.iter().map(|&r| r as i64).collect::<Vec<_>>(), [rows.len()], &Device::Cpu)?;
         let pick = |kv: &KeysValues| -> Result<KeysValues> { Ok(KeysValues { k: ops::index_select(&kv.k, 0, &idx)?, v: ops::index_select(&kv.v, 0, &idx)? }) };
         // Memory rows are identical copies of one utterance when the cache was
         // built for beam search, but not in general, so they are selected too.
         Ok(DecoderCache {
             self_kv: self.self_kv.iter().map(|kv| kv.as_ref().map(pick).transpose()).collect::<Result<_>>()?,
             src_kv: self.src_kv.iter().map(pick).collect::<Result<_>>()?,
-            mem_mask: AttentionMask(ops::index_select(&self.mem_mask.0, 0, &idx)?),
+            mem_mask: AttentionMask::new(ops::index_select(&self.mem_mask.tensor()?, 0, &idx)?),
             len: self.len,
             rows: rows.len(),
         })
@@ -140,7 +140,7 @@ impl TransformerDecoder {
             });
         }
         let n = tokens.len();
-        let ys = Tensor::from_vec(tokens.to_vec(), [n, 1], &cache.mem_mask.0.device())?;
+        let ys = Tensor::from_vec(tokens.to_vec(), [n, 1], &Device::Cpu)?;
         let mut x = self.pos_enc.encode_at(&self.embed.forward(&ys)?, cache.len)?;
         for (i, layer) in self.decoders.iter().enumerate() {
             x = layer.forward_step(&x, &mut cache.self_kv[i], &cache.src_kv[i], &cache.mem_mask)?;

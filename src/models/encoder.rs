@@ -109,7 +109,9 @@ impl Encoder {
         let (x, pos, out_lens) = self.embed.forward(&x, lens)?;
         let t = x.dims()[1];
         let (chunk, mask) = add_optional_chunk_mask(&self.chunk, req, &out_lens, t)?;
-        let pad = frame_pad_mask(&out_lens, t)?;
+        // On the activations' device once: every layer's convolution module
+        // reads it there (its masks forward and backward copy nothing).
+        let pad = frame_pad_mask(&out_lens, t)?.to_device(&x.device())?;
         let checkpointing = self.gradient_checkpointing && self.training && autograd::is_grad_enabled();
         let final_norm = (self.normalize_before && self.final_norm).then_some(&self.after_norm);
         let x = residual::run_stack(x, &self.encoders, EncoderLayer::first_norm, final_norm, |layer, x, h, next| {

@@ -26,8 +26,9 @@
 //! one-frame batch is full context.
 
 use crate::error::{Error, Result};
+use crate::nn::chunk_window;
 use crate::nn::AttentionMask;
-use crate::tensor::{rng, Device, Rng, Tensor};
+use crate::tensor::{rng, Rng};
 
 /// The chunk settings of an encoder (its `encoder_conf`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -72,9 +73,7 @@ pub fn subsequent_chunk_mask(size: usize, chunk_size: usize, num_left_chunks: i6
     }
     let mut m = vec![false; size * size];
     for i in 0..size {
-        let c = i / chunk_size;
-        let start = if num_left_chunks < 0 { 0 } else { c.saturating_sub(num_left_chunks as usize) * chunk_size };
-        let end = ((c + 1) * chunk_size).min(size);
+        let (start, end) = chunk_window(i, chunk_size, num_left_chunks, size);
         m[i * size + start..i * size + end].iter_mut().for_each(|x| *x = true);
     }
     Ok(m)
@@ -127,17 +126,10 @@ pub fn choose_chunk(cfg: &ChunkConfig, req: ChunkRequest, max_len: usize, rng: &
 /// The attention mask of a batch with key lengths `lens` over `t` frames and
 /// an optional chunk: (B, 1, 1, T) padding only, or (B, 1, T, T), true where masked.
 pub fn chunk_attention_mask(lens: &[usize], t: usize, chunk: Option<Chunk>) -> Result<AttentionMask> {
-    let Some(c) = chunk else {
-        return AttentionMask::key_padding(lens, t);
-    };
-    let allow = subsequent_chunk_mask(t, c.size, c.num_left_chunks)?;
-    let mut m = Vec::with_capacity(lens.len() * t * t);
-    for &l in lens {
-        for i in 0..t {
-            m.extend((0..t).map(|j| u8::from(!(allow[i * t + j] && j < l))));
-        }
+    match chunk {
+        None => AttentionMask::key_padding(lens, t),
+        Some(c) => AttentionMask::chunked(lens, t, c.size, c.num_left_chunks),
     }
-    Ok(AttentionMask(Tensor::from_vec(m, [lens.len(), 1, t, t], &Device::Cpu)?))
 }
 
 /// WeNet's `add_optional_chunk_mask` for a batch: the chunk chosen (drawn

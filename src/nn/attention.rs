@@ -30,31 +30,138 @@ use super::module::{Module, TensorKind};
 use crate::error::{Error, Result};
 use crate::ops::{self, fusion, fusion::Fusion};
 use crate::tensor::{DType, Device, Rng, Tensor};
+use std::sync::{Arc, OnceLock};
 
-/// Which keys a query must not attend to: u8 (B, 1, T1 or 1, T2), 1 = masked.
+/// Which keys a query must not attend to: u8 (B, 1, T1 or 1, T2), 1 =
+/// masked. The kinds the fused kernels compute themselves (key lengths,
+/// causal, WeNet's chunks) are kept as that rule, so the fused path neither
+/// builds, copies nor reads the tensor (whose (B, 1, T, T) kinds are O(T²)
+/// on the host at every forward); the composition's tensor is built from
+/// the rule on its first use, and copied to the scores' device once for
+/// every layer that reads the mask (the clones share both).
 #[derive(Clone, Debug)]
-pub struct AttentionMask(pub Tensor);
+pub struct AttentionMask {
+    /// The fused kernels' rule (its `mask` is `None`); `None` for a mask given as a tensor.
+    rule: Option<ops::FlashMask>,
+    /// (B, T1, T2) the rule covers.
+    dims: (usize, usize, usize),
+    /// The u8 tensor: given, or built from the rule on the host at its first use.
+    dense: Arc<OnceLock<Tensor>>,
+    /// The tensor on the device the composition first needed it on.
+    on_device: Arc<OnceLock<Tensor>>,
+    /// The rule's key lengths on the device the fused kernels first needed them on.
+    lengths_on_device: Arc<OnceLock<Tensor>>,
+}
+
+/// The keys `[start, end)` that query `i` of a chunked mask sees: its own
+/// chunk of `size` frames and `left` chunks before it (all when `left` < 0),
+/// within `t` keys. WeNet's `subsequent_chunk_mask` row by row.
+pub fn chunk_window(i: usize, size: usize, left: i64, t: usize) -> (usize, usize) {
+    let c = i / size;
+    let start = if left < 0 { 0 } else { c.saturating_sub(left as usize) * size };
+    (start, ((c + 1) * size).min(t))
+}
 
 impl AttentionMask {
+    /// A mask given as a tensor (no rule: the fused kernels read it).
+    pub fn new(mask: Tensor) -> Self {
+        let dense = Arc::new(OnceLock::new());
+        let _ = dense.set(mask);
+        AttentionMask { rule: None, dims: (0, 0, 0), dense, on_device: Arc::default(), lengths_on_device: Arc::default() }
+    }
+
+    /// The mask of `rule` over `b` sequences of `t` queries and keys.
+    fn from_rule(rule: ops::FlashMask, b: usize, t: usize) -> Self {
+        let rule = ops::FlashMask { mask: None, key_lengths_on_device: None, ..rule };
+        AttentionMask { rule: Some(rule), dims: (b, t, t), dense: Arc::default(), on_device: Arc::default(), lengths_on_device: Arc::default() }
+    }
+
     /// Masks keys at or beyond each sequence's length: (B, 1, 1, T).
     pub fn key_padding(lens: &[usize], t: usize) -> Result<Self> {
-        let mut m = Vec::with_capacity(lens.len() * t);
-        for &l in lens {
-            m.extend((0..t).map(|j| u8::from(j >= l)));
-        }
-        Ok(AttentionMask(Tensor::from_vec(m, [lens.len(), 1, 1, t], &Device::Cpu)?))
+        Ok(Self::from_rule(ops::FlashMask { key_lengths: Some(lens.to_vec()), ..Default::default() }, lens.len(), t))
     }
 
     /// Masks future keys and keys beyond each sequence's length: (B, 1, T, T).
     pub fn causal_padding(lens: &[usize], t: usize) -> Result<Self> {
-        let mut m = Vec::with_capacity(lens.len() * t * t);
-        for &l in lens {
-            for i in 0..t {
-                m.extend((0..t).map(|j| u8::from(j > i || j >= l)));
-            }
-        }
-        Ok(AttentionMask(Tensor::from_vec(m, [lens.len(), 1, t, t], &Device::Cpu)?))
+        Ok(Self::from_rule(ops::FlashMask { key_lengths: Some(lens.to_vec()), causal: true, ..Default::default() }, lens.len(), t))
     }
+
+    /// WeNet's chunk mask (`size` frames per chunk, `left` chunks before
+    /// each visible, all when < 0) and the key padding: (B, 1, T, T).
+    pub fn chunked(lens: &[usize], t: usize, size: usize, left: i64) -> Result<Self> {
+        if size == 0 {
+            return Err(Error::invalid("AttentionMask::chunked", "expected a chunk size >= 1, found 0"));
+        }
+        Ok(Self::from_rule(ops::FlashMask { key_lengths: Some(lens.to_vec()), chunk: Some((size, left)), ..Default::default() }, lens.len(), t))
+    }
+
+    /// The fused kernels' rule for this mask, if it is one of their kinds.
+    pub fn rule(&self) -> Option<&ops::FlashMask> {
+        self.rule.as_ref()
+    }
+
+    /// The mask as a u8 tensor, 1 = masked: the given one, or the rule's
+    /// built on the host (once; (B, 1, 1, T) for key padding alone).
+    pub fn tensor(&self) -> Result<Tensor> {
+        if let Some(t) = self.dense.get() {
+            return Ok(t.clone());
+        }
+        let Some(r) = &self.rule else { return Err(Error::invalid("AttentionMask", "a mask with neither a tensor nor a rule")) };
+        let (b, t1, t2) = self.dims;
+        let lens = r.key_lengths.clone().unwrap_or_else(|| vec![t2; b]);
+        let t = if !r.causal && r.chunk.is_none() {
+            let m: Vec<u8> = lens.iter().flat_map(|&l| (0..t2).map(move |j| u8::from(j >= l))).collect();
+            Tensor::from_vec(m, [b, 1, 1, t2], &Device::Cpu)?
+        } else {
+            let mut m = Vec::with_capacity(b * t1 * t2);
+            for &l in &lens {
+                for i in 0..t1 {
+                    let (start, end) = match r.chunk {
+                        Some((size, left)) => chunk_window(i, size, left, t2),
+                        None => (0, t2),
+                    };
+                    let end = if r.causal { end.min(i + 1) } else { end };
+                    m.extend((0..t2).map(|j| u8::from(j < start || j >= end || j >= l)));
+                }
+            }
+            Tensor::from_vec(m, [b, 1, t1, t2], &Device::Cpu)?
+        };
+        Ok(self.dense.get_or_init(|| t).clone())
+    }
+
+    /// The mask tensor on `device` (copied there once and kept, for the
+    /// mask and its clones, when it lives elsewhere).
+    pub fn tensor_on(&self, device: &Device) -> Result<Tensor> {
+        let t = self.tensor()?;
+        if t.device() == *device {
+            return Ok(t);
+        }
+        kept_on(&self.on_device, device, || t.to_device(device))
+    }
+
+    /// What the fused kernels take on `device`: the rule (with its key
+    /// lengths there, copied once and kept), or the tensor there.
+    pub fn flash_on(&self, device: &Device) -> Result<ops::FlashMask> {
+        let Some(r) = &self.rule else { return Ok(ops::FlashMask { mask: Some(self.tensor_on(device)?), ..Default::default() }) };
+        let lens = match (&r.key_lengths, device) {
+            (Some(l), Device::Cuda(_)) => {
+                Some(kept_on(&self.lengths_on_device, device, || Tensor::from_vec(l.iter().map(|&x| x as i64).collect::<Vec<_>>(), [l.len()], device))?)
+            }
+            _ => None,
+        };
+        Ok(ops::FlashMask { key_lengths_on_device: lens, ..r.clone() })
+    }
+}
+
+/// The tensor kept in `cell` when it is on `device`, else `make()`, kept
+/// when the cell is empty (a copy on another device first stays the kept one).
+fn kept_on(cell: &OnceLock<Tensor>, device: &Device, make: impl FnOnce() -> Result<Tensor>) -> Result<Tensor> {
+    if let Some(t) = cell.get().filter(|t| t.device() == *device) {
+        return Ok(t.clone());
+    }
+    let t = make()?;
+    let _ = cell.set(t.clone());
+    Ok(t)
 }
 
 /// Projected keys and values (B, H, T, d_k) kept between the chunks of a stream.
@@ -117,7 +224,7 @@ impl MultiHeadedAttention {
         // probabilities directly (the kernels accumulate in f32), and masked
         // keys get exactly 0 (a fully masked row gives zeros, never NaN).
         let attn = match mask {
-            Some(m) => ops::masked_softmax(scores, &m.0)?,
+            Some(m) => ops::masked_softmax(scores, &m.tensor_on(&scores.device())?)?,
             None => ops::softmax(scores)?,
         };
         let p = self.dropout.forward(&attn)?;
@@ -157,7 +264,7 @@ impl MultiHeadedAttention {
     /// `ops::flash_attention` of (B, T, H, d_k) operands with the mask and
     /// this layer's dropout, merged heads, `linear_out`.
     fn attend_fused(&self, q: &Tensor, k: &Tensor, v: &Tensor, pos: Option<ops::RelPos>, mask: Option<&AttentionMask>) -> Result<Tensor> {
-        let m = ops::FlashMask { mask: mask.map(|m| m.0.clone()), ..Default::default() };
+        let m = mask.map(|m| m.flash_on(&q.device())).transpose()?.unwrap_or_default();
         let x = ops::flash_attention(q, k, v, pos, &m, self.dropout.p, self.dropout.training)?;
         let (b, t1) = (x.dims()[0], x.dims()[1]);
         let x = ops::reshape(&x, [b, t1, self.heads * self.d_k()])?;
@@ -238,7 +345,7 @@ impl MultiHeadedAttention {
         if query.device() != Device::Cpu && self.d_k() > crate::backend::cuda::attention::MAX_D_K {
             return Ok(None);
         }
-        let m = ops::FlashMask { mask: mask.map(|m| m.0.clone()), ..Default::default() };
+        let m = mask.map(|m| m.flash_on(&query.device())).transpose()?.unwrap_or_default();
         let p = pos.map(|(table, _, _)| self.split(table)).transpose()?;
         let rel = match (pos, &p) {
             (Some((_, u, vb)), Some(p)) => Some(ops::RelPos { p, u, vb }),

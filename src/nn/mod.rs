@@ -13,7 +13,7 @@ mod linear;
 mod module;
 mod norm;
 
-pub use attention::{AttentionMask, KvCache, MultiHeadedAttention, RelPositionMultiHeadedAttention};
+pub use attention::{chunk_window, AttentionMask, KvCache, MultiHeadedAttention, RelPositionMultiHeadedAttention};
 pub use conv::{Conv1d, Conv1dKind, Conv2d};
 pub use dropout::Dropout;
 pub use embedding::Embedding;

@@ -41,6 +41,10 @@ pub struct FlashMask {
     /// A u8 mask (1 = masked) broadcastable to (B, 1, T1, T2), as
     /// `nn::AttentionMask`'s.
     pub mask: Option<Tensor>,
+    /// `key_lengths` as an i64 (B) tensor already on the operands' device,
+    /// used instead of a copy up per call (`nn::AttentionMask` keeps one
+    /// for every layer it masks); the caller's promise: the same lengths.
+    pub key_lengths_on_device: Option<Tensor>,
 }
 
 /// WeNet's positional term: p (1 or B, T2, H, d_k) and the biases u, vb (H, d_k).
@@ -275,7 +279,11 @@ fn attention(packing: Packing, xs: &[&Tensor], heads: usize, pos: Option<RelPos>
         AttentionDropout::NONE
     };
     let dev = q.device();
-    let lens_t = lens.map(|l| Tensor::from_vec(l, [n.batch], &dev)).transpose()?;
+    let kept = mask.key_lengths_on_device.as_ref().filter(|t| t.device() == dev && t.dtype() == DType::I64 && t.dims() == [n.batch]);
+    let lens_t = match (lens, kept) {
+        (Some(_), Some(t)) => Some(t.clone()),
+        (l, _) => l.map(|l| Tensor::from_vec(l, [n.batch], &dev)).transpose()?,
+    };
     let mask_t = mask_t.map(|m| m.detach().to_device(&dev)).transpose()?;
     // The biases in the compute type on the GPU (the kernels read them so).
     let pos_t = match pos {
