@@ -43,7 +43,7 @@ grep -qxF '/.device/' "$EXCLUDE" 2>/dev/null || echo '/.device/' >> "$EXCLUDE"
 echo "gpu-check: building test binaries (release, --features cuda)"
 cargo test --release --features cuda --no-run --message-format=json > "$ROOT/target/gpu-check-tests.json"
 cargo build --release --features cuda --bin asrforge
-cargo bench --features cuda --bench gpu_kernels --no-run --message-format=json > "$ROOT/target/gpu-check-benches.json"
+cargo bench --features cuda --bench gpu_kernels --bench optim --no-run --message-format=json > "$ROOT/target/gpu-check-benches.json"
 
 rm -rf "$DEV"
 mkdir -p "$DEV/tests" "$DEV/bin"
@@ -77,7 +77,7 @@ print("gpu-check: staged tests:", " ".join(sorted(staged)) or "(none)")
 sys.exit(0 if staged else 1)
 PY
 cp target/release/asrforge "$DEV/bin/asrforge"
-# The GPU kernel benches (criterion): their timings mean something there.
+# The GPU benches (criterion): the kernels' and the optimizer step's; their timings mean something there.
 mkdir -p "$DEV/benches"
 python3 - "$ROOT/target/gpu-check-benches.json" "$DEV/benches" <<'PY'
 import json, shutil, sys
@@ -86,10 +86,10 @@ for line in open(sys.argv[1]):
         m = json.loads(line)
     except ValueError:
         continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu_kernels":
-        shutil.copy(m["executable"], f"{sys.argv[2]}/gpu_kernels")
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("gpu_kernels", "optim"):
+        shutil.copy(m["executable"], f"{sys.argv[2]}/{m['target']['name']}")
 PY
-strip "$DEV/benches/gpu_kernels"
+strip "$DEV"/benches/*
 strip "$DEV"/tests/* "$DEV/bin/asrforge"
 [ -f "$DEV/nccl/dist_gpu" ] && strip "$DEV/nccl/dist_gpu"
 # What the binaries read: the configs (bench-train uses the AISHELL one).

@@ -351,14 +351,18 @@ if want sanitize; then
 fi
 
 # --- 9. kernel benches ------------------------------------------------------------
+# Every staged criterion binary in turn (gpu_kernels: the kernels, fused and
+# composed; optim: the fused AdamW step, the AISHELL conformer's parameters
+# among them), BENCH_FILTER passed to each.
 declare -a KROWS
-if want bench && [ -x "$DEV/benches/gpu_kernels" ]; then
+for bench in gpu_kernels optim; do
+    want bench && [ -x "$DEV/benches/$bench" ] || continue
     BLIM=$(( $(left) - 20 )); [ "$BLIM" -gt 150 ] && BLIM=150
     if [ "$BLIM" -gt 30 ]; then
-        (cd /tmp && timeout "$BLIM" "$DEV/benches/gpu_kernels" --bench --warm-up-time 0.2 --measurement-time 0.6 --noplot ${BENCH_FILTER:-} > "$LOG/bench-gpu_kernels.log" 2>&1)
+        (cd /tmp && timeout "$BLIM" "$DEV/benches/$bench" --bench --warm-up-time 0.2 --measurement-time 0.6 --noplot ${BENCH_FILTER:-} > "$LOG/bench-$bench.log" 2>&1)
         # Criterion prints a bench's name, then (on that line or the next) its
         # time, then with a throughput its thrpt line: one row per bench.
-        while IFS= read -r l; do KROWS+=("$l"); done < <(python3 - "$LOG/bench-gpu_kernels.log" <<'PY'
+        while IFS= read -r l; do KROWS+=("$l"); done < <(python3 - "$LOG/bench-$bench.log" <<'PY'
 import re, sys
 name, rows = None, []
 for line in open(sys.argv[1], errors="replace"):
@@ -380,9 +384,9 @@ for r in rows:
 PY
 )
     else
-        KROWS+=("NOT RUN (out of time)")
+        KROWS+=("$bench NOT RUN (out of time)")
     fi
-fi
+done
 
 # --- 10. attention against PyTorch's SDPA ----------------------------------------
 # The flash_attention benches above (asrforge fused vs its composition) have
@@ -409,7 +413,7 @@ fi
     echo "bench-train: $(basename "$CONFIG"), $STEPS steps, batch $BATCH x $FRAMES frames, ${OVERRIDES[*]}"
     echo "  dtype  init(gpu)   init(cpu)   rel.diff  first_loss  last_loss skip   frames/s  peak_MiB  check"
     printf '  %s\n' "${RROWS[@]}"
-    echo "ceilings: $CEIL"
+    echo "ceilings: ${CEIL:-failed (see ceil.log)}"
     echo "asrforge vs PyTorch on this GPU (same model and batch shapes; frames/s = valid input frames per median step):"
     echo "  dtype  asrforge    pytorch  ratio  peak(af)  peak(pt)"
     printf '  %s\n' "${PTROWS[@]:-none}"
@@ -430,7 +434,7 @@ fi
     printf '  %s\n' "${BROWS[@]:-not run}"
     echo "compute-sanitizer (one tiny fused f32 step):"
     printf '  %s\n' "${SROWS[@]:-not run}"
-    echo "kernel benches (criterion gpu_kernels, short: warm-up 0.2 s, 0.6 s measured):"
+    echo "benches (criterion gpu_kernels and optim, short: warm-up 0.2 s, 0.6 s measured):"
     printf '  %s\n' "${KROWS[@]:-not run}"
     echo "attention fwd+bwd, 18*B*H*T^2*d FLOPs (asrforge: the flash_attention rows above, thrpt in Gelem/s = GFLOP/s;"
     echo "  PyTorch: SDPA with the positional bias as a float mask, SDPA without it, eager; extra_peak_mib over the inputs):"
