@@ -595,6 +595,7 @@ struct KernelSig {
 const STRUCTS: &[(&str, usize, bool)] = &[
     ("Bcast", 25, false),
     ("Bcast32", 25, false),
+    ("CastHead", 4, true),
     ("CastTable", 450, true),
     ("FastDiv", 2, false),
     ("MtHead", 5, true),

@@ -177,6 +177,23 @@ __device__ __forceinline__ A warp_reduce_to_lane0(A v, Op op, unsigned count) {
     return v;
 }
 
+// Launch tables in device memory (host: `launch::chunk_words` in
+// src/backend/cuda/launch.rs): a kernel that walks many buffers in chunks
+// of `chunk` elements reads word c of its table for chunk c, the chunk's
+// entry slot (low 32 bits) and its index within that entry (high 32 bits),
+// and the entry's length from `len`; the chunk covers [lo, hi).
+struct TableChunk {
+    uint32_t k;
+    u64 lo, hi;
+};
+
+__device__ __forceinline__ TableChunk table_chunk(const u64* words, u64 c, const u64* len, u64 chunk) {
+    const u64 w = words[c];
+    const uint32_t k = (uint32_t)(w & 0xffffffffull);
+    const u64 lo = (w >> 32) * chunk;
+    return TableChunk{k, lo, lo + chunk < len[k] ? lo + chunk : len[k]};
+}
+
 // The arrival step of a tiled reduction whose last block folds the tiles
 // (reduce.cu's sum_cols_tiled, norm.cu's channels-last batch norm): every
 // block calls it once its tile's partials are written and fenced

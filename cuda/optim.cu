@@ -184,19 +184,11 @@ struct MtHead {
 
 namespace {
 
-// One chunk's tensor slot and element range [lo, hi).
-struct MtChunk {
-    uint32_t k;
-    u64 lo, hi;
-};
-
-__device__ __forceinline__ MtChunk mt_chunk(const MtHead& h, u64 c) {
+// Chunk c's tensor slot and element range (the table's lengths follow its
+// four address arrays).
+__device__ __forceinline__ TableChunk mt_chunk(const MtHead& h, u64 c) {
     const u64* t = (const u64*)h.table;
-    const u64 w = t[c];
-    const uint32_t k = (uint32_t)(w & 0xffffffffull);
-    const u64 len = t[h.n_chunks + 4 * h.n_tensors + k];
-    const u64 lo = (w >> 32) * h.chunk;
-    return MtChunk{k, lo, lo + h.chunk < len ? lo + h.chunk : len};
+    return table_chunk(t, c, t + h.n_chunks + 4 * h.n_tensors, h.chunk);
 }
 
 // Slot k's address of array `field` (0 p, 1 g, 2 m, 3 v).
@@ -236,7 +228,7 @@ __device__ void mt_norm_impl(const MtHead& h, double inv_scale, int amp, double*
     const T s = T(inv_scale);
     const u64 step = (u64)blockDim.x;
     for (u64 c = blockIdx.x; c < h.n_chunks; c += gridDim.x) {
-        const MtChunk r = mt_chunk(h, c);
+        const TableChunk r = mt_chunk(h, c);
         const T* g = mt_ptr<T>(h, 1, r.k);
         double acc = 0.0, bad = 0.0;
         for (u64 i0 = r.lo + threadIdx.x; i0 < r.hi; i0 += MT_UNROLL * step) {
@@ -280,7 +272,7 @@ __device__ void mt_adam_impl(const MtHead& h, const double* state, double inv_sc
     const T lr = T(lr_), b1 = T(b1_), b2 = T(b2_), eps = T(eps_), wd = T(wd_), ibc1 = T(ibc1_), isbc2 = T(isbc2_);
     const u64 step = (u64)blockDim.x;
     for (u64 c = blockIdx.x; c < h.n_chunks; c += gridDim.x) {
-        const MtChunk r = mt_chunk(h, c);
+        const TableChunk r = mt_chunk(h, c);
         T* p = mt_ptr<T>(h, 0, r.k);
         const T* g = mt_ptr<T>(h, 1, r.k);
         T* m = mt_ptr<T>(h, 2, r.k);

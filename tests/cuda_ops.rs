@@ -560,7 +560,7 @@ fn many_tensor_casts_equal_single_casts_bit_for_bit() {
     let Some(dev) = gpu("many_tensor_casts_equal_single_casts_bit_for_bit") else { return };
     let seed = fresh_seed();
     let mut rng = Rng::new(seed);
-    // 70 tensors (more than one table's 64) of ragged lengths.
+    // 70 tensors (more than one by-value table's 64) of ragged lengths.
     let lens: Vec<usize> = (0..70).map(|i| [0, 1, 37, 64, 65, 300, 1031][i % 7] + i).collect();
     let vals: Vec<Vec<f64>> = lens
         .iter()
@@ -578,8 +578,11 @@ fn many_tensor_casts_equal_single_casts_bit_for_bit() {
         .collect();
     for half in [DType::F16, DType::BF16] {
         let xs: Vec<Tensor> = vals.iter().zip(&lens).map(|(v, &n)| tensor(v, &[n], DType::F32, &dev)).collect();
-        on_stores(&xs.iter().collect::<Vec<_>>(), |stores| {
-            for chunk in [7, 64, 1 << 14] {
+        on_stores(&xs.iter().collect::<Vec<_>>(), |all| {
+            // All 70 take a table in device memory (more than 64 tensors, or
+            // with chunks of 7 and 64 more than 256 chunks); the first 10 in
+            // chunks of 2^14 one by-value table, in chunks of 7 the device's.
+            for (stores, chunk) in [(all, 7), (all, 64), (all, 1 << 14), (&all[..10], 1 << 14), (&all[..10], 7)] {
                 let ys = cuda::cast::to_dtype_many_chunked(stores, half, chunk).unwrap();
                 for (i, (y, s)) in ys.iter().zip(stores).enumerate() {
                     let want = cuda::cast::to_dtype(s, half).unwrap().to_cpu().unwrap();
@@ -592,6 +595,31 @@ fn many_tensor_casts_equal_single_casts_bit_for_bit() {
                         cuda::cast::to_dtype(y, DType::F32).unwrap().to_cpu().unwrap(),
                         "{half:?} -> f32 chunk {chunk} tensor {i} (seed {seed})"
                     );
+                }
+            }
+            // Copies (one dtype) of every tensor side by side into one buffer
+            // (the packed weights' concatenation), through both table kinds.
+            let halves = cuda::cast::to_dtype_many_chunked(all, half, 1 << 14).unwrap();
+            let total: usize = lens.iter().sum();
+            for (srcs, dt) in [(all.to_vec(), DType::F32), (halves.iter().collect::<Vec<_>>(), half)] {
+                for n in [10, srcs.len()] {
+                    let cat = ops::to_dtype(&Tensor::zeros([total], DType::F32, &dev).unwrap(), dt).unwrap();
+                    on_stores(&[&cat], |dst| {
+                        let mut at = 0;
+                        let pieces: Vec<cuda::cast::CastPiece> = srcs[..n]
+                            .iter()
+                            .map(|s| {
+                                let p = cuda::cast::CastPiece { src: s, src_at: 0, dst: dst[0], dst_at: at, len: s.len() };
+                                at += s.len();
+                                p
+                            })
+                            .collect();
+                        cuda::cast::cast_pieces(&pieces).unwrap();
+                        let got = dst[0].to_cpu().unwrap().to_f64_vec();
+                        let want: Vec<f64> = srcs[..n].iter().flat_map(|s| s.to_cpu().unwrap().to_f64_vec()).collect();
+                        assert_eq!(got[..want.len()], want[..], "{dt:?} copies of {n} tensors (seed {seed})");
+                        assert!(got[want.len()..].iter().all(|&x| x == 0.0), "{dt:?} copies of {n} tensors wrote past their pieces");
+                    });
                 }
             }
         });

@@ -54,15 +54,6 @@ impl CastTable {
         self.tensors += 1;
         k
     }
-    /// Elements of chunk `c`: its tensor's length past the chunk's start, at most a chunk.
-    fn chunk_len(&self, c: usize) -> u64 {
-        let base = 2 + 3 * CAST_TENSORS;
-        let shift = 32 * (c % 2);
-        let slot = ((self.words[base + c / 2] >> shift) & 0xffff_ffff) as usize;
-        let index = (self.words[base + CAST_CHUNKS / 2 + c / 2] >> shift) & 0xffff_ffff;
-        let (chunk, len) = (self.words[0], self.words[2 + 2 * CAST_TENSORS + slot]);
-        len.saturating_sub(index * chunk).min(chunk)
-    }
     fn add_chunk(&mut self, slot: usize, index: u32) {
         // Two little-endian u32 arrays packed into words: tensor[], then index[].
         let base = 2 + 3 * CAST_TENSORS;
@@ -75,32 +66,18 @@ impl CastTable {
     }
 }
 
-/// The tables covering every chunk of every `(src, dst, len)` range (device
-/// addresses, elements), each within the launch limits (a range's chunks
-/// may span tables).
-fn cast_tables(ranges: &[(u64, u64, usize)], chunk: usize) -> Result<Vec<CastTable>> {
-    let mut tables: Vec<CastTable> = Vec::new();
+/// The by-value table of every chunk of every `(src, dst, len)` range
+/// (device addresses, elements): the caller has checked that they fit one
+/// ([`CAST_TENSORS`] ranges, [`CAST_CHUNKS`] chunks).
+fn cast_table(ranges: &[(u64, u64, usize)], chunk: usize) -> CastTable {
+    let mut t = CastTable::new(chunk);
     for &(src, dst, len) in ranges {
-        let n_chunks = u32::try_from(len.div_ceil(chunk)).map_err(|_| {
-            Error::invalid("cast_many", format!("expected at most {} chunks of {chunk} elements per tensor, found {}", u32::MAX, len.div_ceil(chunk)))
-        })?;
-        let mut slot = None;
-        for j in 0..n_chunks {
-            let fits = tables.last().is_some_and(|t| t.chunks < CAST_CHUNKS && (slot.is_some() || t.tensors < CAST_TENSORS));
-            if !fits {
-                tables.push(CastTable::new(chunk));
-                slot = None;
-            }
-            let t = tables.last_mut().ok_or_else(|| Error::Msg("cast_many: no table".into()))?;
-            let k = match slot {
-                Some(k) => k,
-                None => t.add_range(src, dst, len),
-            };
-            slot = Some(k);
-            t.add_chunk(k, j);
+        let k = t.add_range(src, dst, len);
+        for j in 0..len.div_ceil(chunk) {
+            t.add_chunk(k, j as u32);
         }
     }
-    Ok(tables)
+    t
 }
 
 /// One-element float tensors gathered as f64 into consecutive elements of
@@ -146,9 +123,10 @@ pub fn gather_scalars_f64(xs: &[&CudaStorage]) -> Result<CudaStorage> {
     Ok(y)
 }
 
-/// Every `x` converted to `dtype` in a few launches (one per table of up to
-/// [`CAST_TENSORS`] tensors and [`CAST_CHUNKS`] chunks): f32 to f16/bf16 and
-/// back, the conversions autocast makes of a layer's weights and gradients.
+/// Every `x` converted to `dtype` in one launch (a by-value table of up to
+/// [`CAST_TENSORS`] tensors and [`CAST_CHUNKS`] chunks, or beyond that a
+/// table in device memory, copied up first): f32 to f16/bf16 and back, the
+/// conversions autocast makes of a layer's weights and gradients.
 /// The values equal [`to_dtype`]'s.
 pub fn to_dtype_many(xs: &[&CudaStorage], dtype: DType) -> Result<Vec<CudaStorage>> {
     to_dtype_many_chunked(xs, dtype, CAST_CHUNK)
@@ -181,8 +159,9 @@ pub struct CastPiece<'a> {
     pub len: usize,
 }
 
-/// Every piece converted (or copied, for one dtype) in one launch per
-/// table of up to [`CAST_TENSORS`] pieces and [`CAST_CHUNKS`] chunks: the
+/// Every piece converted (or copied, for one dtype) in one launch (a
+/// by-value table of up to [`CAST_TENSORS`] pieces and [`CAST_CHUNKS`]
+/// chunks, or beyond that one in device memory, copied up first): the
 /// pieces of a concatenation into one buffer (a packed projection weight)
 /// and of its split back. Every source one dtype, every destination one
 /// dtype: f32 to f16/bf16 and back, or a copy of f32, f16 or bf16.
@@ -225,12 +204,37 @@ fn cast_pieces_chunked(pieces: &[CastPiece], chunk: usize) -> Result<()> {
         .filter(|p| p.len > 0)
         .map(|p| (p.src.ptr() + (p.src_at * from.size_in_bytes()) as u64, p.dst.ptr() + (p.dst_at * dtype.size_in_bytes()) as u64, p.len))
         .collect();
-    for t in cast_tables(&ranges, chunk)? {
-        let cfg = LaunchConfig { grid: (t.chunks.min(super::launch::max_grid() as usize) as u32, 1, 1), block: (CAST_THREADS, 1, 1), shared_bytes: 0 };
-        // The bytes of this table's chunks (the profile cannot see inside it).
-        let elems: u64 = (0..t.chunks).map(|c| t.chunk_len(c)).sum();
-        let moved = (elems * from.size_in_bytes() as u64, elems * dtype.size_in_bytes() as u64);
-        k::cast_many(dev, from, dtype, cfg, &t.words, moved)?;
+    let chunks: usize = ranges.iter().map(|r| r.2.div_ceil(chunk)).sum();
+    if ranges.len() > CAST_TENSORS || chunks > CAST_CHUNKS {
+        // More than one by-value table holds: one launch from a table in device memory.
+        return cast_many_dev(dev, from, dtype, &ranges, chunk);
     }
-    Ok(())
+    if chunks == 0 {
+        return Ok(());
+    }
+    let t = cast_table(&ranges, chunk);
+    let cfg = LaunchConfig { grid: (t.chunks.min(super::launch::max_grid() as usize) as u32, 1, 1), block: (CAST_THREADS, 1, 1), shared_bytes: 0 };
+    // The bytes of the table's chunks (the profile cannot see inside it).
+    let elems: u64 = ranges.iter().map(|r| r.2 as u64).sum();
+    k::cast_many(dev, from, dtype, cfg, &t.words, (elems * from.size_in_bytes() as u64, elems * dtype.size_in_bytes() as u64))
+}
+
+/// 64-bit words of the `CastHead` struct (cuda/cast.cu): the table's device
+/// address, its entries, its chunks, the chunk size.
+const CAST_HEAD_WORDS: usize = 4;
+
+/// Every `(src, dst, len)` range converted in one `cast_many_dev` launch:
+/// its table (a word per chunk, then the sources, destinations and lengths)
+/// goes up in one asynchronous copy (`upload_words`).
+fn cast_many_dev(dev: &std::sync::Arc<super::CudaDevice>, from: DType, to: DType, ranges: &[(u64, u64, usize)], chunk: usize) -> Result<()> {
+    let mut words = Vec::new();
+    let chunks = super::launch::chunk_words("cast_many", ranges.iter().map(|r| r.2), chunk, &mut words)?;
+    words.extend(ranges.iter().map(|r| r.0 as i64));
+    words.extend(ranges.iter().map(|r| r.1 as i64));
+    words.extend(ranges.iter().map(|r| r.2 as i64));
+    let table = super::upload_words(dev, words)?;
+    let head: [u64; CAST_HEAD_WORDS] = [table.ptr(), ranges.len() as u64, chunks as u64, chunk as u64];
+    let cfg = LaunchConfig { grid: (chunks.min(super::launch::max_grid() as usize) as u32, 1, 1), block: (CAST_THREADS, 1, 1), shared_bytes: 0 };
+    let elems: u64 = ranges.iter().map(|r| r.2 as u64).sum();
+    k::cast_many_dev(dev, from, to, cfg, &head, (elems * from.size_in_bytes() as u64, elems * to.size_in_bytes() as u64))
 }

@@ -54,6 +54,22 @@ impl LaunchConfig {
     }
 }
 
+/// The chunk words of a launch table in device memory (common.cuh's
+/// `table_chunk`): for entries of `lens` elements, cut into chunks of
+/// `chunk`, one word per chunk, its entry's slot (low 32 bits) and its
+/// index within the entry (high 32 bits), appended to `words` in entry
+/// order; the chunks appended.
+pub(crate) fn chunk_words(op: &'static str, lens: impl IntoIterator<Item = usize>, chunk: usize, words: &mut Vec<i64>) -> crate::error::Result<usize> {
+    let start = words.len();
+    for (k, len) in lens.into_iter().enumerate() {
+        let n = len.div_ceil(chunk);
+        let n32 = u32::try_from(n)
+            .map_err(|_| crate::error::Error::invalid(op, format!("expected at most {} chunks of {chunk} elements per tensor, found {n}", u32::MAX)))?;
+        words.extend((0..n32).map(|j| (((j as u64) << 32) | k as u64) as i64));
+    }
+    Ok(words.len() - start)
+}
+
 /// The arrival counters a device keeps (`CudaDevice::arrivals`): enough
 /// for a tiled reduction of 4096 strips (131072 columns of 32) or as many
 /// rows.

@@ -8,6 +8,7 @@
 //! value, the step's decisions left on the GPU, one read-back).
 
 use super::kernels::optim as k;
+use super::launch::chunk_words;
 use super::{CudaStorage, LaunchConfig};
 use crate::backend::cpu::optim::AdamStep;
 use crate::backend::cpu::CpuStorage;
@@ -211,15 +212,8 @@ fn mt_table(slots: &[FusedSlot], chunk: usize) -> Result<(Vec<i64>, Vec<MtGroup>
         g.at = words.len();
         g.first_chunk = total;
         let n = g.slots.len();
-        for (k, &i) in g.slots.iter().enumerate() {
-            let len = slots[i].p.len();
-            let n_chunks = len.div_ceil(chunk);
-            let n_chunks32 = u32::try_from(n_chunks)
-                .map_err(|_| Error::invalid("fused_adam", format!("expected at most {} chunks of {chunk} elements per tensor, found {n_chunks}", u32::MAX)))?;
-            words.extend((0..n_chunks32).map(|j| ((j as u64) << 32 | k as u64) as i64));
-            g.elems += len as u64;
-        }
-        g.chunks = words.len() - g.at;
+        g.chunks = chunk_words("fused_adam", g.slots.iter().map(|&i| slots[i].p.len()), chunk, &mut words)?;
+        g.elems = g.slots.iter().map(|&i| slots[i].p.len() as u64).sum();
         for field in 0..5 {
             words.extend(g.slots.iter().map(|&i| {
                 let s = &slots[i];
