@@ -21,14 +21,13 @@ fn shapes() -> Vec<Vec<usize>> {
     (0..50).flat_map(|_| [vec![64, 64], vec![64], vec![64, 256], vec![256]]).collect()
 }
 
+/// `Cuda(0)`, or `None` after printing why there is none.
+fn gpu() -> Option<Device> {
+    Device::cuda(0).map_err(|e| println!("optim benches: skipped, no usable GPU: {e}")).ok()
+}
+
 fn optim_step(c: &mut Criterion) {
-    let gpu = match Device::cuda(0) {
-        Ok(d) => d,
-        Err(e) => {
-            println!("optim benches: skipped, no usable GPU: {e}");
-            return;
-        }
-    };
+    let Some(gpu) = gpu() else { return };
     let mut rng = Rng::new(7);
     let make = |rng: &mut Rng| -> (Vec<(String, Tensor)>, Vec<Tensor>) {
         let shapes = shapes();
@@ -78,13 +77,7 @@ fn optim_step(c: &mut Criterion) {
 /// The fused step over the AISHELL conformer's own parameters (AMP and
 /// clipping on, as in training with fp16).
 fn optim_step_conformer(c: &mut Criterion) {
-    let gpu = match Device::cuda(0) {
-        Ok(d) => d,
-        Err(e) => {
-            println!("optim benches: skipped, no usable GPU: {e}");
-            return;
-        }
-    };
+    let Some(gpu) = gpu() else { return };
     // The build tree's config, or the one scripts/gpu-run.sh unpacked beside the benches (run from /tmp there).
     let built = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/train_conformer.yaml");
     let Some(text) = [built, "conf/train_conformer.yaml", "asrforge-device/conf/train_conformer.yaml"].iter().find_map(|p| std::fs::read_to_string(p).ok())
