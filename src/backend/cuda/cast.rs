@@ -204,29 +204,31 @@ fn cast_pieces_chunked(pieces: &[CastPiece], chunk: usize) -> Result<()> {
         .filter(|p| p.len > 0)
         .map(|p| (p.src.ptr() + (p.src_at * from.size_in_bytes()) as u64, p.dst.ptr() + (p.dst_at * dtype.size_in_bytes()) as u64, p.len))
         .collect();
+    // The bytes the table's chunks move (the profile cannot see inside it).
+    let elems: u64 = ranges.iter().map(|r| r.2 as u64).sum();
+    let moved = (elems * from.size_in_bytes() as u64, elems * dtype.size_in_bytes() as u64);
     let chunks: usize = ranges.iter().map(|r| r.2.div_ceil(chunk)).sum();
     if ranges.len() > CAST_TENSORS || chunks > CAST_CHUNKS {
         // More than one by-value table holds: one launch from a table in device memory.
-        return cast_many_dev(dev, from, dtype, &ranges, chunk);
+        return cast_many_dev(dev, from, dtype, &ranges, chunk, moved);
     }
     if chunks == 0 {
         return Ok(());
     }
     let t = cast_table(&ranges, chunk);
     let cfg = LaunchConfig { grid: (t.chunks.min(super::launch::max_grid() as usize) as u32, 1, 1), block: (CAST_THREADS, 1, 1), shared_bytes: 0 };
-    // The bytes of the table's chunks (the profile cannot see inside it).
-    let elems: u64 = ranges.iter().map(|r| r.2 as u64).sum();
-    k::cast_many(dev, from, dtype, cfg, &t.words, (elems * from.size_in_bytes() as u64, elems * dtype.size_in_bytes() as u64))
+    k::cast_many(dev, from, dtype, cfg, &t.words, moved)
 }
 
 /// 64-bit words of the `CastHead` struct (cuda/cast.cu): the table's device
 /// address, its entries, its chunks, the chunk size.
 const CAST_HEAD_WORDS: usize = 4;
 
-/// Every `(src, dst, len)` range converted in one `cast_many_dev` launch:
-/// its table (a word per chunk, then the sources, destinations and lengths)
-/// goes up in one asynchronous copy (`upload_words`).
-fn cast_many_dev(dev: &std::sync::Arc<super::CudaDevice>, from: DType, to: DType, ranges: &[(u64, u64, usize)], chunk: usize) -> Result<()> {
+/// Every `(src, dst, len)` range converted in one `cast_many_dev` launch
+/// (moving `moved` bytes, for the profile): its table (a word per chunk,
+/// then the sources, destinations and lengths) goes up in one asynchronous
+/// copy (`upload_words`).
+fn cast_many_dev(dev: &std::sync::Arc<super::CudaDevice>, from: DType, to: DType, ranges: &[(u64, u64, usize)], chunk: usize, moved: (u64, u64)) -> Result<()> {
     let mut words = Vec::new();
     let chunks = super::launch::chunk_words("cast_many", ranges.iter().map(|r| r.2), chunk, &mut words)?;
     words.extend(ranges.iter().map(|r| r.0 as i64));
@@ -235,6 +237,5 @@ fn cast_many_dev(dev: &std::sync::Arc<super::CudaDevice>, from: DType, to: DType
     let table = super::upload_words(dev, words)?;
     let head: [u64; CAST_HEAD_WORDS] = [table.ptr(), ranges.len() as u64, chunks as u64, chunk as u64];
     let cfg = LaunchConfig { grid: (chunks.min(super::launch::max_grid() as usize) as u32, 1, 1), block: (CAST_THREADS, 1, 1), shared_bytes: 0 };
-    let elems: u64 = ranges.iter().map(|r| r.2 as u64).sum();
-    k::cast_many_dev(dev, from, to, cfg, &head, (elems * from.size_in_bytes() as u64, elems * to.size_in_bytes() as u64))
+    k::cast_many_dev(dev, from, to, cfg, &head, moved)
 }
