@@ -383,3 +383,81 @@ fn the_convolution_module_is_the_same_fused_and_unfused_streaming_included() {
         }
     }
 }
+
+/// The whole `ConvolutionModule` ignores what its input holds at padded
+/// frames: with those frames of x redrawn (N(4, 9), far from the valid
+/// frames'), the output, every parameter gradient, the running statistics
+/// and x's gradient at valid frames are the same bits, and x's gradient is 0
+/// at padded frames. On the CPU and on the GPU with the fusion switch on and
+/// off, in f32, for batch and layer norm, causal or not, WeNet masking or
+/// not. (Without WeNet masking the module skips masking its input, the GLU
+/// mask making that mask redundant; with it, the input mask does the work.)
+#[test]
+fn the_convolution_module_ignores_its_inputs_padded_frames() {
+    use asrforge::models::config::{Activation, ConvNorm};
+    use asrforge::models::convolution::{ConvModuleNorm, ConvolutionModule};
+    use asrforge::models::encoder::frame_pad_mask;
+    use asrforge::nn::Module;
+    let Some(gdev) = gpu("the_convolution_module_ignores_its_inputs_padded_frames") else { return };
+    let _s = serial();
+    let seed = fresh_seed();
+    let mut rng = Rng::new(seed);
+    let (b, t, c, k) = (3, 13, 24, 5);
+    let lens = [13, 9, 4];
+    let padded = |row: usize| row % t >= lens[row / t];
+    let cases =
+        [(ConvNorm::BatchNorm, false, false), (ConvNorm::BatchNorm, true, true), (ConvNorm::LayerNorm, true, false), (ConvNorm::LayerNorm, false, true)];
+    for (dev, fused) in [(Device::Cpu, false), (gdev.clone(), true), (gdev.clone(), false)] {
+        for (norm, causal, wenet) in cases {
+            let what = format!("{norm:?} causal={causal} wenet_masking={wenet} on {dev:?} fused={fused}");
+            let mut m = ConvolutionModule::new(c, k, Activation::Swish, norm, causal, 1e-5, DType::F32, &mut rng).unwrap();
+            m.wenet_masking = wenet;
+            for nt in m.state_dict() {
+                if nt.tensor.dtype() == DType::F32 {
+                    nt.tensor.move_to_device(&dev).unwrap();
+                }
+            }
+            let xv = rng.normal(b * t * c);
+            let junk: Vec<f64> = rng.normal(b * t * c).into_iter().map(|v| 4.0 + 9.0 * v).collect();
+            let xj: Vec<f64> = xv.iter().zip(&junk).enumerate().map(|(i, (&v, &j))| if padded(i / c) { j } else { v }).collect();
+            let wt = common::tensor(&rng.normal(b * t * c), &[b, t, c], DType::F32, &dev);
+            let pad = frame_pad_mask(&lens, t).unwrap().to_device(&dev).unwrap();
+            let start: Vec<(Tensor, Tensor)> = match &m.norm {
+                ConvModuleNorm::Batch(bn) => [&bn.running_mean, &bn.running_var].map(|s| (s.clone(), ops::mul_scalar(s, 1.0).unwrap())).to_vec(),
+                ConvModuleNorm::Layer(_) => Vec::new(),
+            };
+            let mut runs = Vec::new();
+            for v in [&xv, &xj] {
+                for (live, copy) in &start {
+                    live.assign(copy).unwrap();
+                }
+                m.zero_grad();
+                let x = common::tensor(v, &[b, t, c], DType::F32, &dev).requires_grad_();
+                fusion::set_enabled(if fused { &[fusion::Fusion::ConvModule] } else { &[] });
+                let y = m.forward(&x, Some(&pad)).unwrap();
+                autograd::backward(&ops::sum_all(&ops::mul(&y, &wt).unwrap()).unwrap()).unwrap();
+                fusion::set_enabled(&[]);
+                let mut res = vec![("output".to_string(), y.to_f64_vec().unwrap())];
+                for (name, p) in m.named_parameters() {
+                    res.push((format!("gradient of {name}"), p.grad().expect("every parameter has a gradient").to_f64_vec().unwrap()));
+                }
+                if let ConvModuleNorm::Batch(bn) = &m.norm {
+                    res.push(("running mean".into(), bn.running_mean.to_f64_vec().unwrap()));
+                    res.push(("running var".into(), bn.running_var.to_f64_vec().unwrap()));
+                }
+                runs.push((res, x.grad().unwrap().to_f64_vec().unwrap()));
+            }
+            for ((name, a), (_, j)) in runs[0].0.iter().zip(&runs[1].0) {
+                assert!(a == j, "{what}: {name} changed with the padded input frames (seed {seed})");
+            }
+            let (ga, gj) = (&runs[0].1, &runs[1].1);
+            for (i, (a, j)) in ga.iter().zip(gj).enumerate() {
+                if padded(i / c) {
+                    assert!(*a == 0.0 && *j == 0.0, "{what}: x's gradient at padded element {i} is {a}, {j}, want 0 (seed {seed})");
+                } else {
+                    assert!(a == j, "{what}: x's gradient at valid element {i} is {a} and {j} with other padded frames (seed {seed})");
+                }
+            }
+        }
+    }
+}

@@ -13,7 +13,9 @@
 //! when the sequence runs alone (the same parameters, the same result as
 //! WeNet for an unpadded sequence). `wenet_masking` turns that extra zeroing
 //! off (and leaves the causal left padding as `glu(bias)` too), reproducing
-//! WeNet's numbers exactly.
+//! WeNet's numbers exactly. With that zeroing the input's own zeroing
+//! changes nothing (pointwise_conv1 is per frame), so it is skipped unless
+//! a streaming cache reads the masked input or `wenet_masking` is on.
 //!
 //! With swish (WeNet's default), everything between the two pointwise convs
 //! is `ops::conv_module_core`: fused kernels on the GPU when the fusion
@@ -101,7 +103,16 @@ impl ConvolutionModule {
         }
         let mask = pad.map(|m| self.frame_mask(m, 0)).transpose()?;
         let mut h = x.clone();
-        if let Some(m) = &mask {
+        // With the GLU mask (not `wenet_masking`), masking the input too
+        // changes no value: pointwise_conv1 works frame by frame and the GLU
+        // mask zeroes its padded frames, in values and, exactly, in
+        // gradients (x's gradient there is then 0 · pointwise_conv1's weight,
+        // a signed zero; x, a norm's output, is finite). It is kept where the
+        // next cache reads the masked frames, and for WeNet's masking, where
+        // padded input frames reach the depthwise conv. Skipping it saves a
+        // launch each way per layer.
+        let input_mask = if self.wenet_masking || want_cache { mask.as_ref() } else { None };
+        if let Some(m) = input_mask {
             h = ops::masked_fill(&h, m, 0.0)?;
         }
         if self.lorder > 0 {
