@@ -23,18 +23,18 @@
     extern "C" __global__ void add_layer_norm_fwd##S##SUF(                                                                 \
         const T* x, const T* res, double alpha, const W* w, const W* b, T* s, T* y, W* mean, W* rstd, uint64_t rows,       \
         uint32_t n, double eps, uint32_t has_w, uint32_t has_b, uint64_t seed, uint64_t offset, double keep, double scale, \
-        uint32_t has_drop) {                                                                                               \
+        uint32_t has_drop, const uint8_t* rmask, uint32_t has_rmask) {                                                     \
         layer_norm_fwd<T, W, G>(x, w, b, y, mean, rstd, rows, n, eps, has_w, has_b, res, s, alpha,                         \
-                                NnDrop{seed, offset, keep, scale, has_drop});                                              \
+                                NnDrop{seed, offset, keep, scale, has_drop}, has_rmask ? rmask : nullptr);                 \
     }                                                                                                                      \
     extern "C" __global__ void add_layer_norm_bwd##S##SUF(                                                                 \
         const T* s, const W* w, const W* mean, const W* rstd, const T* g, const T* gs, uint32_t has_gs, double alpha,      \
         T* gx, T* gy, uint32_t has_gy, W* pw, W* pb, W* gw, W* gb, unsigned long long* arrivals, uint64_t rows,           \
         uint32_t n, uint32_t has_w, uint32_t chunk, uint64_t seed, uint64_t offset, double keep, double scale,             \
-        uint32_t has_drop) {                                                                                               \
+        uint32_t has_drop, const uint8_t* rmask, uint32_t has_rmask) {                                                     \
         layer_norm_bwd<T, W, G>(s, w, mean, rstd, g, gx, pw, pb, gw, gb, arrivals, rows, n, has_w, chunk, nullptr,        \
                                 has_gs ? gs : nullptr, has_gy ? gy : nullptr, alpha,                                       \
-                                NnDrop{seed, offset, keep, scale, has_drop});                                              \
+                                NnDrop{seed, offset, keep, scale, has_drop}, has_rmask ? rmask : nullptr);                 \
     }
 #define LN_KERNELS(SUF, T, W)                                                                                              \
     LN_SHAPE(SUF, T, W, _, BlockRows)                                                                                      \

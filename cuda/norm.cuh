@@ -94,13 +94,15 @@ template <typename A> __device__ __forceinline__ A nn_swish_grad(A v) {
 // With `res` (add_layer_norm, the residual add fused into the norm): the
 // row normalised is s = x + alpha * res, rounded to X once, as
 // ops::add_scaled would store it; s is written too. With `drop.on`, res is
-// dropout(res) rounded to X, as dropout.cu would store it. Without `res`,
-// `res`, `s`, `alpha` and `drop` are unused.
+// dropout(res) rounded to X, as dropout.cu would store it. With `rmask`,
+// res is 0 in every row r whose rmask[r] is nonzero (the branch's padded
+// frames, as masked_fill would zero them before the dropout). Without
+// `res`, `res`, `s`, `alpha`, `drop` and `rmask` are unused.
 template <typename T, typename W, typename G, bool SWISH = false, typename X = T>
 __device__ void layer_norm_fwd(const X* __restrict__ x, const W* __restrict__ w, const W* __restrict__ b, T* __restrict__ y,
                                W* __restrict__ mean, W* __restrict__ rstd, uint64_t rows, uint32_t n, double eps, uint32_t has_w,
                                uint32_t has_b, const X* __restrict__ res = nullptr, X* __restrict__ s = nullptr, double alpha = 0.0,
-                               NnDrop drop = NnDrop()) {
+                               NnDrop drop = NnDrop(), const uint8_t* __restrict__ rmask = nullptr) {
     typedef typename Num<T>::acc A;
     constexpr int N = RowN<T>::N;
     const RowVec<const W, N> wv(w, n), bv(b, n);
@@ -108,12 +110,16 @@ __device__ void layer_norm_fwd(const X* __restrict__ x, const W* __restrict__ w,
     NN_GROUP_ROWS(G, r, rows) {
         const RowVec<const X, N> xr(x + r * n, n), rr(res ? res + r * n : x, n);
         const RowVec<T, N> yr(y + r * n, n);
+        const bool zero_res = rmask && rmask[r];
         // Chunk c of the row normalised, as stored in X.
         auto row = [&](uint32_t c) {
             Vals<X, N> xv = xr.load(c);
             if (res) {
                 Vals<X, N> rv = rr.load(c);
-                if (drop.on) {
+                if (zero_res) {
+#pragma unroll
+                    for (int j = 0; j < N; ++j) rv.v[j] = Num<X>::from(A(0));
+                } else if (drop.on) {
                     const Vals<A, N> m = nn_drop_mask<X, N>(drop, (uint64_t)r * n + (uint64_t)c * N);
 #pragma unroll
                     for (int j = 0; j < N; ++j) rv.v[j] = Num<X>::from(Num<X>::to(rv.v[j]) * m.v[j]);
@@ -196,14 +202,15 @@ __device__ void layer_norm_fwd(const X* __restrict__ x, const W* __restrict__ w,
 // unrounded sum (for alpha 1 the host passes no gy and hands out gx); with
 // `drop.on`, gy = mask * (alpha * gx rounded to X), rounded again, as the
 // composition's dropout backward of the add's gradient (the forward's mask
-// drawn again; gy is then always written).
+// drawn again; gy is then always written). With `rmask`, gy is 0 in every
+// row r whose rmask[r] is nonzero (masked_fill's backward; gy written).
 template <typename T, typename W, typename G, bool SWISH = false, typename X = T>
 __device__ void layer_norm_bwd(const X* __restrict__ x, const W* __restrict__ w, const W* __restrict__ mean, const W* __restrict__ rstd,
                                const T* __restrict__ g, X* __restrict__ gx, W* __restrict__ pw, W* __restrict__ pb,
                                W* __restrict__ gw, W* __restrict__ gb, unsigned long long* arrivals, uint64_t rows,
                                uint32_t n, uint32_t has_w, uint32_t chunk, const W* __restrict__ bias = nullptr,
                                const X* __restrict__ gs = nullptr, X* __restrict__ gy = nullptr, double alpha = 0.0,
-                               NnDrop drop = NnDrop()) {
+                               NnDrop drop = NnDrop(), const uint8_t* __restrict__ rmask = nullptr) {
     typedef typename Num<T>::acc A;
     constexpr int N = RowN<T>::N;
     const RowVec<const W, N> wv(w, n), bv(bias, n);
@@ -267,7 +274,10 @@ __device__ void layer_norm_bwd(const X* __restrict__ x, const W* __restrict__ w,
                 for (int j = 0; j < N; ++j) out.v[j] = Num<X>::from(d.v[j]);
                 o.store(k, out);
                 if (gy) {
-                    if (drop.on) {
+                    if (rmask && rmask[r]) {
+#pragma unroll
+                        for (int j = 0; j < N; ++j) out.v[j] = Num<X>::from(A(0));
+                    } else if (drop.on) {
                         const Vals<A, N> m = nn_drop_mask<X, N>(drop, (uint64_t)r * n + (uint64_t)k * N);
 #pragma unroll
                         for (int j = 0; j < N; ++j) out.v[j] = Num<X>::from(Num<X>::to(Num<X>::from(A(alpha) * d.v[j])) * m.v[j]);

@@ -352,6 +352,79 @@ fn add_layer_norm_with_dropout_matches_the_cpu() {
     }
 }
 
+/// `add_layer_norm_masked` (the branch's padded rows zeroed inside the
+/// launches, as the conformer convolution module's output mask) on the GPU
+/// against the CPU's composition `masked_fill`, `dropout`, `add_scaled`,
+/// `layer_norm` from the same generator state: outputs and every gradient
+/// (the branch's is 0 on masked rows, written also for alpha 1 without
+/// dropout), s and h used, h only and s only, with and without dropout,
+/// alpha 1 and ½, the warp and block paths; then f16 and bf16.
+#[test]
+fn add_layer_norm_with_a_row_mask_matches_the_cpu() {
+    let Some(dev) = gpu("add_layer_norm_with_a_row_mask_matches_the_cpu") else { return };
+    // (x's shape (B, T, C), the valid rows per sequence, the dropout)
+    let cases: [(&'static [usize], &'static [usize], &'static [usize], f64); 4] = [
+        (&[3, 11, 7], &[7], &[11, 6, 1], 0.0),
+        (&[3, 11, 7], &[7], &[11, 6, 1], 0.3),
+        (&[2, 5, 1025], &[1025], &[3, 5], 0.1),
+        (&[4, 150, 5], &[5], &[150, 75, 7, 1], 0.0),
+    ];
+    let both_out = |s: Tensor, h: Tensor| ops::cat(&[&s, &h], 0);
+    for (x, pr, lens, p) in cases {
+        let seed = fresh_seed();
+        // (B, T, 1), 1 at the padded rows, on the inputs' device.
+        let rows = move |t: &Tensor| -> Result<Tensor> {
+            let m = asrforge::models::encoder::frame_pad_mask(lens, x[1])?;
+            ops::reshape(&m, [x[0], x[1], 1])?.to_device(&t.device())
+        };
+        for alpha in [1.0, 0.5] {
+            let name = format!("add_layer_norm_masked {x:?} lengths {lens:?} alpha {alpha} dropout {p}");
+            both(&format!("{name} affine, s and h"), &dev, &[(x, Normal, true), (x, Normal, true), (pr, Normal, true), (pr, Normal, true)], &move |t| {
+                rng::manual_seed(seed);
+                let (s, h) = ops::add_layer_norm_masked(&t[0], &t[1], Some(&rows(&t[0])?), alpha, p, Some(&t[2]), Some(&t[3]), 1e-5)?;
+                both_out(s, h)
+            });
+            both(&format!("{name} plain, h only"), &dev, &[(x, Normal, true), (x, Normal, true)], &move |t| {
+                rng::manual_seed(seed);
+                Ok(ops::add_layer_norm_masked(&t[0], &t[1], Some(&rows(&t[0])?), alpha, p, None, None, 1e-5)?.1)
+            });
+            both(&format!("{name} affine, s only"), &dev, &[(x, Normal, true), (x, Normal, true), (pr, Normal, false), (pr, Normal, false)], &move |t| {
+                rng::manual_seed(seed);
+                Ok(ops::add_layer_norm_masked(&t[0], &t[1], Some(&rows(&t[0])?), alpha, p, Some(&t[2]), Some(&t[3]), 1e-5)?.0)
+            });
+            for dt in [DType::F16, DType::BF16] {
+                // 2x the one-rounding tolerance, as with dropout above: the
+                // CPU rounds each of s's two gradients to half before they meet.
+                compare(
+                    &format!("half {name} affine, s and h"),
+                    &dev,
+                    dt,
+                    2.0 * gpu::tol(dt),
+                    &[(x, Normal, true), (x, Normal, true), (pr, Normal, true), (pr, Normal, true)],
+                    &move |t| {
+                        rng::manual_seed(seed);
+                        let f32 = |v: &Tensor| ops::to_dtype(v, DType::F32);
+                        let (w, b) = (f32(&t[2])?, f32(&t[3])?);
+                        let m = rows(&t[0])?;
+                        if t[0].device() != Device::Cpu {
+                            let (s, h) = ops::add_layer_norm_masked(&t[0], &t[1], Some(&m), alpha, p, Some(&w), Some(&b), 1e-5)?;
+                            return both_out(s, h);
+                        }
+                        // The CPU: the half branch masked and dropped in half
+                        // (as the GPU stores them), the sum in f32 rounded to
+                        // the dtype, normalised in the dtype.
+                        let ym = ops::to_dtype(&ops::masked_fill(&f32(&t[1])?, &m, 0.0)?, t[1].dtype())?;
+                        let yd = ops::dropout(&ym, p, true)?;
+                        let s32 = ops::add_scaled(&f32(&t[0])?, &f32(&yd)?, alpha)?;
+                        let h = ops::layer_norm(&ops::to_dtype(&s32, t[0].dtype())?, Some(&w), Some(&b), 1e-5)?;
+                        both_out(ops::to_dtype(&s32, t[0].dtype())?, h)
+                    },
+                );
+            }
+        }
+    }
+}
+
 /// The generator moves by the branch's element count whether the dropout
 /// is folded into `add_layer_norm` or not, and the kept elements are those
 /// `ops::dropout` keeps: s − x is alpha·dropout(y) exactly (f64).

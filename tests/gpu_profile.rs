@@ -553,9 +553,9 @@ fn layer_norm_backward_is_one_launch_and_no_memset() {
             assert_eq!((c.launches, c.memsets), (1, fills(&c)), "layer_norm_backward ({rows}, {n}): {c:?}");
         }
         let drop = Some(DropoutDraw { seed: 5, offset: 0, p: 0.1 });
-        let (s, _, mean, rstd) = cuda::norm::add_layer_norm(&x, &y, 0.5, drop, Some(&w), None, n, 1e-5).unwrap();
+        let (s, _, mean, rstd) = cuda::norm::add_layer_norm(&x, &y, 0.5, drop, None, Some(&w), None, n, 1e-5).unwrap();
         let before = cuda::counters(ord).unwrap();
-        cuda::norm::add_layer_norm_backward(&s, Some(&w), &mean, &rstd, &g, Some(&g), 0.5, drop, n).unwrap();
+        cuda::norm::add_layer_norm_backward(&s, Some(&w), &mean, &rstd, &g, Some(&g), 0.5, drop, None, n).unwrap();
         let c = cuda::counters(ord).unwrap().since(&before);
         assert_eq!((c.launches, c.memsets), (1, fills(&c)), "add_layer_norm_backward ({rows}, {n}): {c:?}");
     }

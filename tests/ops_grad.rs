@@ -210,6 +210,20 @@ grad!(add_layer_norm_dropout_both, [([3, 7], Normal, true), ([3, 7], Normal, tru
     let (s, h) = ops::add_layer_norm(&x[0], &x[1], 0.5, 0.3, Some(&x[2]), Some(&x[3]), 1e-5)?;
     ops::cat(&[&s, &h], 0)
 });
+// With rows of the branch masked (a module's padded frames), with and
+// without the dropout; the sum only takes the add's own backward.
+grad!(add_layer_norm_row_mask_both, [([2, 3, 7], Normal, true), ([2, 3, 7], Normal, true), ([7], Normal, true), ([7], Normal, true)], |x| {
+    rng::manual_seed(5);
+    let m = u8t(&[1, 0, 0, 0, 1, 1], &[2, 3, 1]);
+    let (s, h) = ops::add_layer_norm_masked(&x[0], &x[1], Some(&m), 0.5, 0.3, Some(&x[2]), Some(&x[3]), 1e-5)?;
+    ops::cat(&[&s, &h], 0)
+});
+grad!(add_layer_norm_row_mask_h_only, [([4, 6], Normal, true), ([4, 6], Normal, true)], |x| {
+    Ok(ops::add_layer_norm_masked(&x[0], &x[1], Some(&u8t(&[0, 1, 1, 0], &[4, 1])), 1.0, 0.0, None, None, 1e-5)?.1)
+});
+grad!(add_layer_norm_row_mask_s_only, [([3, 5], Normal, true), ([3, 5], Normal, true), ([5], Normal, false), ([5], Normal, false)], |x| {
+    Ok(ops::add_layer_norm_masked(&x[0], &x[1], Some(&u8t(&[0, 1, 0], &[3, 1])), -1.5, 0.0, Some(&x[2]), Some(&x[3]), 1e-5)?.0)
+});
 grad!(batch_norm_train, [([4, 3, 5], Normal, true), ([3], Normal, true), ([3], Normal, true)], |x| {
     let (rm, rv) = (like(&[0.0; 3], &x[0]), like(&[1.0; 3], &x[0]));
     ops::batch_norm(&x[0], &x[1], &x[2], &BatchNormState { running_mean: &rm, running_var: &rv, momentum: 0.1, eps: 1e-5, training: true })

@@ -81,7 +81,19 @@ impl ConvolutionModule {
 
     /// x (B, T, C); `pad` u8 (B, 1, T) with 1 at padded frames.
     pub fn forward(&self, x: &Tensor, pad: Option<&Tensor>) -> Result<Tensor> {
-        self.run(x, pad, None, false).map(|(y, _)| y)
+        self.run(x, pad, None, false, true).map(|(y, _)| y)
+    }
+
+    /// The module as a residual branch whose add zeroes the padded frames:
+    /// `(rows, f)` with `rows` the output's frame mask (B, T, 1) (None
+    /// without `pad`) and `f(x)` the forward without its last `masked_fill`,
+    /// so that `masked_fill(f(x), rows, 0)` is `forward(x, pad)`. The
+    /// residual block applies the mask, in the fused add's launches when the
+    /// norm fusion is on (`ops::add_layer_norm_masked`).
+    #[allow(clippy::type_complexity)]
+    pub fn forward_for_residual<'a>(&'a self, pad: Option<&'a Tensor>) -> Result<(Option<Tensor>, Box<dyn Fn(&Tensor) -> Result<Tensor> + 'a>)> {
+        let rows = pad.map(|m| self.frame_mask(m, 0)).transpose()?;
+        Ok((rows, Box::new(move |x| self.run(x, pad, None, false, false).map(|(y, _)| y))))
     }
 
     /// As [`ConvolutionModule::forward`], continuing from `cache` (B, C, k−1),
@@ -89,7 +101,7 @@ impl ConvolutionModule {
     /// the stream, zero frames). Returns the output and the next cache
     /// (None for a non-causal module).
     pub fn forward_cached(&self, x: &Tensor, pad: Option<&Tensor>, cache: Option<&Tensor>) -> Result<(Tensor, Option<Tensor>)> {
-        self.run(x, pad, cache, true)
+        self.run(x, pad, cache, true, true)
     }
 
     /// The module channels last throughout: x stays (B, T, C); the pointwise
@@ -97,7 +109,9 @@ impl ConvolutionModule {
     /// GLU and the norms act on the last dim, the depthwise conv is the
     /// channels-last kernel and the frame masks are (B, T, 1) views of
     /// `pad`. Only a requested next cache is transposed to WeNet's (B, C, k−1).
-    fn run(&self, x: &Tensor, pad: Option<&Tensor>, cache: Option<&Tensor>, want_cache: bool) -> Result<(Tensor, Option<Tensor>)> {
+    /// Without `mask_output` the output's padded frames are left for the
+    /// caller to zero ([`ConvolutionModule::forward_for_residual`]).
+    fn run(&self, x: &Tensor, pad: Option<&Tensor>, cache: Option<&Tensor>, want_cache: bool, mask_output: bool) -> Result<(Tensor, Option<Tensor>)> {
         if x.rank() != 3 {
             return Err(crate::error::Error::ShapeMismatch { op: "ConvolutionModule", expected: "an input (B, T, C)".into(), got: format!("{}", x.shape()) });
         }
@@ -139,7 +153,7 @@ impl ConvolutionModule {
             _ => self.core_other_activation(&a, glu_mask.as_ref())?,
         };
         let mut h = self.pointwise_conv2.forward_channels_last(&h)?;
-        if let Some(m) = &mask {
+        if let (Some(m), true) = (&mask, mask_output) {
             h = ops::masked_fill(&h, m, 0.0)?;
         }
         Ok((h, next))

@@ -57,9 +57,9 @@ impl DecoderLayer {
         next_norm: Option<&LayerNorm>,
     ) -> Result<(Tensor, Option<Tensor>)> {
         let branches: [Branch; 3] = [
-            (&self.norm1, 1.0, Box::new(|h| self.self_attn.forward(h, h, h, Some(tgt_mask)))),
-            (&self.norm2, 1.0, Box::new(|h| self.src_attn.forward(h, memory, memory, Some(mem_mask)))),
-            (&self.norm3, 1.0, Box::new(|h| self.feed_forward.forward(h))),
+            Branch::new(&self.norm1, 1.0, Box::new(|h| self.self_attn.forward(h, h, h, Some(tgt_mask)))),
+            Branch::new(&self.norm2, 1.0, Box::new(|h| self.src_attn.forward(h, memory, memory, Some(mem_mask)))),
+            Branch::new(&self.norm3, 1.0, Box::new(|h| self.feed_forward.forward(h))),
         ];
         let block = residual::Block { branches: &branches, normalize_before: self.normalize_before, dropout: &self.dropout, final_norm: None };
         block.chain_into(x, h, next_norm)

@@ -155,13 +155,15 @@ impl EncoderLayer {
         let ff_scale = if self.feed_forward_macaron.is_some() { 0.5 } else { 1.0 };
         let mut branches: Vec<Branch> = Vec::with_capacity(4);
         if let (Some(ff), Some(n)) = (&self.feed_forward_macaron, &self.norm_ff_macaron) {
-            branches.push((n, ff_scale, Box::new(move |h| ff.forward(h))));
+            branches.push(Branch::new(n, ff_scale, Box::new(move |h| ff.forward(h))));
         }
-        branches.push((&self.norm_mha, 1.0, Box::new(|h| self.self_attn.forward(h, mask, pos))));
+        branches.push(Branch::new(&self.norm_mha, 1.0, Box::new(|h| self.self_attn.forward(h, mask, pos))));
         if let (Some(conv), Some(n)) = (&self.conv_module, &self.norm_conv) {
-            branches.push((n, 1.0, Box::new(move |h| conv.forward(h, pad))));
+            // The module's output mask goes into the residual add after it.
+            let (rows, f) = conv.forward_for_residual(pad)?;
+            branches.push(Branch { norm: n, scale: 1.0, rows, f });
         }
-        branches.push((&self.norm_ff, ff_scale, Box::new(|h| self.feed_forward.forward(h))));
+        branches.push(Branch::new(&self.norm_ff, ff_scale, Box::new(|h| self.feed_forward.forward(h))));
         let block =
             residual::Block { branches: &branches, normalize_before: self.normalize_before, dropout: &self.dropout, final_norm: self.norm_final.as_ref() };
         block.chain_into(x, h, next_norm)
@@ -182,9 +184,9 @@ impl EncoderLayer {
         let (kv, next_cnn) = (std::cell::RefCell::new(None), std::cell::RefCell::new(None));
         let mut branches: Vec<Branch> = Vec::with_capacity(4);
         if let (Some(ff), Some(n)) = (&self.feed_forward_macaron, &self.norm_ff_macaron) {
-            branches.push((n, ff_scale, Box::new(move |h| ff.forward(h))));
+            branches.push(Branch::new(n, ff_scale, Box::new(move |h| ff.forward(h))));
         }
-        branches.push((
+        branches.push(Branch::new(
             &self.norm_mha,
             1.0,
             Box::new(|h| {
@@ -194,7 +196,7 @@ impl EncoderLayer {
             }),
         ));
         if let (Some(conv), Some(n)) = (&self.conv_module, &self.norm_conv) {
-            branches.push((
+            branches.push(Branch::new(
                 n,
                 1.0,
                 Box::new(|h| {
@@ -204,7 +206,7 @@ impl EncoderLayer {
                 }),
             ));
         }
-        branches.push((&self.norm_ff, ff_scale, Box::new(|h| self.feed_forward.forward(h))));
+        branches.push(Branch::new(&self.norm_ff, ff_scale, Box::new(|h| self.feed_forward.forward(h))));
         let block =
             residual::Block { branches: &branches, normalize_before: self.normalize_before, dropout: &self.dropout, final_norm: self.norm_final.as_ref() };
         let x = block.chain(x)?;

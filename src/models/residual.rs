@@ -9,8 +9,12 @@
 //! drawn there from the same generator words, so the same elements drop).
 //! In a stack of blocks without final norms (the decoder, the transformer
 //! encoder) the last add of a block goes into the next block's first norm
-//! ([`Block::chain_into`], [`run_stack`]). The composition is the reference; both give the same
-//! values up to the rounding of the gradients' sums.
+//! ([`Block::chain_into`], [`run_stack`]). A branch may name rows of its
+//! output to zero before its dropout and add (the conformer convolution
+//! module's padded frames): the fused add takes that mask into its launches
+//! (`ops::add_layer_norm_masked`), the composition runs `masked_fill`. The
+//! composition is the reference; both give the same values up to the
+//! rounding of the gradients' sums.
 
 use crate::autograd;
 use crate::error::{Error, Result};
@@ -19,8 +23,31 @@ use crate::ops::{self, fusion};
 use crate::tensor::Tensor;
 
 /// One residual branch: its norm (before it, pre-norm; after its add,
-/// post-norm), the scale of its add (the macaron ½) and the branch.
-pub(crate) type Branch<'a> = (&'a LayerNorm, f64, Box<dyn Fn(&Tensor) -> Result<Tensor> + 'a>);
+/// post-norm), the scale of its add (the macaron ½), the rows of its output
+/// to zero (u8 of the output's shape with the last dim 1, 1 = zero) and the
+/// branch.
+pub(crate) struct Branch<'a> {
+    pub norm: &'a LayerNorm,
+    pub scale: f64,
+    pub rows: Option<Tensor>,
+    pub f: Box<dyn Fn(&Tensor) -> Result<Tensor> + 'a>,
+}
+
+impl<'a> Branch<'a> {
+    /// A branch whose output is added whole.
+    pub(crate) fn new(norm: &'a LayerNorm, scale: f64, f: Box<dyn Fn(&Tensor) -> Result<Tensor> + 'a>) -> Self {
+        Branch { norm, scale, rows: None, f }
+    }
+
+    /// The branch's output `y` with its masked rows zeroed (the composition's
+    /// `masked_fill`; the fused add zeroes them in its own launches).
+    fn masked(&self, y: Tensor) -> Result<Tensor> {
+        match &self.rows {
+            Some(m) => ops::masked_fill(&y, m, 0.0),
+            None => Ok(y),
+        }
+    }
+}
 
 /// x + scale·y in one launch.
 fn add(x: &Tensor, y: &Tensor, scale: f64) -> Result<Tensor> {
@@ -59,13 +86,13 @@ impl Block<'_> {
             return self.chain_fused(x, h, next_norm);
         }
         let mut x = x.clone();
-        for (norm, scale, f) in self.branches {
+        for br in self.branches {
             if self.normalize_before {
-                let y = self.dropout.forward(&f(&norm.forward(&x)?)?)?;
-                x = add(&x, &y, *scale)?;
+                let y = self.dropout.forward(&br.masked((br.f)(&br.norm.forward(&x)?)?)?)?;
+                x = add(&x, &y, br.scale)?;
             } else {
-                let y = self.dropout.forward(&f(&x)?)?;
-                x = norm.forward(&add(&x, &y, *scale)?)?;
+                let y = self.dropout.forward(&br.masked((br.f)(&x)?)?)?;
+                x = br.norm.forward(&add(&x, &y, br.scale)?)?;
             }
         }
         finish(x, self.final_norm)
@@ -76,31 +103,32 @@ impl Block<'_> {
         let (branches, dropout) = (self.branches, self.dropout);
         if !self.normalize_before {
             let mut x = x.clone();
-            for (norm, scale, f) in branches {
-                let y = f(&x)?;
-                x = norm.add_forward(&x, &y, *scale, dropout)?.1;
+            for br in branches {
+                let y = (br.f)(&x)?;
+                x = br.norm.add_forward(&x, &y, br.rows.as_ref(), br.scale, dropout)?.1;
             }
             return finish(x, self.final_norm);
         }
-        let Some((first, _, _)) = branches.first() else {
+        let Some(first) = branches.first() else {
             return finish(x.clone(), self.final_norm);
         };
         let (mut x, mut h) = match h {
             Some(h) => (x.clone(), h.clone()),
-            None => (x.clone(), first.forward(x)?),
+            None => (x.clone(), first.norm.forward(x)?),
         };
-        for (i, (_, scale, f)) in branches.iter().enumerate() {
-            let y = f(&h)?;
+        for (i, br) in branches.iter().enumerate() {
+            let y = (br.f)(&h)?;
             let last = i + 1 == branches.len();
-            match branches.get(i + 1).map(|b| b.0).or(self.final_norm) {
-                Some(n) => (x, h) = n.add_forward(&x, &y, *scale, dropout)?,
+            let rows = br.rows.as_ref();
+            match branches.get(i + 1).map(|b| b.norm).or(self.final_norm) {
+                Some(n) => (x, h) = n.add_forward(&x, &y, rows, br.scale, dropout)?,
                 None => match next_norm {
                     // The next block's first norm reads this sum: hand it both.
                     Some(n) if last => {
-                        let (x, h) = n.add_forward(&x, &y, *scale, dropout)?;
+                        let (x, h) = n.add_forward(&x, &y, rows, br.scale, dropout)?;
                         return Ok((x, Some(h)));
                     }
-                    _ => return Ok((add(&x, &dropout.forward(&y)?, *scale)?, None)),
+                    _ => return Ok((add(&x, &dropout.forward(&br.masked(y)?)?, br.scale)?, None)),
                 },
             }
         }

@@ -31,12 +31,13 @@ impl LayerNorm {
     }
 
     /// The residual add before this norm and the norm, fused
-    /// (`ops::add_layer_norm`): `(s, h)` with `s = x + alpha·dropout(y)`,
-    /// `h` = this layer's norm of `s` (the branch's dropout folded in while
-    /// it trains).
-    pub fn add_forward(&self, x: &Tensor, y: &Tensor, alpha: f64, dropout: &Dropout) -> Result<(Tensor, Tensor)> {
+    /// (`ops::add_layer_norm_masked`): `(s, h)` with `s = x +
+    /// alpha·dropout(y)`, `h` = this layer's norm of `s` (the branch's
+    /// dropout folded in while it trains); y's rows that `rows` marks (the
+    /// branch's padded frames) are zeroed first.
+    pub fn add_forward(&self, x: &Tensor, y: &Tensor, rows: Option<&Tensor>, alpha: f64, dropout: &Dropout) -> Result<(Tensor, Tensor)> {
         let p = if dropout.training { dropout.p } else { 0.0 };
-        ops::add_layer_norm(x, y, alpha, p, Some(&self.weight), Some(&self.bias), self.eps)
+        ops::add_layer_norm_masked(x, y, rows, alpha, p, Some(&self.weight), Some(&self.bias), self.eps)
     }
 }
 

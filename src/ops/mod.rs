@@ -39,7 +39,7 @@ pub use label_smoothing::{label_smoothing_loss, label_smoothing_loss_fused, labe
 pub use layout::{cat, flatten, narrow, pad, permute, reshape, squeeze, stack, transpose, unsqueeze};
 pub use matmul::{linear, matmul, matmul_t};
 pub use matmul_scaled::{matmul_pair_scaled, matmul_scaled};
-pub use norm::{add_layer_norm, batch_norm, layer_norm, BatchNormState};
+pub use norm::{add_layer_norm, add_layer_norm_masked, batch_norm, layer_norm, BatchNormState};
 pub use reduce::{broadcast_to, max, mean, mean_all, sum, sum_all};
 pub use softmax::{log_softmax, masked_softmax, softmax};
 pub use unary::{abs, affine, exp, gelu, glu, log, neg, pow, relu, rsqrt, sigmoid, silu, sqrt, tanh};

@@ -52,7 +52,7 @@ fn ln_backward(x: &Tensor, w: Option<&Tensor>, mean: &Tensor, rstd: &Tensor, g: 
             let (m, r, gc) = (as_gpu(op, &mg, c)?, as_gpu(op, &rg, c)?, as_gpu(op, &gg, c)?);
             let (gx, gw, gb) = match ag.as_deref() {
                 Some(a) => {
-                    let (gx, _, gw, gb) = gpu::add_layer_norm_backward(c, wc, m, r, gc, Some(as_gpu(op, a, c)?), 1.0, None, n)?;
+                    let (gx, _, gw, gb) = gpu::add_layer_norm_backward(c, wc, m, r, gc, Some(as_gpu(op, a, c)?), 1.0, None, None, n)?;
                     (gx, gw, gb)
                 }
                 None => gpu::layer_norm_backward(c, wc, m, r, gc, n)?,
@@ -125,8 +125,27 @@ pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f64) 
 /// `s = x + alpha·dropout(y, p)`, the mask drawn inside the kernels from the
 /// words `ops::dropout` would reserve at this point, so the composition
 /// `add_scaled(x, dropout(y))` (the CPU's) drops the same elements. 0: none.
-#[allow(clippy::too_many_arguments)]
 pub fn add_layer_norm(x: &Tensor, y: &Tensor, alpha: f64, dropout: f64, w: Option<&Tensor>, b: Option<&Tensor>, eps: f64) -> Result<(Tensor, Tensor)> {
+    add_layer_norm_masked(x, y, None, alpha, dropout, w, b, eps)
+}
+
+/// [`add_layer_norm`] with the branch's rows zeroed where `rows` (u8 of
+/// y's shape with its last dim 1, 1 = zero that row) says: `s = x +
+/// alpha·dropout(masked_fill(y, rows, 0))`, the frame mask a branch puts on
+/// its padded frames (the conformer convolution module's output) folded
+/// into the same launches each way. The composition (the CPU's, and the
+/// reference) is those three ops.
+#[allow(clippy::too_many_arguments)]
+pub fn add_layer_norm_masked(
+    x: &Tensor,
+    y: &Tensor,
+    rows: Option<&Tensor>,
+    alpha: f64,
+    dropout: f64,
+    w: Option<&Tensor>,
+    b: Option<&Tensor>,
+    eps: f64,
+) -> Result<(Tensor, Tensor)> {
     let op = "add_layer_norm";
     if !(0.0..=1.0).contains(&dropout) {
         return Err(Error::invalid(op, format!("expected a dropout probability 0 <= p <= 1, got {dropout}")));
@@ -148,8 +167,20 @@ pub fn add_layer_norm(x: &Tensor, y: &Tensor, alpha: f64, dropout: f64, w: Optio
     if !x.dtype().is_float() {
         return Err(Error::UnsupportedDType { op, dtype: x.dtype(), supported: "f32, f64, f16, bf16" });
     }
+    if let Some(m) = rows {
+        let mut want = y.dims().to_vec();
+        if let Some(last) = want.last_mut() {
+            *last = 1;
+        }
+        expect_shape(op, "row mask", m, &want)?;
+        if m.dtype() != crate::tensor::DType::U8 {
+            return Err(Error::DTypeMismatch { op, expected: crate::tensor::DType::U8, got: m.dtype() });
+        }
+    }
+    // The row mask on the branch's device (a GPU mask is never read back).
+    let row_mask = rows.map(|m| m.detach().to_device(&y.device())).transpose()?;
     let gpu_parts = {
-        let (xg, yg) = (x.storage(), y.storage());
+        let (xg, yg, mg) = (x.storage(), y.storage(), row_mask.as_ref().map(|m| m.storage()));
         match (&*xg, &*yg) {
             (Storage::Cuda(xc), Storage::Cuda(yc)) => {
                 let n = *x.dims().last().ok_or_else(|| Error::invalid(op, "expected a tensor of rank >= 1, got a scalar"))?;
@@ -157,8 +188,9 @@ pub fn add_layer_norm(x: &Tensor, y: &Tensor, alpha: f64, dropout: f64, w: Optio
                 let (wg, bg) = (w.map(|t| t.storage()), b.map(|t| t.storage()));
                 let wc = wg.as_deref().map(|s| as_gpu(op, s, xc)).transpose()?;
                 let bc = bg.as_deref().map(|s| as_gpu(op, s, xc)).transpose()?;
+                let mc = mg.as_deref().map(|s| as_gpu(op, s, xc)).transpose()?;
                 let drop = (dropout > 0.0).then(|| super::dropout::draw(y.elem_count(), dropout));
-                Some((gpu::add_layer_norm(xc, yc, alpha, drop, wc, bc, n, eps)?, drop))
+                Some((gpu::add_layer_norm(xc, yc, alpha, drop, mc, wc, bc, n, eps)?, drop))
             }
             _ => None,
         }
@@ -166,7 +198,11 @@ pub fn add_layer_norm(x: &Tensor, y: &Tensor, alpha: f64, dropout: f64, w: Optio
     let Some(((sg, hg, mean, rstd), drop)) = gpu_parts else {
         // The CPU: the composition (x and y on the CPU, or on two devices:
         // add_scaled names the mismatch).
-        let s = super::add_scaled(x, &super::dropout(y, dropout, true)?, alpha)?;
+        let y = match &row_mask {
+            Some(m) => super::masked_fill(y, m, 0.0)?,
+            None => y.clone(),
+        };
+        let s = super::add_scaled(x, &super::dropout(&y, dropout, true)?, alpha)?;
         let h = layer_norm(&s, w, b, eps)?;
         return Ok((s, h));
     };
@@ -198,8 +234,12 @@ pub fn add_layer_norm(x: &Tensor, y: &Tensor, alpha: f64, dropout: f64, w: Optio
                     out[1] = if needs[1] {
                         Some(no_grad(|| {
                             let gy = super::affine(&gs, alpha, 0.0)?;
-                            match drop {
-                                Some(d) => super::dropout::apply(&gy, d.seed, d.offset, d.p),
+                            let gy = match drop {
+                                Some(d) => super::dropout::apply(&gy, d.seed, d.offset, d.p)?,
+                                None => gy,
+                            };
+                            match &row_mask {
+                                Some(m) => super::masked_fill(&gy, m, 0.0),
                                 None => Ok(gy),
                             }
                         })?)
@@ -211,15 +251,16 @@ pub fn add_layer_norm(x: &Tensor, y: &Tensor, alpha: f64, dropout: f64, w: Optio
                 return Ok(out);
             };
             let (ssg, wg, mg, rg, ghg) = (ss.storage(), ws.as_ref().map(|t| t.storage()), mean.storage(), rstd.storage(), gh.storage());
-            let gsg = gs.as_ref().map(|t| t.storage());
+            let (gsg, rmg) = (gs.as_ref().map(|t| t.storage()), row_mask.as_ref().map(|t| t.storage()));
             let bop = "add_layer_norm_backward";
             let Storage::Cuda(sc) = &*ssg else { return Err(Error::invalid(bop, "expected the saved sum on the GPU")) };
             let wc = wg.as_deref().map(|s| as_gpu(bop, s, sc)).transpose()?;
             let gsc = gsg.as_deref().map(|s| as_gpu(bop, s, sc)).transpose()?;
+            let rmc = rmg.as_deref().map(|s| as_gpu(bop, s, sc)).transpose()?;
             let (gx, gy, gw, gb) =
-                gpu::add_layer_norm_backward(sc, wc, as_gpu(bop, &mg, sc)?, as_gpu(bop, &rg, sc)?, as_gpu(bop, &ghg, sc)?, gsc, alpha, drop, n)?;
+                gpu::add_layer_norm_backward(sc, wc, as_gpu(bop, &mg, sc)?, as_gpu(bop, &rg, sc)?, as_gpu(bop, &ghg, sc)?, gsc, alpha, drop, rmc, n)?;
             let gx = out_storage(Storage::Cuda(gx), ss.shape().clone());
-            // For alpha 1 without dropout the residual's gradient is gx itself (not written twice).
+            // For alpha 1 without dropout or row mask the residual's gradient is gx itself (not written twice).
             out[1] = needs[1].then(|| gy.map_or_else(|| gx.clone(), |gy| out_storage(Storage::Cuda(gy), ss.shape().clone())));
             out[0] = needs[0].then_some(gx);
             let mut k = 2;

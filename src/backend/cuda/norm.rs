@@ -79,12 +79,15 @@ pub fn layer_norm(x: &CudaStorage, w: Option<&CudaStorage>, b: Option<&CudaStora
 /// and layer norm of `s`, in one launch: `(s, y, mean, rstd)`. With `drop`,
 /// res is first `dropout_apply`'s product with the mask of that draw (drawn
 /// inside the kernel, rounded to the dtype as `dropout_apply` stores it).
+/// With `rmask` (u8, one per row), res is 0 in the rows it marks nonzero,
+/// as `masked_fill` before the dropout would make it.
 #[allow(clippy::too_many_arguments)]
 pub fn add_layer_norm(
     x: &CudaStorage,
     res: &CudaStorage,
     alpha: f64,
     drop: Option<DropoutDraw>,
+    rmask: Option<&CudaStorage>,
     w: Option<&CudaStorage>,
     b: Option<&CudaStorage>,
     n: usize,
@@ -93,11 +96,26 @@ pub fn add_layer_norm(
     let op = "add_layer_norm";
     same(op, x, res)?;
     expect_len(op, "the residual branch", res, x.len())?;
-    let (s, y, mean, rstd) = ln_forward(op, x, Some((res, alpha, drop)), w, b, n, eps)?;
+    row_mask(op, x, rmask, n)?;
+    let (s, y, mean, rstd) = ln_forward(op, x, Some((res, alpha, drop, rmask)), w, b, n, eps)?;
     Ok((s.ok_or_else(|| Error::invalid(op, "the sum was not written"))?, y, mean, rstd))
 }
 
 type Four = (Option<CudaStorage>, CudaStorage, CudaStorage, CudaStorage);
+
+/// A row mask of add_layer_norm: u8, one element per row of x, on x's GPU.
+fn row_mask(op: &'static str, x: &CudaStorage, rmask: Option<&CudaStorage>, n: usize) -> Result<()> {
+    if let Some(m) = rmask {
+        if m.dtype() != DType::U8 {
+            return Err(Error::DTypeMismatch { op, expected: DType::U8, got: m.dtype() });
+        }
+        if m.ordinal() != x.ordinal() {
+            return Err(Error::invalid(op, format!("expected the row mask on cuda:{}, found cuda:{}", x.ordinal(), m.ordinal())));
+        }
+        expect_len(op, "the row mask", m, if n == 0 { 0 } else { x.len() / n })?;
+    }
+    Ok(())
+}
 
 /// The kernels' dropout words: (seed, offset, keep, scale, on).
 fn drop_args(op: &'static str, drop: Option<DropoutDraw>) -> Result<(u64, u64, f64, f64, u32)> {
@@ -113,7 +131,7 @@ fn drop_args(op: &'static str, drop: Option<DropoutDraw>) -> Result<(u64, u64, f
 fn ln_forward(
     op: &'static str,
     x: &CudaStorage,
-    res: Option<(&CudaStorage, f64, Option<DropoutDraw>)>,
+    res: Option<(&CudaStorage, f64, Option<DropoutDraw>, Option<&CudaStorage>)>,
     w: Option<&CudaStorage>,
     b: Option<&CudaStorage>,
     n: usize,
@@ -133,7 +151,7 @@ fn ln_forward(
     let (warp, cfg) = row_launch(n, r);
     let (pw, pb) = (w.unwrap_or(&mean), b.unwrap_or(&mean));
     let (hw, hb) = (w.is_some() as u32, b.is_some() as u32);
-    let Some((res, alpha, drop)) = res else {
+    let Some((res, alpha, drop, rmask)) = res else {
         let f = if warp { k::layer_norm_fwd_warp } else { k::layer_norm_fwd };
         if !x.is_empty() {
             f(dev, x.dtype(), cfg, x, pw, pb, &y, &mean, &rstd, r as u64, nn, eps, hw, hb)?;
@@ -144,7 +162,18 @@ fn ln_forward(
     let s = dev.alloc(x.dtype(), x.len())?;
     let f = if warp { k::add_layer_norm_fwd_warp } else { k::add_layer_norm_fwd };
     if !x.is_empty() {
-        f(dev, x.dtype(), cfg, x, res, alpha, pw, pb, &s, &y, &mean, &rstd, r as u64, nn, eps, hw, hb, seed, offset, keep, scale, on)?;
+        // Without a row mask the kernel reads none: a byte of U8 from the
+        // pool stands in for its pointer, uninitialised (no memset, no launch).
+        let stand_in;
+        let rm = match rmask {
+            Some(m) => m,
+            None => {
+                stand_in = x.device().alloc(DType::U8, 1)?;
+                &stand_in
+            }
+        };
+        let hm = rmask.is_some() as u32;
+        f(dev, x.dtype(), cfg, x, res, alpha, pw, pb, &s, &y, &mean, &rstd, r as u64, nn, eps, hw, hb, seed, offset, keep, scale, on, rm, hm)?;
     }
     Ok((Some(s), y, mean, rstd))
 }
@@ -167,7 +196,8 @@ pub fn layer_norm_backward(
 /// directly (if any), `(gx, gres, gw, gb)`: gx = gs + layer norm's input
 /// gradient, gres = alpha·gx, both formed before rounding, in the launch
 /// that writes gx. For alpha 1 gres is gx and is not written (`None`).
-/// With the forward's `drop`, gres = alpha·mask·gx (always written).
+/// With the forward's `drop`, gres = alpha·mask·gx, and with its `rmask`
+/// gres is 0 in the rows it marks (either way always written).
 #[allow(clippy::too_many_arguments)]
 pub fn add_layer_norm_backward(
     s: &CudaStorage,
@@ -178,6 +208,7 @@ pub fn add_layer_norm_backward(
     gs: Option<&CudaStorage>,
     alpha: f64,
     drop: Option<DropoutDraw>,
+    rmask: Option<&CudaStorage>,
     n: usize,
 ) -> Result<(CudaStorage, Option<CudaStorage>, CudaStorage, CudaStorage)> {
     let op = "add_layer_norm_backward";
@@ -185,7 +216,8 @@ pub fn add_layer_norm_backward(
         same(op, s, gs)?;
         expect_len(op, "the sum's gradient", gs, s.len())?;
     }
-    ln_backward(op, s, w, mean, rstd, g, Some((gs, alpha, drop)), n)
+    row_mask(op, s, rmask, n)?;
+    ln_backward(op, s, w, mean, rstd, g, Some((gs, alpha, drop, rmask)), n)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -196,7 +228,7 @@ fn ln_backward(
     mean: &CudaStorage,
     rstd: &CudaStorage,
     g: &CudaStorage,
-    res: Option<(Option<&CudaStorage>, f64, Option<DropoutDraw>)>,
+    res: Option<(Option<&CudaStorage>, f64, Option<DropoutDraw>, Option<&CudaStorage>)>,
     n: usize,
 ) -> Result<(CudaStorage, Option<CudaStorage>, CudaStorage, CudaStorage)> {
     expect_dtype(op, x, FLOATS)?;
@@ -225,10 +257,21 @@ fn ln_backward(
             }
             None
         }
-        Some((gs, alpha, drop)) => {
-            // For alpha 1 without dropout, gy equals gx: not written (the
-            // caller shares gx); gx stands in for its pointer.
-            let has_gy = alpha != 1.0 || drop.is_some();
+        Some((gs, alpha, drop, rmask)) => {
+            // For alpha 1 without dropout or row mask, gy equals gx: not
+            // written (the caller shares gx); gx stands in for its pointer.
+            let has_gy = alpha != 1.0 || drop.is_some() || rmask.is_some();
+            // Without a row mask the kernel reads none: a byte of U8 from the
+            // pool stands in for its pointer, uninitialised (no memset, no launch).
+            let stand_in;
+            let rm = match rmask {
+                Some(m) => m,
+                None => {
+                    stand_in = x.device().alloc(DType::U8, 1)?;
+                    &stand_in
+                }
+            };
+            let hm = rmask.is_some() as u32;
             let (seed, offset, keep, scale, on) = drop_args(op, drop)?;
             let gy = if has_gy { Some(dev.alloc(dt, x.len())?) } else { None };
             let f = if warp { k::add_layer_norm_bwd_warp } else { k::add_layer_norm_bwd };
@@ -263,6 +306,8 @@ fn ln_backward(
                     keep,
                     scale,
                     on,
+                    rm,
+                    hm,
                 )?;
             }
             gy
