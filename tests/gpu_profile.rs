@@ -381,6 +381,67 @@ fn norm_fusion_runs_the_blocks_the_same_in_fewer_launches() {
     }
 }
 
+/// A conformer block's convolution module masks its padded frames without a
+/// masked_fill launch of its own once the `norm` and `convmodule` fusions
+/// are on: its input mask is skipped (the GLU mask makes it redundant), the
+/// GLU mask is inside the fused core and its output mask inside the fused
+/// residual add (`add_layer_norm_masked`), forward and backward. With
+/// `norm` alone, the output mask's two launches go; with neither, the GLU
+/// and output masks take a launch each way. Outputs agree (f32).
+#[test]
+fn a_conformer_blocks_frame_masks_take_no_launch_of_their_own_when_fused() {
+    use asrforge::models::config::{ConvNorm, EncoderConfig, EncoderType};
+    use asrforge::models::encoder::frame_pad_mask;
+    use asrforge::models::encoder_layer::EncoderLayer;
+    use asrforge::nn::{AttentionMask, Module};
+    use asrforge::ops::{self, fusion, fusion::Fusion};
+    let Some(dev) = common::gpu::gpu("a_conformer_blocks_frame_masks_take_no_launch_of_their_own_when_fused") else { return };
+    let Device::Cuda(ord) = dev else { return };
+    let _s = serial();
+    let s = seed();
+    let mut rng = Rng::new(s);
+    let (b, t, d, dt) = (2, 13, 32, DType::F32);
+    let c = EncoderConfig {
+        output_size: d,
+        attention_heads: 2,
+        linear_units: 48,
+        cnn_module_kernel: 5,
+        cnn_module_norm: ConvNorm::BatchNorm,
+        dropout_rate: 0.0,
+        attention_dropout_rate: 0.0,
+        ..EncoderConfig::defaults(EncoderType::Conformer).unwrap()
+    };
+    let layer = EncoderLayer::new(&c, true, dt, &mut rng).unwrap();
+    // Parameters and batch norm's running statistics (its step count stays).
+    for nt in layer.state_dict() {
+        if nt.tensor.dtype() == dt {
+            nt.tensor.move_to_device(&dev).unwrap();
+        }
+    }
+    let x = Tensor::randn(vec![b, t, d], 0.0, 1.0, dt, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap().requires_grad_();
+    let pos = Tensor::randn(vec![1, t, d], 0.0, 1.0, dt, &mut rng, &Device::Cpu).unwrap().to_device(&dev).unwrap();
+    let mask = AttentionMask::key_padding(&[t, 8], t).unwrap();
+    let pad = frame_pad_mask(&[t, 8], t).unwrap().to_device(&dev).unwrap();
+    let w = common::tensor(&rng.normal(b * t * d), &[b, t, d], dt, &dev);
+    let mut outs = Vec::new();
+    for (families, want) in [(&[][..], 4), (&[Fusion::Norm][..], 2), (&[Fusion::Norm, Fusion::ConvModule][..], 0)] {
+        fusion::set_enabled(families);
+        cuda::start_profile(ord).unwrap();
+        let y = layer.forward(&x, Some(&mask), &pos, Some(&pad)).unwrap();
+        asrforge::autograd::backward(&ops::sum_all(&ops::mul(&y, &w).unwrap()).unwrap()).unwrap();
+        let p = cuda::stop_profile(ord).unwrap();
+        fusion::set_enabled(&[]);
+        x.zero_grad();
+        layer.zero_grad();
+        let fills: u64 = p.rows.iter().filter(|r| r.family.contains("masked_fill")).map(|r| r.launches).sum();
+        assert_eq!(fills, want, "fusions {families:?}: masked_fill launches forward + backward\n{}", p.table());
+        outs.push(y.to_f64_vec().unwrap());
+    }
+    for (i, o) in outs.iter().enumerate().skip(1) {
+        common::gpu::assert_close(&format!("output with fusion set {i} against none"), o, &outs[0], common::gpu::F32, s);
+    }
+}
+
 /// The feed-forward block with the `ffn` fusion (its activation and dropout
 /// in one launch each way): the same output and gradients bit for bit, two
 /// launches fewer forward + backward, for every activation.
