@@ -292,134 +292,93 @@ fn add_layer_norm_matches_the_cpu() {
 /// state: outputs and every gradient (the branch's is alpha·mask·gx, written
 /// also for alpha 1), with s and h used, h only and s only (the backward's
 /// own dropout of alpha·gs); rows whose length is not a multiple of 4 (the
-/// Philox blocks straddle rows), the block path (1025), and p = 1.
+/// Philox blocks straddle rows), the block path (1025), and p = 1. Each case
+/// also runs as `add_layer_norm_masked` with two rows in five of the branch
+/// zeroed (a module's padded frames), against `masked_fill` first in the
+/// composition: the branch's gradient is then 0 on those rows, written also
+/// for alpha 1 without dropout (p = 0).
 #[test]
 fn add_layer_norm_with_dropout_matches_the_cpu() {
     let Some(dev) = gpu("add_layer_norm_with_dropout_matches_the_cpu") else { return };
-    let cases: [(&'static [usize], &'static [usize], f64); 5] =
-        [(&[300, 7], &[7], 0.3), (&[2, 3, 256], &[256], 0.1), (&[41, 1025], &[1025], 0.3), (&[2400, 5], &[5], 0.5), (&[3, 9], &[9], 1.0)];
+    let cases: [(&'static [usize], &'static [usize], f64); 7] = [
+        (&[300, 7], &[7], 0.3),
+        (&[2, 3, 256], &[256], 0.1),
+        (&[41, 1025], &[1025], 0.3),
+        (&[2400, 5], &[5], 0.5),
+        (&[3, 9], &[9], 1.0),
+        (&[3, 11, 7], &[7], 0.0),
+        (&[2, 5, 1025], &[1025], 0.0),
+    ];
     let both_out = |s: Tensor, h: Tensor| ops::cat(&[&s, &h], 0);
     for (x, pr, p) in cases {
         let seed = fresh_seed();
-        for alpha in [1.0, 0.5] {
-            let name = format!("add_layer_norm {x:?} alpha {alpha} dropout {p}");
-            both(&format!("{name} affine, s and h"), &dev, &[(x, Normal, true), (x, Normal, true), (pr, Normal, true), (pr, Normal, true)], &move |t| {
-                rng::manual_seed(seed);
-                let (s, h) = ops::add_layer_norm(&t[0], &t[1], alpha, p, Some(&t[2]), Some(&t[3]), 1e-5)?;
-                both_out(s, h)
-            });
-            both(&format!("{name} plain, h only"), &dev, &[(x, Normal, true), (x, Normal, true)], &move |t| {
-                rng::manual_seed(seed);
-                Ok(ops::add_layer_norm(&t[0], &t[1], alpha, p, None, None, 1e-5)?.1)
-            });
-            both(&format!("{name} affine, s only"), &dev, &[(x, Normal, true), (x, Normal, true), (pr, Normal, false), (pr, Normal, false)], &move |t| {
-                rng::manual_seed(seed);
-                Ok(ops::add_layer_norm(&t[0], &t[1], alpha, p, Some(&t[2]), Some(&t[3]), 1e-5)?.0)
-            });
-            for dt in [DType::F16, DType::BF16] {
-                // 2x the one-rounding tolerance: the branch's gradient is the
-                // sum of s's two gradients, each rounded to half by the CPU
-                // composition before they meet (the kernel sums them
-                // unrounded), times the mask's 1/(1-p), rounded again; that
-                // amplified rounding put it up to 1.27x the tolerance over
-                // 20 runs (the outputs and x's gradient, checked before it,
-                // stayed within 1x).
-                compare(
-                    &format!("half {name} affine, s and h"),
-                    &dev,
-                    dt,
-                    2.0 * gpu::tol(dt),
-                    &[(x, Normal, true), (x, Normal, true), (pr, Normal, true), (pr, Normal, true)],
-                    &move |t| {
-                        rng::manual_seed(seed);
-                        let f32 = |v: &Tensor| ops::to_dtype(v, DType::F32);
-                        let (w, b) = (f32(&t[2])?, f32(&t[3])?);
-                        if t[0].device() != Device::Cpu {
-                            let (s, h) = ops::add_layer_norm(&t[0], &t[1], alpha, p, Some(&w), Some(&b), 1e-5)?;
-                            return both_out(s, h);
-                        }
-                        // The CPU: the half branch dropped in half (as the
-                        // GPU's dropout stores it), the sum in f32 rounded to
-                        // the dtype, normalised in the dtype.
-                        let yd = ops::dropout(&t[1], p, true)?;
-                        let s32 = ops::add_scaled(&f32(&t[0])?, &f32(&yd)?, alpha)?;
-                        let h = ops::layer_norm(&ops::to_dtype(&s32, t[0].dtype())?, Some(&w), Some(&b), 1e-5)?;
-                        both_out(ops::to_dtype(&s32, t[0].dtype())?, h)
-                    },
-                );
+        for masked in [false, true] {
+            // x's shape with the last dim 1, rows 1 and 3 of every 5 marked, on t's device.
+            let rows = move |t: &Tensor| -> Result<Option<Tensor>> {
+                if !masked {
+                    return Ok(None);
+                }
+                let mut shape = x.to_vec();
+                let n = shape.pop().unwrap_or(1);
+                let bits: Vec<u8> = (0..t.elem_count() / n).map(|r| u8::from(r % 5 == 1 || r % 5 == 3)).collect();
+                shape.push(1);
+                Tensor::from_vec(bits, shape, &Device::Cpu)?.to_device(&t.device()).map(Some)
+            };
+            if p == 0.0 && !masked {
+                continue;
             }
-        }
-    }
-}
-
-/// `add_layer_norm_masked` (the branch's padded rows zeroed inside the
-/// launches, as the conformer convolution module's output mask) on the GPU
-/// against the CPU's composition `masked_fill`, `dropout`, `add_scaled`,
-/// `layer_norm` from the same generator state: outputs and every gradient
-/// (the branch's is 0 on masked rows, written also for alpha 1 without
-/// dropout), s and h used, h only and s only, with and without dropout,
-/// alpha 1 and ½, the warp and block paths; then f16 and bf16.
-#[test]
-fn add_layer_norm_with_a_row_mask_matches_the_cpu() {
-    let Some(dev) = gpu("add_layer_norm_with_a_row_mask_matches_the_cpu") else { return };
-    // (x's shape (B, T, C), the valid rows per sequence, the dropout)
-    let cases: [(&'static [usize], &'static [usize], &'static [usize], f64); 4] = [
-        (&[3, 11, 7], &[7], &[11, 6, 1], 0.0),
-        (&[3, 11, 7], &[7], &[11, 6, 1], 0.3),
-        (&[2, 5, 1025], &[1025], &[3, 5], 0.1),
-        (&[4, 150, 5], &[5], &[150, 75, 7, 1], 0.0),
-    ];
-    let both_out = |s: Tensor, h: Tensor| ops::cat(&[&s, &h], 0);
-    for (x, pr, lens, p) in cases {
-        let seed = fresh_seed();
-        // (B, T, 1), 1 at the padded rows, on the inputs' device.
-        let rows = move |t: &Tensor| -> Result<Tensor> {
-            let m = asrforge::models::encoder::frame_pad_mask(lens, x[1])?;
-            ops::reshape(&m, [x[0], x[1], 1])?.to_device(&t.device())
-        };
-        for alpha in [1.0, 0.5] {
-            let name = format!("add_layer_norm_masked {x:?} lengths {lens:?} alpha {alpha} dropout {p}");
-            both(&format!("{name} affine, s and h"), &dev, &[(x, Normal, true), (x, Normal, true), (pr, Normal, true), (pr, Normal, true)], &move |t| {
-                rng::manual_seed(seed);
-                let (s, h) = ops::add_layer_norm_masked(&t[0], &t[1], Some(&rows(&t[0])?), alpha, p, Some(&t[2]), Some(&t[3]), 1e-5)?;
-                both_out(s, h)
-            });
-            both(&format!("{name} plain, h only"), &dev, &[(x, Normal, true), (x, Normal, true)], &move |t| {
-                rng::manual_seed(seed);
-                Ok(ops::add_layer_norm_masked(&t[0], &t[1], Some(&rows(&t[0])?), alpha, p, None, None, 1e-5)?.1)
-            });
-            both(&format!("{name} affine, s only"), &dev, &[(x, Normal, true), (x, Normal, true), (pr, Normal, false), (pr, Normal, false)], &move |t| {
-                rng::manual_seed(seed);
-                Ok(ops::add_layer_norm_masked(&t[0], &t[1], Some(&rows(&t[0])?), alpha, p, Some(&t[2]), Some(&t[3]), 1e-5)?.0)
-            });
-            for dt in [DType::F16, DType::BF16] {
-                // 2x the one-rounding tolerance, as with dropout above: the
-                // CPU rounds each of s's two gradients to half before they meet.
-                compare(
-                    &format!("half {name} affine, s and h"),
-                    &dev,
-                    dt,
-                    2.0 * gpu::tol(dt),
-                    &[(x, Normal, true), (x, Normal, true), (pr, Normal, true), (pr, Normal, true)],
-                    &move |t| {
-                        rng::manual_seed(seed);
-                        let f32 = |v: &Tensor| ops::to_dtype(v, DType::F32);
-                        let (w, b) = (f32(&t[2])?, f32(&t[3])?);
-                        let m = rows(&t[0])?;
-                        if t[0].device() != Device::Cpu {
-                            let (s, h) = ops::add_layer_norm_masked(&t[0], &t[1], Some(&m), alpha, p, Some(&w), Some(&b), 1e-5)?;
-                            return both_out(s, h);
-                        }
-                        // The CPU: the half branch masked and dropped in half
-                        // (as the GPU stores them), the sum in f32 rounded to
-                        // the dtype, normalised in the dtype.
-                        let ym = ops::to_dtype(&ops::masked_fill(&f32(&t[1])?, &m, 0.0)?, t[1].dtype())?;
-                        let yd = ops::dropout(&ym, p, true)?;
-                        let s32 = ops::add_scaled(&f32(&t[0])?, &f32(&yd)?, alpha)?;
-                        let h = ops::layer_norm(&ops::to_dtype(&s32, t[0].dtype())?, Some(&w), Some(&b), 1e-5)?;
-                        both_out(ops::to_dtype(&s32, t[0].dtype())?, h)
-                    },
-                );
+            for alpha in [1.0, 0.5] {
+                let name = format!("add_layer_norm {x:?} alpha {alpha} dropout {p} row mask {masked}");
+                both(&format!("{name} affine, s and h"), &dev, &[(x, Normal, true), (x, Normal, true), (pr, Normal, true), (pr, Normal, true)], &move |t| {
+                    rng::manual_seed(seed);
+                    let (s, h) = ops::add_layer_norm_masked(&t[0], &t[1], rows(&t[0])?.as_ref(), alpha, p, Some(&t[2]), Some(&t[3]), 1e-5)?;
+                    both_out(s, h)
+                });
+                both(&format!("{name} plain, h only"), &dev, &[(x, Normal, true), (x, Normal, true)], &move |t| {
+                    rng::manual_seed(seed);
+                    Ok(ops::add_layer_norm_masked(&t[0], &t[1], rows(&t[0])?.as_ref(), alpha, p, None, None, 1e-5)?.1)
+                });
+                both(&format!("{name} affine, s only"), &dev, &[(x, Normal, true), (x, Normal, true), (pr, Normal, false), (pr, Normal, false)], &move |t| {
+                    rng::manual_seed(seed);
+                    Ok(ops::add_layer_norm_masked(&t[0], &t[1], rows(&t[0])?.as_ref(), alpha, p, Some(&t[2]), Some(&t[3]), 1e-5)?.0)
+                });
+                for dt in [DType::F16, DType::BF16] {
+                    // 2x the one-rounding tolerance: the branch's gradient is the
+                    // sum of s's two gradients, each rounded to half by the CPU
+                    // composition before they meet (the kernel sums them
+                    // unrounded), times the mask's 1/(1-p), rounded again; that
+                    // amplified rounding put it up to 1.27x the tolerance over
+                    // 20 runs (the outputs and x's gradient, checked before it,
+                    // stayed within 1x).
+                    compare(
+                        &format!("half {name} affine, s and h"),
+                        &dev,
+                        dt,
+                        2.0 * gpu::tol(dt),
+                        &[(x, Normal, true), (x, Normal, true), (pr, Normal, true), (pr, Normal, true)],
+                        &move |t| {
+                            rng::manual_seed(seed);
+                            let f32 = |v: &Tensor| ops::to_dtype(v, DType::F32);
+                            let (w, b) = (f32(&t[2])?, f32(&t[3])?);
+                            let m = rows(&t[0])?;
+                            if t[0].device() != Device::Cpu {
+                                let (s, h) = ops::add_layer_norm_masked(&t[0], &t[1], m.as_ref(), alpha, p, Some(&w), Some(&b), 1e-5)?;
+                                return both_out(s, h);
+                            }
+                            // The CPU: the half branch masked and dropped in
+                            // half (as the GPU stores them), the sum in f32
+                            // rounded to the dtype, normalised in the dtype.
+                            let ym = match &m {
+                                Some(m) => ops::to_dtype(&ops::masked_fill(&f32(&t[1])?, m, 0.0)?, t[1].dtype())?,
+                                None => t[1].clone(),
+                            };
+                            let yd = ops::dropout(&ym, p, true)?;
+                            let s32 = ops::add_scaled(&f32(&t[0])?, &f32(&yd)?, alpha)?;
+                            let h = ops::layer_norm(&ops::to_dtype(&s32, t[0].dtype())?, Some(&w), Some(&b), 1e-5)?;
+                            both_out(ops::to_dtype(&s32, t[0].dtype())?, h)
+                        },
+                    );
+                }
             }
         }
     }

@@ -103,6 +103,16 @@ pub fn add_layer_norm(
 
 type Four = (Option<CudaStorage>, CudaStorage, CudaStorage, CudaStorage);
 
+/// The kernels' row mask arguments (pointer, present): without a mask the
+/// kernels read none, and a byte of U8 from the pool, kept in `stand_in`,
+/// stands in for its pointer, uninitialised (no memset, no launch).
+fn row_mask_arg<'a>(x: &CudaStorage, rmask: Option<&'a CudaStorage>, stand_in: &'a mut Option<CudaStorage>) -> Result<(&'a CudaStorage, u32)> {
+    match rmask {
+        Some(m) => Ok((m, 1)),
+        None => Ok((stand_in.insert(x.device().alloc(DType::U8, 1)?), 0)),
+    }
+}
+
 /// A row mask of add_layer_norm: u8, one element per row of x, on x's GPU.
 fn row_mask(op: &'static str, x: &CudaStorage, rmask: Option<&CudaStorage>, n: usize) -> Result<()> {
     if let Some(m) = rmask {
@@ -162,17 +172,8 @@ fn ln_forward(
     let s = dev.alloc(x.dtype(), x.len())?;
     let f = if warp { k::add_layer_norm_fwd_warp } else { k::add_layer_norm_fwd };
     if !x.is_empty() {
-        // Without a row mask the kernel reads none: a byte of U8 from the
-        // pool stands in for its pointer, uninitialised (no memset, no launch).
-        let stand_in;
-        let rm = match rmask {
-            Some(m) => m,
-            None => {
-                stand_in = x.device().alloc(DType::U8, 1)?;
-                &stand_in
-            }
-        };
-        let hm = rmask.is_some() as u32;
+        let mut stand_in = None;
+        let (rm, hm) = row_mask_arg(x, rmask, &mut stand_in)?;
         f(dev, x.dtype(), cfg, x, res, alpha, pw, pb, &s, &y, &mean, &rstd, r as u64, nn, eps, hw, hb, seed, offset, keep, scale, on, rm, hm)?;
     }
     Ok((Some(s), y, mean, rstd))
@@ -261,17 +262,8 @@ fn ln_backward(
             // For alpha 1 without dropout or row mask, gy equals gx: not
             // written (the caller shares gx); gx stands in for its pointer.
             let has_gy = alpha != 1.0 || drop.is_some() || rmask.is_some();
-            // Without a row mask the kernel reads none: a byte of U8 from the
-            // pool stands in for its pointer, uninitialised (no memset, no launch).
-            let stand_in;
-            let rm = match rmask {
-                Some(m) => m,
-                None => {
-                    stand_in = x.device().alloc(DType::U8, 1)?;
-                    &stand_in
-                }
-            };
-            let hm = rmask.is_some() as u32;
+            let mut stand_in = None;
+            let (rm, hm) = row_mask_arg(x, rmask, &mut stand_in)?;
             let (seed, offset, keep, scale, on) = drop_args(op, drop)?;
             let gy = if has_gy { Some(dev.alloc(dt, x.len())?) } else { None };
             let f = if warp { k::add_layer_norm_bwd_warp } else { k::add_layer_norm_bwd };
