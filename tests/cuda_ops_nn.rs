@@ -273,12 +273,22 @@ fn add_layer_norm_matches_the_cpu() {
                             return both_out(s, h);
                         }
                         // The CPU has no half arithmetic: the sum in f32,
-                        // rounded to the dtype as stored, normalised in the
-                        // dtype (the CPU's half layer norm); the two
-                        // gradients of the sum meet in f32.
+                        // rounded to the dtype as stored (its value only:
+                        // `sr`, the gradient passing it unrounded),
+                        // normalised in f32 and rounded once, as the kernel
+                        // does. The two gradients of the sum meet in f32 and
+                        // are rounded once, as the kernel rounds them: a
+                        // reference whose norm backward rounds to half first
+                        // (the CPU's half layer norm) was 1.08 x the
+                        // tolerance off in x's f16 gradient where the two
+                        // cancel (0.5605 against 0.5625 from terms in [2, 4),
+                        // whose half ulp is 0.002; seed 1796613447210782314).
+                        let dt = t[0].dtype();
                         let s32 = ops::add_scaled(&f32(&t[0])?, &f32(&t[1])?, alpha)?;
-                        let h = ops::layer_norm(&ops::to_dtype(&s32, t[0].dtype())?, Some(&w), Some(&b), 1e-5)?;
-                        both_out(ops::to_dtype(&s32, t[0].dtype())?, h)
+                        let rounding = ops::sub(&f32(&ops::to_dtype(&s32, dt)?)?, &s32)?.detach();
+                        let sr = ops::add(&s32, &rounding)?;
+                        let h = ops::to_dtype(&ops::layer_norm(&sr, Some(&w), Some(&b), 1e-5)?, dt)?;
+                        both_out(ops::to_dtype(&sr, dt)?, h)
                     },
                 );
             }
