@@ -292,6 +292,78 @@ fn fused_module_handles_wide_channels_and_long_kernels() {
     check(&dev, &case(&[5, 3], 5, 1030, 3, false, true, Norm::Layer), &[DType::F32, DType::BF16]);
 }
 
+/// A swish `ConvolutionModule` of `c` channels and kernel `k` in f32, its
+/// parameters and running statistics on `dev`.
+fn module_on(
+    dev: &Device,
+    c: usize,
+    k: usize,
+    norm: asrforge::models::config::ConvNorm,
+    causal: bool,
+    wenet: bool,
+    rng: &mut Rng,
+) -> asrforge::models::convolution::ConvolutionModule {
+    use asrforge::models::config::Activation;
+    use asrforge::nn::Module;
+    let mut m = asrforge::models::convolution::ConvolutionModule::new(c, k, Activation::Swish, norm, causal, 1e-5, DType::F32, rng).unwrap();
+    m.wenet_masking = wenet;
+    for nt in m.state_dict() {
+        if nt.tensor.dtype() == DType::F32 {
+            nt.tensor.move_to_device(dev).unwrap();
+        }
+    }
+    m
+}
+
+/// A batch norm module's running statistics, each with a copy of its value now.
+fn running_stats(m: &asrforge::models::convolution::ConvolutionModule) -> Vec<(Tensor, Tensor)> {
+    match &m.norm {
+        asrforge::models::convolution::ConvModuleNorm::Batch(bn) => {
+            [&bn.running_mean, &bn.running_var].map(|s| (s.clone(), ops::mul_scalar(s, 1.0).unwrap())).to_vec()
+        }
+        asrforge::models::convolution::ConvModuleNorm::Layer(_) => Vec::new(),
+    }
+}
+
+/// One training step of `m` from the running statistics `start` (restored
+/// first, its step count set to 0): the forward on x with `pad` and the
+/// backward of Σ y·wt, with the `convmodule` fusion on or off. Returns the
+/// output, every parameter's gradient and the running statistics with their
+/// step count, named, and x's gradient.
+fn module_step(
+    m: &asrforge::models::convolution::ConvolutionModule,
+    start: &[(Tensor, Tensor)],
+    x: &Tensor,
+    pad: &Tensor,
+    wt: &Tensor,
+    fused: bool,
+) -> (Vec<(String, Vec<f64>)>, Vec<f64>) {
+    use asrforge::models::convolution::ConvModuleNorm;
+    use asrforge::nn::Module;
+    for (live, copy) in start {
+        live.assign(copy).unwrap();
+    }
+    if let ConvModuleNorm::Batch(bn) = &m.norm {
+        bn.num_batches_tracked.assign(&Tensor::from_vec(vec![0i64], (), &Device::Cpu).unwrap()).unwrap();
+    }
+    m.zero_grad();
+    let xg = x.detach().requires_grad_();
+    fusion::set_enabled(if fused { &[fusion::Fusion::ConvModule] } else { &[] });
+    let y = m.forward(&xg, Some(pad)).unwrap();
+    autograd::backward(&ops::sum_all(&ops::mul(&y, wt).unwrap()).unwrap()).unwrap();
+    fusion::set_enabled(&[]);
+    let mut res = vec![("output".to_string(), y.to_f64_vec().unwrap())];
+    for (name, p) in m.named_parameters() {
+        res.push((format!("gradient of {name}"), p.grad().expect("every parameter has a gradient").to_f64_vec().unwrap()));
+    }
+    if let ConvModuleNorm::Batch(bn) = &m.norm {
+        for (name, s) in [("running mean", &bn.running_mean), ("running var", &bn.running_var), ("batches tracked", &bn.num_batches_tracked)] {
+            res.push((name.to_string(), s.to_f64_vec().unwrap()));
+        }
+    }
+    (res, xg.grad().unwrap().to_f64_vec().unwrap())
+}
+
 /// The whole `ConvolutionModule` (pointwise convs, frame masks, batch norm's
 /// `num_batches_tracked`) with the fusion switch on and off on the GPU, in
 /// f32: the same output, input and parameter gradients and running
@@ -300,8 +372,7 @@ fn fused_module_handles_wide_channels_and_long_kernels() {
 /// with the cache) in eval mode gives the same outputs and caches.
 #[test]
 fn the_convolution_module_is_the_same_fused_and_unfused_streaming_included() {
-    use asrforge::models::config::{Activation, ConvNorm};
-    use asrforge::models::convolution::{ConvModuleNorm, ConvolutionModule};
+    use asrforge::models::config::ConvNorm;
     use asrforge::models::encoder::frame_pad_mask;
     use asrforge::nn::Module;
     let Some(dev) = gpu("the_convolution_module_is_the_same_fused_and_unfused_streaming_included") else { return };
@@ -312,48 +383,15 @@ fn the_convolution_module_is_the_same_fused_and_unfused_streaming_included() {
     let cases =
         [(ConvNorm::BatchNorm, false, false), (ConvNorm::BatchNorm, true, true), (ConvNorm::LayerNorm, true, false), (ConvNorm::LayerNorm, false, true)];
     for (norm, causal, wenet) in cases {
-        let mut m = ConvolutionModule::new(c, k, Activation::Swish, norm, causal, 1e-5, DType::F32, &mut rng).unwrap();
-        m.wenet_masking = wenet;
-        for nt in m.state_dict() {
-            if nt.tensor.dtype() == DType::F32 {
-                nt.tensor.move_to_device(&dev).unwrap();
-            }
-        }
+        let mut m = module_on(&dev, c, k, norm, causal, wenet, &mut rng);
         let x = common::tensor(&rng.normal(b * t * c), &[b, t, c], DType::F32, &dev);
         let wt = common::tensor(&rng.normal(b * t * c), &[b, t, c], DType::F32, &dev);
         let pad = frame_pad_mask(&[13, 9, 4], t).unwrap().to_device(&dev).unwrap();
-        let stats = |m: &ConvolutionModule| match &m.norm {
-            ConvModuleNorm::Batch(bn) => {
-                vec![bn.running_mean.to_f64_vec().unwrap(), bn.running_var.to_f64_vec().unwrap(), bn.num_batches_tracked.to_f64_vec().unwrap()]
-            }
-            ConvModuleNorm::Layer(_) => Vec::new(),
-        };
-        let start: Vec<(Tensor, Tensor)> = match &m.norm {
-            ConvModuleNorm::Batch(bn) => vec![
-                (bn.running_mean.clone(), ops::mul_scalar(&bn.running_mean, 1.0).unwrap()),
-                (bn.running_var.clone(), ops::mul_scalar(&bn.running_var, 1.0).unwrap()),
-            ],
-            ConvModuleNorm::Layer(_) => Vec::new(),
-        };
+        let start = running_stats(&m);
         let mut runs = Vec::new();
         for fused in [true, false] {
-            for (live, copy) in &start {
-                live.assign(copy).unwrap();
-            }
-            if let ConvModuleNorm::Batch(bn) = &m.norm {
-                bn.num_batches_tracked.assign(&Tensor::from_vec(vec![0i64], (), &Device::Cpu).unwrap()).unwrap();
-            }
-            m.zero_grad();
-            let xg = x.detach().requires_grad_();
-            fusion::set_enabled(if fused { &[fusion::Fusion::ConvModule] } else { &[] });
-            let y = m.forward(&xg, Some(&pad)).unwrap();
-            autograd::backward(&ops::sum_all(&ops::mul(&y, &wt).unwrap()).unwrap()).unwrap();
-            fusion::set_enabled(&[]);
-            let mut res = vec![("output".to_string(), y.to_f64_vec().unwrap()), ("gradient of x".to_string(), xg.grad().unwrap().to_f64_vec().unwrap())];
-            for (name, p) in m.named_parameters() {
-                res.push((format!("gradient of {name}"), p.grad().expect("every parameter has a gradient").to_f64_vec().unwrap()));
-            }
-            res.extend(stats(&m).into_iter().enumerate().map(|(i, v)| (format!("statistic {i}"), v)));
+            let (mut res, xg) = module_step(&m, &start, &x, &pad, &wt, fused);
+            res.push(("gradient of x".to_string(), xg));
             runs.push(res);
         }
         for ((name, f), (_, u)) in runs[0].iter().zip(&runs[1]) {
@@ -394,10 +432,8 @@ fn the_convolution_module_is_the_same_fused_and_unfused_streaming_included() {
 /// mask making that mask redundant; with it, the input mask does the work.)
 #[test]
 fn the_convolution_module_ignores_its_inputs_padded_frames() {
-    use asrforge::models::config::{Activation, ConvNorm};
-    use asrforge::models::convolution::{ConvModuleNorm, ConvolutionModule};
+    use asrforge::models::config::ConvNorm;
     use asrforge::models::encoder::frame_pad_mask;
-    use asrforge::nn::Module;
     let Some(gdev) = gpu("the_convolution_module_ignores_its_inputs_padded_frames") else { return };
     let _s = serial();
     let seed = fresh_seed();
@@ -407,46 +443,18 @@ fn the_convolution_module_ignores_its_inputs_padded_frames() {
     let padded = |row: usize| row % t >= lens[row / t];
     let cases =
         [(ConvNorm::BatchNorm, false, false), (ConvNorm::BatchNorm, true, true), (ConvNorm::LayerNorm, true, false), (ConvNorm::LayerNorm, false, true)];
-    for (dev, fused) in [(Device::Cpu, false), (gdev.clone(), true), (gdev.clone(), false)] {
+    for (dev, fused) in [(Device::Cpu, false), (gdev, true), (gdev, false)] {
         for (norm, causal, wenet) in cases {
             let what = format!("{norm:?} causal={causal} wenet_masking={wenet} on {dev:?} fused={fused}");
-            let mut m = ConvolutionModule::new(c, k, Activation::Swish, norm, causal, 1e-5, DType::F32, &mut rng).unwrap();
-            m.wenet_masking = wenet;
-            for nt in m.state_dict() {
-                if nt.tensor.dtype() == DType::F32 {
-                    nt.tensor.move_to_device(&dev).unwrap();
-                }
-            }
+            let m = module_on(&dev, c, k, norm, causal, wenet, &mut rng);
             let xv = rng.normal(b * t * c);
             let junk: Vec<f64> = rng.normal(b * t * c).into_iter().map(|v| 4.0 + 9.0 * v).collect();
             let xj: Vec<f64> = xv.iter().zip(&junk).enumerate().map(|(i, (&v, &j))| if padded(i / c) { j } else { v }).collect();
             let wt = common::tensor(&rng.normal(b * t * c), &[b, t, c], DType::F32, &dev);
             let pad = frame_pad_mask(&lens, t).unwrap().to_device(&dev).unwrap();
-            let start: Vec<(Tensor, Tensor)> = match &m.norm {
-                ConvModuleNorm::Batch(bn) => [&bn.running_mean, &bn.running_var].map(|s| (s.clone(), ops::mul_scalar(s, 1.0).unwrap())).to_vec(),
-                ConvModuleNorm::Layer(_) => Vec::new(),
-            };
-            let mut runs = Vec::new();
-            for v in [&xv, &xj] {
-                for (live, copy) in &start {
-                    live.assign(copy).unwrap();
-                }
-                m.zero_grad();
-                let x = common::tensor(v, &[b, t, c], DType::F32, &dev).requires_grad_();
-                fusion::set_enabled(if fused { &[fusion::Fusion::ConvModule] } else { &[] });
-                let y = m.forward(&x, Some(&pad)).unwrap();
-                autograd::backward(&ops::sum_all(&ops::mul(&y, &wt).unwrap()).unwrap()).unwrap();
-                fusion::set_enabled(&[]);
-                let mut res = vec![("output".to_string(), y.to_f64_vec().unwrap())];
-                for (name, p) in m.named_parameters() {
-                    res.push((format!("gradient of {name}"), p.grad().expect("every parameter has a gradient").to_f64_vec().unwrap()));
-                }
-                if let ConvModuleNorm::Batch(bn) = &m.norm {
-                    res.push(("running mean".into(), bn.running_mean.to_f64_vec().unwrap()));
-                    res.push(("running var".into(), bn.running_var.to_f64_vec().unwrap()));
-                }
-                runs.push((res, x.grad().unwrap().to_f64_vec().unwrap()));
-            }
+            let start = running_stats(&m);
+            let runs: Vec<_> =
+                [&xv, &xj].map(|v| module_step(&m, &start, &common::tensor(v, &[b, t, c], DType::F32, &dev), &pad, &wt, fused)).into_iter().collect();
             for ((name, a), (_, j)) in runs[0].0.iter().zip(&runs[1].0) {
                 assert!(a == j, "{what}: {name} changed with the padded input frames (seed {seed})");
             }
