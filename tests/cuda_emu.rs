@@ -311,6 +311,58 @@ fn the_seam_counts_launches_syncs_bytes_and_allocations() {
     assert_eq!(values(&cuda::upload_staged(&dev, &batch).unwrap()), vec![0.25; 3000]);
 }
 
+/// Scalars read back later (`ScalarReadback`, what a training step's
+/// losses take): starting one queues a gather launch per dtype among them
+/// and one copy, and waits for nothing; reading it waits only while its copy
+/// has not run (here: the compute stream held, as a GPU still running it
+/// would be), and after a synchronisation that covered it, not at all. The
+/// values are the inputs' own, exactly (f64 holds every float dtype), also
+/// with more read-backs in flight than the free list keeps, read out of order.
+#[test]
+fn scalars_read_back_later_wait_only_for_a_copy_still_running() {
+    let (_g, dev) = emu();
+    let s = seed();
+    let mut rng = Rng::new(s);
+    let dtypes = [DType::F32, DType::F16, DType::F64, DType::BF16, DType::F32];
+    let draw = |rng: &mut Rng| -> (Vec<CudaStorage>, Vec<f64>) {
+        let (mut xs, mut want) = (Vec::new(), Vec::new());
+        for dt in dtypes {
+            let (h, e) = host(dt, &[rng.normal(1)[0] * 100.0]);
+            xs.push(CudaStorage::from_cpu(&dev, &h).unwrap());
+            want.extend(e);
+        }
+        (xs, want)
+    };
+    let start = |xs: &[CudaStorage]| cuda::ScalarReadback::start(&xs.iter().collect::<Vec<_>>()).unwrap();
+    // Held: the copy has not run as far as the host can tell, so reading waits once.
+    let (xs, want) = draw(&mut rng);
+    dev.emu_hold_stream(0, true).unwrap();
+    let before = dev.counters();
+    let r = start(&xs);
+    let d = dev.counters().since(&before);
+    assert_eq!((d.launches, d.host_syncs, d.dtoh_copies, d.dtoh_bytes), (4, 0, 1, 8 * 5), "start: a gather per dtype, one copy, no wait: {d:?}");
+    let before = dev.counters();
+    assert_eq!(r.values().unwrap(), want, "seed {s}");
+    assert_eq!(dev.counters().since(&before).host_syncs, 1, "reading a copy still running waits for it");
+    // Held, then a synchronisation (the optimizer step's read-back): reading costs nothing more.
+    let (xs, want) = draw(&mut rng);
+    dev.emu_hold_stream(0, true).unwrap();
+    let r = start(&xs);
+    dev.synchronize().unwrap();
+    let before = dev.counters();
+    assert_eq!(r.values().unwrap(), want, "seed {s}");
+    let d = dev.counters().since(&before);
+    assert_eq!((d.host_syncs, d.launches, d.dtoh_copies), (0, 0, 0), "read after a synchronisation: {d:?}");
+    // Many in flight at once, each with its own buffer, read in reverse order.
+    let batches: Vec<_> = (0..20).map(|_| draw(&mut rng)).collect();
+    dev.emu_hold_stream(0, true).unwrap();
+    let rs: Vec<_> = batches.iter().map(|(xs, _)| start(xs)).collect();
+    dev.synchronize().unwrap();
+    for (i, (r, (_, want))) in rs.into_iter().zip(&batches).enumerate().rev() {
+        assert_eq!(&r.values().unwrap(), want, "read-back {i} of 20, seed {s}");
+    }
+}
+
 #[test]
 fn the_emulated_device_is_available_and_named_by_info() {
     let (_g, _dev) = emu();

@@ -623,7 +623,9 @@ fn layer_norm_backward_is_one_launch_and_no_memset() {
 }
 
 /// A step's loss values (here four, of two dtypes) come back in one launch
-/// per dtype and one copy to the host (`Tensor::scalars_to_host`).
+/// per dtype and one copy to the host (`Tensor::scalars_to_host`), with one
+/// host wait for that copy (on the emulator the compute stream is held, so
+/// the copy is still running as far as the host can tell, as on a GPU).
 #[test]
 fn loss_values_come_back_in_a_launch_per_dtype_and_one_copy() {
     let Some(dev) = common::gpu::gpu("loss_values_come_back_in_a_launch_per_dtype_and_one_copy") else { return };
@@ -631,11 +633,14 @@ fn loss_values_come_back_in_a_launch_per_dtype_and_one_copy() {
     let Device::Cuda(ord) = dev else { unreachable!("gpu() gives a CUDA device") };
     let v = |x: f64, dt: DType| asrforge::ops::to_dtype(&Tensor::from_vec(vec![x], [1], &Device::Cpu).unwrap(), dt).unwrap().to_device(&dev).unwrap();
     let xs = [v(1.25, DType::F32), v(-2.5, DType::F32), v(0.75, DType::F64), v(4.0, DType::F32)];
+    let held = cuda::device(ord).unwrap().emu_hold_stream(0, true).is_ok();
     let before = cuda::counters(ord).unwrap();
     let got = Tensor::scalars_to_host(&xs.iter().collect::<Vec<_>>()).unwrap();
     let c = cuda::counters(ord).unwrap().since(&before);
     assert_eq!(got, vec![1.25, -2.5, 0.75, 4.0]);
-    assert_eq!((c.launches, c.dtoh_copies, c.host_syncs), (2, 1, 1), "{c:?}");
+    assert_eq!((c.launches, c.dtoh_copies), (2, 1), "{c:?}");
+    // A GPU may have finished the copy before the host asks: then no wait.
+    assert!(if held { c.host_syncs == 1 } else { c.host_syncs <= 1 }, "one wait at most (held: {held}): {c:?}");
 }
 
 /// The fused conformer convolution module (`ASRFORGE_FUSION=convmodule`)

@@ -8,7 +8,13 @@
 mod common;
 mod train_common;
 
-use asrforge::train::run_train;
+use asrforge::models::{AsrModel, ModelConfig};
+use asrforge::nn::Module;
+use asrforge::tensor::{DType, Device, Rng};
+use asrforge::train::bench::synthetic_batch;
+use asrforge::train::{
+    init_optimizer_and_scheduler, move_model, parse_train_config, run_train, BatchLoss, Executor, ExecutorParts, Resume, SingleProcess, StepReport,
+};
 
 /// The cv loss the run saved with `epoch_{e}`.
 fn cv_loss(dir: &std::path::Path, e: u64) -> f64 {
@@ -105,4 +111,84 @@ fn fp16_and_bf16_loss_curves_follow_f32_for_50_steps() {
         assert!((g - want[0]).abs() <= 1e-2 * want[0], "fp16 step {i} (weights not yet updated): loss {g} vs f32's first {}", want[0]);
     }
     assert!(fp16.losses[49] < 0.9 * fp16.losses[0], "fp16 learns: {} -> {}", fp16.losses[0], fp16.losses[49]);
+}
+
+/// `steps` optimizer steps of the tiny model (no dropout) on `device`, each
+/// over `accum` distinct batches. With `per_batch` the losses are read after
+/// every batch (`last_batch`, a wait of its own each); without, only after
+/// the step. Returns each step's report, its batches' losses as read and
+/// the host synchronisations each step took (on a GPU).
+fn accumulated_steps(device: &Device, accum: usize, steps: usize, per_batch: bool) -> Vec<(StepReport, Vec<BatchLoss>, u64)> {
+    let yaml = format!("input_dim: 20\noutput_dim: 9\n{}", train_common::tiny_yaml(0.0, 2, 1, ""));
+    let root: serde_yaml_ng::Value = serde_yaml_ng::from_str(&yaml).unwrap();
+    let mut cfg = parse_train_config(&root).unwrap();
+    cfg.accum_grad = accum;
+    let (mcfg, _) = ModelConfig::from_yaml(&root).unwrap();
+    let model = AsrModel::new(&mcfg, DType::F32, &mut Rng::new(1)).unwrap();
+    move_model(&model, device).unwrap();
+    let optim = init_optimizer_and_scheduler(&cfg, &Resume::default()).unwrap();
+    let engine = Box::new(SingleProcess::new(model.named_parameters(), optim.adam).unwrap());
+    let mut e = Executor::new(ExecutorParts { device: *device, ..ExecutorParts::new(model, engine, optim, cfg) });
+    let syncs = || match device {
+        Device::Cuda(n) => asrforge::backend::cuda::counters(*n).unwrap().host_syncs,
+        Device::Cpu => 0,
+    };
+    let mut out = Vec::new();
+    for step in 0..steps {
+        let mut read = Vec::new();
+        let before = syncs();
+        for k in 0..accum {
+            // Distinct batches, so a loss read into the wrong batch's place shows.
+            e.train_batch(&synthetic_batch(2 + k, 40 + 8 * k, 20, 9, (10 * step + k) as u64).unwrap()).unwrap();
+            if per_batch {
+                read.push(e.last_batch().unwrap().expect("a batch was trained"));
+            }
+        }
+        assert!(e.step_due(), "{accum} batches make a step");
+        let rep = e.optimizer_step().unwrap();
+        let took = syncs() - before;
+        if !per_batch {
+            read.push(e.last_batch().unwrap().expect("a batch was trained"));
+        }
+        out.push((rep, read, took));
+    }
+    out
+}
+
+/// A training step waits for the GPU once, whatever its accumulation: each
+/// batch's losses are queued for the host after its backward and read after
+/// the optimizer step's own read-back (before: one wait per batch and one
+/// for the step). The values read so are the batches' own: each step's mean
+/// loss and its last batch's loss, CTC and attention losses and accuracy
+/// match the CPU's, read batch by batch (which also checks that reading a
+/// batch's losses early still works on the GPU, a wait of its own).
+#[test]
+fn a_training_step_waits_for_the_gpu_once_and_reads_its_batches_losses() {
+    let Some(dev) = common::gpu::gpu("a_training_step_waits_for_the_gpu_once_and_reads_its_batches_losses") else { return };
+    for accum in [1, 3] {
+        let cpu = accumulated_steps(&Device::Cpu, accum, 2, true);
+        let gpu = accumulated_steps(&dev, accum, 2, false);
+        let early = accumulated_steps(&dev, accum, 1, true);
+        for (s, ((g, gl, syncs), (c, cl, _))) in gpu.iter().zip(&cpu).enumerate() {
+            assert_eq!(*syncs, 1, "accum_grad {accum} step {s}: host synchronisations in one step");
+            let close = |what: &str, a: f64, b: f64| {
+                assert!((a - b).abs() <= 1e-4 * b.abs().max(1e-3), "accum_grad {accum} step {s}: {what} on the GPU {a} vs the CPU {b}")
+            };
+            let cpu_mean = cl.iter().map(|b| b.loss).sum::<f64>() / accum as f64;
+            close("step loss", g.loss, c.loss);
+            close("step loss vs the CPU's batches' mean", g.loss, cpu_mean);
+            let (gb, cb) = (gl[0], cl[accum - 1]);
+            assert_eq!((gb.utts, gb.frames), (cb.utts, cb.frames), "accum_grad {accum} step {s}: the last batch");
+            close("last batch's loss", gb.loss, cb.loss);
+            for (what, a, b) in [("loss_ctc", gb.loss_ctc, cb.loss_ctc), ("loss_att", gb.loss_att, cb.loss_att), ("th_accuracy", gb.acc, cb.acc)] {
+                close(what, a.expect("on the GPU"), b.expect("on the CPU"));
+            }
+        }
+        // Reading each batch early gives the same values (the wait that
+        // costs while a copy still runs is cuda_emu's read-back test).
+        let (rep, read, _) = &early[0];
+        let late = gpu[0].0.loss;
+        assert!((rep.loss - late).abs() <= 1e-6 * late.abs(), "accum_grad {accum}: the first step's loss read early {} vs late {late}", rep.loss);
+        assert_eq!(read.len(), accum);
+    }
 }

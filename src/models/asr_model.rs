@@ -93,12 +93,32 @@ impl LossDict {
     /// The loss, and loss_ctc, loss_att and th_accuracy where present, as
     /// host values read together (one wait for a GPU, not one per value).
     pub fn values(&self) -> Result<(f64, [Option<f64>; 3])> {
+        self.values_later()?.get()
+    }
+    /// [`LossDict::values`] without the wait: on a GPU their copy to the
+    /// host is queued ([`Tensor::scalars_to_host_later`]) and
+    /// [`LossValues::get`] waits only if it has not run by then.
+    pub fn values_later(&self) -> Result<LossValues> {
         let opts = [&self.loss_ctc, &self.loss_att, &self.th_accuracy];
         let mut ts = vec![&self.loss];
         ts.extend(opts.iter().filter_map(|t| t.as_ref()));
-        let mut vals = Tensor::scalars_to_host(&ts)?.into_iter();
+        Ok(LossValues { scalars: Tensor::scalars_to_host_later(&ts)?, present: opts.map(|t| t.is_some()) })
+    }
+}
+
+/// A [`LossDict`]'s values on their way to the host ([`LossDict::values_later`]).
+pub struct LossValues {
+    scalars: crate::tensor::HostScalars,
+    /// Whether loss_ctc, loss_att and th_accuracy were there.
+    present: [bool; 3],
+}
+
+impl LossValues {
+    /// The loss, and loss_ctc, loss_att and th_accuracy where present.
+    pub fn get(self) -> Result<(f64, [Option<f64>; 3])> {
+        let mut vals = self.scalars.values()?.into_iter();
         let loss = vals.next().ok_or_else(|| Error::invalid("LossDict", "no loss value was read"))?;
-        let parts = opts.map(|t| t.as_ref().and_then(|_| vals.next()));
+        let parts = self.present.map(|p| if p { vals.next() } else { None });
         Ok((loss, parts))
     }
 }

@@ -26,7 +26,7 @@ pub mod subsampling;
 pub mod summary;
 mod yaml;
 
-pub use asr_model::{AsrModel, LossDict};
+pub use asr_model::{AsrModel, LossDict, LossValues};
 pub use checkpoint::{load_checkpoint, load_prefixes, save_checkpoint, LoadReport};
 pub use cmvn::GlobalCmvn;
 pub use config::ModelConfig;

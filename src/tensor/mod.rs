@@ -295,15 +295,26 @@ impl Tensor {
     /// (float values: one launch per dtype among them, `cast::gather_scalars_f64`),
     /// so the step waits for the device once, not once per value.
     pub fn scalars_to_host(ts: &[&Tensor]) -> Result<Vec<f64>> {
+        if let [t] = ts {
+            return Ok(vec![t.to_scalar()?]);
+        }
+        Self::scalars_to_host_later(ts)?.values()
+    }
+    /// [`Tensor::scalars_to_host`] without the wait: float values of one
+    /// GPU are gathered there and their copy to page-locked host memory is
+    /// queued ([`ScalarReadback`](crate::backend::cuda::ScalarReadback));
+    /// [`HostScalars::values`] waits for it only if it has not run by then.
+    /// Other values (the CPU, several devices, integers) are read now.
+    pub fn scalars_to_host_later(ts: &[&Tensor]) -> Result<HostScalars> {
         if let Some(bad) = ts.iter().find(|t| t.elem_count() != 1) {
             return Err(Error::ShapeMismatch { op: "scalars_to_host", expected: "one element".into(), got: format!("shape {}", bad.shape()) });
         }
-        let Some(first) = ts.first() else { return Ok(Vec::new()) };
+        let Some(first) = ts.first() else { return Ok(HostScalars::Ready(Vec::new())) };
         let dev = first.device();
-        if ts.len() == 1 || dev == Device::Cpu || ts.iter().any(|t| t.device() != dev) {
-            return ts.iter().map(|t| t.to_scalar()).collect();
+        if dev == Device::Cpu || ts.iter().any(|t| t.device() != dev) {
+            return Ok(HostScalars::Ready(ts.iter().map(|t| t.to_scalar()).collect::<Result<_>>()?));
         }
-        // Float values on one GPU: gathered as f64, one launch per dtype.
+        // Float values on one GPU: gathered as f64, one launch per dtype, and copied without a wait.
         if ts.len() <= crate::backend::cuda::cast::CAST_TENSORS && ts.iter().all(|t| t.dtype().is_float()) {
             let guards: Vec<_> = ts.iter().map(|t| t.storage()).collect();
             let cs: Option<Vec<&CudaStorage>> = guards
@@ -314,12 +325,12 @@ impl Tensor {
                 })
                 .collect();
             if let Some(cs) = cs {
-                return Ok(crate::backend::cuda::cast::gather_scalars_f64(&cs)?.to_cpu()?.to_f64_vec());
+                return Ok(HostScalars::Copying(crate::backend::cuda::ScalarReadback::start(&cs)?));
             }
         }
         crate::autograd::no_grad(|| {
             let parts = ts.iter().map(|t| crate::ops::reshape(&crate::ops::to_dtype(t, DType::F64)?, [1])).collect::<Result<Vec<_>>>()?;
-            crate::ops::cat(&parts.iter().collect::<Vec<_>>(), 0)?.to_f64_vec()
+            Ok(HostScalars::Ready(crate::ops::cat(&parts.iter().collect::<Vec<_>>(), 0)?.to_f64_vec()?))
         })
     }
     /// A copy on `device` (the same handle if already there).
@@ -482,5 +493,24 @@ impl Tensor {
     /// Whether two handles share one storage.
     pub fn same_storage(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.0.cell, &other.0.cell)
+    }
+}
+
+/// Values of one-element tensors read to the host
+/// ([`Tensor::scalars_to_host_later`]): known already, or on their way from a GPU.
+pub enum HostScalars {
+    /// Read when asked for.
+    Ready(Vec<f64>),
+    /// Their copy from the GPU is queued.
+    Copying(crate::backend::cuda::ScalarReadback),
+}
+
+impl HostScalars {
+    /// The values, in order (waits for a queued copy that has not run yet).
+    pub fn values(self) -> Result<Vec<f64>> {
+        match self {
+            HostScalars::Ready(v) => Ok(v),
+            HostScalars::Copying(r) => r.values(),
+        }
     }
 }

@@ -225,10 +225,10 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
         let t0 = Instant::now();
         exec.engine.zero_grad();
         autograd::profile_reset_clock();
-        let bl = exec.train_batch(&batch)?;
-        autograd::profile_mark("loss to host", 0);
+        exec.train_batch(&batch)?;
+        autograd::profile_mark("losses queued for the host", 0);
         let rep = exec.optimizer_step()?;
-        autograd::profile_mark("optimizer step", 0);
+        autograd::profile_mark("optimizer step and losses read", 0);
         if timed {
             times.push(t0.elapsed());
             if let (Some(p), Some(mut got)) = (profile.as_mut(), autograd::stop_profile()) {
@@ -240,6 +240,8 @@ pub fn run_bench_train(a: &BenchTrainArgs) -> Result<BenchReport> {
             let step_counts = crate::backend::cuda::counters(n)?.since(&before);
             kernel_profile = Some((crate::backend::cuda::stop_profile(n)?, step_counts));
         }
+        // Read by the step already: no wait here.
+        let bl = exec.last_batch()?.unwrap_or_default();
         losses.push(bl.loss);
         // On a GPU: what this step cost the host (launches, waits, copies, allocations).
         let step_counts = match (counters_now()?, prev) {

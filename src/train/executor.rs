@@ -15,7 +15,7 @@ use crate::data::{Batch, SkipReason, SkipStats};
 use crate::dist::JoinGroup;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::models::{AsrModel, LossDict};
+use crate::models::{AsrModel, LossDict, LossValues};
 use crate::nn::Module;
 use crate::optim::GradScaler;
 use crate::tensor::rng::{self, Rng};
@@ -43,6 +43,16 @@ pub struct BatchLoss {
     pub frames: usize,
     /// Sequences whose CTC target had no alignment (loss and gradient zeroed).
     pub ctc_infeasible: usize,
+}
+
+/// The size of a batch [`Executor::train_batch`] has queued (its losses
+/// are read at the optimizer step: [`Executor::last_batch`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchSize {
+    /// Utterances in the batch.
+    pub utts: usize,
+    /// Feature frames in the batch.
+    pub frames: usize,
 }
 
 /// What one optimizer step did.
@@ -103,7 +113,12 @@ pub struct Executor {
     /// The join group (several processes): before each batch every rank
     /// says whether it has one, and all stop when any has run out.
     pub join: Option<JoinGroup>,
+    /// The batches since the last step; the losses of those listed in
+    /// `unread` are still on their way from the GPU.
     pending: Vec<BatchLoss>,
+    /// The loss read-backs of pending batches (by index), queued after each
+    /// backward and read after the step's own wait for the device.
+    unread: Vec<(usize, LossValues)>,
     /// The latest batch's losses, for the log line.
     last_batch: Option<BatchLoss>,
     /// Batches of the last finished epoch: the progress bar's total for the next one.
@@ -203,6 +218,7 @@ impl Executor {
             join,
             save_optimizer_state,
             pending: Vec::new(),
+            unread: Vec::new(),
             last_batch: None,
             last_epoch_batches: None,
             device,
@@ -236,8 +252,10 @@ impl Executor {
         Ok(())
     }
 
-    /// Forward and backward of one batch; gradients accumulate. Clears the tape on error.
-    pub fn train_batch(&mut self, batch: &Batch) -> Result<BatchLoss> {
+    /// Forward and backward of one batch; gradients accumulate. Clears the
+    /// tape on error. The batch's losses are queued for the host, not
+    /// waited for: the optimizer step reads them ([`Executor::last_batch`]).
+    pub fn train_batch(&mut self, batch: &Batch) -> Result<BatchSize> {
         if self.pending.is_empty() {
             self.snapshot_buffers()?;
         }
@@ -266,7 +284,7 @@ impl Executor {
         crate::ops::autocast_params_packed(self.autocast, &groups, &packs, || self.model.forward(&b.feats, &b.feats_lengths, &b.target, &b.target_lengths))
     }
 
-    fn forward_backward(&mut self, b: &Batch) -> Result<BatchLoss> {
+    fn forward_backward(&mut self, b: &Batch) -> Result<BatchSize> {
         let out = self.forward(b)?;
         let mut loss = crate::ops::mul_scalar(&out.loss, 1.0 / self.cfg.accum_grad as f64)?;
         if let Some(s) = &self.scaler {
@@ -274,12 +292,38 @@ impl Executor {
         }
         let sync = self.pending.len() + 1 >= self.cfg.accum_grad;
         self.engine.backward(&loss, sync)?;
-        let (loss, [loss_ctc, loss_att, acc]) = out.values()?;
-        let bl = BatchLoss { loss, loss_ctc, loss_att, acc, utts: b.len(), frames: b.feats_lengths.iter().sum(), ctc_infeasible: out.ctc_infeasible };
+        // On a GPU the values come back without a wait here: the step's
+        // read-back waits for the device once for both.
+        let values = out.values_later()?;
+        let size = BatchSize { utts: b.len(), frames: b.feats_lengths.iter().sum() };
         self.ctc_zeroed += out.ctc_infeasible as u64;
-        self.pending.push(bl);
-        self.last_batch = Some(bl);
-        Ok(bl)
+        self.unread.push((self.pending.len(), values));
+        self.pending.push(BatchLoss { utts: size.utts, frames: size.frames, ctc_infeasible: out.ctc_infeasible, ..Default::default() });
+        Ok(size)
+    }
+
+    /// Reads the losses of the pending batches still on their way (waits
+    /// for the device only if no step has waited since they were queued).
+    fn read_losses(&mut self) -> Result<()> {
+        for (i, v) in self.unread.drain(..) {
+            let (loss, [loss_ctc, loss_att, acc]) = v.get()?;
+            let b = self.pending.get_mut(i).ok_or_else(|| Error::invalid("train_batch", format!("no pending batch {i} for a loss read-back")))?;
+            (b.loss, b.loss_ctc, b.loss_att, b.acc) = (loss, loss_ctc, loss_att, acc);
+            self.last_batch = Some(*b);
+        }
+        Ok(())
+    }
+
+    /// The latest batch's losses (read now if still on their way).
+    pub fn last_batch(&mut self) -> Result<Option<BatchLoss>> {
+        self.read_losses()?;
+        Ok(self.last_batch)
+    }
+
+    /// Forgets the batches since the last step (their gradients are the caller's).
+    fn drop_pending(&mut self) {
+        self.pending.clear();
+        self.unread.clear();
     }
 
     /// Whether enough batches have accumulated for a step.
@@ -292,6 +336,7 @@ impl Executor {
     pub fn optimizer_step(&mut self) -> Result<StepReport> {
         let lr = self.optim.scheduler.lr();
         let out = self.engine.step(lr, self.cfg.grad_clip, self.scaler.as_mut())?;
+        self.read_losses()?;
         let (grad_norm, skipped) = (out.grad_norm, out.skipped);
         if skipped {
             self.skipped_steps += 1;
@@ -307,7 +352,7 @@ impl Executor {
         let loss = self.pending.iter().map(|b| b.loss).sum::<f64>() / self.pending.len().max(1) as f64;
         let rep = StepReport { step: self.position.step, loss, grad_norm, lr, skipped };
         self.write_step(&rep)?;
-        self.pending.clear();
+        self.drop_pending();
         self.history.push(rep);
         Ok(rep)
     }
@@ -446,7 +491,7 @@ impl Executor {
         let epoch = self.position.epoch;
         self.model.train(true);
         self.engine.zero_grad();
-        self.pending.clear();
+        self.drop_pending();
         let bar = progress_bar(epoch, self.last_epoch_batches);
         let (start, mut frames, mut ok, mut failed) = (Instant::now(), 0usize, 0usize, 0usize);
         let mut last_err = None;
@@ -479,7 +524,7 @@ impl Executor {
                     eprintln!("warning: epoch {epoch} batch {}: skipped, {e}", it.position());
                     self.restore_buffers()?;
                     self.engine.zero_grad();
-                    self.pending.clear();
+                    self.drop_pending();
                     failed += 1;
                     last_err = Some(e);
                     continue;
@@ -499,6 +544,8 @@ impl Executor {
                 b.set_message(format!("{:.0} frames/s", frames as f64 / start.elapsed().as_secs_f64().max(1e-9)));
             }
             if it.position() % self.cfg.log_interval == 0 && self.is_main() {
+                // Read already when a step ended with this batch; else the one wait of a log line.
+                self.read_losses()?;
                 let secs = window.0.elapsed().as_secs_f64().max(1e-9);
                 let line = self.log_line(epoch, it.position(), window.2 as f64 / secs, window.1 as f64 / secs);
                 let line = match self.last_epoch_batches {
@@ -529,7 +576,7 @@ impl Executor {
         if !self.pending.is_empty() {
             // An incomplete accumulation at the epoch's end is dropped (as WeNet does).
             self.engine.zero_grad();
-            self.pending.clear();
+            self.drop_pending();
         }
         self.buffer_snapshot = None;
         if ok == 0 && failed > 0 {
@@ -658,10 +705,8 @@ impl Executor {
 
     fn cv_sums(&mut self, loader: &DataLoader) -> Result<Vec<f64>> {
         let mut sums = vec![0.0; 8];
-        for b in loader.epoch(self.position.epoch) {
-            let out = autograd::no_grad(|| self.forward(&b))?;
-            let n = b.len() as f64;
-            let (loss, parts) = out.values()?;
+        let mut add = |n: f64, v: LossValues| -> Result<()> {
+            let (loss, parts) = v.get()?;
             sums[0] += loss * n;
             for (i, v) in parts.into_iter().enumerate() {
                 if let Some(v) = v {
@@ -670,6 +715,20 @@ impl Executor {
                 }
             }
             sums[4] += n;
+            Ok(())
+        };
+        // A batch's values are read after the next batch's forward is
+        // queued: on a GPU the host waits while that forward runs, so the
+        // device does not idle while the host loads and queues a batch.
+        let mut queued = None;
+        for b in loader.epoch(self.position.epoch) {
+            let out = autograd::no_grad(|| self.forward(&b))?;
+            if let Some((n, v)) = queued.replace((b.len() as f64, out.values_later()?)) {
+                add(n, v)?;
+            }
+        }
+        if let Some((n, v)) = queued {
+            add(n, v)?;
         }
         Ok(sums)
     }

@@ -54,13 +54,13 @@ pub use device::{CudaDevice, DeviceEvent};
 #[cfg(feature = "cuda")]
 pub use driver::DriverKind;
 #[cfg(feature = "cuda")]
-pub use pinned::{upload_staged, upload_words, PinnedBuffer};
+pub use pinned::{upload_staged, upload_words, PinnedBuffer, ScalarReadback};
 #[cfg(feature = "cuda")]
 pub use storage::CudaStorage;
 #[cfg(not(feature = "cuda"))]
 pub use stub::DriverKind;
 #[cfg(not(feature = "cuda"))]
-pub use stub::{blas, blaslt, upload_staged, upload_words, CudaDevice, CudaStorage, PinnedBuffer};
+pub use stub::{blas, blaslt, upload_staged, upload_words, CudaDevice, CudaStorage, PinnedBuffer, ScalarReadback};
 
 pub use launch::{dtype_suffix, LaunchConfig};
 

@@ -26,7 +26,7 @@ pub struct PinnedBuffer {
     dtype: DType,
     len: usize,
     dev: Arc<CudaDevice>,
-    /// The last copy out of the buffer, until it is known to have run.
+    /// The last copy out of or into the buffer, until it is known to have run.
     copied: Option<DeviceEvent>,
 }
 
@@ -123,6 +123,44 @@ impl PinnedBuffer {
         unsafe { self.dev.seam().htod(dst, src, stream) }?;
         self.copied = Some(self.dev.record_event(stream.0)?);
         Ok(())
+    }
+    /// Queues the copy of `src` (of this buffer's dtype, at most its
+    /// length) into the front of the buffer on the compute stream and
+    /// records its event: reads (`as_bytes`), writes and the drop wait for it.
+    pub fn queue_download(&mut self, src: &CudaStorage) -> Result<()> {
+        let n = src.len() * src.dtype().size_in_bytes();
+        if src.dtype() != self.dtype || n > self.bytes || src.ordinal() != self.dev.ordinal() {
+            return Err(Error::invalid(
+                "pinned buffer",
+                format!(
+                    "expected at most {} elements of {:?} on cuda:{}, got {} of {:?} on cuda:{}",
+                    self.len,
+                    self.dtype,
+                    self.dev.ordinal(),
+                    src.len(),
+                    src.dtype(),
+                    src.ordinal()
+                ),
+            ));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let dev = self.dev.clone();
+        let dst = &mut self.as_bytes_mut()?[..n];
+        // SAFETY: `src` holds `n` bytes and its block is reused only by work
+        // queued after this copy on the compute stream (the allocator's
+        // stream order); `dst` is `n` bytes of page-locked memory owned by
+        // this buffer that the host does not touch until `copied` has
+        // completed: reads, writes and the drop wait for it first.
+        unsafe { dev.seam().dtoh(dst, src.ptr(), COMPUTE) }?;
+        self.copied = Some(dev.record_event(COMPUTE.0)?);
+        Ok(())
+    }
+    /// The bytes, for reading (waits for a queued copy into or out of the
+    /// buffer first, only if it has not run yet).
+    pub fn as_bytes(&mut self) -> Result<&[u8]> {
+        Ok(self.as_bytes_mut()?)
     }
     fn wait(&mut self) -> Result<()> {
         if let Some(e) = self.copied.take() {
@@ -244,6 +282,70 @@ pub fn upload_words(dev: &Arc<CudaDevice>, words: Vec<i64>) -> Result<CudaStorag
         };
         all[i].1.upload(&CpuStorage::I64(words))
     })
+}
+
+thread_local! {
+    /// Free pinned buffers of [`ScalarReadback`]s, per GPU: one for each
+    /// read-back in flight at once (a step's batches), kept for the next.
+    static READBACKS: std::cell::RefCell<Vec<(usize, PinnedBuffer)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Free read-back buffers kept per GPU (more in flight at once are freed when they finish).
+const READBACKS_KEPT: usize = 16;
+
+/// Float scalars of one GPU on their way to the host: gathered as f64 on
+/// the device (`cast::gather_scalars_f64`: one launch per dtype among
+/// them), their copy queued into page-locked memory on the compute stream,
+/// and read by [`ScalarReadback::values`] once it has run. Starting one
+/// costs the host no wait, so a step can queue its losses' read-back after
+/// the backward and read them after the optimizer's own read-back has
+/// waited for the stream: one host synchronisation per step, not two.
+pub struct ScalarReadback {
+    host: Option<PinnedBuffer>,
+    n: usize,
+}
+
+impl ScalarReadback {
+    /// Queues the read-back of `xs` (one float element each, one GPU, at
+    /// most [`super::cast::CAST_TENSORS`]); returns without waiting.
+    pub fn start(xs: &[&CudaStorage]) -> Result<ScalarReadback> {
+        let y = super::cast::gather_scalars_f64(xs)?;
+        let dev = y.device().clone();
+        let kept = READBACKS.with(|cell| {
+            let mut all = cell.borrow_mut();
+            let i = all.iter().position(|(o, _)| *o == dev.ordinal())?;
+            Some(all.swap_remove(i).1)
+        });
+        let mut host = match kept {
+            Some(b) => b,
+            None => PinnedBuffer::new(&dev, DType::F64, super::cast::CAST_TENSORS)?,
+        };
+        host.queue_download(&y)?;
+        Ok(ScalarReadback { host: Some(host), n: xs.len() })
+    }
+    /// The values, in order. Waits for their copy only if it has not run
+    /// yet (a counted host synchronisation then; none after a wait that
+    /// covered it, such as the optimizer step's read-back).
+    pub fn values(mut self) -> Result<Vec<f64>> {
+        let Some(host) = self.host.as_mut() else { return Err(Error::invalid("scalar read-back", "its buffer was already returned")) };
+        let bytes = host.as_bytes()?;
+        Ok(bytes[..8 * self.n].chunks_exact(8).map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect())
+    }
+}
+
+impl Drop for ScalarReadback {
+    fn drop(&mut self) {
+        if let Some(host) = self.host.take() {
+            // The buffer's pending copy (if any) is waited for by its next
+            // use or its drop; here it only goes back to the free list.
+            READBACKS.with(|cell| {
+                let mut all = cell.borrow_mut();
+                if all.iter().filter(|(o, _)| *o == host.dev.ordinal()).count() < READBACKS_KEPT {
+                    all.push((host.dev.ordinal(), host));
+                }
+            });
+        }
+    }
 }
 
 impl Drop for PinnedBuffer {

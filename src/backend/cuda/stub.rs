@@ -29,6 +29,23 @@ pub enum CudaStorage {}
 /// A pinned host buffer (cannot exist in this build).
 pub enum PinnedBuffer {}
 
+/// Scalars on their way to the host (cannot exist in this build).
+pub enum ScalarReadback {}
+
+impl ScalarReadback {
+    /// Queues the read-back (no storage can exist to read).
+    pub fn start(xs: &[&CudaStorage]) -> Result<ScalarReadback> {
+        match xs.first() {
+            Some(x) => match **x {},
+            None => Err(crate::error::Error::invalid("scalar read-back", "expected at least one value, found none")),
+        }
+    }
+    /// The values.
+    pub fn values(self) -> Result<Vec<f64>> {
+        match self {}
+    }
+}
+
 impl CudaDevice {
     /// The GPU's ordinal.
     pub fn ordinal(&self) -> usize {
