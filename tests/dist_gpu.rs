@@ -10,6 +10,9 @@
 //!   global batch (the CPU dist tests' tolerance), with the clip acting;
 //!   every rank ends bitwise equal; host synchronisations per step are
 //!   counted and bounded.
+//! - ZeRO-1/2 with collectives on device tensors (NCCL's way, over a TCP
+//!   stand-in that refuses host buckets): bitwise the host-staged engine,
+//!   with and without `overlap_comm`, in f32, f16 and bf16.
 //! - `run_train` with `--device cuda` at 2 ranks whose data gives 2 and 4
 //!   batches: both stop after 2 steps (the join group stays on the CPU).
 
@@ -80,6 +83,57 @@ impl Communicator for DeviceSide {
         self.0.all_gather(i, o)
     }
     fn reduce_scatter(&mut self, i: &asrforge::Tensor, o: &asrforge::Tensor, op: ReduceOp) -> asrforge::Result<()> {
+        self.0.reduce_scatter(i, o, op)
+    }
+    fn barrier(&mut self) -> asrforge::Result<()> {
+        self.0.barrier()
+    }
+    fn device_collectives(&self) -> bool {
+        true
+    }
+}
+
+/// A TCP communicator standing in for NCCL as ZeRO's engine sees it: it
+/// says its collectives run on device tensors, and refuses a reduce-scatter
+/// or all-gather handed host tensors (the scalars of the step's all-reduce
+/// may be host values), so an engine that stages its buckets through the
+/// host fails here. Under it, TCP stages the device tensors itself.
+struct DeviceOnly(Box<TcpCommunicator>);
+
+impl DeviceOnly {
+    fn on_device(op: &str, ts: [&asrforge::Tensor; 2]) -> asrforge::Result<()> {
+        match ts.iter().find(|t| t.device() == Device::Cpu) {
+            Some(t) => Err(asrforge::Error::invalid("DeviceOnly", format!("{op}: expected device tensors, got a host tensor of {} elements", t.elem_count()))),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Communicator for DeviceOnly {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.0.world_size()
+    }
+    fn timeout(&self) -> Duration {
+        self.0.timeout()
+    }
+    fn set_timeout(&mut self, t: Duration) {
+        self.0.set_timeout(t)
+    }
+    fn all_reduce(&mut self, t: &asrforge::Tensor, op: ReduceOp) -> asrforge::Result<()> {
+        self.0.all_reduce(t, op)
+    }
+    fn broadcast(&mut self, t: &asrforge::Tensor, root: usize) -> asrforge::Result<()> {
+        self.0.broadcast(t, root)
+    }
+    fn all_gather(&mut self, i: &asrforge::Tensor, o: &asrforge::Tensor) -> asrforge::Result<()> {
+        Self::on_device("all_gather", [i, o])?;
+        self.0.all_gather(i, o)
+    }
+    fn reduce_scatter(&mut self, i: &asrforge::Tensor, o: &asrforge::Tensor, op: ReduceOp) -> asrforge::Result<()> {
+        Self::on_device("reduce_scatter", [i, o])?;
         self.0.reduce_scatter(i, o, op)
     }
     fn barrier(&mut self) -> asrforge::Result<()> {
@@ -942,4 +996,91 @@ fn nccl_ddp_half_grad_sync_at_world_1_within_half_rounding_of_one_process() {
         check_half_norms("nccl ddp", half, 1, &outs, &single_out);
         check_half_sync("nccl ddp", half, 1, run, ADAM.betas, &got, &want, &full);
     }
+}
+
+/// ZeRO-1/2 on the device with a communicator whose collectives take device
+/// tensors (NCCL's way; here `DeviceOnly` over TCP, which refuses host
+/// buckets): the gradient buckets are cut and joined on the device, the
+/// reduce-scatter outputs stay there, and the parameters are all-gathered
+/// and cut there, with and without `overlap_comm`, in f32, f16 and bf16.
+/// The result is bitwise the host-staged engine's (the same reductions in
+/// the same order), with the same reduce-scatter count and bytes; in f32
+/// within 1e-5 of one CPU process.
+fn zero_device_collectives_worker(w: &Worker, accum: usize) {
+    let dev = common::gpu::gpu("zero_device_collectives_worker").expect("the parent checked for a GPU");
+    let (_server, s) = store(w);
+    let run = Run { first_step: 0, steps: STEPS, accum, clip: CLIP, lr: 0.01 };
+    let mut single = SingleProcess::new(make_params(7), ADAM).expect("single");
+    train(&mut single, run, None, &|_, _| {}).expect("single-process run");
+    let want = flat_values(single.parameters());
+    let seed = 7 + w.rank as u64;
+    for stage in [1u8, 2] {
+        for overlap_comm in [false, true] {
+            for half in [None, Some(DType::F16), Some(DType::BF16)] {
+                let label = format!("zero{stage}{}{}", half.map_or("f32", |h| h.as_str()), if overlap_comm { "overlap" } else { "" });
+                let o = ZeroOptions { stage, reduce_bucket_size: 8, allgather_bucket_size: 11, overlap_comm };
+                let mut host =
+                    ZeroEngine::new(device_params(seed, &dev), comm(&s, w, &format!("host-{label}")), o, ADAM).unwrap().with_half_grad_sync(half).unwrap();
+                let host_outs = train(&mut host, run, None, &|_, _| {}).expect("host-staged run");
+                let dc = Box::new(DeviceOnly(comm(&s, w, &format!("dev-{label}"))));
+                let mut e = ZeroEngine::new(device_params(seed, &dev), dc, o, ADAM).unwrap().with_half_grad_sync(half).unwrap();
+                assert!(e.on_device());
+                let outs = train(&mut e, run, None, &|_, _| {}).unwrap_or_else(|err| panic!("{label}: device collectives run: {err}"));
+                for (_, p) in e.parameters() {
+                    assert_eq!(p.device(), dev, "{label}: parameters stay on the device");
+                }
+                let (got, base) = (flat_values(e.parameters()), flat_values(host.parameters()));
+                assert_eq!(bits(&got), bits(&base), "{label}: device collectives must leave the parameters bitwise the host-staged engine's");
+                for (k, (a, b)) in outs.iter().zip(&host_outs).enumerate() {
+                    assert_eq!(a.grad_norm.to_bits(), b.grad_norm.to_bits(), "{label} step {k}: gradient norm {} vs {}", a.grad_norm, b.grad_norm);
+                    assert_eq!(a.skipped, b.skipped, "{label} step {k}");
+                }
+                let (st, hst) = (e.stats().lock().unwrap().clone(), host.stats().lock().unwrap().clone());
+                assert_eq!((st.reduce_scatters, st.reduce_scatter_bytes), (hst.reduce_scatters, hst.reduce_scatter_bytes), "{label}: the same buckets");
+                assert!(st.reduce_scatters > STEPS, "{label}: several buckets per reduction ({})", st.reduce_scatters);
+                if overlap_comm {
+                    assert_eq!(st.launched_during_backward, st.reduce_scatters, "{label}: every bucket leaves from the gradient-ready hook");
+                }
+                if half.is_none() {
+                    let rel = max_rel(&got, &want);
+                    assert!(rel < 1e-5, "{label}: vs one CPU process {rel:e}");
+                }
+                println!("PARAMS{label} {}", bits(&got));
+            }
+        }
+    }
+}
+
+fn check_zero_device_collectives(rs: &[WorkerResult]) {
+    let mut names = Vec::new();
+    for stage in [1, 2] {
+        for ov in ["", "overlap"] {
+            for h in ["f32", "f16", "bf16"] {
+                names.push(format!("zero{stage}{h}{ov}"));
+            }
+        }
+    }
+    check_identical(rs, &names.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
+#[test]
+fn gpu_zero_with_device_collectives_is_bitwise_the_host_staged_engine_at_2_ranks() {
+    on_ranks(
+        "gpu_zero_with_device_collectives_is_bitwise_the_host_staged_engine_at_2_ranks",
+        2,
+        2,
+        zero_device_collectives_worker,
+        &check_zero_device_collectives,
+    );
+}
+
+#[test]
+fn gpu_zero_with_device_collectives_is_bitwise_the_host_staged_engine_at_3_ranks() {
+    on_ranks(
+        "gpu_zero_with_device_collectives_is_bitwise_the_host_staged_engine_at_3_ranks",
+        3,
+        1,
+        zero_device_collectives_worker,
+        &check_zero_device_collectives,
+    );
 }

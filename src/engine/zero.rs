@@ -64,6 +64,16 @@
 //! the training thread. Stage 2 then holds the flat gradient copy (not each
 //! parameter's) while it reduces: every parameter's full gradient is freed
 //! as soon as the flat copy exists.
+//!
+//! With a communicator whose collectives take device tensors
+//! (`Communicator::device_collectives`: NCCL) nothing crosses to the host
+//! but the step's scalars: each bucket's input (its slice of every shard) is
+//! cut and joined on the device (the flat gradient itself when one bucket
+//! covers the shard), the reduce-scatter outputs stay there and are joined
+//! into the shard gradient, and each all-gather's output is cut into the
+//! parameters there. With `overlap_comm` the buckets read during backward
+//! are device tensors too. The reductions are the same, in the same order,
+//! so the result is bitwise the host-staged engine's.
 
 use super::comm_thread::{CommThread, Pending};
 use super::flat::FlatLayout;
@@ -133,6 +143,9 @@ pub struct ZeroEngine {
     gpu: Option<DeviceShard>,
     /// The half type the gradient reduce-scatter travels in, or none (f32).
     grad_sync: Option<DType>,
+    /// The shard lives on a GPU and the communicator runs its collectives
+    /// on device tensors (NCCL): buckets and parameters never cross to the host.
+    device_comm: bool,
     stats: Arc<Mutex<ZeroStats>>,
 }
 
@@ -202,9 +215,9 @@ fn flat_on_device(params: &[(String, Tensor)], layout: &FlatLayout, grads: bool,
 }
 
 /// Flat gradient elements `ranges`, one after the other, of parameters on
-/// `dev` (zeros where a parameter has no gradient and in the padding),
-/// brought to the host in one copy.
-fn device_grad_slices(params: &[(String, Tensor)], layout: &FlatLayout, ranges: &[Range<usize>], dev: &Device) -> Result<Vec<f32>> {
+/// `dev` (zeros where a parameter has no gradient and in the padding), in
+/// one device tensor (one concatenation).
+fn device_grad_slices(params: &[(String, Tensor)], layout: &FlatLayout, ranges: &[Range<usize>], dev: &Device) -> Result<Tensor> {
     crate::autograd::no_grad(|| {
         let mut parts = Vec::new();
         for range in ranges {
@@ -228,7 +241,7 @@ fn device_grad_slices(params: &[(String, Tensor)], layout: &FlatLayout, ranges: 
             }
         }
         let refs: Vec<&Tensor> = parts.iter().collect();
-        crate::ops::cat(&refs, 0)?.to_vec::<f32>()
+        crate::ops::cat(&refs, 0)
     })
 }
 
@@ -250,15 +263,40 @@ fn device_adam(master: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor, h: &AdamStep
 /// The input and output of one bucket's reduce-scatter and its reduction:
 /// f32 averaged, or (`half`) the input divided by the world size in f32,
 /// rounded once to the half type and summed.
-fn scatter_buffers(input: Vec<f32>, n: usize, world: usize, half: Option<DType>) -> Result<(Tensor, Tensor, ReduceOp)> {
-    let input = f32_tensor(input)?;
+/// The input is f32 on the host or (collectives on the device) on a GPU;
+/// the output lives with it.
+fn scatter_buffers(input: Tensor, n: usize, world: usize, half: Option<DType>) -> Result<(Tensor, Tensor, ReduceOp)> {
+    let dev = input.device();
     match half {
-        None => Ok((input, f32_tensor(vec![0.0; n])?, ReduceOp::Avg)),
+        None => Ok((input, Tensor::zeros([n], DType::F32, &dev)?, ReduceOp::Avg)),
         Some(h) => {
             let shares = crate::autograd::no_grad(|| crate::ops::to_dtype(&crate::ops::mul_scalar(&input, 1.0 / world.max(1) as f64)?, h))?;
-            Ok((shares, Tensor::zeros([n], h, &Device::Cpu)?, ReduceOp::Sum))
+            Ok((shares, Tensor::zeros([n], h, &dev)?, ReduceOp::Sum))
         }
     }
+}
+
+/// Reduce-scatter outputs on the device, in ascending shard order and
+/// covering the shard, joined into one f32 shard gradient (one
+/// concatenation; the conversion from a half type is exact).
+fn joined_on_device(mut parts: Vec<(usize, Tensor)>) -> Result<Tensor> {
+    parts.sort_by_key(|(lo, _)| *lo);
+    crate::autograd::no_grad(|| {
+        let joined = match parts.as_slice() {
+            [(_, one)] => one.clone(),
+            _ => crate::ops::cat(&parts.iter().map(|(_, t)| t).collect::<Vec<_>>(), 0)?,
+        };
+        crate::ops::to_dtype(&joined, DType::F32)
+    })
+}
+
+/// Adds `part` into the device shard's gradient (or makes it the gradient).
+fn add_into_device_grad(gpu: &mut DeviceShard, part: Tensor) -> Result<()> {
+    gpu.grad = Some(match gpu.grad.take() {
+        Some(acc) => crate::autograd::no_grad(|| crate::ops::add(&acc, &part))?,
+        None => part,
+    });
+    Ok(())
 }
 
 /// A reduce-scatter's output as f32 (exact from f16 and bf16).
@@ -304,6 +342,7 @@ impl ZeroEngine {
         for (name, p) in &params {
             comm.broadcast(p, 0).map_err(|e| Error::dist("broadcast", rank, format!("initial parameter {name}: {e}")))?;
         }
+        let device_comm = dev != Device::Cpu && comm.device_collectives();
         let comm = if opts.overlap_comm { Comm::Thread(CommThread::start(comm)?) } else { Comm::Here(comm) };
         let mut engine = ZeroEngine {
             params,
@@ -319,6 +358,7 @@ impl ZeroEngine {
             layout,
             gpu: None,
             grad_sync: None,
+            device_comm,
             stats: Arc::new(Mutex::new(ZeroStats::default())),
         };
         let s = engine.layout.shard_len;
@@ -432,6 +472,13 @@ impl ZeroEngine {
         let flat = flat_on_device(&self.params, &self.layout, true, dev)?;
         // The flat copy holds every gradient now; the parameters' own are freed (both stages).
         self.params.iter().for_each(|(_, p)| p.zero_grad());
+        if self.device_comm {
+            let parts = self.reduce_scatter_device(&flat)?;
+            drop(flat);
+            let part = joined_on_device(parts)?;
+            let gpu = self.gpu.as_mut().ok_or_else(|| Error::invalid("zero", "the device shard is missing"))?;
+            return add_into_device_grad(gpu, part);
+        }
         let host = flat.to_vec::<f32>()?;
         drop(flat);
         let mut part = vec![0.0f32; s];
@@ -445,11 +492,44 @@ impl ZeroEngine {
         )?;
         let part = Tensor::from_vec(part, vec![s], &Device::Cpu)?.to_device(dev)?;
         let gpu = self.gpu.as_mut().ok_or_else(|| Error::invalid("zero", "the device shard is missing"))?;
-        gpu.grad = Some(match gpu.grad.take() {
-            Some(acc) => crate::autograd::no_grad(|| crate::ops::add(&acc, &part))?,
-            None => part,
-        });
-        Ok(())
+        add_into_device_grad(gpu, part)
+    }
+
+    /// Reduce-scatters the flat device gradient bucket by bucket with the
+    /// collectives on the device: bucket k's input is its slice of every
+    /// shard, cut and joined on the device (the flat gradient itself when
+    /// one bucket covers the shard); returns each bucket's output (this
+    /// rank's slice, f32 or the half type) with its first in-shard element.
+    fn reduce_scatter_device(&mut self, flat: &Tensor) -> Result<Vec<(usize, Tensor)>> {
+        let (rank, world, s) = (self.rank, self.layout.world_size, self.layout.shard_len);
+        let chunk = (self.opts.reduce_bucket_size / world).max(1);
+        let mut parts = Vec::new();
+        let mut k = 0usize;
+        while k * chunk < s {
+            let lo = k * chunk;
+            let n = chunk.min(s - lo);
+            let input = if n == s {
+                flat.clone()
+            } else {
+                crate::autograd::no_grad(|| {
+                    let slices = (0..world).map(|r| crate::ops::narrow(flat, 0, r * s + lo, n)).collect::<Result<Vec<_>>>()?;
+                    crate::ops::cat(&slices.iter().collect::<Vec<_>>(), 0)
+                })?
+            };
+            let (input, output, op) = scatter_buffers(input, n, world, self.grad_sync)?;
+            let bytes = (input.elem_count() * input.dtype().size_in_bytes()) as u64;
+            let output = self
+                .comm
+                .run("reduce_scatter", move |c| c.reduce_scatter(&input, &output, op).map(|()| output))
+                .map_err(|e| Error::dist("reduce_scatter", rank, format!("gradient bucket {k} ({} elements): {e}", world * n)))?;
+            self.update_stats(|st| {
+                st.reduce_scatters += 1;
+                st.reduce_scatter_bytes += bytes;
+            });
+            parts.push((lo, output));
+            k += 1;
+        }
+        Ok(parts)
     }
 
     /// Reduce-scatters flat gradient elements (read through `read`) bucket
@@ -469,7 +549,7 @@ impl ZeroEngine {
                 let base = r * s + lo;
                 read(base..base + n, &mut input[r * n..(r + 1) * n])?;
             }
-            let (input, output, op) = scatter_buffers(input, n, world, self.grad_sync)?;
+            let (input, output, op) = scatter_buffers(f32_tensor(input)?, n, world, self.grad_sync)?;
             let bytes = (input.elem_count() * input.dtype().size_in_bytes()) as u64;
             let output = self
                 .comm
@@ -558,12 +638,22 @@ impl ZeroEngine {
             None => self.shard_grad.take().unwrap_or_else(|| vec![0.0; s]),
         };
         let mut failed = None;
+        // Collectives on the device: the outputs stay there and are joined there.
+        let mut on_device = Vec::new();
         for l in launched {
-            match l.output.wait().and_then(|out| scattered_part(&out)) {
-                Ok(part) => {
-                    for (a, g) in acc[l.lo..l.lo + l.n].iter_mut().zip(&part) {
-                        *a += *g;
-                    }
+            let got = l.output.wait().and_then(|out| {
+                if self.device_comm {
+                    on_device.push((l.lo, out));
+                    return Ok(());
+                }
+                let part = scattered_part(&out)?;
+                for (a, g) in acc[l.lo..l.lo + l.n].iter_mut().zip(&part) {
+                    *a += *g;
+                }
+                Ok(())
+            });
+            match got {
+                Ok(()) => {
                     self.update_stats(|st| {
                         st.reduce_scatters += 1;
                         st.reduce_scatter_bytes += l.bytes;
@@ -580,14 +670,13 @@ impl ZeroEngine {
                 self.shard_grad = Some(acc);
                 Ok(())
             }
+            // Every bucket's output on the device: joined there (after a failure the shard is incomplete and the step fails anyway).
+            Some(gpu) if self.device_comm => match failed {
+                None => joined_on_device(on_device).and_then(|part| add_into_device_grad(gpu, part)),
+                Some(_) => Ok(()),
+            },
             // As `reduce_gradients_device`: the reduced shard goes to the device in one copy.
-            Some(gpu) => Tensor::from_vec(acc, vec![s], &Device::Cpu).and_then(|t| t.to_device(&gpu.dev)).and_then(|part| {
-                gpu.grad = Some(match gpu.grad.take() {
-                    Some(prev) => crate::autograd::no_grad(|| crate::ops::add(&prev, &part))?,
-                    None => part,
-                });
-                Ok(())
-            }),
+            Some(gpu) => Tensor::from_vec(acc, vec![s], &Device::Cpu).and_then(|t| t.to_device(&gpu.dev)).and_then(|part| add_into_device_grad(gpu, part)),
         };
         r.and(rest).and(read_err.map_or(Ok(()), Err)).and(failed.map_or(Ok(()), Err)).and(stored)
     }
@@ -601,17 +690,34 @@ impl ZeroEngine {
         let lo = k * chunk;
         let n = chunk.min(s - lo);
         let ranges: Vec<Range<usize>> = (0..world).map(|r| r * s + lo..r * s + lo + n).collect();
+        // Where the collective runs: the bucket stays on the device for device collectives.
+        let dev = match &self.gpu {
+            Some(g) if self.device_comm => g.dev,
+            _ => Device::Cpu,
+        };
         let input = match &self.gpu {
-            Some(g) => device_grad_slices(&self.params, &self.layout, &ranges, &g.dev),
+            Some(g) if self.device_comm => device_grad_slices(&self.params, &self.layout, &ranges, &g.dev),
+            Some(g) => device_grad_slices(&self.params, &self.layout, &ranges, &g.dev).and_then(|t| t.to_vec::<f32>()).and_then(f32_tensor),
             None => {
                 let mut input = vec![0.0f32; world * n];
-                ranges.iter().zip(input.chunks_mut(n)).try_for_each(|(range, out)| self.layout.read_grads(&self.params, range.clone(), out)).map(|()| input)
+                ranges
+                    .iter()
+                    .zip(input.chunks_mut(n))
+                    .try_for_each(|(range, out)| self.layout.read_grads(&self.params, range.clone(), out))
+                    .and_then(|()| f32_tensor(input))
             }
         };
-        let input = input.unwrap_or_else(|e| {
-            read_err.get_or_insert(Error::dist("reduce_scatter", rank, format!("gradient bucket {k}: cannot read the gradients ({e}); it was sent as zeros")));
-            vec![0.0; world * n]
-        });
+        let input = match input {
+            Ok(t) => t,
+            Err(e) => {
+                read_err.get_or_insert(Error::dist(
+                    "reduce_scatter",
+                    rank,
+                    format!("gradient bucket {k}: cannot read the gradients ({e}); it was sent as zeros"),
+                ));
+                Tensor::zeros([world * n], DType::F32, &dev)?
+            }
+        };
         let (input, output, op) = scatter_buffers(input, n, world, self.grad_sync)?;
         let bytes = (input.elem_count() * input.dtype().size_in_bytes()) as u64;
         let Comm::Thread(t) = &self.comm else {
@@ -638,6 +744,9 @@ impl ZeroEngine {
 
     /// All-gathers every rank's master shard into the parameters, bucket by bucket.
     fn gather_parameters(&mut self) -> Result<()> {
+        if self.device_comm {
+            return self.gather_parameters_device();
+        }
         let (rank, world, s) = (self.rank, self.layout.world_size, self.layout.shard_len);
         let chunk = (self.opts.allgather_bucket_size / world).max(1);
         let mut flat = vec![0.0f32; self.layout.padded()];
@@ -663,18 +772,58 @@ impl ZeroEngine {
             lo += n;
         }
         match &self.gpu {
-            Some(g) => {
-                // The gathered parameters go back in one copy and are cut there.
-                let all = Tensor::from_vec(flat, vec![self.layout.padded()], &Device::Cpu)?.to_device(&g.dev)?;
-                crate::autograd::no_grad(|| {
-                    for (e, (_, p)) in self.layout.entries.iter().zip(&self.params) {
-                        p.assign(&crate::ops::reshape(&crate::ops::narrow(&all, 0, e.offset, e.numel)?, p.dims().to_vec())?)?;
-                    }
-                    Ok(())
-                })
-            }
+            // The gathered parameters go back in one copy and are cut there.
+            Some(g) => self.assign_flat_on_device(&Tensor::from_vec(flat, vec![self.layout.padded()], &Device::Cpu)?.to_device(&g.dev)?),
             None => self.layout.write_values(&self.params, &flat),
         }
+    }
+
+    /// [`Self::gather_parameters`] with the collectives on the device: each
+    /// bucket's slice of the master shard is all-gathered on the device, the
+    /// flat parameters are joined there (the one output itself when one
+    /// bucket covers the shard) and cut into the parameters.
+    fn gather_parameters_device(&mut self) -> Result<()> {
+        let (rank, world, s) = (self.rank, self.layout.world_size, self.layout.shard_len);
+        let chunk = (self.opts.allgather_bucket_size / world).max(1);
+        let gpu = self.gpu.as_ref().ok_or_else(|| Error::invalid("zero", "the device shard is missing"))?;
+        let (master, dev) = (gpu.master.clone(), gpu.dev);
+        let mut outputs = Vec::new();
+        let mut lo = 0usize;
+        while lo < s {
+            let n = chunk.min(s - lo);
+            let input = if n == s { master.clone() } else { crate::autograd::no_grad(|| crate::ops::narrow(&master, 0, lo, n))? };
+            let output = Tensor::zeros([world * n], DType::F32, &dev)?;
+            let output = self
+                .comm
+                .run("all_gather", move |c| c.all_gather(&input, &output).map(|()| output))
+                .map_err(|e| Error::dist("all_gather", rank, format!("parameter bucket at shard offset {lo} ({} elements): {e}", world * n)))?;
+            outputs.push((n, output));
+            lo += n;
+        }
+        let flat = match outputs.as_slice() {
+            [(_, one)] => one.clone(),
+            _ => crate::autograd::no_grad(|| {
+                // Rank r's shard is bucket by bucket the r-th piece of every output.
+                let mut pieces = Vec::with_capacity(world * outputs.len());
+                for r in 0..world {
+                    for (n, out) in &outputs {
+                        pieces.push(crate::ops::narrow(out, 0, r * n, *n)?);
+                    }
+                }
+                crate::ops::cat(&pieces.iter().collect::<Vec<_>>(), 0)
+            })?,
+        };
+        self.assign_flat_on_device(&flat)
+    }
+
+    /// Cuts flat parameter values on the device into the parameters.
+    fn assign_flat_on_device(&self, all: &Tensor) -> Result<()> {
+        crate::autograd::no_grad(|| {
+            for (e, (_, p)) in self.layout.entries.iter().zip(&self.params) {
+                p.assign(&crate::ops::reshape(&crate::ops::narrow(all, 0, e.offset, e.numel)?, p.dims().to_vec())?)?;
+            }
+            Ok(())
+        })
     }
 
     /// [`Engine::step`] with the shard on a GPU: the same sequence (unscale,
