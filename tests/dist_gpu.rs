@@ -56,60 +56,23 @@ fn device_params(seed: u64, dev: &Device) -> Vec<(String, asrforge::Tensor)> {
 
 /// The TCP communicator declaring that it reduces device buffers, as
 /// NCCL does: DDP then keeps its buckets on the device and hands them to the
-/// communication thread (NCCL's code path in the engine; the TCP
-/// communicator stages them through the host there).
+/// communication thread, and ZeRO cuts, joins and gathers its buckets on the
+/// device (NCCL's code paths in the engines; the TCP communicator stages
+/// them through the host there). It refuses a reduce-scatter or all-gather
+/// handed host tensors, so a ZeRO engine that staged its buckets through the
+/// host fails here (the step's scalars may be host values).
 struct DeviceSide(Box<TcpCommunicator>);
 
-impl Communicator for DeviceSide {
-    fn rank(&self) -> usize {
-        self.0.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.0.world_size()
-    }
-    fn timeout(&self) -> Duration {
-        self.0.timeout()
-    }
-    fn set_timeout(&mut self, t: Duration) {
-        self.0.set_timeout(t)
-    }
-    fn all_reduce(&mut self, t: &asrforge::Tensor, op: ReduceOp) -> asrforge::Result<()> {
-        self.0.all_reduce(t, op)
-    }
-    fn broadcast(&mut self, t: &asrforge::Tensor, root: usize) -> asrforge::Result<()> {
-        self.0.broadcast(t, root)
-    }
-    fn all_gather(&mut self, i: &asrforge::Tensor, o: &asrforge::Tensor) -> asrforge::Result<()> {
-        self.0.all_gather(i, o)
-    }
-    fn reduce_scatter(&mut self, i: &asrforge::Tensor, o: &asrforge::Tensor, op: ReduceOp) -> asrforge::Result<()> {
-        self.0.reduce_scatter(i, o, op)
-    }
-    fn barrier(&mut self) -> asrforge::Result<()> {
-        self.0.barrier()
-    }
-    fn device_collectives(&self) -> bool {
-        true
-    }
-}
-
-/// A TCP communicator standing in for NCCL as ZeRO's engine sees it: it
-/// says its collectives run on device tensors, and refuses a reduce-scatter
-/// or all-gather handed host tensors (the scalars of the step's all-reduce
-/// may be host values), so an engine that stages its buckets through the
-/// host fails here. Under it, TCP stages the device tensors itself.
-struct DeviceOnly(Box<TcpCommunicator>);
-
-impl DeviceOnly {
+impl DeviceSide {
     fn on_device(op: &str, ts: [&asrforge::Tensor; 2]) -> asrforge::Result<()> {
         match ts.iter().find(|t| t.device() == Device::Cpu) {
-            Some(t) => Err(asrforge::Error::invalid("DeviceOnly", format!("{op}: expected device tensors, got a host tensor of {} elements", t.elem_count()))),
+            Some(t) => Err(asrforge::Error::invalid("DeviceSide", format!("{op}: expected device tensors, got a host tensor of {} elements", t.elem_count()))),
             None => Ok(()),
         }
     }
 }
 
-impl Communicator for DeviceOnly {
+impl Communicator for DeviceSide {
     fn rank(&self) -> usize {
         self.0.rank()
     }
@@ -999,7 +962,7 @@ fn nccl_ddp_half_grad_sync_at_world_1_within_half_rounding_of_one_process() {
 }
 
 /// ZeRO-1/2 on the device with a communicator whose collectives take device
-/// tensors (NCCL's way; here `DeviceOnly` over TCP, which refuses host
+/// tensors (NCCL's way; here `DeviceSide` over TCP, which refuses host
 /// buckets): the gradient buckets are cut and joined on the device, the
 /// reduce-scatter outputs stay there, and the parameters are all-gathered
 /// and cut there, with and without `overlap_comm`, in f32, f16 and bf16.
@@ -1022,7 +985,7 @@ fn zero_device_collectives_worker(w: &Worker, accum: usize) {
                 let mut host =
                     ZeroEngine::new(device_params(seed, &dev), comm(&s, w, &format!("host-{label}")), o, ADAM).unwrap().with_half_grad_sync(half).unwrap();
                 let host_outs = train(&mut host, run, None, &|_, _| {}).expect("host-staged run");
-                let dc = Box::new(DeviceOnly(comm(&s, w, &format!("dev-{label}"))));
+                let dc = Box::new(DeviceSide(comm(&s, w, &format!("dev-{label}"))));
                 let mut e = ZeroEngine::new(device_params(seed, &dev), dc, o, ADAM).unwrap().with_half_grad_sync(half).unwrap();
                 assert!(e.on_device());
                 let outs = train(&mut e, run, None, &|_, _| {}).unwrap_or_else(|err| panic!("{label}: device collectives run: {err}"));

@@ -501,7 +501,7 @@ impl ZeroEngine {
     /// one bucket covers the shard); returns each bucket's output (this
     /// rank's slice, f32 or the half type) with its first in-shard element.
     fn reduce_scatter_device(&mut self, flat: &Tensor) -> Result<Vec<(usize, Tensor)>> {
-        let (rank, world, s) = (self.rank, self.layout.world_size, self.layout.shard_len);
+        let (world, s) = (self.layout.world_size, self.layout.shard_len);
         let chunk = (self.opts.reduce_bucket_size / world).max(1);
         let mut parts = Vec::new();
         let mut k = 0usize;
@@ -516,20 +516,29 @@ impl ZeroEngine {
                     crate::ops::cat(&slices.iter().collect::<Vec<_>>(), 0)
                 })?
             };
-            let (input, output, op) = scatter_buffers(input, n, world, self.grad_sync)?;
-            let bytes = (input.elem_count() * input.dtype().size_in_bytes()) as u64;
-            let output = self
-                .comm
-                .run("reduce_scatter", move |c| c.reduce_scatter(&input, &output, op).map(|()| output))
-                .map_err(|e| Error::dist("reduce_scatter", rank, format!("gradient bucket {k} ({} elements): {e}", world * n)))?;
-            self.update_stats(|st| {
-                st.reduce_scatters += 1;
-                st.reduce_scatter_bytes += bytes;
-            });
-            parts.push((lo, output));
+            parts.push((lo, self.reduce_scatter_bucket(k, n, input)?));
             k += 1;
         }
         Ok(parts)
+    }
+
+    /// Reduce-scatters bucket `k` (`n` elements per shard; `input` its slice
+    /// of every shard in f32, on the host or, for device collectives, on the
+    /// device) on the training thread and counts it; returns this rank's
+    /// slice, f32 or the half type.
+    fn reduce_scatter_bucket(&mut self, k: usize, n: usize, input: Tensor) -> Result<Tensor> {
+        let (rank, world) = (self.rank, self.layout.world_size);
+        let (input, output, op) = scatter_buffers(input, n, world, self.grad_sync)?;
+        let bytes = (input.elem_count() * input.dtype().size_in_bytes()) as u64;
+        let output = self
+            .comm
+            .run("reduce_scatter", move |c| c.reduce_scatter(&input, &output, op).map(|()| output))
+            .map_err(|e| Error::dist("reduce_scatter", rank, format!("gradient bucket {k} ({} elements): {e}", world * n)))?;
+        self.update_stats(|st| {
+            st.reduce_scatters += 1;
+            st.reduce_scatter_bytes += bytes;
+        });
+        Ok(output)
     }
 
     /// Reduce-scatters flat gradient elements (read through `read`) bucket
@@ -537,7 +546,7 @@ impl ZeroEngine {
     /// (stage 2 on the CPU) each parameter's full gradient is freed after the
     /// last bucket that reads it.
     fn reduce_scatter_buckets(&mut self, acc: &mut [f32], read: FlatReader, free_early: bool) -> Result<()> {
-        let (rank, world, s) = (self.rank, self.layout.world_size, self.layout.shard_len);
+        let (world, s) = (self.layout.world_size, self.layout.shard_len);
         let chunk = (self.opts.reduce_bucket_size / world).max(1);
         let last = self.layout.last_bucket(chunk);
         let mut k = 0usize;
@@ -549,17 +558,7 @@ impl ZeroEngine {
                 let base = r * s + lo;
                 read(base..base + n, &mut input[r * n..(r + 1) * n])?;
             }
-            let (input, output, op) = scatter_buffers(f32_tensor(input)?, n, world, self.grad_sync)?;
-            let bytes = (input.elem_count() * input.dtype().size_in_bytes()) as u64;
-            let output = self
-                .comm
-                .run("reduce_scatter", move |c| c.reduce_scatter(&input, &output, op).map(|()| output))
-                .map_err(|e| Error::dist("reduce_scatter", rank, format!("gradient bucket {k} ({} elements): {e}", world * n)))?;
-            self.update_stats(|st| {
-                st.reduce_scatters += 1;
-                st.reduce_scatter_bytes += bytes;
-            });
-            let part = scattered_part(&output)?;
+            let part = scattered_part(&self.reduce_scatter_bucket(k, n, f32_tensor(input)?)?)?;
             for (a, g) in acc[lo..lo + n].iter_mut().zip(&part) {
                 *a += *g;
             }
