@@ -25,6 +25,8 @@ fn cv_loss(dir: &std::path::Path, e: u64) -> f64 {
 #[test]
 fn train_on_the_gpu_runs_its_cv_pass_and_matches_the_cpu() {
     let Some(_) = common::gpu::gpu("train_on_the_gpu_runs_its_cv_pass_and_matches_the_cpu") else { return };
+    // The device's counters are process-wide: the tests of this file take turns.
+    let _s = common::gpu::serial();
     let dir = train_common::tmpdir("train-gpu");
     let cpu_args = train_common::setup(&dir, 4, &train_common::tiny_yaml(0.0, 2, 2, ""));
     let cpu = run_train(&cpu_args).expect("training on the CPU");
@@ -52,6 +54,8 @@ fn train_on_the_gpu_runs_its_cv_pass_and_matches_the_cpu() {
 fn fp16_and_bf16_loss_curves_follow_f32_for_50_steps() {
     use asrforge::train::bench::{run_bench_train, BenchTrainArgs};
     let Some(_) = common::gpu::gpu("fp16_and_bf16_loss_curves_follow_f32_for_50_steps") else { return };
+    // The device's counters are process-wide: the tests of this file take turns.
+    let _s = common::gpu::serial();
     let curve = |dtype: &str| {
         let a = BenchTrainArgs {
             config: concat!(env!("CARGO_MANIFEST_DIR"), "/conf/tiny.yaml").into(),
@@ -165,6 +169,8 @@ fn accumulated_steps(device: &Device, accum: usize, steps: usize, per_batch: boo
 #[test]
 fn a_training_step_waits_for_the_gpu_once_and_reads_its_batches_losses() {
     let Some(dev) = common::gpu::gpu("a_training_step_waits_for_the_gpu_once_and_reads_its_batches_losses") else { return };
+    // It counts the device's process-wide host synchronisations: no other test of this file runs meanwhile.
+    let _s = common::gpu::serial();
     for accum in [1, 3] {
         let cpu = accumulated_steps(&Device::Cpu, accum, 2, true);
         let gpu = accumulated_steps(&dev, accum, 2, false);
