@@ -36,14 +36,35 @@ pub fn worker() -> Option<Worker> {
     })
 }
 
-/// A port that was free a moment ago (bind to 0, read it, release it),
-/// never the same one twice in this process: tests of one binary run in
-/// parallel, and the kernel may hand a just-released port to the next
-/// bind(0), so two tests could otherwise meet on one port (a store with
-/// another job's token where a test expects none).
+/// A port that was free a moment ago, never the same one twice in this
+/// process (tests of one binary run in parallel), and below the kernel's
+/// ephemeral range (`/proc/sys/net/ipv4/ip_local_port_range`): between the
+/// parent's check and rank 0's listen, a port the kernel may hand to any
+/// bind(0) could be taken by a communicator of a concurrent test's workers
+/// (seen: "Address already in use" on a MASTER_PORT from bind(0)). Where the
+/// range leaves too little room below it, a bind(0) port as before.
 pub fn free_port() -> u16 {
     static ISSUED: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     let mut issued = ISSUED.lock().unwrap_or_else(|e| e.into_inner());
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse::<u16>().ok()))
+        .unwrap_or(32768);
+    const FIRST: u16 = 10000;
+    if low > FIRST + 1000 {
+        let span = (low - FIRST) as u32;
+        // Start at a place that differs between processes, then walk.
+        let start = (std::process::id().wrapping_mul(2654435761)
+            ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos()))
+            % span;
+        for i in 0..span {
+            let port = FIRST + ((start + i) % span) as u16;
+            if !issued.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                issued.push(port);
+                return port;
+            }
+        }
+    }
     loop {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
         let port = l.local_addr().expect("local_addr").port();
