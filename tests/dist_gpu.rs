@@ -968,7 +968,8 @@ fn nccl_ddp_half_grad_sync_at_world_1_within_half_rounding_of_one_process() {
 /// and cut there, with and without `overlap_comm`, in f32, f16 and bf16.
 /// The result is bitwise the host-staged engine's (the same reductions in
 /// the same order), with the same reduce-scatter count and bytes; in f32
-/// within 1e-5 of one CPU process.
+/// within 1e-5 of one CPU process; and an inf on one rank skips the step on
+/// every rank in both engines.
 fn zero_device_collectives_worker(w: &Worker, accum: usize) {
     let dev = common::gpu::gpu("zero_device_collectives_worker").expect("the parent checked for a GPU");
     let (_server, s) = store(w);
@@ -1007,6 +1008,24 @@ fn zero_device_collectives_worker(w: &Worker, accum: usize) {
                 if half.is_none() {
                     let rel = max_rel(&got, &want);
                     assert!(rel < 1e-5, "{label}: vs one CPU process {rel:e}");
+                }
+                // An inf that rank 1 alone plants in w1[0] (rank 0's shard)
+                // skips the step on every rank: the one all-reduce of the
+                // squared norms is the global inf/NaN check.
+                let rank = w.rank;
+                let poison = move |_: u64, params: &[(String, asrforge::Tensor)]| {
+                    if rank == 1 {
+                        let mut g = vec![0.0f32; params[0].1.elem_count()];
+                        g[0] = f32::INFINITY;
+                        let g = asrforge::Tensor::from_vec(g, params[0].1.dims().to_vec(), &Device::Cpu).unwrap().to_device(&dev).unwrap();
+                        params[0].1.set_grad(Some(g)).expect("set grad");
+                    }
+                };
+                for (which, eng) in [("host-staged", &mut host), ("device", &mut e)] {
+                    let before = flat_values(eng.parameters());
+                    let out = train(eng, Run { first_step: STEPS, steps: 1, ..run }, None, &poison).expect("poisoned step");
+                    assert!(out[0].skipped && !out[0].grad_norm.is_finite(), "{label} {which}, rank {rank}: the poisoned step must be skipped: {:?}", out[0]);
+                    assert_eq!(bits(&flat_values(eng.parameters())), bits(&before), "{label} {which}, rank {rank}: a skipped step leaves the parameters");
                 }
                 println!("PARAMS{label} {}", bits(&got));
             }

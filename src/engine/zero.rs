@@ -827,9 +827,10 @@ impl ZeroEngine {
 
     /// [`Engine::step`] with the shard on a GPU: the same sequence (unscale,
     /// global inf/NaN check, global norm, clip, Adam, all-gather) with the
-    /// shard arithmetic and Adam on the device; one scalar read (the shard's
-    /// squared norm, which is also its inf/NaN check: a square sum in f64 of
-    /// f32 values is finite exactly when every value is).
+    /// shard arithmetic and Adam on the device; one scalar read: the global
+    /// squared norm, which is also the inf/NaN check ([`Self::global_squares`]),
+    /// summed on the device with device collectives, else the shard's own
+    /// read and summed on the host.
     fn step_device(&mut self, lr: f64, grad_clip: f64, scaler: Option<&mut GradScaler>) -> Result<StepOutcome> {
         let rank = self.rank;
         let s = self.layout.shard_len;
@@ -840,23 +841,23 @@ impl ZeroEngine {
             Some(g) => g,
             None => Tensor::zeros([s], DType::F32, &dev)?,
         };
-        let local_sq = crate::autograd::no_grad(|| -> Result<f64> {
+        let local_sq = crate::autograd::no_grad(|| -> Result<Tensor> {
             if let Some(sc) = &scaler {
                 g = crate::ops::mul_scalar(&g, 1.0 / sc.scale)?;
             }
             if valid == 0 {
-                return Ok(0.0);
+                return Tensor::zeros([1], DType::F64, &dev);
             }
             let x = crate::ops::to_dtype(&crate::ops::narrow(&g, 0, 0, valid)?, DType::F64)?;
-            crate::ops::sum_all(&crate::ops::mul(&x, &x)?)?.to_scalar()
+            crate::ops::reshape(&crate::ops::sum_all(&crate::ops::mul(&x, &x)?)?, [1])
         })?;
-        let local_bad = !local_sq.is_finite();
-        let overflow = self.all_reduce_scalar(if local_bad { 1.0 } else { 0.0 }, ReduceOp::Max, "inf/NaN check")? > 0.0;
+        let global_sq = self.global_squares(local_sq)?;
+        let overflow = !global_sq.is_finite();
         if let Some(sc) = scaler {
             sc.set_found_inf(overflow);
         }
-        let grad_norm = self.all_reduce_scalar(local_sq, ReduceOp::Sum, "squared gradient norm")?.sqrt();
-        let skipped = overflow || !grad_norm.is_finite();
+        let grad_norm = global_sq.sqrt();
+        let skipped = overflow;
         if !skipped {
             if grad_clip > 0.0 && grad_norm > grad_clip {
                 let c = grad_clip / (grad_norm + 1e-6);
@@ -880,11 +881,21 @@ impl ZeroEngine {
         Ok(StepOutcome { grad_norm, skipped })
     }
 
-    fn all_reduce_scalar(&mut self, v: f64, op: ReduceOp, what: &str) -> Result<f64> {
+    /// The global squared gradient norm from this rank's `local` one (one
+    /// f64 element): one all-reduce (Sum), which is also the global inf/NaN
+    /// check, since a sum in f64 of squares of f32 values is finite exactly
+    /// when every value is (the squares of f32's largest values sum to
+    /// ~1e77 per element, far from f64's overflow). With device
+    /// collectives the sum runs on the device and the result is read once;
+    /// else the shard's value is read and summed on the host.
+    fn global_squares(&mut self, local: Tensor) -> Result<f64> {
+        let local = if self.device_comm || local.device() == Device::Cpu { local } else { Tensor::from_vec(vec![local.to_scalar()?], vec![1], &Device::Cpu)? };
         let rank = self.rank;
-        let t = Tensor::from_vec(vec![v], vec![1], &Device::Cpu)?;
-        let t = self.comm.run("all_reduce", move |c| c.all_reduce(&t, op).map(|()| t)).map_err(|e| Error::dist("all_reduce", rank, format!("{what}: {e}")))?;
-        t.to_vec::<f64>()?.first().copied().ok_or_else(|| Error::dist("all_reduce", rank, format!("{what}: empty result")))
+        let t = self
+            .comm
+            .run("all_reduce", move |c| c.all_reduce(&local, ReduceOp::Sum).map(|()| local))
+            .map_err(|e| Error::dist("all_reduce", rank, format!("squared gradient norm and inf/NaN check: {e}")))?;
+        t.to_scalar()
     }
 
     fn meta(&self) -> BTreeMap<String, String> {
@@ -941,15 +952,16 @@ impl Engine for ZeroEngine {
             let inv = (1.0 / sc.scale) as f32;
             g.iter_mut().for_each(|x| *x *= inv);
         }
-        let local_bad = g.iter().any(|x| !x.is_finite());
-        let overflow = self.all_reduce_scalar(if local_bad { 1.0 } else { 0.0 }, ReduceOp::Max, "inf/NaN check")? > 0.0;
+        // The padding's gradient is 0: the valid elements decide the inf/NaN check too.
+        let valid = self.layout.valid_in_shard(rank);
+        let local_sq: f64 = g[..valid].iter().map(|&x| (x as f64) * (x as f64)).sum();
+        let global_sq = self.global_squares(Tensor::from_vec(vec![local_sq], vec![1], &Device::Cpu)?)?;
+        let overflow = !global_sq.is_finite();
         if let Some(sc) = scaler {
             sc.set_found_inf(overflow);
         }
-        let valid = self.layout.valid_in_shard(rank);
-        let local_sq: f64 = g[..valid].iter().map(|&x| (x as f64) * (x as f64)).sum();
-        let grad_norm = self.all_reduce_scalar(local_sq, ReduceOp::Sum, "squared gradient norm")?.sqrt();
-        let skipped = overflow || !grad_norm.is_finite();
+        let grad_norm = global_sq.sqrt();
+        let skipped = overflow;
         if !skipped {
             if grad_clip > 0.0 && grad_norm > grad_clip {
                 let c = (grad_clip / (grad_norm + 1e-6)) as f32;
