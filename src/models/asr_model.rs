@@ -90,14 +90,10 @@ pub fn add_sos_eos(seqs: &[Vec<i64>], sos: i64, eos: i64, ignore_id: i64) -> Res
 }
 
 impl LossDict {
-    /// The loss, and loss_ctc, loss_att and th_accuracy where present, as
-    /// host values read together (one wait for a GPU, not one per value).
-    pub fn values(&self) -> Result<(f64, [Option<f64>; 3])> {
-        self.values_later()?.get()
-    }
-    /// [`LossDict::values`] without the wait: on a GPU their copy to the
-    /// host is queued ([`Tensor::scalars_to_host_later`]) and
-    /// [`LossValues::get`] waits only if it has not run by then.
+    /// The loss, and loss_ctc, loss_att and th_accuracy where present, on
+    /// their way to the host together: on a GPU their copy is queued
+    /// ([`Tensor::scalars_to_host_later`]: one wait at most, not one per
+    /// value) and [`LossValues::get`] waits only if it has not run by then.
     pub fn values_later(&self) -> Result<LossValues> {
         let opts = [&self.loss_ctc, &self.loss_att, &self.th_accuracy];
         let mut ts = vec![&self.loss];
