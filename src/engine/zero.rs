@@ -67,7 +67,8 @@
 //!
 //! With a communicator whose collectives take device tensors
 //! (`Communicator::device_collectives`: NCCL) nothing crosses to the host
-//! but the step's scalars: each bucket's input (its slice of every shard) is
+//! but the step's one scalar (the global squared norm, all-reduced on the
+//! device and read once): each bucket's input (its slice of every shard) is
 //! cut and joined on the device (the flat gradient itself when one bucket
 //! covers the shard), the reduce-scatter outputs stay there and are joined
 //! into the shard gradient, and each all-gather's output is cut into the
