@@ -69,8 +69,8 @@
 //! (`Communicator::device_collectives`: NCCL) nothing crosses to the host
 //! but the step's one scalar (the global squared norm, all-reduced on the
 //! device and read once): each bucket's input (its slice of every shard) is
-//! cut and joined on the device (the flat gradient itself when one bucket
-//! covers the shard), the reduce-scatter outputs stay there and are joined
+//! read from the gradients in one concatenation on the device (stage 2 frees
+//! each gradient after its last bucket), the reduce-scatter outputs stay there and are joined
 //! into the shard gradient, and each all-gather's output is cut into the
 //! parameters there. With `overlap_comm` the buckets read during backward
 //! are device tensors too. The reductions are the same, in the same order,
@@ -470,16 +470,15 @@ impl ZeroEngine {
     /// bucket by bucket, and the averaged shard goes back in one copy.
     fn reduce_gradients_device(&mut self, dev: &Device) -> Result<()> {
         let s = self.layout.shard_len;
-        let flat = flat_on_device(&self.params, &self.layout, true, dev)?;
-        // The flat copy holds every gradient now; the parameters' own are freed (both stages).
-        self.params.iter().for_each(|(_, p)| p.zero_grad());
         if self.device_comm {
-            let parts = self.reduce_scatter_device(&flat)?;
-            drop(flat);
+            let parts = self.reduce_scatter_device(dev)?;
             let part = joined_on_device(parts)?;
             let gpu = self.gpu.as_mut().ok_or_else(|| Error::invalid("zero", "the device shard is missing"))?;
             return add_into_device_grad(gpu, part);
         }
+        let flat = flat_on_device(&self.params, &self.layout, true, dev)?;
+        // The flat copy holds every gradient now; the parameters' own are freed (both stages).
+        self.params.iter().for_each(|(_, p)| p.zero_grad());
         let host = flat.to_vec::<f32>()?;
         drop(flat);
         let mut part = vec![0.0f32; s];
@@ -496,31 +495,37 @@ impl ZeroEngine {
         add_into_device_grad(gpu, part)
     }
 
-    /// Reduce-scatters the flat device gradient bucket by bucket with the
+    /// Reduce-scatters the gradients on `dev` bucket by bucket with the
     /// collectives on the device: bucket k's input is its slice of every
-    /// shard, cut and joined on the device (the flat gradient itself when
-    /// one bucket covers the shard); returns each bucket's output (this
-    /// rank's slice, f32 or the half type) with its first in-shard element.
-    fn reduce_scatter_device(&mut self, flat: &Tensor) -> Result<Vec<(usize, Tensor)>> {
+    /// shard, read from the parameters' gradients in one concatenation on
+    /// the device (`device_grad_slices`, as `overlap_comm` reads a bucket);
+    /// stage 2 frees each parameter's gradient after its last bucket, as on
+    /// the CPU. Returns each bucket's output (this rank's slice, f32 or the
+    /// half type) with its first in-shard element.
+    fn reduce_scatter_device(&mut self, dev: &Device) -> Result<Vec<(usize, Tensor)>> {
         let (world, s) = (self.layout.world_size, self.layout.shard_len);
         let chunk = (self.opts.reduce_bucket_size / world).max(1);
+        let last = self.layout.last_bucket(chunk);
         let mut parts = Vec::new();
         let mut k = 0usize;
         while k * chunk < s {
             let lo = k * chunk;
             let n = chunk.min(s - lo);
-            let input = if n == s {
-                flat.clone()
-            } else {
-                crate::autograd::no_grad(|| {
-                    let slices = (0..world).map(|r| crate::ops::narrow(flat, 0, r * s + lo, n)).collect::<Result<Vec<_>>>()?;
-                    crate::ops::cat(&slices.iter().collect::<Vec<_>>(), 0)
-                })?
-            };
+            let input = device_grad_slices(&self.params, &self.layout, &self.bucket_ranges(lo, n), dev)?;
             parts.push((lo, self.reduce_scatter_bucket(k, n, input)?));
+            if self.opts.stage == 2 {
+                self.params.iter().zip(&last).filter(|(_, l)| **l == k).for_each(|((_, p), _)| p.zero_grad());
+            }
             k += 1;
         }
+        self.params.iter().for_each(|(_, p)| p.zero_grad());
         Ok(parts)
+    }
+
+    /// Flat elements of bucket `[lo, lo + n)` in every shard, in rank order.
+    fn bucket_ranges(&self, lo: usize, n: usize) -> Vec<Range<usize>> {
+        let s = self.layout.shard_len;
+        (0..self.layout.world_size).map(|r| r * s + lo..r * s + lo + n).collect()
     }
 
     /// Reduce-scatters bucket `k` (`n` elements per shard; `input` its slice
@@ -689,7 +694,7 @@ impl ZeroEngine {
         let (rank, world, s) = (self.rank, self.layout.world_size, self.layout.shard_len);
         let lo = k * chunk;
         let n = chunk.min(s - lo);
-        let ranges: Vec<Range<usize>> = (0..world).map(|r| r * s + lo..r * s + lo + n).collect();
+        let ranges = self.bucket_ranges(lo, n);
         // Where the collective runs: the bucket stays on the device for device collectives.
         let dev = match &self.gpu {
             Some(g) if self.device_comm => g.dev,
