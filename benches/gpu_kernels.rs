@@ -403,10 +403,13 @@ fn reduce_and_index(c: &mut Criterion) {
 /// P·V) and 12·B·H·T²·d backward (dV, dP, dq's two products, dk, dp), the
 /// same count for both; compare with the H200's 758 TFLOP/s bf16 (GPU.md).
 /// In f16 and bf16 the fused op runs with each kernel set, forced through
-/// `set_kernel_override`: `fused_wmma_*` (tensor-core tiles, the default
-/// pick; its two-pass forward does 1.5x the forward's score products, not
-/// counted) and `fused_scalar_*`; f32 has only the scalar set (`fused_f32`).
-/// On the emulated device only the first shape and f32/bf16 run (CI proves
+/// `set_kernel_override`: `fused_wmma64_*` (tensor-core tiles sized for
+/// head dims up to 64, the default pick at these shapes; their two-pass
+/// forward does 1.5x the forward's score products, not counted),
+/// `fused_wmma_*` (the same tiles sized for head dims up to 128, which
+/// give the same bits with more registers) and `fused_scalar_*`; f32 has
+/// only the scalar set (`fused_f32`). On the emulated device only the
+/// first shape, f32/bf16 and the 64-wide and scalar sets run (CI proves
 /// they run).
 fn flash_attention_vs_composition(c: &mut Criterion) {
     use asrforge::backend::cuda::attention::{set_kernel_override, AttentionKernel};
@@ -434,8 +437,11 @@ fn flash_attention_vs_composition(c: &mut Criterion) {
             let vb = Tensor::randn([h, d], 0.0, 0.1, DType::F32, &mut rng, &gpu).unwrap().requires_grad_();
             let fm = ops::FlashMask { key_lengths: Some(lens.clone()), ..Default::default() };
             let shape = format!("{b}x{t}x{h}x{d}");
-            let sets: &[(&str, AttentionKernel)] =
-                if dt == DType::F32 { &[("", AttentionKernel::Scalar)] } else { &[("wmma_", AttentionKernel::Wmma), ("scalar_", AttentionKernel::Scalar)] };
+            let sets: &[(&str, AttentionKernel)] = match (dt, emulated) {
+                (DType::F32, _) => &[("", AttentionKernel::Scalar)],
+                (_, true) => &[("wmma64_", AttentionKernel::Wmma64), ("scalar_", AttentionKernel::Scalar)],
+                (_, false) => &[("wmma64_", AttentionKernel::Wmma64), ("wmma_", AttentionKernel::Wmma), ("scalar_", AttentionKernel::Scalar)],
+            };
             for &(set, kernel) in sets {
                 set_kernel_override(Some(kernel));
                 group.bench_function(format!("relpos_fwd_bwd_{shape}_fused_{set}{}", dt.as_str()), |bn| {

@@ -55,13 +55,21 @@
 // rescaling of an opaque accumulator), fragments accumulating the
 // backward's sums. The lse that the backward reads must come from the same
 // set's forward (its scores round k + p to the input type); the wrapper
-// picks one set per dtype and d. Blocks of 4 warps: 64 query rows (fwd,
-// dq) or 32 keys (dk/dv); static shared memory 29 KiB (fwd), 37 KiB (dq),
-// 45 KiB (dk/dv); ptxas sm_90: 168 / 216 (f16) or 255 (bf16, 16 bytes
-// spilled) / 126 registers. Launches per forward and backward as the
-// scalar set (1 + 2, and attention_pos_grads with positions). Status:
-// tested on the emulator only; it has NOT run on a real GPU, and its speed
-// there is unmeasured.
+// picks one set per dtype and d. Two widths of that set: attention_*_wmma
+// (head dims up to 128) and attention_*_wmma64 (up to 64, the default
+// there), the same code sized at compile time, bitwise equal where both
+// apply. Blocks of 4 warps: 64 query rows (fwd, dq) or 32 keys (dk/dv).
+// ptxas sm_90 (nvcc -cubin -arch=sm_90 -Xptxas -v), registers per thread
+// and static shared memory, fwd / dq / dk-dv:
+//   wmma   f16  168 / 216 / 116 regs, bf16 168 / 255 / 128 regs (dq bf16
+//          spills: 32 bytes stored, 68 loaded); 28.4 / 36.6 / 44.5 KiB
+//   wmma64 f16   96 / 128 /  70 regs, bf16  96 / 155 /  72 regs, no
+//          spills; 21.4 / 29.6 / 30.5 KiB
+// so at 4-warp blocks an SM holds (by registers, 64 K per SM) 3 / 2 / 4
+// blocks of the wide set and 5 / 4 (bf16 3) / 7 of wmma64. Launches per
+// forward and backward as the scalar set (1 + 2, and attention_pos_grads
+// with positions). Status: tested on the emulator only; neither width has
+// run on a real GPU, and their speed there is unmeasured.
 #include "nn_common.cuh"
 
 #include "philox.cuh"
@@ -484,7 +492,15 @@ NN_FLOAT_DTYPES(ATTENTION_KERNELS)
 #define ATW_WARPS 4
 #define ATW_QT (16 * ATW_WARPS)
 #define ATW_KT 32
-#define ATW_NT (ATT_DMAX / 16)
+
+// Two head-dim widths, one instantiation each: NT, the 16-column fragments
+// per row, is 8 (head dims up to 128: attention_*_wmma) or 4 (up to 64:
+// attention_*_wmma64). The fragment arrays (Q, dO, the output and dQ
+// accumulators) and the shared tiles are sized by NT at compile time, so a
+// 64-wide head does not carry a 128-wide head's registers and shared
+// memory; the arithmetic and its order are the loop over d / 16 either way,
+// so both widths give the same bits where both apply.
+template <int NT> __host__ __device__ constexpr uint32_t atw_row() { return 16 * NT < ATT_DMAX ? 16 * NT + 8 : 16 * NT; }
 
 // bf16 fragments need sm_80, half ones sm_70: compiled for an older arch
 // the kernels trap instead (the default CUDA_ARCHS, 80,90, has none).
@@ -497,9 +513,10 @@ template <> struct AtwArch<__half> { static constexpr bool ok = false; };
 #endif
 
 // Row stride (elements) of a half tile in shared memory: d + 8 (16 bytes,
-// shifting each row's banks) while that fits ATT_DMAX, else d; a multiple
-// of 8 as wmma's ldm must be.
-__device__ __forceinline__ uint32_t atw_ld(uint32_t d) { return d + 8 <= ATT_DMAX ? d + 8 : d; }
+// shifting each row's banks) while that fits the row capacity atw_row<NT>
+// (16·NT, plus those 8 below ATT_DMAX), else d; a multiple of 8 as wmma's
+// ldm must be.
+template <int NT> __device__ __forceinline__ uint32_t atw_ld(uint32_t d) { return d + 8 <= atw_row<NT>() ? d + 8 : d; }
 
 // Rows r0.. (n of them) of (b, h) of x (B, T, ·) (row stride xld, column
 // offset off) into xs (row stride ld), copied in the input type; zeros past T.
@@ -552,7 +569,7 @@ typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> Atw
 
 // S (16 x ATW_KT, f32, row-major) = the warp's 16 rows (xf: d/16 fragments)
 // times the key tile's rows (ks, row stride ld) transposed.
-template <typename T>
+template <int NT, typename T>
 __device__ __forceinline__ void atw_rows_by_keys(const AtwA<T>* xf, const T* ks, uint32_t ld, uint32_t dn, float* S) {
     using namespace nvcuda;
 #pragma unroll
@@ -560,7 +577,7 @@ __device__ __forceinline__ void atw_rows_by_keys(const AtwA<T>* xf, const T* ks,
         AtwC acc;
         wmma::fill_fragment(acc, 0.0f);
 #pragma unroll
-        for (int c = 0; c < ATW_NT; ++c) {
+        for (int c = 0; c < NT; ++c) {
             if (c < (int)dn) {
                 AtwBc<T> kb;
                 wmma::load_matrix_sync(kb, ks + n * 16 * ld + c * 16, ld);
@@ -596,19 +613,19 @@ __device__ __forceinline__ void atw_store_rows(const AtwC& acc, float mul, T* y,
     __syncwarp();
 }
 
-template <typename T>
+template <int NT, typename T>
 __device__ void attention_fwd_wmma(ATT_PARAMS(T, float), T* __restrict__ o, float* __restrict__ lse) {
     using namespace nvcuda;
     typedef float A;
-    __shared__ __align__(32) T xs[ATW_QT * ATT_DMAX];
+    __shared__ __align__(32) T xs[ATW_QT * atw_row<NT>()];
     __shared__ __align__(32) float sw[ATW_WARPS][16 * ATW_KT];
     __shared__ __align__(32) T pw[ATW_WARPS][16 * ATW_KT];
     __shared__ float cb[ATW_KT], lrow[ATW_QT];
     ATT_SETUP(A);
     (void)nt;
-    const uint32_t warp = tid / 32, lane = tid % 32, ld = atw_ld(d), dn = d / 16;
+    const uint32_t warp = tid / 32, lane = tid % 32, ld = atw_ld<NT>(d), dn = d / 16;
     T* kps = xs;
-    T* vs = xs + ATW_KT * ATT_DMAX;
+    T* vs = xs + ATW_KT * atw_row<NT>();
     float* S = sw[warp];
     T* P = pw[warp];
     const uint32_t tiles = (T1 + ATW_QT - 1) / ATW_QT;
@@ -619,9 +636,9 @@ __device__ void attention_fwd_wmma(ATT_PARAMS(T, float), T* __restrict__ o, floa
         const uint32_t r0 = i0 + warp * 16;
         atw_load_rows<T>(q, b, h, i0, ATW_QT, T1, q_ld, q_off, d, ld, xs);
         __syncthreads();
-        AtwA<T> qf[ATW_NT];
+        AtwA<T> qf[NT];
 #pragma unroll
-        for (int c = 0; c < ATW_NT; ++c)
+        for (int c = 0; c < NT; ++c)
             if (c < (int)dn) wmma::load_matrix_sync(qf[c], xs + warp * 16 * ld + c * 16, ld);
         __syncthreads();
         // Pass 1: each row's running max and sum (lane r < 16: row r0 + r).
@@ -629,7 +646,7 @@ __device__ void attention_fwd_wmma(ATT_PARAMS(T, float), T* __restrict__ o, floa
         for (uint32_t j0 = 0; j0 < T2; j0 += ATW_KT) {
             atw_load_keys<T>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, kv_ld, k_off, v_off, ld, kps, (T*)nullptr, cb);
             __syncthreads();
-            atw_rows_by_keys<T>(qf, kps, ld, dn, S);
+            atw_rows_by_keys<NT, T>(qf, kps, ld, dn, S);
             __syncwarp();
             atw_scores(mk, b, r0, j0, T1, T2, scale, cb, S, lane);
             __syncwarp();
@@ -653,13 +670,13 @@ __device__ void attention_fwd_wmma(ATT_PARAMS(T, float), T* __restrict__ o, floa
         }
         __syncwarp();
         // Pass 2: O += (exp(s - lse)·Z) V, P rounded to the input type.
-        AtwC of[ATW_NT];
+        AtwC of[NT];
 #pragma unroll
-        for (int c = 0; c < ATW_NT; ++c) wmma::fill_fragment(of[c], 0.0f);
+        for (int c = 0; c < NT; ++c) wmma::fill_fragment(of[c], 0.0f);
         for (uint32_t j0 = 0; j0 < T2; j0 += ATW_KT) {
             atw_load_keys<T>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, kv_ld, k_off, v_off, ld, kps, vs, cb);
             __syncthreads();
-            atw_rows_by_keys<T>(qf, kps, ld, dn, S);
+            atw_rows_by_keys<NT, T>(qf, kps, ld, dn, S);
             __syncwarp();
             atw_scores(mk, b, r0, j0, T1, T2, scale, cb, S, lane);
             __syncwarp();
@@ -679,7 +696,7 @@ __device__ void attention_fwd_wmma(ATT_PARAMS(T, float), T* __restrict__ o, floa
                 AtwA<T> pa;
                 wmma::load_matrix_sync(pa, P + kk * 16, ATW_KT);
 #pragma unroll
-                for (int c = 0; c < ATW_NT; ++c) {
+                for (int c = 0; c < NT; ++c) {
                     if (c < (int)dn) {
                         AtwBr<T> vf;
                         wmma::load_matrix_sync(vf, vs + kk * 16 * ld + c * 16, ld);
@@ -690,7 +707,7 @@ __device__ void attention_fwd_wmma(ATT_PARAMS(T, float), T* __restrict__ o, floa
             __syncthreads();
         }
 #pragma unroll
-        for (int c = 0; c < ATW_NT; ++c)
+        for (int c = 0; c < NT; ++c)
             if (c < (int)dn) atw_store_rows<T>(of[c], 1.0f, o, b, h, r0, c * 16, T1, (uint64_t)H * d, 0, d, S, lane);
         __syncthreads();
     }
@@ -702,21 +719,21 @@ __device__ void attention_fwd_wmma(ATT_PARAMS(T, float), T* __restrict__ o, floa
 // fragments. D by one more pass over the keys (D = sum_j P Z dPv), as the
 // scalar kernel's HALF branch. Q and dO are kept as fragments, staged
 // through the key tiles' shared memory.
-template <typename T>
+template <int NT, typename T>
 __device__ void attention_bwd_dq_wmma(ATT_PARAMS(T, float), const T* __restrict__ dout, const float* __restrict__ lse,
                                       float* __restrict__ dsum, T* __restrict__ dq) {
     using namespace nvcuda;
     typedef float A;
-    __shared__ __align__(32) T xs[ATW_QT * ATT_DMAX];
+    __shared__ __align__(32) T xs[ATW_QT * atw_row<NT>()];
     __shared__ __align__(32) float sw[ATW_WARPS][16 * ATW_KT];
     __shared__ __align__(32) float gw[ATW_WARPS][16 * ATW_KT];
     __shared__ __align__(32) T pw[ATW_WARPS][16 * ATW_KT];
     __shared__ float cb[ATW_KT], lr[ATW_QT], dd[ATW_QT];
     ATT_SETUP(A);
     (void)nt;
-    const uint32_t warp = tid / 32, lane = tid % 32, ld = atw_ld(d), dn = d / 16;
+    const uint32_t warp = tid / 32, lane = tid % 32, ld = atw_ld<NT>(d), dn = d / 16;
     T* kps = xs;
-    T* vs = xs + ATW_KT * ATT_DMAX;
+    T* vs = xs + ATW_KT * atw_row<NT>();
     float* S = sw[warp];
     float* G = gw[warp];
     T* P = pw[warp];
@@ -726,11 +743,11 @@ __device__ void attention_bwd_dq_wmma(ATT_PARAMS(T, float), const T* __restrict_
         const AttUnit unit = att_unit(un, tiles, H, ATW_QT);
         const uint32_t i0 = unit.r0, h = unit.h, b = unit.b;
         const uint32_t r0 = i0 + warp * 16;
-        AtwA<T> qf[ATW_NT], df[ATW_NT];
+        AtwA<T> qf[NT], df[NT];
         atw_load_rows<T>(q, b, h, i0, ATW_QT, T1, q_ld, q_off, d, ld, xs);
         __syncthreads();
 #pragma unroll
-        for (int c = 0; c < ATW_NT; ++c)
+        for (int c = 0; c < NT; ++c)
             if (c < (int)dn) wmma::load_matrix_sync(qf[c], xs + warp * 16 * ld + c * 16, ld);
         __syncthreads();
         atw_load_rows<T>(dout, b, h, i0, ATW_QT, T1, (uint64_t)H * d, 0, d, ld, xs);
@@ -740,20 +757,20 @@ __device__ void attention_bwd_dq_wmma(ATT_PARAMS(T, float), const T* __restrict_
         }
         __syncthreads();
 #pragma unroll
-        for (int c = 0; c < ATW_NT; ++c)
+        for (int c = 0; c < NT; ++c)
             if (c < (int)dn) wmma::load_matrix_sync(df[c], xs + warp * 16 * ld + c * 16, ld);
         __syncthreads();
-        AtwC gf[ATW_NT];
+        AtwC gf[NT];
 #pragma unroll
-        for (int c = 0; c < ATW_NT; ++c) wmma::fill_fragment(gf[c], 0.0f);
+        for (int c = 0; c < NT; ++c) wmma::fill_fragment(gf[c], 0.0f);
         // Pass 0 computes D (lane r < 16 sums row r), pass 1 dQ.
         A dh = 0;
         for (int pass = 0; pass < 2; ++pass) {
             for (uint32_t j0 = 0; j0 < T2; j0 += ATW_KT) {
                 atw_load_keys<T>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, kv_ld, k_off, v_off, ld, kps, vs, cb);
                 __syncthreads();
-                atw_rows_by_keys<T>(qf, kps, ld, dn, S);
-                atw_rows_by_keys<T>(df, vs, ld, dn, G);
+                atw_rows_by_keys<NT, T>(qf, kps, ld, dn, S);
+                atw_rows_by_keys<NT, T>(df, vs, ld, dn, G);
                 __syncwarp();
                 atw_scores(mk, b, r0, j0, T1, T2, scale, cb, S, lane);
                 __syncwarp();
@@ -779,7 +796,7 @@ __device__ void attention_bwd_dq_wmma(ATT_PARAMS(T, float), const T* __restrict_
                         AtwA<T> da;
                         wmma::load_matrix_sync(da, P + kk * 16, ATW_KT);
 #pragma unroll
-                        for (int c = 0; c < ATW_NT; ++c) {
+                        for (int c = 0; c < NT; ++c) {
                             if (c < (int)dn) {
                                 AtwBr<T> kf;
                                 wmma::load_matrix_sync(kf, kps + kk * 16 * ld + c * 16, ld);
@@ -801,7 +818,7 @@ __device__ void attention_bwd_dq_wmma(ATT_PARAMS(T, float), const T* __restrict_
             __syncwarp();
         }
 #pragma unroll
-        for (int c = 0; c < ATW_NT; ++c)
+        for (int c = 0; c < NT; ++c)
             if (c < (int)dn) atw_store_rows<T>(gf[c], scale, dq, b, h, r0, c * 16, T1, q_ld, q_off, d, S, lane);
         __syncthreads();
     }
@@ -813,19 +830,19 @@ __device__ void attention_bwd_dq_wmma(ATT_PARAMS(T, float), const T* __restrict_
 // (rounded to the input type) by the block; then warp w accumulates key
 // rows 16·(w % 2).. and the column tiles c with c % 2 == w / 2 of
 // dV += (P·Z)^T·dO and G += dS^T·Q in fragments.
-template <typename T>
+template <int NT, typename T>
 __device__ void attention_bwd_dkv_wmma(ATT_PARAMS(T, float), const T* __restrict__ dout, const float* __restrict__ lse,
                                        const float* __restrict__ dsum, T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dp,
                                        float* __restrict__ sk) {
     using namespace nvcuda;
     typedef float A;
     constexpr int KT = ATW_KT, QT = ATW_KT;
-    __shared__ __align__(32) T kps[KT * ATT_DMAX], vs[KT * ATT_DMAX], qs[QT * ATT_DMAX], dos[QT * ATT_DMAX];
+    __shared__ __align__(32) T kps[KT * atw_row<NT>()], vs[KT * atw_row<NT>()], qs[QT * atw_row<NT>()], dos[QT * atw_row<NT>()];
     __shared__ __align__(32) float st[KT * QT], gt[KT * QT];
     __shared__ __align__(32) T dst[KT * QT], pzt[KT * QT];
     __shared__ float cb[KT], lr[QT], dd[QT], ssum[KT];
     ATT_SETUP(A);
-    const uint32_t warp = tid / 32, lane = tid % 32, ld = atw_ld(d), dn = d / 16;
+    const uint32_t warp = tid / 32, lane = tid % 32, ld = atw_ld<NT>(d), dn = d / 16;
     const uint32_t kt = warp % 2, ch = warp / 2;
     const uint32_t tiles = (T2 + KT - 1) / KT;
     const uint64_t units = (uint64_t)B * H * tiles;
@@ -834,9 +851,9 @@ __device__ void attention_bwd_dkv_wmma(ATT_PARAMS(T, float), const T* __restrict
         const uint32_t j0 = unit.r0, h = unit.h, b = unit.b;
         atw_load_keys<T>(k, v, p, p_per_seq, u, vb, b, h, j0, T2, H, d, kv_ld, k_off, v_off, ld, kps, vs, cb);
         if (tid < KT) ssum[tid] = 0;
-        AtwC vf[ATW_NT / 2], gf[ATW_NT / 2];
+        AtwC vf[NT / 2], gf[NT / 2];
 #pragma unroll
-        for (int c = 0; c < ATW_NT / 2; ++c) {
+        for (int c = 0; c < NT / 2; ++c) {
             wmma::fill_fragment(vf[c], 0.0f);
             wmma::fill_fragment(gf[c], 0.0f);
         }
@@ -855,7 +872,7 @@ __device__ void attention_bwd_dkv_wmma(ATT_PARAMS(T, float), const T* __restrict
                 wmma::fill_fragment(sa, 0.0f);
                 wmma::fill_fragment(ga, 0.0f);
 #pragma unroll
-                for (int c = 0; c < ATW_NT; ++c) {
+                for (int c = 0; c < NT; ++c) {
                     if (c < (int)dn) {
                         AtwA<T> ka, va;
                         AtwBc<T> qb, db;
@@ -898,7 +915,7 @@ __device__ void attention_bwd_dkv_wmma(ATT_PARAMS(T, float), const T* __restrict
                 wmma::load_matrix_sync(pa, pzt + kt * 16 * QT + kk * 16, QT);
                 wmma::load_matrix_sync(da, dst + kt * 16 * QT + kk * 16, QT);
 #pragma unroll
-                for (int c = 0; c < ATW_NT; ++c) {
+                for (int c = 0; c < NT; ++c) {
                     if (c < (int)dn && c % 2 == (int)ch) {
                         AtwBr<T> ob, qb;
                         wmma::load_matrix_sync(ob, dos + kk * 16 * ld + c * 16, ld);
@@ -913,7 +930,7 @@ __device__ void attention_bwd_dkv_wmma(ATT_PARAMS(T, float), const T* __restrict
         // Out: warp w's 16 x 16 tiles through its quarter of st.
         float* W = st + warp * 256;
 #pragma unroll
-        for (int c = 0; c < ATW_NT; ++c) {
+        for (int c = 0; c < NT; ++c) {
             if (c < (int)dn && c % 2 == (int)ch) {
                 wmma::store_matrix_sync(W, gf[c / 2], 16, wmma::mem_row_major);
                 __syncwarp();
@@ -940,40 +957,43 @@ __device__ void attention_bwd_dkv_wmma(ATT_PARAMS(T, float), const T* __restrict
 }
 
 // The kernels' bodies where the arch has the fragments, else a trap.
-template <typename T>
+template <int NT, typename T>
 __device__ void attention_fwd_wmma_arch(ATT_PARAMS(T, float), T* o, float* lse) {
-    if constexpr (AtwArch<T>::ok) attention_fwd_wmma<T>(ATT_ARGS, o, lse);
+    if constexpr (AtwArch<T>::ok) attention_fwd_wmma<NT, T>(ATT_ARGS, o, lse);
     else __trap();
 }
-template <typename T>
+template <int NT, typename T>
 __device__ void attention_bwd_dq_wmma_arch(ATT_PARAMS(T, float), const T* dout, const float* lse, float* dsum, T* dq) {
-    if constexpr (AtwArch<T>::ok) attention_bwd_dq_wmma<T>(ATT_ARGS, dout, lse, dsum, dq);
+    if constexpr (AtwArch<T>::ok) attention_bwd_dq_wmma<NT, T>(ATT_ARGS, dout, lse, dsum, dq);
     else __trap();
 }
-template <typename T>
+template <int NT, typename T>
 __device__ void attention_bwd_dkv_wmma_arch(ATT_PARAMS(T, float), const T* dout, const float* lse, const float* dsum, T* dk, T* dv,
                                             float* dp, float* sk) {
-    if constexpr (AtwArch<T>::ok) attention_bwd_dkv_wmma<T>(ATT_ARGS, dout, lse, dsum, dk, dv, dp, sk);
+    if constexpr (AtwArch<T>::ok) attention_bwd_dkv_wmma<NT, T>(ATT_ARGS, dout, lse, dsum, dk, dv, dp, sk);
     else __trap();
 }
 
-// dq's wmma kernel takes no o (D comes from the extra pass).
-#define ATTENTION_WMMA_KERNELS(SUF, T)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_fwd_wmma_##SUF(ATT_PARAMS(T, acc_t<T>), T* o,    \
-                                                                                       acc_t<T>* lse) {                  \
-        attention_fwd_wmma_arch<T>(ATT_ARGS, o, lse);                                                                    \
+// dq's wmma kernel takes no o (D comes from the extra pass). SET names the
+// width: wmma (NT 8, head dims up to 128) or wmma64 (NT 4, up to 64).
+#define ATTENTION_WMMA_KERNELS(SET, NT, SUF, T)                                                                          \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_fwd_##SET##_##SUF(ATT_PARAMS(T, acc_t<T>), T* o, \
+                                                                                         acc_t<T>* lse) {                \
+        attention_fwd_wmma_arch<NT, T>(ATT_ARGS, o, lse);                                                                \
     }                                                                                                                    \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_bwd_dq_wmma_##SUF(                              \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_bwd_dq_##SET##_##SUF(                           \
         ATT_PARAMS(T, acc_t<T>), const T* dout, const acc_t<T>* lse, acc_t<T>* dsum, T* dq) {                             \
-        attention_bwd_dq_wmma_arch<T>(ATT_ARGS, dout, lse, dsum, dq);                                                    \
+        attention_bwd_dq_wmma_arch<NT, T>(ATT_ARGS, dout, lse, dsum, dq);                                                \
     }                                                                                                                    \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_bwd_dkv_wmma_##SUF(                             \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_bwd_dkv_##SET##_##SUF(                          \
         ATT_PARAMS(T, acc_t<T>), const T* dout, const acc_t<T>* lse, const acc_t<T>* dsum, T* dk, T* dv, acc_t<T>* dp,    \
         acc_t<T>* sk) {                                                                                                  \
-        attention_bwd_dkv_wmma_arch<T>(ATT_ARGS, dout, lse, dsum, dk, dv, dp, sk);                                       \
+        attention_bwd_dkv_wmma_arch<NT, T>(ATT_ARGS, dout, lse, dsum, dk, dv, dp, sk);                                   \
     }
-ATTENTION_WMMA_KERNELS(f16, __half)
-ATTENTION_WMMA_KERNELS(bf16, __nv_bfloat16)
+ATTENTION_WMMA_KERNELS(wmma, 8, f16, __half)
+ATTENTION_WMMA_KERNELS(wmma, 8, bf16, __nv_bfloat16)
+ATTENTION_WMMA_KERNELS(wmma64, 4, f16, __half)
+ATTENTION_WMMA_KERNELS(wmma64, 4, bf16, __nv_bfloat16)
 
 // The relative-position gradients from attention_bwd_dkv's per-sequence
 // results (dp (B, T2, H, d), sk (B, T2, H), in the compute type A), in one

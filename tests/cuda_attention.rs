@@ -304,7 +304,7 @@ fn flash_attention_kernel_matches_the_composition_on_the_gpu() {
         let seed = fresh_seed();
         compare("kernel vs composition", &c, &*fused(&c, seed), &dev, &*composed(&c, seed), &dev, DType::F32, kernel_tol(DType::F32), seed);
         for dt in [DType::F16, DType::BF16] {
-            for (k, tol) in [(AttentionKernel::Scalar, gpu::tol(dt)), (AttentionKernel::Wmma, wmma_tol(dt))] {
+            for (k, tol) in [(AttentionKernel::Scalar, gpu::tol(dt)), (AttentionKernel::Wmma64, wmma_tol(dt)), (AttentionKernel::Wmma, wmma_tol(dt))] {
                 set_kernel_override(Some(k));
                 compare_accuracy(&c, &dev, dt, tol, seed);
             }
@@ -464,8 +464,11 @@ fn attention_wmma_kernels_are_picked_for_half_and_multiples_of_16() {
     set_kernel_override(None);
     if std::env::var_os("ASRFORGE_ATTENTION_KERNEL").is_none() {
         for dt in [DType::F16, DType::BF16] {
-            for d in [16, 64, 128] {
-                assert_eq!(kernel_for(dt, d), AttentionKernel::Wmma, "{dt:?} d_k {d}");
+            for d in [16, 32, 48, 64] {
+                assert_eq!(kernel_for(dt, d), AttentionKernel::Wmma64, "{dt:?} d_k {d}: the 64-wide set");
+            }
+            for d in [80, 96, 112, 128] {
+                assert_eq!(kernel_for(dt, d), AttentionKernel::Wmma, "{dt:?} d_k {d}: the 128-wide set");
             }
         }
     }
@@ -475,14 +478,55 @@ fn attention_wmma_kernels_are_picked_for_half_and_multiples_of_16() {
     set_kernel_override(Some(AttentionKernel::Scalar));
     assert_eq!(kernel_for(DType::F16, 64), AttentionKernel::Scalar);
     set_kernel_override(Some(AttentionKernel::Wmma));
-    assert_eq!(kernel_for(DType::BF16, 64), AttentionKernel::Wmma);
+    assert_eq!(kernel_for(DType::BF16, 64), AttentionKernel::Wmma, "forced, the 128-wide set runs a 64-wide head");
+    assert_eq!(kernel_for(DType::F32, 64), AttentionKernel::Scalar);
+    set_kernel_override(Some(AttentionKernel::Wmma64));
+    assert_eq!(kernel_for(DType::F16, 64), AttentionKernel::Wmma64);
+    assert_eq!(kernel_for(DType::F16, 80), AttentionKernel::Wmma, "a head wider than 64 falls back to the 128-wide set");
     assert_eq!(kernel_for(DType::F32, 64), AttentionKernel::Scalar);
     set_kernel_override(None);
 }
 
-/// The wmma kernels against the truth (the CPU op in f64 on the same half
-/// inputs) within `wmma_tol`, and against the scalar kernels on the device
-/// within the sum of both kernels' tolerances, output and every gradient.
+/// The 64-wide wmma set (`attention_*_wmma64`, its fragments and shared
+/// tiles sized for head dims up to 64) gives the 128-wide set's output and
+/// every gradient bit for bit, f16 and bf16, on head dims 16 to 64 (fewer
+/// 16-column fragments than either width holds) with every mask kind,
+/// positions and dropout: only the registers and the shared tiles' row
+/// stride differ.
+#[test]
+fn attention_wmma64_kernels_give_the_wmma_kernels_bits() {
+    let Some(dev) = gpu("attention_wmma64_kernels_give_the_wmma_kernels_bits") else { return };
+    let mut cs: Vec<Case> = wmma_cases().into_iter().filter(|c| c.d <= 64).collect();
+    cs.push(Case { pos: Some(1), lens: Some(vec![40, 13]), chunk: Some((8, 1)), dropout: 0.1, ..case(2, 40, 40, 2, 16) });
+    cs.push(Case { pos: Some(2), lens: Some(vec![33, 30]), dropout: 0.1, ..case(2, 33, 33, 3, 48) });
+    cs.push(Case { lens: Some(vec![29, 5]), causal: true, ..case(2, 29, 29, 2, 32) });
+    for c in cs {
+        let seed = fresh_seed();
+        for dt in [DType::F16, DType::BF16] {
+            let (vals, weights) = inputs(&c, dt, seed);
+            let narrow = results_with(AttentionKernel::Wmma64, &c, &vals, &weights, dt, &dev, seed);
+            let wide = results_with(AttentionKernel::Wmma, &c, &vals, &weights, dt, &dev, seed);
+            assert_eq!(narrow.len(), wide.len());
+            for i in 0..wide.len() {
+                assert_eq!(narrow[i].len(), wide[i].len(), "{dt:?} {c:?} {}", label(i));
+                let bad = narrow[i].iter().zip(&wide[i]).position(|(a, b)| a.to_bits() != b.to_bits());
+                assert!(
+                    bad.is_none(),
+                    "{dt:?} {c:?} {}: element {bad:?} of the 64-wide set, {:?}, differs from the 128-wide set's {:?} (seed {seed})",
+                    label(i),
+                    bad.map(|e| narrow[i][e]),
+                    bad.map(|e| wide[i][e])
+                );
+            }
+        }
+    }
+}
+
+/// The wmma kernels that run (the 64-wide set for head dims up to 64, the
+/// 128-wide set above) against the truth (the CPU op in f64 on the same
+/// half inputs) within `wmma_tol`, and against the scalar kernels on the
+/// device within the sum of both kernels' tolerances, output and every
+/// gradient.
 #[test]
 fn attention_wmma_kernels_match_the_cpu_op_and_the_scalar_kernels() {
     let Some(dev) = gpu("attention_wmma_kernels_match_the_cpu_op_and_the_scalar_kernels") else { return };
@@ -492,11 +536,12 @@ fn attention_wmma_kernels_match_the_cpu_op_and_the_scalar_kernels() {
         for dt in [DType::F16, DType::BF16] {
             let (vals, weights) = inputs(&c, dt, seed);
             let truth = results(&*fused(&c, seed), &vals, &weights, DType::F64, &cpu);
-            let wmma = results_with(AttentionKernel::Wmma, &c, &vals, &weights, dt, &dev, seed);
+            let set = if c.d <= 64 { AttentionKernel::Wmma64 } else { AttentionKernel::Wmma };
+            let wmma = results_with(set, &c, &vals, &weights, dt, &dev, seed);
             let scalar = results_with(AttentionKernel::Scalar, &c, &vals, &weights, dt, &dev, seed);
             for i in 0..truth.len() {
                 let (ew, es) = (rel_err(&wmma[i], &truth[i]), rel_err(&scalar[i], &truth[i]));
-                println!("{dt:?} d_k {} {}: wmma error {ew:.3e} ({:.2} tol), scalar error {es:.3e}", c.d, label(i), ew / gpu::tol(dt));
+                println!("{dt:?} d_k {} {set:?} {}: wmma error {ew:.3e} ({:.2} tol), scalar error {es:.3e}", c.d, label(i), ew / gpu::tol(dt));
                 close(&format!("wmma vs f64 cpu op {dt:?} {c:?} {}", label(i)), &wmma[i], &truth[i], wmma_tol(dt), seed);
                 close(&format!("wmma vs scalar kernel {dt:?} {c:?} {}", label(i)), &wmma[i], &scalar[i], wmma_tol(dt) + kernel_tol(dt), seed);
             }
@@ -535,7 +580,7 @@ fn packed_qkv_and_kv_operands_give_the_dense_op_bit_for_bit() {
     if let Some(dev) = gpu("packed_qkv_and_kv_operands_give_the_dense_op_bit_for_bit") {
         runs.push((dev.clone(), DType::F32, Some(AttentionKernel::Scalar)));
         for dt in [DType::F16, DType::BF16] {
-            for k in [AttentionKernel::Scalar, AttentionKernel::Wmma] {
+            for k in [AttentionKernel::Scalar, AttentionKernel::Wmma64, AttentionKernel::Wmma] {
                 runs.push((dev.clone(), dt, Some(k)));
             }
         }

@@ -241,8 +241,8 @@ fn fusion_all_runs_the_same_step_in_fewer_launches() {
 /// The attention's kernel sets launch alike: one kernel forward, two
 /// backward and, with relative positions, `attention_pos_grads` for the
 /// gradients of the table and the two biases (it replaced eight launches
-/// of a composition), no host synchronisation, for the scalar and the wmma
-/// set (bf16, rel-pos, key lengths), each named in the profile.
+/// of a composition), no host synchronisation, for the scalar set and both
+/// wmma widths (bf16, rel-pos, key lengths), each named in the profile.
 #[test]
 fn attention_kernel_sets_launch_one_kernel_forward_and_three_backward_with_positions() {
     use asrforge::backend::cpu::attention::{AttentionDims, AttentionDropout, AttentionRule};
@@ -266,6 +266,11 @@ fn attention_kernel_sets_launch_one_kernel_forward_and_three_backward_with_posit
             AttentionKernel::Wmma,
             "attention/attention_fwd_wmma",
             ["attention/attention_bwd_dq_wmma", "attention/attention_bwd_dkv_wmma", "attention/attention_pos_grads"],
+        ),
+        (
+            AttentionKernel::Wmma64,
+            "attention/attention_fwd_wmma64",
+            ["attention/attention_bwd_dq_wmma64", "attention/attention_bwd_dkv_wmma64", "attention/attention_pos_grads"],
         ),
     ] {
         set_kernel_override(Some(set));

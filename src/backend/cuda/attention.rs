@@ -5,10 +5,11 @@
 //! half and computed in f32. The kernels' blocks grid-stride over
 //! (sequence, head, tile), so any grid covers them.
 //!
-//! Two kernel sets: scalar tiles (every dtype, any head dim up to
-//! [`MAX_D_K`]) and tensor-core tiles (`*_wmma`, f16 and bf16, head dims a
-//! multiple of 16). [`kernel_for`] picks: the wmma set where it applies,
-//! unless `ASRFORGE_ATTENTION_KERNEL=scalar` (read once per process) or
+//! Three kernel sets: scalar tiles (every dtype, any head dim up to
+//! [`MAX_D_K`]) and tensor-core tiles in two widths (f16 and bf16, head
+//! dims a multiple of 16): `*_wmma64` for head dims up to 64, `*_wmma` up
+//! to 128. [`kernel_for`] picks: the narrowest wmma set that applies,
+//! unless `ASRFORGE_ATTENTION_KERNEL` (read once per process) or
 //! [`set_kernel_override`] on the calling thread says otherwise.
 
 use super::nn_common::{expect_dtype, expect_len, same, FLOATS};
@@ -22,19 +23,28 @@ const THREADS: u32 = 128;
 /// The largest head dim (`ATT_DMAX`).
 pub const MAX_D_K: usize = 128;
 
+/// The largest head dim of the 64-wide wmma set (`attention_*_wmma64`).
+pub const WMMA64_MAX_D_K: usize = 64;
+
 /// Query rows per block of the wmma kernels (`ATW_QT`).
 const WMMA_QUERY_TILE: usize = 64;
 /// Key rows per block of the wmma backward's dk/dv kernel (`ATW_KT`).
 const WMMA_KEY_TILE: usize = 32;
 
-/// The two kernel sets.
+/// The kernel sets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionKernel {
     /// Scalar tiles (`attention_fwd`...): every dtype and head dim.
     Scalar,
-    /// Tensor-core tiles (`attention_fwd_wmma`...): f16 and bf16 with a head
-    /// dim a multiple of 16 up to [`MAX_D_K`]; elsewhere the scalar set runs.
+    /// Tensor-core tiles 128 columns wide (`attention_fwd_wmma`...): f16 and
+    /// bf16 with a head dim a multiple of 16 up to [`MAX_D_K`]; elsewhere
+    /// the scalar set runs.
     Wmma,
+    /// Tensor-core tiles 64 columns wide (`attention_fwd_wmma64`...): the
+    /// `Wmma` kernels with their fragments and shared tiles sized for head
+    /// dims up to [`WMMA64_MAX_D_K`] (the same bits as `Wmma` there, with
+    /// about half its registers; ptxas, sm_90); for wider heads `Wmma` runs.
+    Wmma64,
 }
 
 thread_local! {
@@ -48,30 +58,34 @@ pub fn set_kernel_override(k: Option<AttentionKernel>) {
     OVERRIDE.with(|o| o.set(k));
 }
 
-/// `ASRFORGE_ATTENTION_KERNEL`: `scalar`, `wmma` or `auto` (unset: auto).
+/// `ASRFORGE_ATTENTION_KERNEL`: `scalar`, `wmma`, `wmma64` or `auto` (unset: auto).
 fn env_kernel() -> Option<AttentionKernel> {
     static K: std::sync::OnceLock<Option<AttentionKernel>> = std::sync::OnceLock::new();
     *K.get_or_init(|| match std::env::var("ASRFORGE_ATTENTION_KERNEL").as_deref().map(str::trim) {
         Err(_) | Ok("auto") | Ok("") => None,
         Ok("scalar") => Some(AttentionKernel::Scalar),
         Ok("wmma") => Some(AttentionKernel::Wmma),
+        Ok("wmma64") => Some(AttentionKernel::Wmma64),
         Ok(v) => {
-            eprintln!("warning: ASRFORGE_ATTENTION_KERNEL={v:?} is not scalar, wmma or auto; using auto");
+            eprintln!("warning: ASRFORGE_ATTENTION_KERNEL={v:?} is not scalar, wmma, wmma64 or auto; using auto");
             None
         }
     })
 }
 
-/// The kernel set that runs for `dt` and head dim `d_k`: wmma for f16/bf16
-/// with `d_k % 16 == 0` unless the thread's override or the environment
-/// asks for the scalar set; scalar otherwise (also when wmma is forced).
+/// The kernel set that runs for `dt` and head dim `d_k`. For f16/bf16 with
+/// `d_k % 16 == 0`: `Wmma64` up to [`WMMA64_MAX_D_K`], `Wmma` above, unless
+/// the thread's override or the environment asks for `Scalar` or `Wmma`
+/// (forcing `Wmma64` on a wider head runs `Wmma`). Scalar otherwise (also
+/// when a wmma set is forced).
 pub fn kernel_for(dt: DType, d_k: usize) -> AttentionKernel {
     let fits = matches!(dt, DType::F16 | DType::BF16) && d_k % 16 == 0 && d_k > 0 && d_k <= MAX_D_K;
-    let want = OVERRIDE.with(|o| o.get()).or_else(env_kernel).unwrap_or(AttentionKernel::Wmma);
-    if fits && want == AttentionKernel::Wmma {
-        AttentionKernel::Wmma
-    } else {
-        AttentionKernel::Scalar
+    let want = OVERRIDE.with(|o| o.get()).or_else(env_kernel).unwrap_or(AttentionKernel::Wmma64);
+    match want {
+        _ if !fits => AttentionKernel::Scalar,
+        AttentionKernel::Wmma64 if d_k <= WMMA64_MAX_D_K => AttentionKernel::Wmma64,
+        AttentionKernel::Wmma | AttentionKernel::Wmma64 => AttentionKernel::Wmma,
+        AttentionKernel::Scalar => AttentionKernel::Scalar,
     }
 }
 
@@ -334,6 +348,7 @@ pub fn flash_attention(
         }
         match kernel_for(dt, n.d_k) {
             AttentionKernel::Wmma => launch_att!(attention_fwd_wmma, dev, dt, cfg(units_of(n, n.t1, WMMA_QUERY_TILE)), c, &o, &lse)?,
+            AttentionKernel::Wmma64 => launch_att!(attention_fwd_wmma64, dev, dt, cfg(units_of(n, n.t1, WMMA_QUERY_TILE)), c, &o, &lse)?,
             AttentionKernel::Scalar => launch_att!(attention_fwd, dev, dt, cfg(units(n, n.t1, dt)), c, &o, &lse)?,
         }
     }
@@ -404,6 +419,10 @@ pub fn flash_attention_backward(
             AttentionKernel::Wmma => {
                 launch_att!(attention_bwd_dq_wmma, dev, dt, cfg(units_of(n, n.t1, WMMA_QUERY_TILE)), c, dout, lse, &dsum, dq)?;
                 launch_att!(attention_bwd_dkv_wmma, dev, dt, cfg(units_of(n, n.t2, WMMA_KEY_TILE)), c, dout, lse, &dsum, dk, dv, dp, sk)?;
+            }
+            AttentionKernel::Wmma64 => {
+                launch_att!(attention_bwd_dq_wmma64, dev, dt, cfg(units_of(n, n.t1, WMMA_QUERY_TILE)), c, dout, lse, &dsum, dq)?;
+                launch_att!(attention_bwd_dkv_wmma64, dev, dt, cfg(units_of(n, n.t2, WMMA_KEY_TILE)), c, dout, lse, &dsum, dk, dv, dp, sk)?;
             }
             AttentionKernel::Scalar => {
                 launch_att!(attention_bwd_dq, dev, dt, cfg(units(n, n.t1, dt)), c, o, dout, lse, &dsum, dq)?;
