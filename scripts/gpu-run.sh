@@ -31,7 +31,7 @@
 # bisect sanitize bench sdpa") picks sections (sdpa: PyTorch's
 # scaled_dot_product_attention on the flash_attention benches' shapes,
 # SDPA_DTYPES default bf16,fp16); TESTS (default all staged) names test
-# binaries to run; DTYPES, FUSION_DTYPES, SWEEPS ("VAR=value ..."), BENCH_FILTER (a criterion filter),
+# binaries to run; DTYPES, FUSION_DTYPES, SWEEPS ("VAR=value[+VAR=value] ..."), BENCH_FILTER (a criterion filter),
 # SANITIZE_SPECS ("tool kernel-substring;..."), SANITIZE_FUSION narrow them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -295,17 +295,22 @@ done
 # --- 4c. launch-shape sweeps -----------------------------------------------------
 # Knobs that set how many blocks a kernel family runs, read once per
 # process: the fused AdamW chunk (ASRFORGE_MT_CHUNK, elements per block) and
-# layer norm's backward rows per block (ASRFORGE_LN_CHUNK). Per value: the
+# layer norm's backward rows per block (ASRFORGE_LN_CHUNK); and, with every
+# fusion on, which attention kernel set runs (ASRFORGE_ATTENTION_KERNEL:
+# wmma64, the default at d_k 64, against the wide wmma set and the scalar
+# one). A spec sets one or more variables joined by '+'. Per value: the
 # bf16 step time and the profile's measured ms of the families it moves.
 declare -a MROWS
 if want sweep; then
-    for spec in ${SWEEPS:-ASRFORGE_MT_CHUNK=65536 ASRFORGE_MT_CHUNK=16384 ASRFORGE_MT_CHUNK=4096 ASRFORGE_LN_CHUNK=64 ASRFORGE_LN_CHUNK=16 ASRFORGE_LN_CHUNK=8}; do
+    for spec in ${SWEEPS:-ASRFORGE_MT_CHUNK=65536 ASRFORGE_MT_CHUNK=16384 ASRFORGE_MT_CHUNK=4096 ASRFORGE_LN_CHUNK=64 ASRFORGE_LN_CHUNK=16 ASRFORGE_LN_CHUNK=8 \
+            ASRFORGE_FUSION=all+ASRFORGE_ATTENTION_KERNEL=wmma64 ASRFORGE_FUSION=all+ASRFORGE_ATTENTION_KERNEL=wmma ASRFORGE_FUSION=all+ASRFORGE_ATTENTION_KERNEL=scalar}; do
         if [ "$(left)" -lt 30 ]; then MROWS+=("$spec NOT RUN (out of time)"); continue; fi
-        env "$spec" timeout 60 "$BIN" bench-train --config "$CONFIG" "${OVERRIDES[@]}" --steps 4 --warmup 2 --device cuda --dtype bf16 \
+        # shellcheck disable=SC2086 # one word per variable
+        env ${spec//+/ } timeout 60 "$BIN" bench-train --config "$CONFIG" "${OVERRIDES[@]}" --steps 4 --warmup 2 --device cuda --dtype bf16 \
             --batch_size "$BATCH" --frames "$FRAMES" --profile > "$LOG/sweep-$spec.txt" 2> "$LOG/sweep-$spec.log"
         line=$(grep '^bench-train' "$LOG/sweep-$spec.txt" | tail -1)
         # The GPU table's rows and its total (7 columns; the op table has its own total line).
-        fam=$(awk '(/^(optim\/mt_|norm\/(add_)?layer_norm_bwd)/ || /^total /) && NF == 7 {printf "%s %s launches %s ms; ", $1, $2, $NF}' "$LOG/sweep-$spec.txt")
+        fam=$(awk '(/^(optim\/mt_|norm\/(add_)?layer_norm_bwd|attention\/)/ || /^total /) && NF == 7 {printf "%s %s launches %s ms; ", $1, $2, $NF}' "$LOG/sweep-$spec.txt")
         MROWS+=("$(printf '%-24s step_ms %s; %s' "$spec" "$(field step_ms_median "$line")" "$fam")")
     done
 fi
