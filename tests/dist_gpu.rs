@@ -45,6 +45,31 @@ fn comm(s: &Store, w: &Worker, prefix: &str) -> Box<TcpCommunicator> {
     Box::new(TcpCommunicator::new(s, prefix, w.rank, w.world_size, TIMEOUT).expect("communicator"))
 }
 
+/// Where every device worker starts: its device, the rendezvous store (the
+/// server on rank 0), the run, one CPU process's run of it with the whole
+/// batch (its outcomes and final parameters), and this rank's seed: rank r
+/// starts from seed 7 + r, so only an engine's initial broadcast makes the
+/// ranks agree (and equal seed 7, the single process's).
+struct Start {
+    dev: Device,
+    _server: Option<StoreServer>,
+    s: Store,
+    run: Run,
+    single_out: Vec<asrforge::engine::StepOutcome>,
+    want: Vec<f32>,
+    seed: u64,
+}
+
+fn start(w: &Worker, name: &str, accum: usize) -> Start {
+    let dev = common::gpu::gpu(name).expect("the parent checked for a GPU");
+    let (_server, s) = store(w);
+    let run = Run { first_step: 0, steps: STEPS, accum, clip: CLIP, lr: 0.01 };
+    let mut single = SingleProcess::new(make_params(7), ADAM).expect("single");
+    let single_out = train(&mut single, run, None, &|_, _| {}).expect("single-process run");
+    let want = flat_values(single.parameters());
+    Start { dev, _server, s, run, single_out, want, seed: 7 + w.rank as u64 }
+}
+
 /// The zero_common model with rank-dependent values, moved to `dev`.
 fn device_params(seed: u64, dev: &Device) -> Vec<(String, asrforge::Tensor)> {
     let p = make_params(seed);
@@ -121,15 +146,8 @@ fn host_syncs() -> u64 {
 
 /// Trains DDP and ZeRO-1/2 on the device and checks them against one CPU process.
 fn engines_worker(w: &Worker, accum: usize) {
-    let dev = common::gpu::gpu("engines_worker").expect("the parent checked for a GPU");
-    let (_server, s) = store(w);
-    let run = Run { first_step: 0, steps: STEPS, accum, clip: CLIP, lr: 0.01 };
-    let mut single = SingleProcess::new(make_params(7), ADAM).expect("single");
-    let single_out = train(&mut single, run, None, &|_, _| {}).expect("single-process run");
-    let want = flat_values(single.parameters());
+    let Start { dev, _server, s, run, single_out, want, seed } = start(w, "engines_worker", accum);
     assert!(max_rel(&want, &flat_values(&make_params(7))) > 1e-2, "training moves the parameters");
-    // Rank r starts from seed 7 + r: only the initial broadcast makes the ranks agree (and equal seed 7).
-    let seed = 7 + w.rank as u64;
     let mut engines: Vec<(String, Box<dyn Engine>)> = Vec::new();
     let ddp = Ddp::new(device_params(seed, &dev), &[], ADAM, comm(&s, w, "ddp"), 64).expect("ddp on the device");
     println!("BUCKETS {}", ddp.stats().lock().unwrap().bucket_numels.len());
@@ -254,13 +272,7 @@ fn gpu_ddp_and_zero_equal_one_process_at_3_ranks() {
 /// batch, off DDP with the f32 all-reduce by more than f32 rounding, and
 /// with exactly as many host synchronisations as the f32 all-reduce.
 fn half_sync_worker(w: &Worker, accum: usize) {
-    let dev = common::gpu::gpu("half_sync_worker").expect("the parent checked for a GPU");
-    let (_server, s) = store(w);
-    let run = Run { first_step: 0, steps: STEPS, accum, clip: CLIP, lr: 0.01 };
-    let mut single = SingleProcess::new(make_params(7), ADAM).expect("single");
-    let single_out = train(&mut single, run, None, &|_, _| {}).expect("single-process run");
-    let want = flat_values(single.parameters());
-    let seed = 7 + w.rank as u64;
+    let Start { dev, _server, s, run, single_out, want, seed } = start(w, "half_sync_worker", accum);
     for device_buckets in [false, true] {
         let c = |prefix: &str| -> Box<dyn Communicator> {
             let prefix = format!("{prefix}-{device_buckets}");
@@ -343,13 +355,7 @@ fn gpu_ddp_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks() {
 /// reduce-scatter handed half the f32 run's bytes, and no more host
 /// synchronisations than the f32 run.
 fn zero_half_sync_worker(w: &Worker, accum: usize) {
-    let dev = common::gpu::gpu("zero_half_sync_worker").expect("the parent checked for a GPU");
-    let (_server, s) = store(w);
-    let run = Run { first_step: 0, steps: STEPS, accum, clip: CLIP, lr: 0.01 };
-    let mut single = SingleProcess::new(make_params(7), ADAM).expect("single");
-    let single_out = train(&mut single, run, None, &|_, _| {}).expect("single-process run");
-    let want = flat_values(single.parameters());
-    let seed = 7 + w.rank as u64;
+    let Start { dev, _server, s, run, single_out, want, seed } = start(w, "zero_half_sync_worker", accum);
     for stage in [1u8, 2] {
         let o = ZeroOptions { stage, reduce_bucket_size: 8, allgather_bucket_size: 11, overlap_comm: false };
         let mut full = ZeroEngine::new(device_params(seed, &dev), comm(&s, w, &format!("zf32-{stage}")), o, ADAM).expect("zero on the device");
@@ -405,13 +411,7 @@ fn gpu_zero_half_grad_sync_is_within_half_rounding_of_one_process_at_3_ranks() {
 /// synchronisation per bucket per reduction (each bucket comes to the host
 /// when it is launched) plus the step's two.
 fn overlap_worker(w: &Worker, accum: usize) {
-    let dev = common::gpu::gpu("overlap_worker").expect("the parent checked for a GPU");
-    let (_server, s) = store(w);
-    let run = Run { first_step: 0, steps: STEPS, accum, clip: CLIP, lr: 0.01 };
-    let mut single = SingleProcess::new(make_params(7), ADAM).expect("single");
-    train(&mut single, run, None, &|_, _| {}).expect("single-process run");
-    let want = flat_values(single.parameters());
-    let seed = 7 + w.rank as u64;
+    let Start { dev, _server, s, run, single_out: _, want, seed } = start(w, "overlap_worker", accum);
     for stage in [1u8, 2] {
         for half in [None, Some(DType::F16), Some(DType::BF16)] {
             let label = format!("zero{stage}{}", half.map_or("f32", |h| h.as_str()));
@@ -971,13 +971,7 @@ fn nccl_ddp_half_grad_sync_at_world_1_within_half_rounding_of_one_process() {
 /// within 1e-5 of one CPU process; and an inf on one rank skips the step on
 /// every rank in both engines.
 fn zero_device_collectives_worker(w: &Worker, accum: usize) {
-    let dev = common::gpu::gpu("zero_device_collectives_worker").expect("the parent checked for a GPU");
-    let (_server, s) = store(w);
-    let run = Run { first_step: 0, steps: STEPS, accum, clip: CLIP, lr: 0.01 };
-    let mut single = SingleProcess::new(make_params(7), ADAM).expect("single");
-    train(&mut single, run, None, &|_, _| {}).expect("single-process run");
-    let want = flat_values(single.parameters());
-    let seed = 7 + w.rank as u64;
+    let Start { dev, _server, s, run, single_out: _, want, seed } = start(w, "zero_device_collectives_worker", accum);
     for stage in [1u8, 2] {
         for overlap_comm in [false, true] {
             for half in [None, Some(DType::F16), Some(DType::BF16)] {
