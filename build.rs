@@ -57,6 +57,7 @@ fn main() {
                 "cargo:warning=asrforge: nvcc not found (looked at NVCC, CUDA_HOME/CUDA_PATH/CUDA_ROOT + /bin/nvcc, PATH); building without CUDA kernels. Install it with scripts/install-nvcc.sh"
             );
             write_index(&out_dir, &[], "", &emu, &scans);
+            append_index(&out_dir, "/// The version of the nvcc that compiled the kernels, empty without nvcc.\npub static NVCC_VERSION: &str = \"\";\n");
             return;
         }
     };
@@ -80,8 +81,19 @@ fn main() {
         eprintln!("{}", failures.join("\n\n"));
         panic!("nvcc failed on {} kernel file(s); its messages are above", failures.len());
     }
-    built.sort();
+    built.sort_by(|a, b| a.0.cmp(&b.0));
     write_index(&out_dir, &built, &arch_list, &emu, &scans);
+    // nvcc's version ("V13.0.88"), beside the index: ptxas's report depends on it.
+    let version = Command::new(&nvcc)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().find(|w| w.starts_with('V')).map(str::to_string))
+        .unwrap_or_default();
+    append_index(
+        &out_dir,
+        &format!("/// The version of the nvcc that compiled the kernels (`V13.0.88`), empty without nvcc.\npub static NVCC_VERSION: &str = {version:?};\n"),
+    );
 }
 
 /// The architectures to compile for (`CUDA_ARCHS="80,90"`), lowest first.
@@ -121,14 +133,31 @@ fn find_nvcc() -> Option<PathBuf> {
     std::env::split_paths(&path).map(|d| d.join("nvcc")).find(|p| p.is_file())
 }
 
-/// Compiles one `.cu` into `$OUT_DIR/<stem>.fatbin`; returns (stem, path).
-fn compile(nvcc: &Path, src: &Path, src_dir: &Path, out_dir: &Path, archs: &[u32]) -> Result<(String, PathBuf), String> {
+/// One compiled module: its stem, its fatbin, and what ptxas reported for
+/// each kernel and arch.
+type Built = (String, PathBuf, Vec<Resources>);
+
+/// ptxas's resource report for one kernel on one arch (`-Xptxas -v`):
+/// registers per thread, static shared memory, and the bytes spilled to and
+/// reloaded from local memory.
+#[derive(Clone, Debug, PartialEq)]
+struct Resources {
+    kernel: String,
+    arch: u32,
+    registers: u32,
+    smem: u32,
+    spill_stores: u32,
+    spill_loads: u32,
+}
+
+/// Compiles one `.cu` into `$OUT_DIR/<stem>.fatbin` with ptxas's report.
+fn compile(nvcc: &Path, src: &Path, src_dir: &Path, out_dir: &Path, archs: &[u32]) -> Result<Built, String> {
     let stem = src.file_stem().and_then(|s| s.to_str()).ok_or_else(|| format!("{}: not a UTF-8 file name", src.display()))?.to_string();
     let out = out_dir.join(format!("{stem}.fatbin"));
     let text = std::fs::read_to_string(src).map_err(|e| format!("{}: {e}", src.display()))?;
     let fast_math = text.lines().take(5).any(|l| l.trim() == "// nvcc: --use_fast_math");
     let mut cmd = Command::new(nvcc);
-    cmd.args(["-fatbin", "-std=c++17", "-O3"]);
+    cmd.args(["-fatbin", "-std=c++17", "-O3", "-Xptxas", "-v"]);
     for a in archs {
         cmd.arg("-gencode").arg(format!("arch=compute_{a},code=sm_{a}"));
     }
@@ -157,12 +186,66 @@ fn compile(nvcc: &Path, src: &Path, src_dir: &Path, out_dir: &Path, archs: &[u32
             String::from_utf8_lossy(&res.stderr)
         ));
     }
-    Ok((stem, out))
+    let report = format!("{}{}", String::from_utf8_lossy(&res.stdout), String::from_utf8_lossy(&res.stderr));
+    let resources = parse_ptxas(&report).map_err(|e| format!("{}: ptxas's report: {e}", src.display()))?;
+    Ok((stem, out, resources))
 }
 
-fn write_index(out_dir: &Path, built: &[(String, PathBuf)], archs: &str, emu: &EmuBuild, scans: &[(String, CuScan)]) {
+/// The entries of ptxas's `-v` report, which for each kernel and arch reads
+///   ptxas info    : Compiling entry function 'k' for 'sm_90'
+///   ptxas info    : Function properties for k
+///       16 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+///   ptxas info    : Used 96 registers, used 1 barriers, ..., 21888 bytes smem
+/// (no smem figure when there is none; device functions that are not
+/// entries have their own properties lines, which are skipped).
+fn parse_ptxas(report: &str) -> Result<Vec<Resources>, String> {
+    // The number just before `unit` in `text` ("32 bytes spill stores").
+    fn before(text: &str, unit: &str) -> Option<u32> {
+        let head = &text[..text.find(unit)?];
+        head.trim_end().rsplit([' ', ',']).next()?.parse().ok()
+    }
+    let mut out = Vec::new();
+    let mut cur: Option<Resources> = None;
+    let mut props_of_entry = false;
+    for line in report.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let (kernel, tail) = rest.split_once('\'').ok_or_else(|| format!("unexpected line {line:?}"))?;
+            let arch = tail.split("'sm_").nth(1).and_then(|a| a.trim_end_matches('\'').parse().ok()).ok_or_else(|| format!("no arch in {line:?}"))?;
+            if let Some(r) = cur.take() {
+                return Err(format!("no register count for {} (sm_{})", r.kernel, r.arch));
+            }
+            cur = Some(Resources { kernel: kernel.to_string(), arch, registers: 0, smem: 0, spill_stores: 0, spill_loads: 0 });
+        } else if let Some(name) = line.split("Function properties for ").nth(1) {
+            props_of_entry = cur.as_ref().is_some_and(|r| r.kernel == name.trim());
+        } else if line.contains("spill stores") {
+            if props_of_entry {
+                let r = cur.as_mut().expect("properties of the current entry");
+                r.spill_stores = before(line, " bytes spill stores").ok_or_else(|| format!("unexpected line {line:?}"))?;
+                r.spill_loads = before(line, " bytes spill loads").ok_or_else(|| format!("unexpected line {line:?}"))?;
+            }
+            props_of_entry = false;
+        } else if line.contains("Used ") && line.contains(" registers") {
+            if let Some(mut r) = cur.take() {
+                r.registers = line
+                    .split("Used ")
+                    .nth(1)
+                    .and_then(|t| t.split(' ').next())
+                    .and_then(|n| n.parse().ok())
+                    .ok_or_else(|| format!("unexpected line {line:?}"))?;
+                r.smem = before(line, " bytes smem").unwrap_or(0);
+                out.push(r);
+            }
+        }
+    }
+    match cur {
+        Some(r) => Err(format!("no register count for {} (sm_{})", r.kernel, r.arch)),
+        None => Ok(out),
+    }
+}
+
+fn write_index(out_dir: &Path, built: &[Built], archs: &str, emu: &EmuBuild, scans: &[(String, CuScan)]) {
     let mut s = String::from("/// Embedded kernel modules: (file stem, fatbin).\npub static KERNELS: &[(&str, &[u8])] = &[\n");
-    for (stem, path) in built {
+    for (stem, path, _) in built {
         s.push_str(&format!("    ({stem:?}, include_bytes!({:?})),\n", path.display().to_string()));
     }
     s.push_str("];\n");
@@ -181,8 +264,22 @@ fn write_index(out_dir: &Path, built: &[(String, PathBuf)], archs: &str, emu: &E
         s.push_str(&format!("    ({stem:?}, {k:?}, {codes:?}),\n"));
     }
     s.push_str("];\n");
+    s.push_str("/// ptxas's report for every compiled kernel and arch: (module stem, kernel, arch, registers per thread,\n/// static shared memory bytes, spill store bytes, spill load bytes), sorted (see `kernels::resources`).\npub static RESOURCES: &[(&str, &str, u32, u32, u32, u32, u32)] = &[\n");
+    let mut res: Vec<(&str, &Resources)> = built.iter().flat_map(|(stem, _, rs)| rs.iter().map(move |r| (stem.as_str(), r))).collect();
+    res.sort_by(|a, b| (a.0, a.1.kernel.as_str(), a.1.arch).cmp(&(b.0, b.1.kernel.as_str(), b.1.arch)));
+    for (stem, r) in res {
+        s.push_str(&format!("    ({stem:?}, {:?}, {}, {}, {}, {}, {}),\n", r.kernel, r.arch, r.registers, r.smem, r.spill_stores, r.spill_loads));
+    }
+    s.push_str("];\n");
     let dst = out_dir.join("kernels.rs");
     std::fs::write(&dst, s).unwrap_or_else(|e| panic!("cannot write {}: {e}", dst.display()));
+}
+
+fn append_index(out_dir: &Path, text: &str) {
+    use std::io::Write;
+    let dst = out_dir.join("kernels.rs");
+    let mut f = std::fs::OpenOptions::new().append(true).open(&dst).unwrap_or_else(|e| panic!("cannot open {}: {e}", dst.display()));
+    f.write_all(text.as_bytes()).unwrap_or_else(|e| panic!("cannot write {}: {e}", dst.display()));
 }
 
 // ---- the emulated modules (cuda/emu, see cuda/README.md) --------------------------------

@@ -18,9 +18,33 @@ pub fn report() -> String {
     } else {
         let _ = writeln!(s, "kernels: {} modules embedded: {}", k.len(), k.join(", "));
         let _ = writeln!(s, "kernel archs: sm_{} (+ PTX for the lowest)", super::archs().replace(',', ", sm_"));
+        let _ = writeln!(s, "{}", ptxas_line());
     }
     probe(&mut s);
     s
+}
+
+/// One line on ptxas's report of the embedded kernels: how many, the most
+/// registers, and every kernel that spills.
+fn ptxas_line() -> String {
+    use super::kernels::{resources, NVCC_VERSION};
+    let all: Vec<_> = resources().collect();
+    let Some(most) = all.iter().max_by_key(|r| r.registers) else {
+        return "ptxas report: none (the kernels were built without it)".to_string();
+    };
+    let spills: Vec<String> = all
+        .iter()
+        .filter(|r| r.spill_stores + r.spill_loads > 0)
+        .map(|r| format!("{} sm_{} ({} B stored, {} B loaded)", r.kernel, r.arch, r.spill_stores, r.spill_loads))
+        .collect();
+    format!(
+        "ptxas report (nvcc {NVCC_VERSION}): {} kernel builds, most registers {} ({} sm_{}), register spills: {}",
+        all.len(),
+        most.registers,
+        most.kernel,
+        most.arch,
+        if spills.is_empty() { "none".to_string() } else { spills.join(", ") }
+    )
 }
 
 #[cfg(not(feature = "cuda"))]

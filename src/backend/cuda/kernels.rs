@@ -59,7 +59,79 @@ pub const EMU_PROBLEM: &str = "built without the `cuda` feature";
 /// Every kernel's parameter kinds (none without the `cuda` feature).
 pub static SIGNATURES: &[(&str, &str, &str)] = &[];
 
+#[cfg(not(feature = "cuda"))]
+/// The version of the nvcc that compiled the kernels (none without the `cuda` feature).
+pub static NVCC_VERSION: &str = "";
+#[cfg(not(feature = "cuda"))]
+/// ptxas's report per kernel and arch (none without the `cuda` feature).
+pub static RESOURCES: &[(&str, &str, u32, u32, u32, u32, u32)] = &[];
+
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+
+/// What ptxas reported for one kernel on one arch when build.rs compiled it
+/// (`nvcc -Xptxas -v`): the figures that bound how many blocks an SM holds
+/// and whether local memory stands in for registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resources {
+    /// The `.cu` file stem.
+    pub module: &'static str,
+    /// The `extern "C"` name.
+    pub kernel: &'static str,
+    /// The compute capability (`90` for sm_90).
+    pub arch: u32,
+    /// Registers per thread.
+    pub registers: u32,
+    /// Static shared memory per block, bytes.
+    pub smem: u32,
+    /// Bytes spilled to local memory (stores) and read back (loads).
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+}
+
+impl Resources {
+    /// Blocks of `threads` threads one SM of this arch holds by registers,
+    /// static shared memory, warps and blocks alone (dynamic shared memory
+    /// and the carve-out left aside), or `None` for an arch not in the
+    /// table. Per SM (CUDA C++ Programming Guide, the compute capabilities
+    /// table): 65536 registers, allocated per warp in units of 256; shared
+    /// memory 164 KiB (sm_80, sm_87), 100 KiB (sm_86, sm_89, sm_120) or
+    /// 228 KiB (sm_90, sm_100), less 1 KiB reserved per block; 64 warps
+    /// (48 on sm_86, sm_89, sm_120); 32 blocks (16 on sm_86, 24 on sm_89
+    /// and sm_120).
+    pub fn blocks_per_sm(&self, threads: u32) -> Option<u32> {
+        let (smem_kib, max_warps, max_blocks) = match self.arch {
+            80 | 87 => (164, 64, 32),
+            86 => (100, 48, 16),
+            89 | 120 => (100, 48, 24),
+            90 | 100 => (228, 64, 32),
+            _ => return None,
+        };
+        let warps = threads.div_ceil(32).max(1);
+        let regs_per_warp = (self.registers * 32).div_ceil(256) * 256;
+        let by_regs = 65536u32.checked_div(regs_per_warp * warps).unwrap_or(u32::MAX);
+        let by_smem = if self.smem == 0 { u32::MAX } else { smem_kib * 1024 / (self.smem + 1024) };
+        Some(by_regs.min(by_smem).min(max_warps / warps).min(max_blocks))
+    }
+}
+
+/// Every kernel's report, in (module, kernel, arch) order; empty when the
+/// build had no nvcc.
+pub fn resources() -> impl Iterator<Item = Resources> {
+    RESOURCES.iter().map(|&(module, kernel, arch, registers, smem, spill_stores, spill_loads)| Resources {
+        module,
+        kernel,
+        arch,
+        registers,
+        smem,
+        spill_stores,
+        spill_loads,
+    })
+}
+
+/// ptxas's report for `kernel` (any module) on `arch`, if it was compiled.
+pub fn resources_of(kernel: &str, arch: u32) -> Option<Resources> {
+    resources().find(|r| r.kernel == kernel && r.arch == arch)
+}
 
 /// The fatbin of module `stem`, if embedded.
 pub fn fatbin(stem: &str) -> Option<&'static [u8]> {
