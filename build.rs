@@ -187,7 +187,13 @@ fn compile(nvcc: &Path, src: &Path, src_dir: &Path, out_dir: &Path, archs: &[u32
         ));
     }
     let report = format!("{}{}", String::from_utf8_lossy(&res.stdout), String::from_utf8_lossy(&res.stderr));
-    let resources = parse_ptxas(&report).map_err(|e| format!("{}: ptxas's report: {e}", src.display()))?;
+    // A report this parser cannot read is a warning, not a failed build: the
+    // kernels are good, only their figures are missing (tests/cuda_build.rs
+    // then names a kernel without them).
+    let resources = parse_ptxas(&report).unwrap_or_else(|e| {
+        println!("cargo:warning=asrforge: {}: cannot read ptxas's report ({e}); its kernels have no resource figures", src.display());
+        Vec::new()
+    });
     Ok((stem, out, resources))
 }
 
