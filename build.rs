@@ -56,8 +56,7 @@ fn main() {
             println!(
                 "cargo:warning=asrforge: nvcc not found (looked at NVCC, CUDA_HOME/CUDA_PATH/CUDA_ROOT + /bin/nvcc, PATH); building without CUDA kernels. Install it with scripts/install-nvcc.sh"
             );
-            write_index(&out_dir, &[], "", &emu, &scans);
-            append_index(&out_dir, "/// The version of the nvcc that compiled the kernels, empty without nvcc.\npub static NVCC_VERSION: &str = \"\";\n");
+            write_index(&out_dir, &[], "", "", &emu, &scans);
             return;
         }
     };
@@ -82,18 +81,14 @@ fn main() {
         panic!("nvcc failed on {} kernel file(s); its messages are above", failures.len());
     }
     built.sort_by(|a, b| a.0.cmp(&b.0));
-    write_index(&out_dir, &built, &arch_list, &emu, &scans);
-    // nvcc's version ("V13.0.88"), beside the index: ptxas's report depends on it.
+    // nvcc's version ("V13.0.88"): ptxas's report depends on it.
     let version = Command::new(&nvcc)
         .arg("--version")
         .output()
         .ok()
         .and_then(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().find(|w| w.starts_with('V')).map(str::to_string))
         .unwrap_or_default();
-    append_index(
-        &out_dir,
-        &format!("/// The version of the nvcc that compiled the kernels (`V13.0.88`), empty without nvcc.\npub static NVCC_VERSION: &str = {version:?};\n"),
-    );
+    write_index(&out_dir, &built, &arch_list, &version, &emu, &scans);
 }
 
 /// The architectures to compile for (`CUDA_ARCHS="80,90"`), lowest first.
@@ -249,7 +244,7 @@ fn parse_ptxas(report: &str) -> Result<Vec<Resources>, String> {
     }
 }
 
-fn write_index(out_dir: &Path, built: &[Built], archs: &str, emu: &EmuBuild, scans: &[(String, CuScan)]) {
+fn write_index(out_dir: &Path, built: &[Built], archs: &str, nvcc_version: &str, emu: &EmuBuild, scans: &[(String, CuScan)]) {
     let mut s = String::from("/// Embedded kernel modules: (file stem, fatbin).\npub static KERNELS: &[(&str, &[u8])] = &[\n");
     for (stem, path, _) in built {
         s.push_str(&format!("    ({stem:?}, include_bytes!({:?})),\n", path.display().to_string()));
@@ -270,6 +265,9 @@ fn write_index(out_dir: &Path, built: &[Built], archs: &str, emu: &EmuBuild, sca
         s.push_str(&format!("    ({stem:?}, {k:?}, {codes:?}),\n"));
     }
     s.push_str("];\n");
+    s.push_str(&format!(
+        "/// The version of the nvcc that compiled the kernels (`V13.0.88`), empty without nvcc.\npub static NVCC_VERSION: &str = {nvcc_version:?};\n"
+    ));
     s.push_str("/// ptxas's report for every compiled kernel and arch: (module stem, kernel, arch, registers per thread,\n/// static shared memory bytes, spill store bytes, spill load bytes), sorted (see `kernels::resources`).\npub static RESOURCES: &[(&str, &str, u32, u32, u32, u32, u32)] = &[\n");
     let mut res: Vec<(&str, &Resources)> = built.iter().flat_map(|(stem, _, rs)| rs.iter().map(move |r| (stem.as_str(), r))).collect();
     res.sort_by(|a, b| (a.0, a.1.kernel.as_str(), a.1.arch).cmp(&(b.0, b.1.kernel.as_str(), b.1.arch)));
@@ -279,13 +277,6 @@ fn write_index(out_dir: &Path, built: &[Built], archs: &str, emu: &EmuBuild, sca
     s.push_str("];\n");
     let dst = out_dir.join("kernels.rs");
     std::fs::write(&dst, s).unwrap_or_else(|e| panic!("cannot write {}: {e}", dst.display()));
-}
-
-fn append_index(out_dir: &Path, text: &str) {
-    use std::io::Write;
-    let dst = out_dir.join("kernels.rs");
-    let mut f = std::fs::OpenOptions::new().append(true).open(&dst).unwrap_or_else(|e| panic!("cannot open {}: {e}", dst.display()));
-    f.write_all(text.as_bytes()).unwrap_or_else(|e| panic!("cannot write {}: {e}", dst.display()));
 }
 
 // ---- the emulated modules (cuda/emu, see cuda/README.md) --------------------------------

@@ -242,4 +242,7 @@ fn blocks_per_sm_follows_the_registers_shared_memory_and_warp_limits() {
     assert_eq!(r(16, 0, 90).blocks_per_sm(32), Some(32));
     assert_eq!(r(16, 0, 86).blocks_per_sm(32), Some(16));
     assert_eq!(r(16, 0, 75).blocks_per_sm(32), None);
+    // More threads than an SM holds: none fit, and nothing overflows.
+    assert_eq!(r(16, 0, 90).blocks_per_sm(4096), Some(0));
+    assert_eq!(r(u32::MAX, u32::MAX, 90).blocks_per_sm(u32::MAX), Some(0));
 }

@@ -99,18 +99,19 @@ impl Resources {
     /// (48 on sm_86, sm_89, sm_120); 32 blocks (16 on sm_86, 24 on sm_89
     /// and sm_120).
     pub fn blocks_per_sm(&self, threads: u32) -> Option<u32> {
-        let (smem_kib, max_warps, max_blocks) = match self.arch {
+        let (smem_kib, max_warps, max_blocks): (u64, u64, u64) = match self.arch {
             80 | 87 => (164, 64, 32),
             86 => (100, 48, 16),
             89 | 120 => (100, 48, 24),
             90 | 100 => (228, 64, 32),
             _ => return None,
         };
-        let warps = threads.div_ceil(32).max(1);
-        let regs_per_warp = (self.registers * 32).div_ceil(256) * 256;
-        let by_regs = 65536u32.checked_div(regs_per_warp * warps).unwrap_or(u32::MAX);
-        let by_smem = if self.smem == 0 { u32::MAX } else { smem_kib * 1024 / (self.smem + 1024) };
-        Some(by_regs.min(by_smem).min(max_warps / warps).min(max_blocks))
+        // In u64: any field values and block size, no overflow.
+        let warps = u64::from(threads.div_ceil(32).max(1));
+        let regs_per_warp = (u64::from(self.registers) * 32).div_ceil(256) * 256;
+        let by_regs = 65536u64.checked_div(regs_per_warp * warps).unwrap_or(u64::MAX);
+        let by_smem = if self.smem == 0 { u64::MAX } else { smem_kib * 1024 / (u64::from(self.smem) + 1024) };
+        Some(by_regs.min(by_smem).min(max_warps / warps).min(max_blocks) as u32)
     }
 }
 
