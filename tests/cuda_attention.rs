@@ -413,6 +413,17 @@ use asrforge::backend::cuda::attention::{kernel_for, set_kernel_override, Attent
 
 /// The output then every gradient of the fused op on `dev` with kernel set
 /// `k` forced on this thread.
+/// `got` and `want` (output, then every gradient) hold the same values bit
+/// for bit, and as many.
+fn same_bits(what: &str, got: &[Vec<f64>], want: &[Vec<f64>], seed: u64) {
+    assert_eq!(got.len(), want.len(), "{what}: results");
+    for i in 0..want.len() {
+        assert_eq!(got[i].len(), want[i].len(), "{what}: {} length (seed {seed})", label(i));
+        let bad = got[i].iter().zip(&want[i]).position(|(a, b)| a.to_bits() != b.to_bits());
+        assert!(bad.is_none(), "{what} {}: element {bad:?}, {:?}, differs from {:?} (seed {seed})", label(i), bad.map(|e| got[i][e]), bad.map(|e| want[i][e]));
+    }
+}
+
 fn results_with(k: AttentionKernel, c: &Case, vals: &Vals, weights: &[f64], dtype: DType, dev: &Device, seed: u64) -> Vec<Vec<f64>> {
     set_kernel_override(Some(k));
     let r = results(&*fused(c, seed), vals, weights, dtype, dev);
@@ -506,18 +517,7 @@ fn attention_wmma64_kernels_give_the_wmma_kernels_bits() {
             let (vals, weights) = inputs(&c, dt, seed);
             let narrow = results_with(AttentionKernel::Wmma64, &c, &vals, &weights, dt, &dev, seed);
             let wide = results_with(AttentionKernel::Wmma, &c, &vals, &weights, dt, &dev, seed);
-            assert_eq!(narrow.len(), wide.len());
-            for i in 0..wide.len() {
-                assert_eq!(narrow[i].len(), wide[i].len(), "{dt:?} {c:?} {}", label(i));
-                let bad = narrow[i].iter().zip(&wide[i]).position(|(a, b)| a.to_bits() != b.to_bits());
-                assert!(
-                    bad.is_none(),
-                    "{dt:?} {c:?} {}: element {bad:?} of the 64-wide set, {:?}, differs from the 128-wide set's {:?} (seed {seed})",
-                    label(i),
-                    bad.map(|e| narrow[i][e]),
-                    bad.map(|e| wide[i][e])
-                );
-            }
+            same_bits(&format!("{dt:?} {c:?}, the 64-wide set vs the 128-wide set's"), &narrow, &wide, seed);
         }
     }
 }
@@ -599,15 +599,7 @@ fn packed_qkv_and_kv_operands_give_the_dense_op_bit_for_bit() {
             }
             for qkv in packings {
                 let got = results(&*packed(&c, seed, qkv), &vals, &weights, *dt, dev);
-                for i in 0..dense.len() {
-                    let bad = got[i].iter().zip(&dense[i]).position(|(a, b)| a.to_bits() != b.to_bits());
-                    assert!(
-                        bad.is_none() && got[i].len() == dense[i].len(),
-                        "{} {dev:?} {dt:?} {k:?} {c:?} {}: element {bad:?} differs from the dense op's (seed {seed})",
-                        if qkv { "qkv" } else { "kv" },
-                        label(i)
-                    );
-                }
+                same_bits(&format!("{} {dev:?} {dt:?} {k:?} {c:?} vs the dense op's", if qkv { "qkv" } else { "kv" }), &got, &dense, seed);
             }
         }
         set_kernel_override(None);
