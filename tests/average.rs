@@ -1,6 +1,9 @@
 //! `asrforge average`: the element-wise mean of saved checkpoints, integer
 //! buffers floored, and which files `--val_best` / the latest-N rule pick.
 
+#[path = "common/tempdir.rs"]
+mod tempdir;
+
 use std::path::{Path, PathBuf};
 
 use asrforge::models::average::{average_files, list_candidates, run_average, select, AverageArgs};
@@ -16,11 +19,8 @@ fn tiny(seed: u64) -> AsrModel {
     AsrModel::without_cmvn_stats(&cfg, DType::F32, &mut Rng::new(seed)).unwrap()
 }
 
-fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("asrforge_average_{name}_{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn dir(name: &str) -> tempdir::TempDir {
+    tempdir::TempDir::new(&format!("average-{name}"))
 }
 
 fn save(m: &AsrModel, d: &Path, stem: &str, yaml: &str) -> PathBuf {
@@ -110,7 +110,7 @@ fn run_average_writes_the_mean_of_the_chosen_files() {
     save(&b, &d, "epoch_1", "epoch: 1\ncv_loss: 9.0\n");
     save(&c, &d, "epoch_2", "epoch: 2\ncv_loss: 2.0\n");
     let dst = d.join("avg_2.safetensors");
-    let args = AverageArgs { dst_model: dst.clone(), src_path: d.clone(), num: 2, val_best: true, min_epoch: 0, max_epoch: 65536 };
+    let args = AverageArgs { dst_model: dst.clone(), src_path: d.to_path_buf(), num: 2, val_best: true, min_epoch: 0, max_epoch: 65536 };
     let out = run_average(&args).unwrap();
     assert!(out.contains("epoch_0.safetensors (epoch 0") && out.contains("epoch_2.safetensors (epoch 2") && !out.contains("epoch_1"), "{out}");
     let avg = tiny(7);

@@ -1,6 +1,9 @@
 //! `asrforge compute-cer` through the binary: char and word mode, WeNet's
 //! `--char=1` spelling, and a typed error for a missing file.
 
+#[path = "common/tempdir.rs"]
+mod tempdir;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -8,14 +11,15 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_asrforge"))
 }
 
-fn write_texts(tag: &str) -> (PathBuf, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("asrforge_cer_cli_{tag}_{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// The reference and hypothesis files, in a directory removed when the
+/// returned guard drops.
+fn write_texts(tag: &str) -> (PathBuf, PathBuf, tempdir::TempDir) {
+    let dir = tempdir::TempDir::new(&format!("cer-cli-{tag}"));
     let r = dir.join("ref");
     let h = dir.join("hyp");
     std::fs::write(&r, "u1 ONE TWO\nu2 THREE\n").unwrap();
     std::fs::write(&h, "u1 ONE TOO\nu2 THREE\n").unwrap();
-    (r, h)
+    (r, h, dir)
 }
 
 fn run(args: &[&str]) -> (bool, String, String) {
@@ -25,7 +29,7 @@ fn run(args: &[&str]) -> (bool, String, String) {
 
 #[test]
 fn char_mode_counts_characters() {
-    let (r, h) = write_texts("char");
+    let (r, h, _dir) = write_texts("char");
     let (ok, out, err) = run(&["compute-cer", "--ref", r.to_str().unwrap(), "--hyp", h.to_str().unwrap(), "--char"]);
     assert!(ok, "stderr: {err}");
     // u1: ONETWO vs ONETOO is one substitution of 6; u2 is 5 correct characters.
@@ -36,7 +40,7 @@ fn char_mode_counts_characters() {
 
 #[test]
 fn wenet_char_equals_one_spelling() {
-    let (r, h) = write_texts("eq1");
+    let (r, h, _dir) = write_texts("eq1");
     let (ok, out, _) = run(&["compute-cer", "--char=1", "--ref", r.to_str().unwrap(), "--hyp", h.to_str().unwrap()]);
     assert!(ok);
     assert_eq!(out.lines().last().unwrap(), "Overall -> 9.09 % N=11 C=10 S=1 D=0 I=0");
@@ -44,7 +48,7 @@ fn wenet_char_equals_one_spelling() {
 
 #[test]
 fn word_mode_counts_words() {
-    let (r, h) = write_texts("word");
+    let (r, h, _dir) = write_texts("word");
     for extra in [&[][..], &["--char=0"][..]] {
         let mut args = vec!["compute-cer", "--ref", r.to_str().unwrap(), "--hyp", h.to_str().unwrap()];
         args.extend_from_slice(extra);
@@ -57,7 +61,7 @@ fn word_mode_counts_words() {
 
 #[test]
 fn missing_file_is_an_error_naming_it() {
-    let (r, _) = write_texts("missing");
+    let (r, _, _dir) = write_texts("missing");
     let (ok, _, err) = run(&["compute-cer", "--ref", r.to_str().unwrap(), "--hyp", "/nonexistent/hyp.txt", "--char"]);
     assert!(!ok);
     assert!(err.starts_with("error: /nonexistent/hyp.txt"), "{err}");
@@ -65,7 +69,7 @@ fn missing_file_is_an_error_naming_it() {
 
 #[test]
 fn bad_char_value_is_rejected() {
-    let (r, h) = write_texts("bad");
+    let (r, h, _dir) = write_texts("bad");
     let (ok, _, err) = run(&["compute-cer", "--char=maybe", "--ref", r.to_str().unwrap(), "--hyp", h.to_str().unwrap()]);
     assert!(!ok);
     assert!(err.contains("expected 0 or 1, found `maybe`"), "{err}");

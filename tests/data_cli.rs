@@ -23,7 +23,7 @@ fn features(wav: &str) -> (usize, Vec<f32>) {
     (f.len() / 20, f)
 }
 
-fn setup(name: &str) -> (std::path::PathBuf, Vec<String>) {
+fn setup(name: &str) -> (data_common::TempDir, Vec<String>) {
     let dir = data_common::tmpdir(name);
     let mut lines = data_common::make_corpus(&dir, 6, 16000);
     // One 8 kHz file: resampled to 16 kHz before fbank.

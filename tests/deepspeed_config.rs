@@ -5,6 +5,9 @@
 //! typed values are errors naming the key; fp16's dynamic scale follows
 //! DeepSpeed's rules (checked against a hand-worked sequence).
 
+#[path = "common/tempdir.rs"]
+mod tempdir;
+
 use asrforge::engine::deepspeed::{load_deepspeed_config, parse_deepspeed_config, Precision, Setting, TrainYamlKeys};
 use asrforge::optim::{AdamConfig, GradScaler};
 use std::path::Path;
@@ -71,8 +74,7 @@ fn unknown_key_warning_reaches_stderr() {
         load_deepspeed_config(Path::new(&path)).expect("parse in child");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("ds_warn_{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let dir = tempdir::TempDir::new("ds-warn");
     let path = dir.join("x.json");
     std::fs::write(&path, r#"{"zero_optimization": {"stage": 1, "foo": true}}"#).expect("write");
     let out = std::process::Command::new(std::env::current_exe().expect("exe"))

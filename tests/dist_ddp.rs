@@ -172,7 +172,15 @@ fn stat(line: &str, key: &str) -> u64 {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run(test: &str, name: &str, dtype: &str, accum: usize, bucket_bytes: usize, norm: &str, steps: usize) -> (PathBuf, Vec<dist_common::WorkerResult>) {
+fn run(
+    test: &str,
+    name: &str,
+    dtype: &str,
+    accum: usize,
+    bucket_bytes: usize,
+    norm: &str,
+    steps: usize,
+) -> (train_common::TempDir, Vec<dist_common::WorkerResult>) {
     let out = train_common::tmpdir(&format!("ddp-{name}"));
     let extra = [
         ("DDP_DTYPE", dtype.to_string()),

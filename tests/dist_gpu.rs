@@ -607,7 +607,7 @@ fn launch_gpu_train(dir: &std::path::Path, nproc: usize, timeout: u64, engine: &
 }
 
 /// A corpus whose `train.list` gives `per_rank` batches to each of `nproc` ranks, a cv list and a ZeRO-2 JSON.
-fn launch_corpus(name: &str, nproc: usize, per_rank: usize) -> PathBuf {
+fn launch_corpus(name: &str, nproc: usize, per_rank: usize) -> train_common::TempDir {
     let dir = train_common::tmpdir(name);
     train_common::setup(&dir, 5 * 12, &train_common::tiny_yaml(0.0, 1, 1, "save_interval: 2\n"));
     std::fs::write(dir.join("train.list"), good_lines(&dir, nproc * per_rank).join("\n") + "\n").unwrap();

@@ -29,7 +29,7 @@ fn good_lines(dir: &Path, n: usize) -> Vec<String> {
 
 /// A corpus in `dir` and per-rank train lists: rank r reads a list of
 /// 3·counts[r] lines and keeps (partitioned by index) counts[r] of them.
-fn prepare(name: &str, counts: &[usize], cv: usize, max_epoch: u64, extra: &str) -> PathBuf {
+fn prepare(name: &str, counts: &[usize], cv: usize, max_epoch: u64, extra: &str) -> train_common::TempDir {
     let dir = train_common::tmpdir(name);
     train_common::setup(&dir, 5 * 27, &train_common::tiny_yaml(0.0, 1, max_epoch, extra));
     let world = counts.len();

@@ -2,7 +2,10 @@
 //! writes one `key text` line per utterance, each key once, in the symbol
 //! table's alphabet; bad flags are typed errors.
 
-use std::path::{Path, PathBuf};
+#[path = "common/tempdir.rs"]
+mod tempdir;
+
+use std::path::Path;
 use std::process::Command;
 
 use asrforge::models::{save_checkpoint, AsrModel, ModelConfig};
@@ -24,10 +27,8 @@ tokenizer: char
 tokenizer_conf: {symbol_table_path: UNITS, split_with_space: false}
 ";
 
-fn setup(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("asrforge_recognize_{tag}_{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
+fn setup(tag: &str) -> tempdir::TempDir {
+    let d = tempdir::TempDir::new(&format!("recognize-{tag}"));
     let units = d.join("units.txt");
     std::fs::write(&units, "<blank> 0\n<unk> 1\nA 2\nB 3\n\u{2581} 4\n<sos/eos> 5\n").unwrap();
     std::fs::write(d.join("train.yaml"), CONFIG.replace("UNITS", units.to_str().unwrap())).unwrap();

@@ -153,7 +153,7 @@ fn overrides_apply_and_bad_ones_name_the_key() {
 fn interrupted_write_leaves_the_previous_checkpoint_loadable() {
     let dir = train_common::tmpdir("train-atomic");
     let mut e = executor("");
-    e.model_dir = dir.clone();
+    e.model_dir = dir.to_path_buf();
     let path = e.save("epoch_0", 0, Some(1.5)).unwrap();
     let want: Vec<Vec<f32>> = e.engine.parameters().iter().map(|(_, p)| p.to_vec::<f32>().unwrap()).collect();
     // A crash mid-write leaves a partial temp file beside the checkpoint.
@@ -210,8 +210,9 @@ fn state_bits(e: &Executor) -> Vec<(String, Vec<u64>)> {
 }
 
 /// A tiny conformer with BatchNorm in its convolution module, its files in
-/// a folder named after `test` (tests run in parallel in one process).
-fn batchnorm_executor(test: &str) -> Executor {
+/// a folder named after `test` (tests run in parallel in one process),
+/// removed when the returned guard drops.
+fn batchnorm_executor(test: &str) -> (Executor, train_common::TempDir) {
     let dir = train_common::tmpdir(&format!("train-bn-{test}"));
     std::fs::write(dir.join("t.yaml"), format!("input_dim: 20\noutput_dim: 9\n{}", train_common::tiny_yaml(0.0, 2, 1, ""))).unwrap();
     let root = read_config(&dir.join("t.yaml"), &["encoder_conf.cnn_module_norm batch_norm".into()]).unwrap();
@@ -220,12 +221,12 @@ fn batchnorm_executor(test: &str) -> Executor {
     let model = AsrModel::new(&mcfg, DType::F32, &mut Rng::new(1)).unwrap();
     let optim = init_optimizer_and_scheduler(&cfg, &Resume::default()).unwrap();
     let engine = SingleProcess::new(model.named_parameters(), optim.adam).unwrap();
-    Executor::new(ExecutorParts { model_dir: dir, ..ExecutorParts::new(model, Box::new(engine), optim, cfg) })
+    (Executor::new(ExecutorParts { model_dir: dir.to_path_buf(), ..ExecutorParts::new(model, Box::new(engine), optim, cfg) }), dir)
 }
 
 #[test]
 fn a_skipped_step_leaves_every_parameter_and_buffer_bitwise_as_before() {
-    let mut e = batchnorm_executor("skipped-step");
+    let (mut e, _dir) = batchnorm_executor("skipped-step");
     assert!(e.model.named_buffers().iter().any(|(n, _)| n.ends_with("running_var")), "the model has BatchNorm statistics");
     // A clean step first, so the statistics are not at their initial values.
     e.train_batch(&batch(&[0, 1])).unwrap();
@@ -257,7 +258,7 @@ fn a_skipped_step_leaves_every_parameter_and_buffer_bitwise_as_before() {
 fn a_non_finite_cv_loss_is_an_error_saying_so() {
     use asrforge::data::{DataList, DataLoader, ListFormat, LoaderConf, Processor};
     let dir = train_common::tmpdir("train-cv-nan");
-    let mut e = batchnorm_executor("cv-nan");
+    let (mut e, _dir) = batchnorm_executor("cv-nan");
     let args = train_common::setup(&dir, 4, &format!("input_dim: 20\noutput_dim: 9\n{}", train_common::tiny_yaml(0.0, 2, 1, "")));
     let tok = asrforge::data::Tokenizer::new(asrforge::data::SymbolTable::read(&dir.join("units.txt")).unwrap(), asrforge::data::TokenizeMode::Char, vec![]);
     let proc = Processor::new(&e.cfg.data.dataset_conf.for_cv(), Some(std::sync::Arc::new(tok))).unwrap();

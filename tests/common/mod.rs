@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod gpu;
+pub mod tempdir;
 
 use asrforge::autograd::{self, backward, no_grad};
 use asrforge::ops;

@@ -1,14 +1,16 @@
 //! Helpers shared by the data tests: WAV writing, test signals, tiny corpora.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-/// A fresh, empty directory under the system temp dir, unique to this test.
-pub fn tmpdir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("asrforge-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create temp dir");
-    dir
+#[path = "../common/tempdir.rs"]
+mod tempdir;
+pub use tempdir::TempDir;
+
+/// A fresh, empty directory under the system temp dir, unique to this test
+/// and removed when the test passes.
+pub fn tmpdir(name: &str) -> TempDir {
+    TempDir::new(name)
 }
 
 /// Writes mono `samples` in [-1, 1) as `bits`-bit PCM (or 32-bit float when `bits == 0`).

@@ -9,7 +9,7 @@ use asrforge::train::TrainArgs;
 use std::path::{Path, PathBuf};
 
 #[allow(unused_imports)]
-pub use data_common::tmpdir;
+pub use data_common::{tmpdir, TempDir};
 
 /// A tiny conformer with every training key; `dropout` for all its dropouts.
 pub fn tiny_yaml(dropout: f64, batch_size: usize, max_epoch: u64, extra: &str) -> String {

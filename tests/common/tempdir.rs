@@ -1,0 +1,61 @@
+//! A test's scratch directory (`TempDir`), shared by every test that
+//! writes files: `mod common` has it, and a test without `common` includes
+//! this file alone (`#[path = "common/tempdir.rs"] mod tempdir;`).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+/// A test's scratch directory: fresh and empty when made, removed with
+/// everything in it when it drops, unless the test is failing (a panic is
+/// unwinding), when it is kept for inspection and its path printed. Without
+/// the removal every run of the suite left its corpora, checkpoints and
+/// logs in the temp dir (a training test's alone is 220 MB).
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// `asrforge-{name}-{pid}` under the system temp dir.
+    pub fn new(name: &str) -> TempDir {
+        TempDir::at(std::env::temp_dir().join(format!("asrforge-{name}-{}", std::process::id())))
+    }
+
+    /// `dir` itself, emptied first if it exists.
+    pub fn at(dir: PathBuf) -> TempDir {
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept the failing test's directory {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TempDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for TempDir {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
