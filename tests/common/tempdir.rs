@@ -53,9 +53,3 @@ impl AsRef<Path> for TempDir {
         &self.0
     }
 }
-
-impl AsRef<std::ffi::OsStr> for TempDir {
-    fn as_ref(&self) -> &std::ffi::OsStr {
-        self.0.as_os_str()
-    }
-}
