@@ -14,20 +14,13 @@ use std::path::{Path, PathBuf};
 pub struct TempDir(PathBuf);
 
 impl TempDir {
-    /// `asrforge-{name}-{pid}` under the system temp dir.
+    /// `asrforge-{name}-{pid}` under the system temp dir, emptied first if
+    /// an earlier run left it.
     pub fn new(name: &str) -> TempDir {
-        TempDir::at(std::env::temp_dir().join(format!("asrforge-{name}-{}", std::process::id())))
-    }
-
-    /// `dir` itself, emptied first if it exists.
-    pub fn at(dir: PathBuf) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("asrforge-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
         TempDir(dir)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
     }
 }
 
